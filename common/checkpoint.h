@@ -1,0 +1,84 @@
+// A Hugging Face model directory: config.json, one model.safetensors or many shards named
+// by model.safetensors.index.json ("weight_map": tensor -> file), tokenizer files and
+// generation_config.json. Gives tensors by name, converted to f32, and the routed
+// experts' weights in both hub layouts.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/safetensors.h"
+
+namespace charm {
+
+/// Names of one family's routed-expert tensors. `prefix` has one "{}" for the layer:
+/// per-expert layout  "<prefix>.<e>.<gate>.weight"  shape [moe_intermediate, hidden]
+///                    "<prefix>.<e>.<up>.weight"    shape [moe_intermediate, hidden]
+///                    "<prefix>.<e>.<down>.weight"  shape [hidden, moe_intermediate]
+/// fused 3-D layouts  "<prefix>.gate_up_proj" [E, 2*I, H] (gate rows first, then up),
+///                    "<prefix>.down_proj" [E, H, I]   (transformers >= 5 Qwen3-MoE/OLMoE)
+///               or   "<prefix>.<gate>" / "<prefix>.<up>" [E, I, H], "<prefix>.<down>" [E, H, I]
+///                    (with or without a ".weight" suffix).
+struct ExpertTensorNames {
+  std::string prefix = "model.layers.{}.mlp.experts";
+  std::string gate = "gate_proj";
+  std::string up = "up_proj";
+  std::string down = "down_proj";
+};
+
+/// One routed expert's SwiGLU weights in f32, row-major.
+struct ExpertWeights {
+  std::vector<float> gate;  ///< [moe_intermediate_size, hidden_size]
+  std::vector<float> up;    ///< [moe_intermediate_size, hidden_size]
+  std::vector<float> down;  ///< [hidden_size, moe_intermediate_size]
+};
+
+/// An open checkpoint directory. Thread-safety: const methods are safe concurrently.
+class Checkpoint {
+ public:
+  /// Opens `dir`: parses config.json and either model.safetensors.index.json (every file
+  /// it names must exist and hold the tensors it claims) or the single *.safetensors.
+  /// Throws Error(kInvalidInput) naming the file for missing config.json, JSON that does
+  /// not parse, an index whose weight_map is missing or names a tensor absent from its
+  /// file, a tensor present in two files, and every SafetensorsFile::open failure.
+  static std::unique_ptr<Checkpoint> open(const std::filesystem::path& dir);
+
+  const std::filesystem::path& dir() const { return dir_; }
+  /// config.json as parsed JSON.
+  const nlohmann::json& config_json() const { return config_; }
+  /// generation_config.json, or an empty object when the file is absent.
+  const nlohmann::json& generation_config_json() const { return generation_config_; }
+
+  /// The tensor's entry, or nullptr if no file holds it.
+  const TensorInfo* find(const std::string& name) const;
+  /// All tensor names, sorted.
+  std::vector<std::string> tensor_names() const;
+
+  /// Loads a whole tensor as f32 and checks its shape. Throws Error(kInvalidInput)
+  /// naming the tensor and both shapes when it is missing or its shape differs.
+  std::vector<float> load_f32(const std::string& name, const std::vector<int64_t>& shape) const;
+
+  /// Reads one routed expert (layer, expert) with pread, in whichever layout the file
+  /// uses (see ExpertTensorNames), and checks shapes against hidden/intermediate sizes.
+  /// Throws Error(kInvalidInput) naming the tensor if missing or mis-shaped.
+  ExpertWeights load_expert(const ExpertTensorNames& names, int layer, int expert,
+                            int64_t hidden_size, int64_t intermediate_size) const;
+
+ private:
+  Checkpoint() = default;
+  std::filesystem::path dir_;
+  nlohmann::json config_;
+  nlohmann::json generation_config_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const TensorInfo*> index_;
+  const SafetensorsFile& file_of(const TensorInfo& info) const;
+};
+
+}  // namespace charm

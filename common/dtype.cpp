@@ -1,0 +1,87 @@
+#include "common/dtype.h"
+
+#include <cstring>
+
+namespace charm {
+
+size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return 4;
+    case DType::kF16: return 2;
+    case DType::kBF16: return 2;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return "F32";
+    case DType::kF16: return "F16";
+    case DType::kBF16: return "BF16";
+  }
+  return "?";
+}
+
+std::optional<DType> parse_dtype(std::string_view name) {
+  if (name == "F32") return DType::kF32;
+  if (name == "F16") return DType::kF16;
+  if (name == "BF16") return DType::kBF16;
+  return std::nullopt;
+}
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exponent = (h >> 10) & 0x1fu;
+  uint32_t mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0x1f) {  // inf or NaN
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {  // normal
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {  // signed zero
+    bits = sign;
+  } else {  // subnormal: normalise
+    exponent = 113;
+    while ((mantissa & 0x400u) == 0) {
+      mantissa <<= 1;
+      --exponent;
+    }
+    bits = sign | (exponent << 23) | ((mantissa & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+uint16_t f32_to_bf16(float value) {
+  uint32_t u;
+  std::memcpy(&u, &value, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+  const uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>((u + rounding) >> 16);
+}
+
+void convert_to_f32(DType dtype, const void* src, float* dst, size_t count) {
+  const auto* bytes = static_cast<const uint8_t*>(src);
+  switch (dtype) {
+    case DType::kF32:
+      std::memcpy(dst, src, count * 4);
+      return;
+    case DType::kBF16:
+      for (size_t i = 0; i < count; ++i) {
+        uint16_t bits;
+        std::memcpy(&bits, bytes + 2 * i, 2);
+        dst[i] = bf16_to_f32(bits);
+      }
+      return;
+    case DType::kF16:
+      for (size_t i = 0; i < count; ++i) {
+        uint16_t bits;
+        std::memcpy(&bits, bytes + 2 * i, 2);
+        dst[i] = f16_to_f32(bits);
+      }
+      return;
+  }
+}
+
+}  // namespace charm

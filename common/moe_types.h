@@ -1,0 +1,44 @@
+// The data that crosses the coordinator <-> worker boundary for one MoE layer, in the
+// form both the in-process and the remote path use.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace charm {
+
+/// One (row, expert) pair of a layer's batch-union: row `row` of the request's hidden
+/// rows is to be run through routed expert `expert`.
+struct ExpertAssignment {
+  uint32_t row = 0;
+  uint32_t expert = 0;
+};
+
+/// Work for one worker on one MoE layer: the hidden rows of the positions that route to
+/// it and their assignments. Rows are the post-attention-norm hidden states.
+struct ExpertRequest {
+  uint64_t request_id = 0;
+  uint32_t layer = 0;
+  uint32_t hidden_size = 0;
+  uint32_t num_rows = 0;
+  std::vector<float> hidden;                   ///< [num_rows, hidden_size] f32
+  std::vector<ExpertAssignment> assignments;   ///< grouped by expert is not required
+};
+
+/// What a worker measured while serving one request.
+struct ExpertStats {
+  uint32_t experts_computed = 0;  ///< distinct experts run (the union's size on this worker)
+  uint32_t rows_computed = 0;     ///< assignments computed
+  uint64_t compute_ns = 0;        ///< wall time spent in expert kernels
+};
+
+/// A worker's answer: one unweighted expert output per assignment, in the request's
+/// assignment order. The coordinator applies the router weights and sums in rank order,
+/// so the result never depends on which worker computed what (DESIGN.md invariant).
+struct ExpertResponse {
+  uint64_t request_id = 0;
+  std::vector<float> outputs;  ///< [assignments.size(), hidden_size] f32
+  ExpertStats stats;
+};
+
+}  // namespace charm

@@ -1,0 +1,55 @@
+// The YAML cluster description (configs/*.yaml, documented in docs/configuration.md):
+// which model to serve, where the API listens, which workers exist and which experts
+// each one owns.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace charm {
+
+/// One worker entry of the topology.
+struct WorkerSpec {
+  std::string name;
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  /// Experts this worker owns. Empty `layers` means every MoE layer.
+  /// `experts` are expert ids; an entry may be a range "a-b" in YAML.
+  std::vector<int64_t> experts;
+  std::vector<int64_t> layers;
+};
+
+/// The whole configuration file.
+struct Topology {
+  std::filesystem::path source;      ///< the YAML file it came from
+  std::filesystem::path model;       ///< HF checkpoint directory (relative paths resolved
+                                     ///< against the YAML file's folder)
+  std::string model_name;            ///< id reported by /v1/models (default: folder name)
+  std::string api_host = "127.0.0.1";
+  uint16_t api_port = 8080;
+  bool single_node = false;          ///< mode: single-node (no workers, in-process experts)
+  std::vector<WorkerSpec> workers;
+  int64_t connect_timeout_ms = 5000;
+  int64_t request_timeout_ms = 60000;
+  int64_t threads = 0;               ///< OpenMP threads; 0 = library default
+
+  /// Loads and validates `path`. Throws Error(kInvalidInput) naming the file and the key
+  /// for YAML that does not parse, unknown keys, wrong types, duplicate worker names or
+  /// ports, ports out of range, bad expert ranges, and a cluster mode with no workers.
+  static Topology load(const std::filesystem::path& path);
+
+  /// The worker named `name`; throws Error(kInvalidInput) listing known names if absent.
+  const WorkerSpec& worker(const std::string& name) const;
+
+  /// Placement map: owner[layer][expert] = index into `workers`. Every (MoE layer,
+  /// expert) must have exactly one owner; throws Error(kInvalidInput) naming the first
+  /// unowned or doubly-owned expert. `moe_layers` lists the model's MoE layer ids.
+  std::map<int64_t, std::vector<int>> placement(const std::vector<int64_t>& moe_layers,
+                                                int64_t num_experts) const;
+};
+
+}  // namespace charm

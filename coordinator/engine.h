@@ -1,0 +1,68 @@
+// The coordinator's generation engine: tokenizer, chat template, model family, KV cache,
+// expert dispatch and sampling behind one object that the HTTP API and `charm run` use.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/topology.h"
+#include "coordinator/chat_template.h"
+#include "coordinator/expert_dispatch.h"
+#include "coordinator/tokenizer.h"
+
+namespace charm {
+
+/// Sampling and stopping controls of one request (OpenAI semantics).
+struct SamplingParams {
+  double temperature = 1.0;          ///< 0 = greedy
+  int64_t top_k = 0;                 ///< 0 = off
+  double top_p = 1.0;                ///< 1 = off
+  std::optional<uint64_t> seed;      ///< fixed seed -> reproducible sampling
+  int64_t max_tokens = 256;
+  std::vector<std::string> stop;     ///< stop strings (not included in the output)
+};
+
+/// The outcome of one generation.
+struct GenerationResult {
+  std::vector<int32_t> tokens;       ///< generated ids (an EOS id is not included)
+  std::string text;                  ///< decoded text, cut before any stop string
+  std::string finish_reason;         ///< "stop" (EOS or stop string) or "length"
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  double ttft_ms = 0;                ///< time to first token
+  double decode_tokens_per_s = 0;
+};
+
+class Engine {
+ public:
+  /// Loads the model the topology names and connects to its workers (or builds the
+  /// in-process expert store in single-node mode). Throws Error on any failure.
+  static std::unique_ptr<Engine> create(const Topology& topology);
+  virtual ~Engine() = default;
+
+  virtual const Tokenizer& tokenizer() const = 0;
+  /// The model's chat template; throws Error(kInvalidInput) if the model has none.
+  virtual const ChatTemplate& chat_template() const = 0;
+  virtual const std::string& model_name() const = 0;
+  virtual int64_t max_context() const = 0;
+
+  /// Generates a continuation of `prompt` (token ids). `on_text` receives each newly
+  /// completed piece of text (whole UTF-8 characters, stop strings withheld); returning
+  /// false cancels. Serialised: concurrent calls wait their turn.
+  /// Throws Error(kInvalidInput) for an empty prompt or one longer than max_context().
+  virtual GenerationResult generate(const std::vector<int32_t>& prompt, const SamplingParams& params,
+                                    const std::function<bool(std::string_view)>& on_text) = 0;
+
+  /// Logits [vocab_size] f32 for the token after `prompt` (a fresh sequence). For tests.
+  virtual std::vector<float> prompt_logits(const std::vector<int32_t>& prompt) = 0;
+
+  /// Per-worker status, as the coordinator sees it.
+  virtual std::vector<WorkerStatus> cluster_status() const = 0;
+};
+
+}  // namespace charm

@@ -1,0 +1,67 @@
+// Byte-level BPE tokenizer read from a Hugging Face tokenizer.json (the format of the
+// `tokenizers` library: model.type "BPE" with vocab and merges, a ByteLevel or
+// Split+ByteLevel pre-tokenizer whose regex is run with PCRE2 (Unicode properties),
+// an optional NFC normalizer, and added_tokens). Follows tokenizers' Rust
+// implementation so that ids match it exactly.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace charm {
+
+/// A loaded tokenizer. Immutable after load; all methods are thread-safe.
+class Tokenizer {
+ public:
+  /// Loads tokenizer.json. Throws Error(kInvalidInput) naming the file and the field for
+  /// JSON that does not parse, a model type other than BPE, merges that name unknown
+  /// tokens, a pre-tokenizer regex PCRE2 rejects, or added tokens with bad ids;
+  /// Error(kUnsupported) for normalizers/pre-tokenizers charm does not implement.
+  static std::unique_ptr<Tokenizer> load(const std::filesystem::path& tokenizer_json);
+  virtual ~Tokenizer() = default;
+
+  /// Token ids of `text` (UTF-8; invalid bytes are encoded as tokenizers does, via the
+  /// lossy U+FFFD replacement). With `parse_special`, added/special tokens written in the
+  /// text become their ids (as tokenizers' encode(..., add_special_tokens=False) does).
+  virtual std::vector<int32_t> encode(std::string_view text, bool parse_special = true) const = 0;
+
+  /// Text of `ids` (bytes joined, then invalid UTF-8 replaced by U+FFFD as tokenizers'
+  /// decode does). With `skip_special`, special tokens are left out.
+  virtual std::string decode(std::span<const int32_t> ids, bool skip_special = false) const = 0;
+
+  /// The raw bytes token `id` stands for (may be part of a UTF-8 character).
+  /// Throws Error(kInvalidInput) for an id outside [0, vocab_size()).
+  virtual std::string token_bytes(int32_t id) const = 0;
+
+  /// The id of a token by its vocabulary string (e.g. "<|im_end|>"), or -1.
+  virtual int32_t token_id(std::string_view token) const = 0;
+
+  /// One past the largest id (vocab plus added tokens).
+  virtual int32_t vocab_size() const = 0;
+
+  /// True for added tokens marked "special": true.
+  virtual bool is_special(int32_t id) const = 0;
+};
+
+/// Turns a stream of token ids into text that never splits a UTF-8 character: bytes of
+/// an incomplete character are held until the character completes. Not thread-safe.
+class StreamDecoder {
+ public:
+  explicit StreamDecoder(const Tokenizer& tokenizer, bool skip_special = false);
+  /// Adds one token; returns the text that is now complete (possibly empty).
+  std::string push(int32_t id);
+  /// Returns what is still held, invalid sequences replaced by U+FFFD.
+  std::string flush();
+
+ private:
+  const Tokenizer& tokenizer_;
+  bool skip_special_;
+  std::string pending_;
+};
+
+}  // namespace charm

@@ -1,0 +1,33 @@
+// Runs a layer's batch-union on the experts a worker holds: for every assignment
+// (row, expert), y = down_proj(silu(gate_proj(x)) * up_proj(x)) (SwiGLU, as
+// Qwen3MoeMLP / OlmoeMLP), unweighted. Each output row is computed by the same code in
+// the same order whatever else is in the batch, so results are bit-identical across
+// topologies.
+#pragma once
+
+#include "common/moe_types.h"
+#include "worker/expert_store.h"
+
+namespace charm {
+
+class ExpertExecutor {
+ public:
+  explicit ExpertExecutor(const ExpertStore& store) : store_(store) {}
+
+  /// Computes every assignment of `request`. Throws Error(kInvalidInput) naming the
+  /// layer and expert when an assignment names an expert this store does not hold, a row
+  /// out of range, or when hidden_size / hidden.size() disagree with the store.
+  ExpertResponse run(const ExpertRequest& request) const;
+
+  /// Same, writing outputs into `outputs` ([assignments.size(), hidden] f32) directly,
+  /// for the in-process path that needs no copy.
+  ExpertStats run_into(uint32_t layer, const float* hidden, uint32_t num_rows,
+                       const std::vector<ExpertAssignment>& assignments, float* outputs) const;
+
+  const ExpertStore& store() const { return store_; }
+
+ private:
+  const ExpertStore& store_;
+};
+
+}  // namespace charm
