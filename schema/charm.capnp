@@ -1,0 +1,107 @@
+# The coordinator <-> worker protocol.
+#
+# Transport (common/wire.h): a TCP stream of frames; each frame is a 4-byte
+# little-endian byte length followed by one Cap'n Proto flat (unpacked, single
+# segment-table) message whose root is `Message`. One connection carries one
+# conversation: the client (coordinator or `charm status`) sends `hello` first, then any
+# number of requests; the worker answers each request with exactly one reply, in order.
+#
+# Tensors travel as `Data` holding f32 little-endian values, row-major, so a row of
+# hidden_size floats is hidden_size * 4 bytes. Every count and size below is checked by
+# the decoder (common/wire.cpp) before use; bumping a field's meaning bumps
+# kProtocolVersion.
+
+@0xae0e9eaac317c58d;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("charm::wire");
+
+# Client -> worker, first message of a connection.
+struct Hello {
+  protocolVersion @0 :UInt32;   # the client's kProtocolVersion (unitless counter)
+  modelFingerprint @1 :Text;    # model_fingerprint() of the client's checkpoint, 16 hex chars
+  clientName @2 :Text;          # free-form name of the client for the worker's log
+}
+
+# The experts a worker holds on one MoE layer.
+struct LayerExperts {
+  layer @0 :UInt32;             # decoder layer index (0-based)
+  experts @1 :List(UInt32);     # routed expert ids held on this layer, ascending
+}
+
+# Worker -> client, answer to `hello`.
+struct HelloReply {
+  ok @0 :Bool;                  # true when versions and fingerprints match
+  error @1 :Text;               # why not ok (names both values); empty when ok
+  workerName @2 :Text;          # the worker's name in the topology
+  protocolVersion @3 :UInt32;   # the worker's kProtocolVersion
+  modelFingerprint @4 :Text;    # model_fingerprint() of the worker's checkpoint
+  held @5 :List(LayerExperts);  # experts held, one entry per MoE layer with any
+}
+
+# One (row, expert) pair of a layer's batch-union.
+struct Assignment {
+  row @0 :UInt32;               # index into the request's hidden rows, < numRows
+  expert @1 :UInt32;            # routed expert id on the request's layer
+}
+
+# Client -> worker: run these assignments on one MoE layer.
+struct LayerRequest {
+  requestId @0 :UInt64;         # echoed in the response (opaque to the worker)
+  layer @1 :UInt32;             # decoder layer index (0-based)
+  hiddenSize @2 :UInt32;        # floats per row; > 0
+  numRows @3 :UInt32;           # rows in `hidden`
+  hidden @4 :Data;              # [numRows, hiddenSize] f32 LE: numRows*hiddenSize*4 bytes
+  assignments @5 :List(Assignment);  # any order; outputs follow this order
+}
+
+# What a worker measured while serving one layer request.
+struct LayerStats {
+  expertsComputed @0 :UInt32;   # distinct experts run for the request
+  rowsComputed @1 :UInt32;      # assignments computed
+  computeNs @2 :UInt64;         # wall time in expert kernels, nanoseconds
+}
+
+# Worker -> client, answer to `layerRequest`.
+struct LayerResponse {
+  requestId @0 :UInt64;         # the request's requestId
+  outputs @1 :Data;             # [len(assignments), hiddenSize] f32 LE, unweighted expert
+                                # outputs in the request's assignment order; empty on error
+  stats @2 :LayerStats;         # zero on error
+  error @3 :Text;               # non-empty when the request failed (connection stays up)
+}
+
+# Client -> worker: how are you?
+struct HealthRequest {
+  unused @0 :Void;
+}
+
+# Worker -> client, answer to `healthRequest`.
+struct HealthReply {
+  workerName @0 :Text;          # the worker's name in the topology
+  state @1 :Text;               # "up" (serving); other values reserved for later tiers
+  expertsHeld @2 :UInt64;       # (layer, expert) pairs held
+  requestsServed @3 :UInt64;    # layer requests answered since start (all connections)
+  bytesIn @4 :UInt64;           # frame bytes received since start, length prefixes included
+  bytesOut @5 :UInt64;          # frame bytes sent since start, length prefixes included
+  uptimeMs @6 :UInt64;          # milliseconds since the worker started serving
+  protocolVersion @7 :UInt32;   # the worker's kProtocolVersion
+}
+
+# Either side: the peer's last frame could not be handled; the sender closes after it.
+struct ErrorMessage {
+  message @0 :Text;             # what was wrong, naming the field
+}
+
+# The root of every frame.
+struct Message {
+  union {
+    hello @0 :Hello;
+    helloReply @1 :HelloReply;
+    layerRequest @2 :LayerRequest;
+    layerResponse @3 :LayerResponse;
+    healthRequest @4 :HealthRequest;
+    healthReply @5 :HealthReply;
+    error @6 :ErrorMessage;
+  }
+}
