@@ -1,0 +1,304 @@
+// Encoders and validating decoders between charm structs and schema/charm.capnp frames.
+// The socket side of wire.h is in wire_socket.cpp.
+#include "common/wire.h"
+
+#include <bit>
+#include <cstring>
+#include <string>
+
+#include <capnp/serialize.h>
+#include <kj/io.h>
+
+#include "schema/charm.capnp.h"
+
+namespace charm {
+namespace {
+
+// f32 payloads are copied byte for byte; the wire says little-endian.
+static_assert(std::endian::native == std::endian::little,
+              "charm's wire format copies f32 rows as-is and needs a little-endian host");
+
+constexpr size_t kPrefixBytes = 4;
+
+// Serialises `builder` into a whole frame (prefix + flat message) with one copy.
+Frame finish_frame(capnp::MessageBuilder& builder) {
+  const uint64_t body_bytes = capnp::computeSerializedSizeInWords(builder) * sizeof(capnp::word);
+  if (body_bytes > UINT32_MAX) {
+    fail_invalid("message of " + std::to_string(body_bytes) +
+                 " bytes does not fit a 4-byte frame length");
+  }
+  Frame frame(kPrefixBytes + body_bytes);
+  for (size_t i = 0; i < kPrefixBytes; ++i) frame[i] = uint8_t(body_bytes >> (8 * i));
+  kj::ArrayOutputStream out(kj::arrayPtr(frame.data() + kPrefixBytes, body_bytes));
+  capnp::writeMessage(out, builder);
+  return frame;
+}
+
+// First segment sized to hold `payload_bytes` of Data plus headers, so big messages are
+// one segment (no far pointers, one contiguous copy).
+unsigned first_segment_words(uint64_t payload_bytes) {
+  return static_cast<unsigned>(payload_bytes / sizeof(capnp::word) + 64);
+}
+
+void copy_floats(const std::vector<float>& src, capnp::Data::Builder dst) {
+  if (!src.empty()) std::memcpy(dst.begin(), src.data(), src.size() * sizeof(float));
+}
+
+std::vector<float> floats_of(capnp::Data::Reader data, const char* field) {
+  if (data.size() % sizeof(float) != 0) {
+    fail_protocol(std::string(field) + " is " + std::to_string(data.size()) +
+                  " bytes, not a multiple of 4 (f32)");
+  }
+  std::vector<float> out(data.size() / sizeof(float));
+  if (!out.empty()) std::memcpy(out.data(), data.begin(), data.size());
+  return out;
+}
+
+ExpertRequest decode_layer_request(wire::LayerRequest::Reader r) {
+  ExpertRequest req;
+  req.request_id = r.getRequestId();
+  req.layer = r.getLayer();
+  req.hidden_size = r.getHiddenSize();
+  req.num_rows = r.getNumRows();
+  if (req.hidden_size == 0) fail_protocol("layerRequest.hiddenSize is 0");
+  if (req.hidden_size > kMaxWireHiddenSize) {
+    fail_protocol("layerRequest.hiddenSize " + std::to_string(req.hidden_size) +
+                  " exceeds the cap " + std::to_string(kMaxWireHiddenSize));
+  }
+  capnp::Data::Reader hidden = r.getHidden();
+  const uint64_t expected = uint64_t{req.num_rows} * req.hidden_size * sizeof(float);
+  if (hidden.size() % sizeof(float) == 0 && hidden.size() != expected) {
+    fail_protocol("layerRequest.hidden is " + std::to_string(hidden.size()) +
+                  " bytes but numRows (" + std::to_string(req.num_rows) + ") * hiddenSize (" +
+                  std::to_string(req.hidden_size) + ") * 4 = " + std::to_string(expected));
+  }
+  req.hidden = floats_of(hidden, "layerRequest.hidden");
+  auto assignments = r.getAssignments();
+  req.assignments.reserve(assignments.size());
+  for (uint32_t i = 0; i < assignments.size(); ++i) {
+    const uint32_t row = assignments[i].getRow();
+    if (row >= req.num_rows) {
+      fail_protocol("layerRequest.assignments[" + std::to_string(i) + "].row = " +
+                    std::to_string(row) + " is out of range (numRows = " +
+                    std::to_string(req.num_rows) + ")");
+    }
+    req.assignments.push_back({row, assignments[i].getExpert()});
+  }
+  return req;
+}
+
+LayerResponseMsg decode_layer_response(wire::LayerResponse::Reader r) {
+  LayerResponseMsg msg;
+  msg.response.request_id = r.getRequestId();
+  msg.response.outputs = floats_of(r.getOutputs(), "layerResponse.outputs");
+  auto stats = r.getStats();
+  msg.response.stats.experts_computed = stats.getExpertsComputed();
+  msg.response.stats.rows_computed = stats.getRowsComputed();
+  msg.response.stats.compute_ns = stats.getComputeNs();
+  msg.error = r.getError();
+  return msg;
+}
+
+HelloReplyMsg decode_hello_reply(wire::HelloReply::Reader r) {
+  HelloReplyMsg msg;
+  msg.ok = r.getOk();
+  msg.error = r.getError();
+  msg.worker_name = r.getWorkerName();
+  msg.protocol_version = r.getProtocolVersion();
+  msg.model_fingerprint = r.getModelFingerprint();
+  for (auto layer : r.getHeld()) {
+    auto& experts = msg.held[layer.getLayer()];
+    for (uint32_t e : layer.getExperts()) experts.push_back(e);
+  }
+  return msg;
+}
+
+HealthReplyMsg decode_health_reply(wire::HealthReply::Reader r) {
+  HealthReplyMsg msg;
+  msg.worker_name = r.getWorkerName();
+  msg.state = r.getState();
+  msg.experts_held = r.getExpertsHeld();
+  msg.requests_served = r.getRequestsServed();
+  msg.bytes_in = r.getBytesIn();
+  msg.bytes_out = r.getBytesOut();
+  msg.uptime_ms = r.getUptimeMs();
+  msg.protocol_version = r.getProtocolVersion();
+  return msg;
+}
+
+WireMessage decode_root(wire::Message::Reader m) {
+  switch (m.which()) {
+    case wire::Message::HELLO: {
+      auto h = m.getHello();
+      return HelloMsg{h.getProtocolVersion(), h.getModelFingerprint(), h.getClientName()};
+    }
+    case wire::Message::HELLO_REPLY: return decode_hello_reply(m.getHelloReply());
+    case wire::Message::LAYER_REQUEST: return decode_layer_request(m.getLayerRequest());
+    case wire::Message::LAYER_RESPONSE: return decode_layer_response(m.getLayerResponse());
+    case wire::Message::HEALTH_REQUEST: return HealthRequestMsg{};
+    case wire::Message::HEALTH_REPLY: return decode_health_reply(m.getHealthReply());
+    case wire::Message::ERROR: return ErrorMsg{m.getError().getMessage()};
+  }
+  fail_protocol("Message union member " + std::to_string(static_cast<unsigned>(m.which())) +
+                " is unknown to protocol version " + std::to_string(kProtocolVersion));
+}
+
+}  // namespace
+
+const char* message_name(const WireMessage& message) {
+  static const char* const kNames[] = {"hello",         "helloReply",    "layerRequest",
+                                       "layerResponse", "healthRequest", "healthReply",
+                                       "error"};
+  return kNames[message.index()];
+}
+
+Frame encode_hello(const HelloMsg& hello) {
+  capnp::MallocMessageBuilder builder;
+  auto h = builder.initRoot<wire::Message>().initHello();
+  h.setProtocolVersion(hello.protocol_version);
+  h.setModelFingerprint(hello.model_fingerprint);
+  h.setClientName(hello.client_name);
+  return finish_frame(builder);
+}
+
+Frame encode_hello_reply(const HelloReplyMsg& reply) {
+  capnp::MallocMessageBuilder builder;
+  auto r = builder.initRoot<wire::Message>().initHelloReply();
+  r.setOk(reply.ok);
+  r.setError(reply.error);
+  r.setWorkerName(reply.worker_name);
+  r.setProtocolVersion(reply.protocol_version);
+  r.setModelFingerprint(reply.model_fingerprint);
+  auto held = r.initHeld(static_cast<unsigned>(reply.held.size()));
+  unsigned i = 0;
+  for (const auto& [layer, experts] : reply.held) {
+    held[i].setLayer(layer);
+    auto list = held[i].initExperts(static_cast<unsigned>(experts.size()));
+    for (unsigned j = 0; j < experts.size(); ++j) list.set(j, experts[j]);
+    ++i;
+  }
+  return finish_frame(builder);
+}
+
+Frame encode_layer_request(const ExpertRequest& request) {
+  if (request.hidden.size() != uint64_t{request.num_rows} * request.hidden_size) {
+    fail_invalid("layer request " + std::to_string(request.request_id) + ": hidden has " +
+                 std::to_string(request.hidden.size()) + " floats, expected num_rows (" +
+                 std::to_string(request.num_rows) + ") * hidden_size (" +
+                 std::to_string(request.hidden_size) + ")");
+  }
+  const uint64_t payload = request.hidden.size() * sizeof(float) +
+                           request.assignments.size() * sizeof(capnp::word);
+  capnp::MallocMessageBuilder builder(first_segment_words(payload));
+  auto r = builder.initRoot<wire::Message>().initLayerRequest();
+  r.setRequestId(request.request_id);
+  r.setLayer(request.layer);
+  r.setHiddenSize(request.hidden_size);
+  r.setNumRows(request.num_rows);
+  copy_floats(request.hidden, r.initHidden(request.hidden.size() * sizeof(float)));
+  auto list = r.initAssignments(static_cast<unsigned>(request.assignments.size()));
+  for (unsigned i = 0; i < request.assignments.size(); ++i) {
+    list[i].setRow(request.assignments[i].row);
+    list[i].setExpert(request.assignments[i].expert);
+  }
+  return finish_frame(builder);
+}
+
+Frame encode_layer_response(const LayerResponseMsg& response) {
+  const auto& out = response.response.outputs;
+  capnp::MallocMessageBuilder builder(first_segment_words(out.size() * sizeof(float)));
+  auto r = builder.initRoot<wire::Message>().initLayerResponse();
+  r.setRequestId(response.response.request_id);
+  copy_floats(out, r.initOutputs(out.size() * sizeof(float)));
+  auto stats = r.initStats();
+  stats.setExpertsComputed(response.response.stats.experts_computed);
+  stats.setRowsComputed(response.response.stats.rows_computed);
+  stats.setComputeNs(response.response.stats.compute_ns);
+  r.setError(response.error);
+  return finish_frame(builder);
+}
+
+Frame encode_health_request() {
+  capnp::MallocMessageBuilder builder;
+  builder.initRoot<wire::Message>().initHealthRequest();
+  return finish_frame(builder);
+}
+
+Frame encode_health_reply(const HealthReplyMsg& reply) {
+  capnp::MallocMessageBuilder builder;
+  auto r = builder.initRoot<wire::Message>().initHealthReply();
+  r.setWorkerName(reply.worker_name);
+  r.setState(reply.state);
+  r.setExpertsHeld(reply.experts_held);
+  r.setRequestsServed(reply.requests_served);
+  r.setBytesIn(reply.bytes_in);
+  r.setBytesOut(reply.bytes_out);
+  r.setUptimeMs(reply.uptime_ms);
+  r.setProtocolVersion(reply.protocol_version);
+  return finish_frame(builder);
+}
+
+Frame encode_error(const std::string& message) {
+  capnp::MallocMessageBuilder builder;
+  builder.initRoot<wire::Message>().initError().setMessage(message);
+  return finish_frame(builder);
+}
+
+FrameBody split_frame(const uint8_t* data, size_t size, uint64_t max_frame_bytes) {
+  if (size < kPrefixBytes) {
+    fail_protocol("truncated frame: " + std::to_string(size) +
+                  " bytes, shorter than the 4-byte length prefix");
+  }
+  uint64_t length = 0;
+  for (size_t i = 0; i < kPrefixBytes; ++i) length |= uint64_t{data[i]} << (8 * i);
+  if (length > max_frame_bytes) {
+    fail_protocol("frame length " + std::to_string(length) + " bytes exceeds the cap of " +
+                  std::to_string(max_frame_bytes) + " bytes");
+  }
+  if (length % sizeof(capnp::word) != 0) {
+    fail_protocol("frame length " + std::to_string(length) +
+                  " bytes is not a whole number of 8-byte Cap'n Proto words");
+  }
+  if (size - kPrefixBytes != length) {
+    fail_protocol(std::string(size - kPrefixBytes < length ? "truncated frame" : "trailing bytes") +
+                  ": the length prefix says " + std::to_string(length) + " bytes, got " +
+                  std::to_string(size - kPrefixBytes));
+  }
+  FrameBody body;
+  body.bytes = length;
+  body.words.resize(length / sizeof(uint64_t));
+  if (length) std::memcpy(body.words.data(), data + kPrefixBytes, length);
+  return body;
+}
+
+WireMessage decode_message(const FrameBody& body, uint64_t max_frame_bytes) {
+  if (body.bytes > max_frame_bytes) {
+    fail_protocol("frame length " + std::to_string(body.bytes) + " bytes exceeds the cap of " +
+                  std::to_string(max_frame_bytes) + " bytes");
+  }
+  kj::ArrayPtr<const capnp::word> words(
+      reinterpret_cast<const capnp::word*>(body.words.data()), body.words.size());
+  capnp::ReaderOptions options;
+  // Every field is read once, so a well-formed message traverses at most its own size;
+  // the factor 2 leaves room, and bounds amplification by aliased pointers.
+  options.traversalLimitInWords = 2 * words.size() + 1024;
+  options.nestingLimit = 16;
+  try {
+    capnp::FlatArrayMessageReader reader(words, options);
+    if (reader.getEnd() != words.end()) {
+      fail_protocol("frame has " + std::to_string((words.end() - reader.getEnd()) * 8) +
+                    " trailing bytes after the Cap'n Proto message");
+    }
+    return decode_root(reader.getRoot<wire::Message>());
+  } catch (const kj::Exception& e) {
+    fail_protocol(std::string("malformed Cap'n Proto message: ") + e.getDescription().cStr());
+  }
+}
+
+void fail_unexpected_message(const WireMessage& got, const char* expected) {
+  std::string text = std::string("expected ") + expected + ", got " + message_name(got);
+  if (const auto* error = std::get_if<ErrorMsg>(&got)) text += ": " + error->message;
+  fail_protocol(text);
+}
+
+}  // namespace charm

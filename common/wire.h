@@ -1,0 +1,213 @@
+// The coordinator <-> worker wire format (schema/charm.capnp) and its framing over TCP.
+//
+// Frame = 4-byte little-endian body length N, then N bytes: one Cap'n Proto flat message
+// (the format capnp::messageToFlatArray writes) whose root is charm::wire::Message.
+// Encoders are pure functions from charm structs to whole frames (length prefix
+// included); decoders are pure functions from a frame body to charm structs that validate
+// every count and size and throw Error(kProtocol) naming the field at fault.
+//
+// Deadlines: FrameConnection does its socket I/O as Asio async operations on a private
+// io_context and runs that context with run_for() in short slices until the operation
+// completes, the deadline passes (the operation is cancelled) or a stop flag is raised.
+// SO_RCVTIMEO is not used because Asio's blocking reads re-poll without a timeout.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "common/error.h"
+#include "common/moe_types.h"
+
+namespace charm {
+
+/// Bumped whenever a field's meaning or a frame rule changes; peers must agree exactly.
+constexpr uint32_t kProtocolVersion = 1;
+
+/// Default upper bound on one frame's body, in bytes (1 GiB).
+constexpr uint64_t kDefaultMaxFrameBytes = uint64_t{1} << 30;
+
+/// Upper bound on hiddenSize accepted from the wire, in floats per row.
+constexpr uint32_t kMaxWireHiddenSize = 1u << 20;
+
+/// A whole encoded frame: 4-byte LE length prefix followed by the body.
+using Frame = std::vector<uint8_t>;
+
+/// A received frame body, stored in 8-byte words because Cap'n Proto reads aligned words.
+struct FrameBody {
+  std::vector<uint64_t> words;  ///< the body, zero-padded to a whole number of words
+  uint64_t bytes = 0;           ///< body length in bytes as the prefix gave it
+};
+
+/// `hello`: first message of a client.
+struct HelloMsg {
+  uint32_t protocol_version = kProtocolVersion;
+  std::string model_fingerprint;  ///< model_fingerprint() of the client's checkpoint
+  std::string client_name;
+};
+
+/// `helloReply`.
+struct HelloReplyMsg {
+  bool ok = false;
+  std::string error;              ///< why not ok; names both mismatching values
+  std::string worker_name;
+  uint32_t protocol_version = kProtocolVersion;
+  std::string model_fingerprint;
+  std::map<uint32_t, std::vector<uint32_t>> held;  ///< layer -> expert ids held
+};
+
+/// `layerResponse`: an ExpertResponse, or an error naming why the request failed.
+struct LayerResponseMsg {
+  ExpertResponse response;  ///< outputs empty when error is set
+  std::string error;        ///< non-empty when the worker could not run the request
+};
+
+/// `healthRequest` (no fields).
+struct HealthRequestMsg {};
+
+/// `healthReply`.
+struct HealthReplyMsg {
+  std::string worker_name;
+  std::string state;             ///< "up"
+  uint64_t experts_held = 0;     ///< (layer, expert) pairs
+  uint64_t requests_served = 0;  ///< layer requests answered since start
+  uint64_t bytes_in = 0;         ///< frame bytes received since start (prefixes included)
+  uint64_t bytes_out = 0;        ///< frame bytes sent since start (prefixes included)
+  uint64_t uptime_ms = 0;
+  uint32_t protocol_version = kProtocolVersion;
+};
+
+/// `error`: the peer's last frame was rejected; the sender closes the connection after.
+struct ErrorMsg {
+  std::string message;
+};
+
+/// Any decoded message; the alternative is the union member the frame carried.
+using WireMessage = std::variant<HelloMsg, HelloReplyMsg, ExpertRequest, LayerResponseMsg,
+                                 HealthRequestMsg, HealthReplyMsg, ErrorMsg>;
+
+/// The schema's name of the message held by `message` ("hello", "layerRequest", ...).
+const char* message_name(const WireMessage& message);
+
+// --- encoders: charm struct -> whole frame ------------------------------------------
+
+Frame encode_hello(const HelloMsg& hello);
+Frame encode_hello_reply(const HelloReplyMsg& reply);
+/// Throws Error(kInvalidInput) when hidden.size() != num_rows * hidden_size.
+Frame encode_layer_request(const ExpertRequest& request);
+Frame encode_layer_response(const LayerResponseMsg& response);
+Frame encode_health_request();
+Frame encode_health_reply(const HealthReplyMsg& reply);
+Frame encode_error(const std::string& message);
+
+// --- decoders: frame body -> charm struct ---------------------------------------------
+
+/// Splits one whole frame held in memory (prefix + body) into its body. Throws
+/// Error(kProtocol) for fewer than 4 bytes, a length over `max_frame_bytes`, a body
+/// length that is not a multiple of 8 (Cap'n Proto words), or a byte count that
+/// disagrees with the prefix (truncated or trailing bytes).
+FrameBody split_frame(const uint8_t* data, size_t size,
+                      uint64_t max_frame_bytes = kDefaultMaxFrameBytes);
+
+/// Decodes and validates a body. Throws Error(kProtocol) naming the field for: a
+/// malformed Cap'n Proto message (bad segment table, out-of-bounds pointers, traversal
+/// limit of max_frame_bytes/8 words exceeded, trailing words), an unknown union member,
+/// and in a layerRequest: hiddenSize 0 or over kMaxWireHiddenSize, a hidden payload
+/// that is not a multiple of 4 bytes or not numRows * hiddenSize * 4 bytes, an
+/// assignment row >= numRows; in a layerResponse: outputs not a multiple of 4 bytes.
+WireMessage decode_message(const FrameBody& body,
+                           uint64_t max_frame_bytes = kDefaultMaxFrameBytes);
+
+/// Throws Error(kProtocol) "expected <expected>, got <name of got>" (with the text of an
+/// `error` message when that is what came).
+[[noreturn]] void fail_unexpected_message(const WireMessage& got, const char* expected);
+
+/// decode_message, then requires alternative T (throws as fail_unexpected_message).
+template <typename T>
+T decode_as(const FrameBody& body, uint64_t max_frame_bytes = kDefaultMaxFrameBytes) {
+  WireMessage message = decode_message(body, max_frame_bytes);
+  if (T* value = std::get_if<T>(&message)) return std::move(*value);
+  fail_unexpected_message(message, message_name(WireMessage(T{})));
+}
+
+// --- a framed TCP connection with deadlines -------------------------------------------
+
+/// One TCP connection that sends and receives frames. Owns its io_context and socket
+/// (RAII: closed on destruction). Thread-safety: one thread at a time per connection.
+class FrameConnection {
+ public:
+  /// Connects to host:port within `timeout`. Throws Error(kUnavailable) naming `peer`
+  /// when the address does not resolve, the connection is refused or the time runs out.
+  static std::unique_ptr<FrameConnection> connect(const std::string& host, uint16_t port,
+                                                  std::chrono::milliseconds timeout,
+                                                  const std::string& peer);
+
+  ~FrameConnection();
+  FrameConnection(const FrameConnection&) = delete;
+  FrameConnection& operator=(const FrameConnection&) = delete;
+
+  /// Writes `frame` whole before `timeout`. Returns the bytes written (frame.size()).
+  /// Throws Error(kUnavailable) naming the peer on a socket error or timeout, after
+  /// closing the connection.
+  uint64_t send(const Frame& frame, std::chrono::milliseconds timeout);
+
+  /// Reads one frame before `timeout`; returns its body. Throws Error(kProtocol) naming
+  /// the peer for a length over max_frame_bytes or not a multiple of 8 and for a stream
+  /// that ends inside a frame ("truncated frame"); Error(kUnavailable) for a socket
+  /// error, a timeout, or a stream that ends between frames ("closed the connection").
+  /// After Error(kUnavailable) the connection is closed. After a length-prefix
+  /// Error(kProtocol) it is left open (the stream is unusable) so the caller can send an
+  /// `error` frame before closing.
+  /// When `stop` is given and becomes true the read is abandoned with Error(kUnavailable).
+  FrameBody receive(std::chrono::milliseconds timeout, const std::atomic<bool>* stop = nullptr);
+
+  /// Closes the socket (idempotent).
+  void close();
+  bool is_open() const;
+
+  const std::string& peer() const { return peer_; }
+  void set_max_frame_bytes(uint64_t bytes) { max_frame_bytes_ = bytes; }
+  uint64_t max_frame_bytes() const { return max_frame_bytes_; }
+
+  struct Impl;  ///< the Asio socket and its io_context (common/wire_socket.cpp)
+  /// Internal: wraps an open socket (FrameListener::accept, connect).
+  FrameConnection(std::unique_ptr<Impl> impl, std::string peer);
+
+ private:
+  std::unique_ptr<Impl> impl_;
+  std::string peer_;
+  uint64_t max_frame_bytes_ = kDefaultMaxFrameBytes;
+};
+
+/// A listening TCP socket that yields FrameConnections. RAII: closed on destruction.
+/// Thread-safety: one thread at a time.
+class FrameListener {
+ public:
+  /// Binds exactly host:port (port 0 picks an ephemeral port) with SO_REUSEADDR and
+  /// listens. Throws Error(kUnavailable) naming the address when it cannot bind.
+  static std::unique_ptr<FrameListener> listen(const std::string& host, uint16_t port);
+
+  ~FrameListener();
+  FrameListener(const FrameListener&) = delete;
+  FrameListener& operator=(const FrameListener&) = delete;
+
+  /// The bound port (useful after binding port 0).
+  uint16_t port() const;
+
+  /// Waits up to `timeout` for a client; nullptr when none came in time. Throws
+  /// Error(kUnavailable) when the listening socket fails.
+  std::unique_ptr<FrameConnection> accept(std::chrono::milliseconds timeout);
+
+  struct Impl;
+
+ private:
+  explicit FrameListener(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace charm

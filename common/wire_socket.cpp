@@ -1,0 +1,262 @@
+// The TCP side of wire.h: FrameConnection and FrameListener over standalone Asio.
+// Deadlines: every operation is an Asio async op on the connection's own io_context,
+// run with run_for() in slices of at most kSlice until it completes, its deadline
+// passes or a stop flag rises; then it is cancelled and the socket closed.
+#include "common/wire.h"
+
+#ifndef ASIO_STANDALONE
+#define ASIO_STANDALONE
+#endif
+#include <asio.hpp>
+
+#include <algorithm>
+#include <string>
+
+namespace charm {
+
+struct FrameConnection::Impl {
+  asio::io_context io;
+  asio::ip::tcp::socket socket{io};
+};
+
+struct FrameListener::Impl {
+  asio::io_context io;
+  asio::ip::tcp::acceptor acceptor{io};
+};
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr std::chrono::milliseconds kSlice{100};
+
+Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
+  // Treat anything over ~30 years as "no deadline" to avoid overflowing the clock.
+  if (timeout.count() >= (int64_t{1} << 50)) return Clock::time_point::max();
+  return Clock::now() + timeout;
+}
+
+// Runs `io` until `done`; false when the deadline passed or *stop became true first.
+bool run_until(asio::io_context& io, const bool& done, Clock::time_point deadline,
+               const std::atomic<bool>* stop) {
+  while (!done) {
+    const auto now = Clock::now();
+    if (now >= deadline || (stop && stop->load())) return false;
+    const auto left = deadline - now;
+    io.restart();
+    io.run_for(left < kSlice ? std::chrono::duration_cast<std::chrono::nanoseconds>(left)
+                             : std::chrono::nanoseconds(kSlice));
+  }
+  return true;
+}
+
+// Cancels whatever is pending on `io` and lets the handlers run (with operation_aborted)
+// so no handler outlives the stack frame it captured.
+void drain(asio::io_context& io) {
+  io.restart();
+  io.run();
+}
+void abandon(asio::io_context& io, asio::ip::tcp::resolver& resolver) {
+  resolver.cancel();
+  drain(io);
+}
+template <typename Cancellable>
+void abandon(asio::io_context& io, Cancellable& object) {
+  asio::error_code ignored;
+  object.cancel(ignored);
+  drain(io);
+}
+
+std::string endpoint_text(const asio::ip::tcp::endpoint& ep) {
+  return ep.address().to_string() + ":" + std::to_string(ep.port());
+}
+
+}  // namespace
+
+FrameConnection::FrameConnection(std::unique_ptr<Impl> impl, std::string peer)
+    : impl_(std::move(impl)), peer_(std::move(peer)) {}
+
+FrameConnection::~FrameConnection() { close(); }
+
+std::unique_ptr<FrameConnection> FrameConnection::connect(const std::string& host, uint16_t port,
+                                                          std::chrono::milliseconds timeout,
+                                                          const std::string& peer) {
+  auto impl = std::make_unique<Impl>();
+  const auto deadline = deadline_after(timeout);
+  const std::string where = peer + " (" + host + ":" + std::to_string(port) + ")";
+
+  asio::ip::tcp::resolver resolver(impl->io);
+  asio::error_code ec;
+  asio::ip::tcp::resolver::results_type endpoints;
+  bool done = false;
+  resolver.async_resolve(host, std::to_string(port),
+                         [&](const asio::error_code& e, asio::ip::tcp::resolver::results_type r) {
+                           ec = e;
+                           endpoints = std::move(r);
+                           done = true;
+                         });
+  if (!run_until(impl->io, done, deadline, nullptr)) {
+    abandon(impl->io, resolver);
+    fail_unavailable("timed out resolving " + where);
+  }
+  if (ec) fail_unavailable("cannot resolve " + where + ": " + ec.message());
+
+  done = false;
+  asio::async_connect(impl->socket, endpoints,
+                      [&](const asio::error_code& e, const asio::ip::tcp::endpoint&) {
+                        ec = e;
+                        done = true;
+                      });
+  if (!run_until(impl->io, done, deadline, nullptr)) {
+    abandon(impl->io, impl->socket);
+    fail_unavailable("timed out after " + std::to_string(timeout.count()) +
+                     " ms connecting to " + where);
+  }
+  if (ec) fail_unavailable("cannot connect to " + where + ": " + ec.message());
+  // Frames are whole messages; Nagle would delay the small ones (hello, health).
+  impl->socket.set_option(asio::ip::tcp::no_delay(true), ec);
+  return std::make_unique<FrameConnection>(std::move(impl), peer);
+}
+
+uint64_t FrameConnection::send(const Frame& frame, std::chrono::milliseconds timeout) {
+  if (!is_open()) fail_unavailable("connection to " + peer_ + " is closed");
+  asio::error_code ec;
+  bool done = false;
+  asio::async_write(impl_->socket, asio::buffer(frame), [&](const asio::error_code& e, size_t) {
+    ec = e;
+    done = true;
+  });
+  if (!run_until(impl_->io, done, deadline_after(timeout), nullptr)) {
+    abandon(impl_->io, impl_->socket);
+    close();
+    fail_unavailable("timed out after " + std::to_string(timeout.count()) + " ms sending " +
+                     std::to_string(frame.size()) + " bytes to " + peer_);
+  }
+  if (ec) {
+    close();
+    fail_unavailable("cannot send to " + peer_ + ": " + ec.message());
+  }
+  return frame.size();
+}
+
+FrameBody FrameConnection::receive(std::chrono::milliseconds timeout,
+                                   const std::atomic<bool>* stop) {
+  if (!is_open()) fail_unavailable("connection to " + peer_ + " is closed");
+  const auto deadline = deadline_after(timeout);
+  asio::error_code ec;
+  size_t got = 0;
+  bool done = false;
+  auto on_read = [&](const asio::error_code& e, size_t n) {
+    ec = e;
+    got = n;
+    done = true;
+  };
+  auto wait = [&](const char* what) {
+    if (!run_until(impl_->io, done, deadline, stop)) {
+      abandon(impl_->io, impl_->socket);
+      close();
+      if (stop && stop->load()) fail_unavailable("stopped while reading from " + peer_);
+      fail_unavailable("timed out after " + std::to_string(timeout.count()) +
+                       " ms waiting for " + what + " from " + peer_);
+    }
+  };
+
+  uint8_t prefix[4];
+  asio::async_read(impl_->socket, asio::buffer(prefix), on_read);
+  wait("a frame");
+  if (ec) {
+    close();
+    if (ec == asio::error::eof && got == 0) fail_unavailable(peer_ + " closed the connection");
+    if (ec == asio::error::eof) fail_protocol("truncated frame length prefix from " + peer_);
+    fail_unavailable("cannot read from " + peer_ + ": " + ec.message());
+  }
+  const uint64_t length = uint64_t{prefix[0]} | uint64_t{prefix[1]} << 8 |
+                          uint64_t{prefix[2]} << 16 | uint64_t{prefix[3]} << 24;
+  if (length > max_frame_bytes_ || length % 8 != 0) {
+    // Left open so the caller can answer with an `error` frame before closing.
+    fail_protocol("frame length " + std::to_string(length) + " bytes from " + peer_ +
+                  (length > max_frame_bytes_
+                       ? " exceeds the cap of " + std::to_string(max_frame_bytes_) + " bytes"
+                       : " is not a whole number of 8-byte Cap'n Proto words"));
+  }
+  FrameBody body;
+  body.bytes = length;
+  body.words.resize(length / 8);
+  done = false;
+  asio::async_read(impl_->socket, asio::buffer(body.words.data(), length), on_read);
+  wait("the rest of a frame");
+  if (ec) {
+    close();
+    if (ec == asio::error::eof) {
+      fail_protocol("truncated frame from " + peer_ + ": got " + std::to_string(got) + " of " +
+                    std::to_string(length) + " bytes");
+    }
+    fail_unavailable("cannot read from " + peer_ + ": " + ec.message());
+  }
+  return body;
+}
+
+void FrameConnection::close() {
+  if (!impl_) return;
+  asio::error_code ignored;
+  if (impl_->socket.is_open()) {
+    impl_->socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+    impl_->socket.close(ignored);
+  }
+}
+
+bool FrameConnection::is_open() const { return impl_ && impl_->socket.is_open(); }
+
+FrameListener::FrameListener(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+FrameListener::~FrameListener() {
+  asio::error_code ignored;
+  impl_->acceptor.close(ignored);
+}
+
+std::unique_ptr<FrameListener> FrameListener::listen(const std::string& host, uint16_t port) {
+  auto impl = std::make_unique<Impl>();
+  const std::string where = host + ":" + std::to_string(port);
+  asio::error_code ec;
+  asio::ip::tcp::resolver resolver(impl->io);
+  auto endpoints = resolver.resolve(host, std::to_string(port),
+                                    asio::ip::tcp::resolver::passive, ec);
+  if (ec || endpoints.empty()) {
+    fail_unavailable("cannot resolve listen address " + where + ": " + ec.message());
+  }
+  const asio::ip::tcp::endpoint endpoint = *endpoints.begin();
+  auto& acceptor = impl->acceptor;
+  acceptor.open(endpoint.protocol(), ec);
+  if (!ec) acceptor.set_option(asio::ip::tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acceptor.bind(endpoint, ec);
+  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) fail_unavailable("cannot listen on " + where + ": " + ec.message());
+  return std::unique_ptr<FrameListener>(new FrameListener(std::move(impl)));
+}
+
+uint16_t FrameListener::port() const { return impl_->acceptor.local_endpoint().port(); }
+
+std::unique_ptr<FrameConnection> FrameListener::accept(std::chrono::milliseconds timeout) {
+  auto conn = std::make_unique<FrameConnection::Impl>();
+  asio::error_code ec;
+  bool done = false;
+  impl_->acceptor.async_accept(conn->socket, [&](const asio::error_code& e) {
+    ec = e;
+    done = true;
+  });
+  if (!run_until(impl_->io, done, deadline_after(timeout), nullptr)) {
+    abandon(impl_->io, impl_->acceptor);
+    if (!done || ec) return nullptr;  // the accept raced the cancel and lost
+  }
+  if (ec) {
+    // A client that reset before we accepted it is its problem, not the listener's.
+    if (ec == asio::error::connection_aborted) return nullptr;
+    fail_unavailable("accept failed on port " + std::to_string(port()) + ": " + ec.message());
+  }
+  conn->socket.set_option(asio::ip::tcp::no_delay(true), ec);
+  asio::error_code ep_ec;
+  const auto remote = conn->socket.remote_endpoint(ep_ec);
+  std::string peer = ep_ec ? std::string("client") : "client " + endpoint_text(remote);
+  return std::make_unique<FrameConnection>(std::move(conn), std::move(peer));
+}
+
+}  // namespace charm

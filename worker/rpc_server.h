@@ -1,0 +1,115 @@
+// The worker's TCP server: accepts coordinator (and `charm status`) connections and
+// answers hello, layerRequest and healthRequest frames (schema/charm.capnp, common/wire.h),
+// one thread per connection. The computation itself is behind LayerService so the server
+// can be tested without a checkpoint.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/moe_types.h"
+#include "common/wire.h"
+#include "worker/expert_executor.h"
+
+namespace charm {
+
+/// What a WorkerServer serves. Implementations must be safe to call from several
+/// connection threads at once.
+class LayerService {
+ public:
+  virtual ~LayerService() = default;
+  /// Runs one request whose shapes the wire decoder has already validated. Throws
+  /// charm::Error (or any std::exception); its text goes back as layerResponse.error.
+  virtual ExpertResponse run(const ExpertRequest& request) = 0;
+  /// Experts held: layer -> expert ids, ascending.
+  virtual std::map<uint32_t, std::vector<uint32_t>> held() const = 0;
+};
+
+/// LayerService over a worker's ExpertExecutor (which must outlive it).
+class ExecutorService final : public LayerService {
+ public:
+  explicit ExecutorService(const ExpertExecutor& executor) : executor_(executor) {}
+  ExpertResponse run(const ExpertRequest& request) override { return executor_.run(request); }
+  std::map<uint32_t, std::vector<uint32_t>> held() const override {
+    return executor_.store().held();
+  }
+
+ private:
+  const ExpertExecutor& executor_;
+};
+
+struct WorkerServerOptions {
+  std::string worker_name;         ///< reported in helloReply / healthReply
+  std::string host = "127.0.0.1";  ///< bound exactly (no wildcard unless asked: "0.0.0.0")
+  uint16_t port = 0;               ///< 0 = ephemeral (tests); see WorkerServer::port()
+  std::string model_fingerprint;   ///< model_fingerprint() of the served checkpoint
+  uint64_t max_frame_bytes = kDefaultMaxFrameBytes;
+  std::chrono::milliseconds send_timeout{60000};  ///< per reply frame
+};
+
+/// The server. Protocol per connection: the client sends `hello`; the server answers
+/// `helloReply` (ok=false, naming both values, when the protocol version or the model
+/// fingerprint differ — and logs it at error level). `layerRequest` is answered with a
+/// `layerResponse` (errors, including "no successful hello yet", go in its error field and
+/// the connection stays up). `healthRequest` needs no hello. A frame that does not
+/// decode, or a message a client must not send, gets an `error` frame and the connection
+/// is closed; other connections are unaffected.
+/// Thread-safety: start/stop/port/health from any one controlling thread.
+class WorkerServer {
+ public:
+  /// `service` must outlive the server.
+  WorkerServer(WorkerServerOptions options, LayerService& service);
+  /// Calls stop().
+  ~WorkerServer();
+  WorkerServer(const WorkerServer&) = delete;
+  WorkerServer& operator=(const WorkerServer&) = delete;
+
+  /// Binds options.host:options.port and starts accepting on a background thread.
+  /// Throws Error(kUnavailable) naming the address when it cannot bind.
+  void start();
+  /// Stops accepting, ends every connection (within ~100 ms of their current request),
+  /// joins all threads. Idempotent.
+  void stop();
+
+  /// The bound port (valid after start()).
+  uint16_t port() const { return port_; }
+  /// The counters a healthRequest reports.
+  HealthReplyMsg health() const;
+
+ private:
+  void accept_loop();
+  void serve_connection(FrameConnection& conn);
+  // Handles one decoded message; false when the connection must close.
+  bool handle(FrameConnection& conn, WireMessage& message, bool& hello_ok);
+  void send(FrameConnection& conn, const Frame& frame);
+  HelloReplyMsg answer_hello(const HelloMsg& hello, const std::string& peer);
+  void reap_finished();
+
+  struct ConnectionThread {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> finished;
+  };
+
+  WorkerServerOptions options_;
+  LayerService& service_;
+  std::unique_ptr<FrameListener> listener_;
+  uint16_t port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::thread accept_thread_;
+  std::mutex connections_mutex_;
+  std::vector<ConnectionThread> connections_;
+  std::chrono::steady_clock::time_point started_;
+  std::atomic<uint64_t> requests_served_{0};
+  std::atomic<uint64_t> bytes_in_{0};
+  std::atomic<uint64_t> bytes_out_{0};
+  uint64_t experts_held_ = 0;
+};
+
+}  // namespace charm

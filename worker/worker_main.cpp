@@ -1,0 +1,85 @@
+#include "worker/worker_main.h"
+
+#include <csignal>
+#include <pthread.h>
+
+#include <spdlog/spdlog.h>
+
+#include "common/checkpoint.h"
+#include "common/error.h"
+#include "common/fingerprint.h"
+#include "worker/expert_executor.h"
+#include "worker/rpc_server.h"
+
+namespace charm {
+
+std::vector<int64_t> moe_layers(const ModelConfig& config) {
+  std::vector<int64_t> layers;
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    if (config.is_moe_layer(layer)) layers.push_back(layer);
+  }
+  return layers;
+}
+
+std::vector<ExpertKey> owned_experts(const Topology& topology, const ModelConfig& config,
+                                     int worker_index) {
+  std::vector<ExpertKey> owned;
+  for (const auto& [layer, owners] : topology.placement(moe_layers(config), config.num_experts)) {
+    for (size_t expert = 0; expert < owners.size(); ++expert) {
+      if (owners[expert] == worker_index) {
+        owned.emplace_back(static_cast<uint32_t>(layer), static_cast<uint32_t>(expert));
+      }
+    }
+  }
+  return owned;
+}
+
+namespace {
+
+int index_of(const Topology& topology, const WorkerSpec& spec) {
+  return static_cast<int>(&spec - topology.workers.data());
+}
+
+// Blocks the stop signals so they are only seen by sigwait, never by a random thread.
+sigset_t block_stop_signals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
+
+}  // namespace
+
+int run_worker(const Topology& topology, const std::string& worker_name) {
+  const sigset_t signals = block_stop_signals();  // before any thread starts
+  const WorkerSpec& spec = topology.worker(worker_name);
+  std::unique_ptr<Checkpoint> checkpoint = Checkpoint::open(topology.model);
+  const ModelConfig config =
+      ModelConfig::parse(checkpoint->config_json(), (topology.model / "config.json").string());
+  const std::vector<ExpertKey> owned = owned_experts(topology, config, index_of(topology, spec));
+  spdlog::info("worker {}: loading {} experts of {} from {}", worker_name, owned.size(),
+               config.architecture, topology.model.string());
+  ExpertStore store(*checkpoint, ExpertTensorNames{}, owned, config.hidden_size,
+                    config.moe_intermediate_size);
+  ExpertExecutor executor(store);
+  ExecutorService service(executor);
+
+  WorkerServerOptions options;
+  options.worker_name = worker_name;
+  options.host = spec.host;
+  options.port = spec.port;
+  options.model_fingerprint = model_fingerprint(*checkpoint);
+  options.send_timeout = std::chrono::milliseconds(topology.request_timeout_ms);
+  WorkerServer server(std::move(options), service);
+  server.start();
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  spdlog::info("worker {}: {} received, stopping", worker_name, sig == SIGINT ? "SIGINT" : "SIGTERM");
+  server.stop();
+  return 0;
+}
+
+}  // namespace charm

@@ -1,0 +1,32 @@
+// `charm worker --config <topology.yaml> --name <worker>`: load this worker's experts and
+// serve them until SIGINT/SIGTERM.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/model_config.h"
+#include "common/topology.h"
+#include "worker/expert_store.h"
+
+namespace charm {
+
+/// The (layer, expert) pairs `topology` assigns to worker number `worker_index` (index
+/// into topology.workers), over the model's MoE layers (ModelConfig::is_moe_layer).
+/// Throws what Topology::placement throws for an inconsistent placement.
+std::vector<ExpertKey> owned_experts(const Topology& topology, const ModelConfig& config,
+                                     int worker_index);
+
+/// The model's MoE layer ids, ascending.
+std::vector<int64_t> moe_layers(const ModelConfig& config);
+
+/// Runs worker `worker_name`: opens topology.model (Checkpoint::open), parses its config,
+/// loads only the experts the placement assigns it into an ExpertStore, binds exactly the
+/// worker's host:port and serves (worker/rpc_server.h) until SIGINT or SIGTERM, then
+/// closes every connection and returns 0. Blocks SIGINT/SIGTERM in the calling thread
+/// (threads it starts inherit that) and waits for them with sigwait. Throws
+/// Error(kInvalidInput) for an unknown worker name or a bad checkpoint/config/placement,
+/// Error(kUnavailable) when the address cannot be bound.
+int run_worker(const Topology& topology, const std::string& worker_name);
+
+}  // namespace charm
