@@ -22,7 +22,7 @@ namespace charm {
 /// per-expert layout  "<prefix>.<e>.<gate>.weight"  shape [moe_intermediate, hidden]
 ///                    "<prefix>.<e>.<up>.weight"    shape [moe_intermediate, hidden]
 ///                    "<prefix>.<e>.<down>.weight"  shape [hidden, moe_intermediate]
-/// fused 3-D layouts  "<prefix>.gate_up_proj" [E, 2*I, H] (gate rows first, then up),
+/// fused 3-D layouts  "<prefix>.<gate_up>" [E, 2*I, H] (gate rows first, then up),
 ///                    "<prefix>.down_proj" [E, H, I]   (transformers >= 5 Qwen3-MoE/OLMoE)
 ///               or   "<prefix>.<gate>" / "<prefix>.<up>" [E, I, H], "<prefix>.<down>" [E, H, I]
 ///                    (with or without a ".weight" suffix).
@@ -31,6 +31,7 @@ struct ExpertTensorNames {
   std::string gate = "gate_proj";
   std::string up = "up_proj";
   std::string down = "down_proj";
+  std::string gate_up = "gate_up_proj";  ///< fused gate+up name in the fused 3-D layout
 };
 
 /// One routed expert's SwiGLU weights in f32, row-major.

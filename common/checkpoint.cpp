@@ -1,0 +1,255 @@
+// Checkpoint directory reader: config.json, generation_config.json, and the tensors of
+// one model.safetensors or of the shards listed by model.safetensors.index.json (the
+// layout transformers' save_pretrained writes). Routed experts are read with pread of
+// exactly one expert's bytes, whichever hub layout the file uses.
+#include "common/checkpoint.h"
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "common/error.h"
+
+namespace charm {
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+/// Parses a JSON file; throws Error(kInvalidInput) naming it if it is absent or malformed.
+nlohmann::json read_json(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) fail_invalid(path.string() + ": missing or unreadable");
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    nlohmann::json json = nlohmann::json::parse(text.str());
+    if (!json.is_object()) fail_invalid(path.string() + ": top-level JSON value is not an object");
+    return json;
+  } catch (const nlohmann::json::exception& e) {
+    fail_invalid(path.string() + ": not valid JSON: " + e.what());
+  }
+}
+
+/// The weight_map of an index file: tensor name -> shard file name (relative to `dir`).
+/// Rejects shard names that leave the directory, so a checkpoint cannot point elsewhere.
+std::map<std::string, std::string> read_weight_map(const std::filesystem::path& index_path) {
+  const nlohmann::json index = read_json(index_path);
+  const std::string where = index_path.string();
+  if (!index.contains("weight_map")) fail_invalid(where + ": missing 'weight_map'");
+  const auto& map = index["weight_map"];
+  if (!map.is_object()) fail_invalid(where + ": 'weight_map' is not a JSON object");
+  std::map<std::string, std::string> out;
+  for (const auto& [tensor, file] : map.items()) {
+    if (!file.is_string()) fail_invalid(where + ": weight_map['" + tensor + "'] is not a file name string");
+    const std::filesystem::path rel(file.get<std::string>());
+    const bool escapes = rel.empty() || rel.is_absolute() ||
+                         std::any_of(rel.begin(), rel.end(), [](const auto& part) { return part == ".."; });
+    if (escapes) {
+      fail_invalid(where + ": weight_map['" + tensor + "'] = '" + rel.string() +
+                   "' is not a file inside the checkpoint directory");
+    }
+    out[tensor] = rel.string();
+  }
+  return out;
+}
+
+/// Shard files to open when there is no index: every *.safetensors in `dir`, sorted.
+std::vector<std::filesystem::path> list_safetensors(const std::filesystem::path& dir) {
+  std::vector<std::filesystem::path> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.is_regular_file() && entry.path().extension() == ".safetensors") files.push_back(entry.path());
+  }
+  std::sort(files.begin(), files.end());
+  if (files.empty()) {
+    fail_invalid(dir.string() + ": no model.safetensors.index.json and no *.safetensors file");
+  }
+  return files;
+}
+
+/// Replaces the "{}" in `pattern` with `layer`.
+std::string with_layer(const std::string& pattern, int layer) {
+  const auto pos = pattern.find("{}");
+  if (pos == std::string::npos) return pattern;
+  return pattern.substr(0, pos) + std::to_string(layer) + pattern.substr(pos + 2);
+}
+
+}  // namespace
+
+std::unique_ptr<Checkpoint> Checkpoint::open(const std::filesystem::path& dir) {
+  std::unique_ptr<Checkpoint> self(new Checkpoint());
+  self->dir_ = dir;
+  if (!std::filesystem::is_directory(dir)) fail_invalid(dir.string() + ": not a checkpoint directory");
+  self->config_ = read_json(dir / "config.json");
+  const auto gen_path = dir / "generation_config.json";
+  self->generation_config_ =
+      std::filesystem::exists(gen_path) ? read_json(gen_path) : nlohmann::json::object();
+
+  const auto index_path = dir / "model.safetensors.index.json";
+  std::map<std::string, std::string> weight_map;
+  std::vector<std::filesystem::path> paths;
+  if (std::filesystem::exists(index_path)) {
+    weight_map = read_weight_map(index_path);
+    std::set<std::string> shards;
+    for (const auto& [tensor, file] : weight_map) {
+      if (shards.insert(file).second && !std::filesystem::is_regular_file(dir / file)) {
+        fail_invalid(index_path.string() + ": tensor '" + tensor + "' is mapped to '" + file +
+                     "', which does not exist in " + dir.string());
+      }
+    }
+    for (const auto& file : shards) paths.push_back(dir / file);
+  } else {
+    paths = list_safetensors(dir);
+  }
+
+  for (const auto& path : paths) self->files_.push_back(SafetensorsFile::open(path));
+  for (const auto& file : self->files_) {
+    for (const auto& [name, info] : file->tensors()) {
+      const auto [it, inserted] = self->index_.emplace(name, &info);
+      if (!inserted) {
+        fail_invalid(dir.string() + ": tensor '" + name + "' is present in both " + it->second->file.string() +
+                     " and " + info.file.string());
+      }
+    }
+  }
+  for (const auto& [tensor, file] : weight_map) {
+    const auto it = self->index_.find(tensor);
+    if (it == self->index_.end() || it->second->file != dir / file) {
+      fail_invalid(index_path.string() + ": tensor '" + tensor + "' is mapped to '" + file +
+                   "' but that file does not hold it");
+    }
+  }
+  return self;
+}
+
+const TensorInfo* Checkpoint::find(const std::string& name) const {
+  const auto it = index_.find(name);
+  return it == index_.end() ? nullptr : it->second;
+}
+
+std::vector<std::string> Checkpoint::tensor_names() const {
+  std::vector<std::string> names;
+  names.reserve(index_.size());
+  for (const auto& [name, info] : index_) names.push_back(name);
+  return names;  // std::map keeps them sorted
+}
+
+const SafetensorsFile& Checkpoint::file_of(const TensorInfo& info) const {
+  for (const auto& file : files_) {
+    if (file->path() == info.file) return *file;
+  }
+  fail_internal("tensor '" + info.name + "' names file " + info.file.string() + ", which this checkpoint did not open");
+}
+
+std::vector<float> Checkpoint::load_f32(const std::string& name, const std::vector<int64_t>& shape) const {
+  const TensorInfo* info = find(name);
+  if (info == nullptr) fail_invalid(dir_.string() + ": tensor '" + name + "' not found");
+  if (info->shape != shape) {
+    fail_invalid(info->file.string() + ": tensor '" + name + "' has shape " + shape_text(info->shape) +
+                 ", expected " + shape_text(shape));
+  }
+  std::vector<float> out(info->numel());
+  convert_to_f32(info->dtype, file_of(*info).mapped(*info), out.data(), out.size());
+  return out;
+}
+
+namespace {
+
+/// Reads `count` elements starting at element `first` of `info` with pread, as f32.
+std::vector<float> read_elements(const SafetensorsFile& file, const TensorInfo& info, uint64_t first,
+                                 uint64_t count) {
+  const size_t esize = dtype_size(info.dtype);
+  std::vector<uint8_t> raw(count * esize);
+  file.read(info, first * esize, raw.size(), raw.data());
+  std::vector<float> out(count);
+  convert_to_f32(info.dtype, raw.data(), out.data(), count);
+  return out;
+}
+
+/// Throws naming the tensor unless its shape is `want`.
+void expect_shape(const TensorInfo& info, const std::vector<int64_t>& want, const std::string& what) {
+  if (info.shape != want) {
+    fail_invalid(info.file.string() + ": tensor '" + info.name + "' has shape " + shape_text(info.shape) +
+                 ", expected " + shape_text(want) + " (" + what + ")");
+  }
+}
+
+}  // namespace
+
+ExpertWeights Checkpoint::load_expert(const ExpertTensorNames& names, int layer, int expert,
+                                      int64_t hidden_size, int64_t intermediate_size) const {
+  const std::string prefix = with_layer(names.prefix, layer);
+  const int64_t H = hidden_size;
+  const int64_t I = intermediate_size;
+  const uint64_t slice = static_cast<uint64_t>(I * H);  // elements of one [I,H] or [H,I] matrix
+  if (expert < 0) fail_invalid(prefix + ": expert id " + std::to_string(expert) + " is negative");
+  if (H <= 0 || I <= 0) {
+    fail_invalid(prefix + ": hidden_size " + std::to_string(H) + " and moe_intermediate_size " + std::to_string(I) +
+                 " must be positive");
+  }
+
+  // The 3-D tensors appear both with and without ".weight" on the hub.
+  auto find_3d = [&](const std::string& base) -> const TensorInfo* {
+    if (const TensorInfo* t = find(base)) return t;
+    return find(base + ".weight");
+  };
+  // Checks [E, rows, cols] with expert < E; returns the element offset of the expert's slice.
+  auto expert_slice = [&](const TensorInfo& t, int64_t rows, int64_t cols, const std::string& what) {
+    if (t.shape.size() != 3 || t.shape[1] != rows || t.shape[2] != cols) {
+      expect_shape(t, {t.shape.empty() ? 0 : t.shape[0], rows, cols}, what);
+    }
+    if (expert >= t.shape[0]) {
+      fail_invalid(t.file.string() + ": tensor '" + t.name + "' holds " + std::to_string(t.shape[0]) +
+                   " experts, expert " + std::to_string(expert) + " requested");
+    }
+    return static_cast<uint64_t>(expert) * static_cast<uint64_t>(rows * cols);
+  };
+
+  ExpertWeights w;
+  // Layout 1: one 2-D tensor per expert and projection.
+  const std::string per = prefix + "." + std::to_string(expert) + ".";
+  if (const TensorInfo* gate = find(per + names.gate + ".weight")) {
+    const TensorInfo* up = find(per + names.up + ".weight");
+    const TensorInfo* down = find(per + names.down + ".weight");
+    if (up == nullptr) fail_invalid(dir_.string() + ": tensor '" + per + names.up + ".weight' not found");
+    if (down == nullptr) fail_invalid(dir_.string() + ": tensor '" + per + names.down + ".weight' not found");
+    expect_shape(*gate, {I, H}, "moe_intermediate_size, hidden_size");
+    expect_shape(*up, {I, H}, "moe_intermediate_size, hidden_size");
+    expect_shape(*down, {H, I}, "hidden_size, moe_intermediate_size");
+    w.gate = read_elements(file_of(*gate), *gate, 0, slice);
+    w.up = read_elements(file_of(*up), *up, 0, slice);
+    w.down = read_elements(file_of(*down), *down, 0, slice);
+    return w;
+  }
+
+  const TensorInfo* down = find_3d(prefix + "." + names.down);
+  // Layout 2: fused gate_up [E, 2I, H]; gate is the first I rows of the expert's slice.
+  if (const TensorInfo* gate_up = find_3d(prefix + "." + names.gate_up)) {
+    if (down == nullptr) fail_invalid(dir_.string() + ": tensor '" + prefix + "." + names.down + "' not found");
+    const uint64_t first = expert_slice(*gate_up, 2 * I, H, "experts, 2 * moe_intermediate_size, hidden_size");
+    w.gate = read_elements(file_of(*gate_up), *gate_up, first, slice);
+    w.up = read_elements(file_of(*gate_up), *gate_up, first + slice, slice);
+  } else if (const TensorInfo* gate = find_3d(prefix + "." + names.gate)) {
+    // Layout 3: separate 3-D gate and up [E, I, H].
+    const TensorInfo* up = find_3d(prefix + "." + names.up);
+    if (up == nullptr) fail_invalid(dir_.string() + ": tensor '" + prefix + "." + names.up + "' not found");
+    if (down == nullptr) fail_invalid(dir_.string() + ": tensor '" + prefix + "." + names.down + "' not found");
+    w.gate = read_elements(file_of(*gate), *gate,
+                           expert_slice(*gate, I, H, "experts, moe_intermediate_size, hidden_size"), slice);
+    w.up = read_elements(file_of(*up), *up, expert_slice(*up, I, H, "experts, moe_intermediate_size, hidden_size"),
+                         slice);
+  } else {
+    fail_invalid(dir_.string() + ": no weights for layer " + std::to_string(layer) + " expert " +
+                 std::to_string(expert) + ": neither '" + per + names.gate + ".weight' nor '" + prefix + "." +
+                 names.gate_up + "' nor '" + prefix + "." + names.gate + "' exists");
+  }
+  w.down = read_elements(file_of(*down), *down,
+                         expert_slice(*down, H, I, "experts, hidden_size, moe_intermediate_size"), slice);
+  return w;
+}
+
+}  // namespace charm

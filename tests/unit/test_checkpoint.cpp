@@ -1,0 +1,338 @@
+// Tests for common/checkpoint: config files, single-file and sharded checkpoints, the
+// three routed-expert layouts, and malformed directories and indexes.
+#include <doctest/doctest.h>
+
+#include "common/checkpoint.h"
+#include "common/error.h"
+#include "safetensors_writer.h"
+
+using namespace charm;
+using charm::testing::TempDir;
+using charm::testing::TensorSpec;
+
+namespace {
+
+constexpr int64_t kH = 4;  // hidden_size
+constexpr int64_t kI = 3;  // moe_intermediate_size
+constexpr int64_t kE = 3;  // experts
+constexpr int kLayer = 1;
+
+template <typename Fn>
+void expect_error(Fn&& fn, ErrorCategory category, const std::vector<std::string>& parts) {
+  try {
+    fn();
+    FAIL("expected a charm::Error containing '" << parts.front() << "'");
+  } catch (const Error& e) {
+    CHECK_MESSAGE(e.category() == category, e.what());
+    for (const auto& p : parts) CHECK_MESSAGE(e.message().find(p) != std::string::npos, e.what(), " lacks ", p);
+  }
+}
+
+/// A value that identifies (expert, projection, row, col) so any mix-up of slices shows.
+/// Projections: 0 gate, 1 up, 2 down. Values are multiples of 1/4 below 32, so they need
+/// at most 7 significant bits and are exact in bf16; each (e, proj, r, c) gets its own.
+float expert_value(int64_t e, int proj, int64_t r, int64_t c) {
+  return static_cast<float>(e * 10 + proj * 3 + r) + 0.25f * static_cast<float>(c);
+}
+
+std::vector<float> matrix(int64_t e, int proj, int64_t rows, int64_t cols) {
+  std::vector<float> m;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) m.push_back(expert_value(e, proj, r, c));
+  }
+  return m;
+}
+
+/// The dense tensors every test checkpoint carries, plus a config.json.
+std::vector<TensorSpec> dense_tensors() {
+  return {TensorSpec{"model.embed_tokens.weight", DType::kBF16, {5, kH}, charm::testing::ramp(5 * kH, -1.0f)},
+          TensorSpec{"model.norm.weight", DType::kF32, {kH}, {1.0f, 2.0f, 3.0f, 4.0f}}};
+}
+
+void write_config(const TempDir& dir) {
+  charm::testing::write_bytes(dir / "config.json",
+                              R"({"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 4, "num_experts": 3})");
+}
+
+enum class Layout { kPerExpert, kFused, kSeparate3d, kSeparate3dWeight };
+
+/// Expert tensors of layer kLayer in `layout`, dtype `dtype`.
+std::vector<TensorSpec> expert_tensors(Layout layout, DType dtype) {
+  const std::string p = "model.layers." + std::to_string(kLayer) + ".mlp.experts";
+  std::vector<TensorSpec> out;
+  if (layout == Layout::kPerExpert) {
+    for (int64_t e = 0; e < kE; ++e) {
+      const std::string pe = p + "." + std::to_string(e) + ".";
+      out.push_back({pe + "gate_proj.weight", dtype, {kI, kH}, matrix(e, 0, kI, kH)});
+      out.push_back({pe + "up_proj.weight", dtype, {kI, kH}, matrix(e, 1, kI, kH)});
+      out.push_back({pe + "down_proj.weight", dtype, {kH, kI}, matrix(e, 2, kH, kI)});
+    }
+    return out;
+  }
+  std::vector<float> gate_up, gate, up, down;
+  for (int64_t e = 0; e < kE; ++e) {
+    const auto g = matrix(e, 0, kI, kH), u = matrix(e, 1, kI, kH), d = matrix(e, 2, kH, kI);
+    gate_up.insert(gate_up.end(), g.begin(), g.end());  // gate rows first ...
+    gate_up.insert(gate_up.end(), u.begin(), u.end());  // ... then up, per expert
+    gate.insert(gate.end(), g.begin(), g.end());
+    up.insert(up.end(), u.begin(), u.end());
+    down.insert(down.end(), d.begin(), d.end());
+  }
+  if (layout == Layout::kFused) {
+    out.push_back({p + ".gate_up_proj", dtype, {kE, 2 * kI, kH}, gate_up});
+    out.push_back({p + ".down_proj", dtype, {kE, kH, kI}, down});
+    return out;
+  }
+  const std::string suffix = layout == Layout::kSeparate3dWeight ? ".weight" : "";
+  out.push_back({p + ".gate_proj" + suffix, dtype, {kE, kI, kH}, gate});
+  out.push_back({p + ".up_proj" + suffix, dtype, {kE, kI, kH}, up});
+  out.push_back({p + ".down_proj" + suffix, dtype, {kE, kH, kI}, down});
+  return out;
+}
+
+/// Writes `tensors` either as one model.safetensors or as two shards plus an index.
+void write_checkpoint(const TempDir& dir, const std::vector<TensorSpec>& tensors, bool sharded) {
+  write_config(dir);
+  if (!sharded) {
+    charm::testing::write_safetensors(dir / "model.safetensors", tensors);
+    return;
+  }
+  std::vector<TensorSpec> first, second;
+  nlohmann::json map = nlohmann::json::object();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const bool in_first = i % 2 == 0;
+    (in_first ? first : second).push_back(tensors[i]);
+    map[tensors[i].name] = in_first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  charm::testing::write_safetensors(dir / "model-00001-of-00002.safetensors", first);
+  charm::testing::write_safetensors(dir / "model-00002-of-00002.safetensors", second);
+  const nlohmann::json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", map}};
+  charm::testing::write_bytes(dir / "model.safetensors.index.json", index.dump(2));
+}
+
+void check_expert(const ExpertWeights& w, int64_t e) {
+  CHECK(w.gate == matrix(e, 0, kI, kH));
+  CHECK(w.up == matrix(e, 1, kI, kH));
+  CHECK(w.down == matrix(e, 2, kH, kI));
+}
+
+}  // namespace
+
+TEST_CASE("a single-file checkpoint gives configs, names and f32 tensors with shape checks") {
+  TempDir dir("ckpt");
+  auto tensors = dense_tensors();
+  write_checkpoint(dir, tensors, false);
+  charm::testing::write_bytes(dir / "generation_config.json", R"({"eos_token_id": [1, 2], "temperature": 0.7})");
+  const auto ck = Checkpoint::open(dir.path());
+
+  CHECK(ck->config_json()["hidden_size"] == 4);
+  CHECK(ck->generation_config_json()["temperature"] == 0.7);
+  CHECK(ck->tensor_names() == std::vector<std::string>{"model.embed_tokens.weight", "model.norm.weight"});
+  REQUIRE(ck->find("model.norm.weight") != nullptr);
+  CHECK(ck->find("model.norm.weight")->file == dir / "model.safetensors");
+  CHECK(ck->find("absent") == nullptr);
+  CHECK(ck->load_f32("model.norm.weight", {kH}) == std::vector<float>{1, 2, 3, 4});
+  CHECK(ck->load_f32("model.embed_tokens.weight", {5, kH}) == charm::testing::ramp(5 * kH, -1.0f));
+
+  expect_error([&] { ck->load_f32("model.norm.weight", {2, 2}); }, ErrorCategory::kInvalidInput,
+               {"'model.norm.weight'", "[4]", "[2, 2]", "model.safetensors"});
+  expect_error([&] { ck->load_f32("model.nope", {1}); }, ErrorCategory::kInvalidInput, {"'model.nope'"});
+}
+
+TEST_CASE("generation_config.json is optional") {
+  TempDir dir("ckpt");
+  write_checkpoint(dir, dense_tensors(), false);
+  const auto ck = Checkpoint::open(dir.path());
+  CHECK(ck->generation_config_json().is_object());
+  CHECK(ck->generation_config_json().empty());
+}
+
+TEST_CASE("load_expert reads every expert layout, sharded or not, in bf16 and f32") {
+  const std::pair<Layout, const char*> layouts[] = {{Layout::kPerExpert, "per-expert"},
+                                                    {Layout::kFused, "fused gate_up"},
+                                                    {Layout::kSeparate3d, "separate 3-D"},
+                                                    {Layout::kSeparate3dWeight, "separate 3-D .weight"}};
+  for (const auto& [layout, label] : layouts) {
+    for (bool sharded : {false, true}) {
+      for (DType dtype : {DType::kBF16, DType::kF32}) {
+        CAPTURE(label);
+        CAPTURE(sharded);
+        CAPTURE(dtype_name(dtype));
+        TempDir dir("ckpt");
+        auto tensors = dense_tensors();
+        for (auto& t : expert_tensors(layout, dtype)) tensors.push_back(t);
+        write_checkpoint(dir, tensors, sharded);
+        const auto ck = Checkpoint::open(dir.path());
+        for (int64_t e = 0; e < kE; ++e) check_expert(ck->load_expert({}, kLayer, static_cast<int>(e), kH, kI), e);
+        CHECK(ck->load_f32("model.norm.weight", {kH}) == std::vector<float>{1, 2, 3, 4});
+
+        // Wrong sizes, experts past the end and absent layers are errors naming a tensor.
+        expect_error([&] { ck->load_expert({}, kLayer, 0, kH + 1, kI); }, ErrorCategory::kInvalidInput,
+                     {"model.layers.1.mlp.experts", "shape"});
+        if (layout != Layout::kPerExpert) {
+          expect_error([&] { ck->load_expert({}, kLayer, kE, kH, kI); }, ErrorCategory::kInvalidInput,
+                       {"model.layers.1.mlp.experts", "holds 3 experts, expert 3 requested"});
+        }
+        expect_error([&] { ck->load_expert({}, 0, 0, kH, kI); }, ErrorCategory::kInvalidInput,
+                     {"model.layers.0.mlp.experts.0.gate_proj.weight", "gate_up_proj", dir.path().string()});
+      }
+    }
+  }
+}
+
+TEST_CASE("load_expert honours custom tensor names") {
+  TempDir dir("ckpt");
+  std::vector<TensorSpec> tensors;
+  for (int64_t e = 0; e < kE; ++e) {
+    const std::string pe = "model.layers.2.block_sparse_moe.experts." + std::to_string(e) + ".";
+    tensors.push_back({pe + "w1.weight", DType::kF32, {kI, kH}, matrix(e, 0, kI, kH)});
+    tensors.push_back({pe + "w3.weight", DType::kF32, {kI, kH}, matrix(e, 1, kI, kH)});
+    tensors.push_back({pe + "w2.weight", DType::kF32, {kH, kI}, matrix(e, 2, kH, kI)});
+  }
+  write_checkpoint(dir, tensors, false);
+  const auto ck = Checkpoint::open(dir.path());
+  ExpertTensorNames mixtral;
+  mixtral.prefix = "model.layers.{}.block_sparse_moe.experts";
+  mixtral.gate = "w1";
+  mixtral.up = "w3";
+  mixtral.down = "w2";
+  check_expert(ck->load_expert(mixtral, 2, 1, kH, kI), 1);
+}
+
+TEST_CASE("load_expert names the missing partner tensor of an incomplete expert") {
+  TempDir dir("ckpt");
+  auto tensors = expert_tensors(Layout::kFused, DType::kF32);
+  tensors.pop_back();  // drop down_proj
+  write_checkpoint(dir, tensors, false);
+  const auto ck = Checkpoint::open(dir.path());
+  expect_error([&] { ck->load_expert({}, kLayer, 0, kH, kI); }, ErrorCategory::kInvalidInput,
+               {"model.layers.1.mlp.experts.down_proj", "not found"});
+
+  TempDir dir2("ckpt");
+  auto per = expert_tensors(Layout::kPerExpert, DType::kF32);
+  per.erase(per.begin() + 1);  // expert 0's up_proj
+  write_checkpoint(dir2, per, false);
+  const auto ck2 = Checkpoint::open(dir2.path());
+  expect_error([&] { ck2->load_expert({}, kLayer, 0, kH, kI); }, ErrorCategory::kInvalidInput,
+               {"model.layers.1.mlp.experts.0.up_proj.weight"});
+  check_expert(ck2->load_expert({}, kLayer, 1, kH, kI), 1);
+}
+
+TEST_CASE("open rejects a directory without config.json or with bad JSON") {
+  TempDir dir("ckpt");
+  charm::testing::write_safetensors(dir / "model.safetensors", dense_tensors());
+  expect_error([&] { Checkpoint::open(dir.path()); }, ErrorCategory::kInvalidInput,
+               {(dir / "config.json").string(), "missing"});
+
+  charm::testing::write_bytes(dir / "config.json", "{\"hidden_size\": 4,");
+  expect_error([&] { Checkpoint::open(dir.path()); }, ErrorCategory::kInvalidInput,
+               {(dir / "config.json").string(), "not valid JSON"});
+  charm::testing::write_bytes(dir / "config.json", "[4]");
+  expect_error([&] { Checkpoint::open(dir.path()); }, ErrorCategory::kInvalidInput,
+               {(dir / "config.json").string(), "not an object"});
+
+  write_config(dir);
+  charm::testing::write_bytes(dir / "generation_config.json", "{oops}");
+  expect_error([&] { Checkpoint::open(dir.path()); }, ErrorCategory::kInvalidInput,
+               {(dir / "generation_config.json").string(), "not valid JSON"});
+
+  expect_error([&] { Checkpoint::open(dir / "nowhere"); }, ErrorCategory::kInvalidInput, {"nowhere"});
+}
+
+TEST_CASE("open rejects a directory with no weights and passes on safetensors errors") {
+  TempDir dir("ckpt");
+  write_config(dir);
+  expect_error([&] { Checkpoint::open(dir.path()); }, ErrorCategory::kInvalidInput,
+               {dir.path().string(), "no model.safetensors.index.json"});
+  charm::testing::write_raw_safetensors(dir / "model.safetensors", "not json", "");
+  expect_error([&] { Checkpoint::open(dir.path()); }, ErrorCategory::kInvalidInput,
+               {(dir / "model.safetensors").string(), "not valid JSON"});
+}
+
+TEST_CASE("open rejects malformed indexes, naming the index, tensor and file") {
+  const std::string index_name = "model.safetensors.index.json";
+  auto sharded = [] {
+    auto dir = std::make_unique<TempDir>("ckpt");
+    write_checkpoint(*dir, dense_tensors(), true);  // embed -> shard 1, norm -> shard 2
+    return dir;
+  };
+
+  SUBCASE("bad JSON") {
+    auto dir = sharded();
+    charm::testing::write_bytes(*dir / index_name, "{\"weight_map\": ");
+    expect_error([&] { Checkpoint::open(dir->path()); }, ErrorCategory::kInvalidInput,
+                 {(*dir / index_name).string(), "not valid JSON"});
+  }
+  SUBCASE("missing weight_map") {
+    auto dir = sharded();
+    charm::testing::write_bytes(*dir / index_name, R"({"metadata": {}})");
+    expect_error([&] { Checkpoint::open(dir->path()); }, ErrorCategory::kInvalidInput,
+                 {(*dir / index_name).string(), "missing 'weight_map'"});
+  }
+  SUBCASE("weight_map of the wrong type") {
+    auto dir = sharded();
+    charm::testing::write_bytes(*dir / index_name, R"({"weight_map": ["a"]})");
+    expect_error([&] { Checkpoint::open(dir->path()); }, ErrorCategory::kInvalidInput,
+                 {(*dir / index_name).string(), "'weight_map'"});
+    charm::testing::write_bytes(*dir / index_name, R"({"weight_map": {"model.norm.weight": 2}})");
+    expect_error([&] { Checkpoint::open(dir->path()); }, ErrorCategory::kInvalidInput,
+                 {(*dir / index_name).string(), "'model.norm.weight'"});
+  }
+  SUBCASE("shard file missing") {
+    auto dir = sharded();
+    std::filesystem::remove(*dir / "model-00002-of-00002.safetensors");
+    expect_error([&] { Checkpoint::open(dir->path()); }, ErrorCategory::kInvalidInput,
+                 {(*dir / index_name).string(), "'model.norm.weight'", "model-00002-of-00002.safetensors",
+                  "does not exist"});
+  }
+  SUBCASE("shard name leaving the directory") {
+    auto dir = sharded();
+    charm::testing::write_bytes(*dir / index_name, R"({"weight_map": {"model.norm.weight": "../x.safetensors"}})");
+    expect_error([&] { Checkpoint::open(dir->path()); }, ErrorCategory::kInvalidInput,
+                 {(*dir / index_name).string(), "'model.norm.weight'", "../x.safetensors"});
+  }
+  SUBCASE("tensor named in the index but absent from its file") {
+    auto dir = sharded();
+    const nlohmann::json index = {{"weight_map",
+                                   {{"model.embed_tokens.weight", "model-00001-of-00002.safetensors"},
+                                    {"model.norm.weight", "model-00002-of-00002.safetensors"},
+                                    {"lm_head.weight", "model-00002-of-00002.safetensors"}}}};
+    charm::testing::write_bytes(*dir / index_name, index.dump());
+    expect_error([&] { Checkpoint::open(dir->path()); }, ErrorCategory::kInvalidInput,
+                 {(*dir / index_name).string(), "'lm_head.weight'", "model-00002-of-00002.safetensors",
+                  "does not hold it"});
+  }
+  SUBCASE("tensor mapped to the wrong shard") {
+    auto dir = sharded();
+    const nlohmann::json index = {{"weight_map",
+                                   {{"model.embed_tokens.weight", "model-00002-of-00002.safetensors"},
+                                    {"model.norm.weight", "model-00002-of-00002.safetensors"}}}};
+    charm::testing::write_bytes(*dir / index_name, index.dump());
+    // Only shard 2 is named, so shard 1's tensor is missing from it.
+    expect_error([&] { Checkpoint::open(dir->path()); }, ErrorCategory::kInvalidInput,
+                 {"'model.embed_tokens.weight'", "does not hold it"});
+  }
+  SUBCASE("tensor present in two files") {
+    auto dir = sharded();
+    charm::testing::write_safetensors(*dir / "model-00002-of-00002.safetensors",
+                                      {dense_tensors()[1], dense_tensors()[0]});  // embed again
+    expect_error([&] { Checkpoint::open(dir->path()); }, ErrorCategory::kInvalidInput,
+                 {"'model.embed_tokens.weight'", "model-00001-of-00002.safetensors",
+                  "model-00002-of-00002.safetensors", "both"});
+  }
+  SUBCASE("corrupt shard") {
+    auto dir = sharded();
+    charm::testing::write_bytes(*dir / "model-00001-of-00002.safetensors", "xy");
+    expect_error([&] { Checkpoint::open(dir->path()); }, ErrorCategory::kInvalidInput,
+                 {"model-00001-of-00002.safetensors", "shorter than"});
+  }
+}
+
+TEST_CASE("duplicate tensors across unindexed safetensors files are rejected") {
+  TempDir dir("ckpt");
+  write_config(dir);
+  charm::testing::write_safetensors(dir / "a.safetensors", dense_tensors());
+  charm::testing::write_safetensors(dir / "b.safetensors", {dense_tensors()[1]});
+  expect_error([&] { Checkpoint::open(dir.path()); }, ErrorCategory::kInvalidInput,
+               {"'model.norm.weight'", "a.safetensors", "b.safetensors"});
+}
