@@ -39,7 +39,9 @@ struct Topology {
 
   /// Loads and validates `path`. Throws Error(kInvalidInput) naming the file and the key
   /// for YAML that does not parse, unknown keys, wrong types, duplicate worker names or
-  /// ports, ports out of range, bad expert ranges, and a cluster mode with no workers.
+  /// ports, ports out of range, bad expert ranges, and a cluster mode with no workers
+  /// (also: a missing model key, and workers listed in single-node mode). Throws
+  /// Error(kIo) when the file cannot be opened.
   static Topology load(const std::filesystem::path& path);
 
   /// The worker named `name`; throws Error(kInvalidInput) listing known names if absent.
@@ -47,7 +49,10 @@ struct Topology {
 
   /// Placement map: owner[layer][expert] = index into `workers`. Every (MoE layer,
   /// expert) must have exactly one owner; throws Error(kInvalidInput) naming the first
-  /// unowned or doubly-owned expert. `moe_layers` lists the model's MoE layer ids.
+  /// unowned or doubly-owned expert and the workers involved, and for a worker listing a
+  /// layer not in `moe_layers` or an expert >= num_experts. `moe_layers` lists the
+  /// model's MoE layer ids. In single-node mode every expert maps to 0, meaning the
+  /// in-process worker (`workers` is empty then; do not index it).
   std::map<int64_t, std::vector<int>> placement(const std::vector<int64_t>& moe_layers,
                                                 int64_t num_experts) const;
 };

@@ -1,0 +1,272 @@
+// Topology YAML reader (format documented key by key in docs/configuration.md). Every
+// error names the file and the key path ("workers[1].port") so a user can fix the file
+// without reading code; unknown keys are errors so a typo never silently means "default".
+#include "common/topology.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <fstream>
+#include <set>
+
+#include "common/error.h"
+
+namespace charm {
+namespace {
+
+// Ids larger than this are surely typos; the cap also bounds what a range "0-N" allocates.
+constexpr int64_t kMaxId = (1 << 20) - 1;
+
+/// Reads one YAML file, turning every problem into an Error naming file and key path.
+class Reader {
+ public:
+  explicit Reader(std::string file) : file_(std::move(file)) {}
+
+  [[noreturn]] void fail(const std::string& path, const std::string& message) const {
+    fail_invalid(file_ + ": " + (path.empty() ? "" : path + ": ") + message);
+  }
+
+  /// Requires a mapping whose keys are all in `allowed`, each present once.
+  void check_keys(const YAML::Node& node, const std::string& path, const std::vector<std::string>& allowed) const {
+    if (!node.IsMap()) fail(path, "expected a mapping of keys, got " + describe(node));
+    std::set<std::string> seen;
+    for (const auto& kv : node) {
+      if (!kv.first.IsScalar()) fail(path, "keys must be plain names");
+      const std::string key = kv.first.Scalar();
+      const std::string at = join(path, key);
+      if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+        std::string list;
+        for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+        fail(at, "unknown key (expected one of: " + list + ")");
+      }
+      if (!seen.insert(key).second) fail(at, "key given twice");
+    }
+  }
+
+  std::string string_value(const YAML::Node& node, const std::string& path) const {
+    if (!node.IsScalar() || node.Scalar().empty()) fail(path, "expected a non-empty string, got " + describe(node));
+    return node.Scalar();
+  }
+
+  int64_t int_value(const YAML::Node& node, const std::string& path, int64_t lo, int64_t hi) const {
+    const std::string range = "expected an integer " + std::to_string(lo) + "-" + std::to_string(hi);
+    if (!node.IsScalar()) fail(path, range + ", got " + describe(node));
+    const auto v = parse_int(node.Scalar());
+    if (!v || *v < lo || *v > hi) fail(path, range + ", got '" + node.Scalar() + "'");
+    return *v;
+  }
+
+  /// Expert or layer ids: an int, a range string "a-b" (inclusive), or a list mixing both.
+  /// Returns them sorted; an id given twice is an error.
+  std::vector<int64_t> id_list(const YAML::Node& node, const std::string& path) const {
+    std::vector<int64_t> ids;
+    if (node.IsScalar()) {
+      add_ids(node.Scalar(), path, ids);
+    } else if (node.IsSequence()) {
+      if (node.size() == 0) fail(path, "empty list");
+      for (size_t i = 0; i < node.size(); ++i) {
+        const std::string at = path + "[" + std::to_string(i) + "]";
+        if (!node[i].IsScalar()) fail(at, "expected an id or a range \"a-b\", got " + describe(node[i]));
+        add_ids(node[i].Scalar(), at, ids);
+      }
+    } else {
+      fail(path, "expected an id, a range \"a-b\" or a list of them, got " + describe(node));
+    }
+    std::sort(ids.begin(), ids.end());
+    const auto dup = std::adjacent_find(ids.begin(), ids.end());
+    if (dup != ids.end()) fail(path, "id " + std::to_string(*dup) + " is listed twice");
+    return ids;
+  }
+
+  static std::string join(const std::string& path, const std::string& key) {
+    return path.empty() ? key : path + "." + key;
+  }
+
+ private:
+  std::string file_;
+
+  static std::optional<int64_t> parse_int(std::string_view text) {
+    while (!text.empty() && text.front() == ' ') text.remove_prefix(1);
+    while (!text.empty() && text.back() == ' ') text.remove_suffix(1);
+    int64_t v = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+    return v;
+  }
+
+  static std::string describe(const YAML::Node& node) {
+    if (!node.IsDefined() || node.IsNull()) return "nothing";
+    if (node.IsSequence()) return "a list";
+    if (node.IsMap()) return "a mapping";
+    return "'" + node.Scalar() + "'";
+  }
+
+  void add_ids(const std::string& text, const std::string& path, std::vector<int64_t>& ids) const {
+    const std::string bad = "expected an id 0-" + std::to_string(kMaxId) + " or a range \"a-b\", got '" + text + "'";
+    const auto trimmed_start = text.find_first_not_of(' ');
+    if (trimmed_start != std::string::npos && text[trimmed_start] == '-') fail(path, "negative id in '" + text + "'");
+    const auto dash = text.find('-');
+    const auto a = parse_int(text.substr(0, dash));
+    const auto b = dash == std::string::npos ? a : parse_int(text.substr(dash + 1));
+    if (!a || !b) fail(path, bad);
+    if (*a < 0 || *b < 0) fail(path, "negative id in '" + text + "'");
+    if (*a > kMaxId || *b > kMaxId) fail(path, bad);
+    if (*b < *a) fail(path, "range '" + text + "' ends before it starts");
+    for (int64_t id = *a; id <= *b; ++id) ids.push_back(id);
+  }
+};
+
+YAML::Node load_yaml(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) fail_io(path.string() + ": cannot open");
+  try {
+    return YAML::Load(in);
+  } catch (const YAML::Exception& e) {
+    fail_invalid(path.string() + ": YAML does not parse at line " + std::to_string(e.mark.line + 1) + ", column " +
+                 std::to_string(e.mark.column + 1) + ": " + e.msg);
+  }
+}
+
+WorkerSpec parse_worker(const Reader& r, const YAML::Node& node, const std::string& path) {
+  r.check_keys(node, path, {"name", "host", "port", "experts", "layers"});
+  for (const char* key : {"name", "port", "experts"}) {
+    if (!node[key]) r.fail(Reader::join(path, key), "required key is missing");
+  }
+  WorkerSpec w;
+  w.name = r.string_value(node["name"], path + ".name");
+  if (node["host"]) w.host = r.string_value(node["host"], path + ".host");
+  w.port = static_cast<uint16_t>(r.int_value(node["port"], path + ".port", 1, 65535));
+  w.experts = r.id_list(node["experts"], path + ".experts");
+  if (const auto layers = node["layers"]; layers && !(layers.IsScalar() && layers.Scalar() == "all")) {
+    w.layers = r.id_list(layers, path + ".layers");
+  }
+  return w;
+}
+
+/// Parses `workers:`, rejecting duplicate names and duplicate host:port pairs.
+std::vector<WorkerSpec> parse_workers(const Reader& r, const YAML::Node& node) {
+  if (!node.IsSequence() || node.size() == 0) r.fail("workers", "expected a non-empty list of workers");
+  std::vector<WorkerSpec> workers;
+  std::map<std::string, size_t> names;
+  std::map<std::string, size_t> endpoints;
+  for (size_t i = 0; i < node.size(); ++i) {
+    const std::string path = "workers[" + std::to_string(i) + "]";
+    WorkerSpec w = parse_worker(r, node[i], path);
+    if (const auto [it, ok] = names.emplace(w.name, i); !ok) {
+      r.fail(path + ".name", "duplicate worker name '" + w.name + "' (also workers[" + std::to_string(it->second) + "])");
+    }
+    const std::string endpoint = w.host + ":" + std::to_string(w.port);
+    if (const auto [it, ok] = endpoints.emplace(endpoint, i); !ok) {
+      r.fail(path + ".port", "duplicate address " + endpoint + " (also workers[" + std::to_string(it->second) + "])");
+    }
+    workers.push_back(std::move(w));
+  }
+  return workers;
+}
+
+}  // namespace
+
+Topology Topology::load(const std::filesystem::path& path) {
+  const Reader r(path.string());
+  const YAML::Node root = load_yaml(path);
+  r.check_keys(root, "", {"model", "model_name", "mode", "api", "threads", "timeouts", "workers"});
+
+  Topology t;
+  t.source = path;
+  if (!root["model"]) r.fail("model", "required key is missing (the checkpoint directory)");
+  const std::filesystem::path model(r.string_value(root["model"], "model"));
+  t.model = (model.is_absolute() ? model : path.parent_path() / model).lexically_normal();
+  if (root["model_name"]) {
+    t.model_name = r.string_value(root["model_name"], "model_name");
+  } else {
+    const auto trimmed = t.model.has_filename() ? t.model : t.model.parent_path();  // "dir/" -> "dir"
+    t.model_name = trimmed.filename().string();
+  }
+
+  if (root["mode"]) {
+    const std::string mode = r.string_value(root["mode"], "mode");
+    if (mode != "cluster" && mode != "single-node") r.fail("mode", "expected 'cluster' or 'single-node', got '" + mode + "'");
+    t.single_node = mode == "single-node";
+  }
+  if (const auto api = root["api"]) {
+    r.check_keys(api, "api", {"host", "port"});
+    if (api["host"]) t.api_host = r.string_value(api["host"], "api.host");
+    if (api["port"]) t.api_port = static_cast<uint16_t>(r.int_value(api["port"], "api.port", 1, 65535));
+  }
+  if (root["threads"]) t.threads = r.int_value(root["threads"], "threads", 0, 65536);
+  if (const auto timeouts = root["timeouts"]) {
+    r.check_keys(timeouts, "timeouts", {"connect_ms", "request_ms"});
+    constexpr int64_t kDayMs = 86'400'000;
+    if (timeouts["connect_ms"]) t.connect_timeout_ms = r.int_value(timeouts["connect_ms"], "timeouts.connect_ms", 1, kDayMs);
+    if (timeouts["request_ms"]) t.request_timeout_ms = r.int_value(timeouts["request_ms"], "timeouts.request_ms", 1, kDayMs);
+  }
+
+  // Workers are an error in single-node mode rather than ignored: a file that lists
+  // workers but serves everything in-process is almost surely a mistake.
+  if (t.single_node && root["workers"]) {
+    r.fail("workers", "not allowed with mode: single-node (experts run in-process); remove it or use mode: cluster");
+  }
+  if (!t.single_node) {
+    if (!root["workers"]) r.fail("workers", "required in cluster mode (or set mode: single-node)");
+    t.workers = parse_workers(r, root["workers"]);
+  }
+  return t;
+}
+
+const WorkerSpec& Topology::worker(const std::string& name) const {
+  for (const auto& w : workers) {
+    if (w.name == name) return w;
+  }
+  std::string known;
+  for (const auto& w : workers) known += (known.empty() ? "" : ", ") + w.name;
+  fail_invalid(source.string() + ": no worker named '" + name + "' (known: " + (known.empty() ? "none" : known) + ")");
+}
+
+std::map<int64_t, std::vector<int>> Topology::placement(const std::vector<int64_t>& moe_layers,
+                                                        int64_t num_experts) const {
+  const std::string where = source.string() + ": placement: ";
+  if (num_experts <= 0) fail_invalid(where + "num_experts must be positive, got " + std::to_string(num_experts));
+  std::map<int64_t, std::vector<int>> owner;
+  for (int64_t layer : moe_layers) {
+    if (!owner.emplace(layer, std::vector<int>(num_experts, single_node ? 0 : -1)).second) {
+      fail_invalid(where + "MoE layer " + std::to_string(layer) + " listed twice by the model");
+    }
+  }
+  if (single_node) return owner;  // the in-process worker owns everything
+
+  for (size_t wi = 0; wi < workers.size(); ++wi) {
+    const WorkerSpec& w = workers[wi];
+    for (int64_t layer : w.layers.empty() ? moe_layers : w.layers) {
+      const auto it = owner.find(layer);
+      if (it == owner.end()) {
+        fail_invalid(where + "worker '" + w.name + "' lists layer " + std::to_string(layer) +
+                     ", which is not an MoE layer of the model");
+      }
+      for (int64_t e : w.experts) {
+        if (e >= num_experts) {
+          fail_invalid(where + "worker '" + w.name + "' lists expert " + std::to_string(e) + " but the model has " +
+                       std::to_string(num_experts) + " experts (0-" + std::to_string(num_experts - 1) + ")");
+        }
+        int& slot = it->second[static_cast<size_t>(e)];
+        if (slot >= 0) {
+          fail_invalid(where + "layer " + std::to_string(layer) + " expert " + std::to_string(e) +
+                       " is owned by both '" + workers[static_cast<size_t>(slot)].name + "' and '" + w.name + "'");
+        }
+        slot = static_cast<int>(wi);
+      }
+    }
+  }
+  for (const auto& [layer, experts] : owner) {
+    const auto unowned = std::find(experts.begin(), experts.end(), -1);
+    if (unowned != experts.end()) {
+      std::string names;
+      for (const auto& w : workers) names += (names.empty() ? "" : ", ") + w.name;
+      fail_invalid(where + "layer " + std::to_string(layer) + " expert " + std::to_string(unowned - experts.begin()) +
+                   " has no owner (workers: " + names + ")");
+    }
+  }
+  return owner;
+}
+
+}  // namespace charm

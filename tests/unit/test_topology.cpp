@@ -1,0 +1,256 @@
+// Tests for common/topology: the shipped configs, defaults, every validation error (each
+// naming the file and key path), and the placement map.
+#include <doctest/doctest.h>
+
+#include "common/error.h"
+#include "common/topology.h"
+#include "safetensors_writer.h"
+
+using namespace charm;
+using charm::testing::TempDir;
+
+namespace {
+
+template <typename Fn>
+void expect_error(Fn&& fn, ErrorCategory category, const std::vector<std::string>& parts) {
+  try {
+    fn();
+    FAIL("expected a charm::Error containing '" << parts.front() << "'");
+  } catch (const Error& e) {
+    CHECK_MESSAGE(e.category() == category, e.what());
+    for (const auto& p : parts) CHECK_MESSAGE(e.message().find(p) != std::string::npos, e.what(), " lacks ", p);
+  }
+}
+
+/// Writes `yaml` to <dir>/t.yaml and loads it.
+Topology load_text(const TempDir& dir, const std::string& yaml) {
+  charm::testing::write_bytes(dir / "t.yaml", yaml);
+  return Topology::load(dir / "t.yaml");
+}
+
+/// Requires `yaml` to be rejected with a message naming the file, then "<key path>: ",
+/// then `detail`.
+void expect_invalid(const std::string& yaml, const std::string& key_path, const std::string& detail) {
+  CAPTURE(yaml);
+  TempDir dir("topo");
+  const std::string file = (dir / "t.yaml").string();
+  const std::string prefix = key_path.empty() ? file + ": " : file + ": " + key_path + ": ";
+  expect_error([&] { load_text(dir, yaml); }, ErrorCategory::kInvalidInput, {prefix, detail});
+}
+
+const std::string kModel = "model: ../m\n";
+const std::string kTwoWorkers = kModel +
+                                "workers:\n"
+                                "  - {name: a, port: 7701, experts: \"0-3\"}\n"
+                                "  - {name: b, port: 7702, experts: [4, \"5-7\"]}\n";
+
+}  // namespace
+
+TEST_CASE("the shipped configs load and place the default model's 16 experts") {
+  const std::filesystem::path configs = std::filesystem::path(CHARM_SOURCE_DIR) / "configs";
+  const auto model = (std::filesystem::path(CHARM_SOURCE_DIR) / "tests/fixtures/models/qwen3-moe-tiny").lexically_normal();
+
+  const Topology single = Topology::load(configs / "single-node.yaml");
+  CHECK(single.single_node);
+  CHECK(single.workers.empty());
+  CHECK(single.model == model);
+  CHECK(single.model_name == "qwen3-moe-tiny");
+  const auto all_local = single.placement({0, 1}, 16);
+  CHECK(all_local.at(1) == std::vector<int>(16, 0));
+
+  const Topology two = Topology::load(configs / "local-cluster.yaml");
+  CHECK_FALSE(two.single_node);
+  CHECK(two.model == model);
+  REQUIRE(two.workers.size() == 2);
+  CHECK(two.workers[0].port == 7701);
+  CHECK(two.workers[1].port == 7702);
+  const auto halves = two.placement({0, 1, 2}, 16);
+  for (int e = 0; e < 16; ++e) CHECK(halves.at(2)[e] == (e < 8 ? 0 : 1));
+
+  const Topology three = Topology::load(configs / "three-workers-uneven.yaml");
+  REQUIRE(three.workers.size() == 3);
+  CHECK(three.workers[2].port == 7713);
+  const auto uneven = three.placement({0, 1}, 16);
+  CHECK(uneven.at(0) == std::vector<int>{0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2});
+}
+
+TEST_CASE("defaults, relative model paths and the full set of keys") {
+  TempDir dir("topo");
+  const Topology t = load_text(dir, kTwoWorkers);
+  CHECK(t.source == dir / "t.yaml");
+  CHECK(t.model == (dir.path().parent_path() / "m").lexically_normal());
+  CHECK(t.model_name == "m");
+  CHECK_FALSE(t.single_node);
+  CHECK(t.api_host == "127.0.0.1");
+  CHECK(t.api_port == 8080);
+  CHECK(t.threads == 0);
+  CHECK(t.connect_timeout_ms == 5000);
+  CHECK(t.request_timeout_ms == 60000);
+  CHECK(t.workers[0].host == "127.0.0.1");
+  CHECK(t.workers[0].experts == std::vector<int64_t>{0, 1, 2, 3});
+  CHECK(t.workers[1].experts == std::vector<int64_t>{4, 5, 6, 7});
+  CHECK(t.workers[0].layers.empty());
+  CHECK(&t.worker("b") == &t.workers[1]);
+
+  const Topology full = load_text(dir,
+                                  "model: /abs/models/big/\n"
+                                  "model_name: big-moe\n"
+                                  "mode: cluster\n"
+                                  "api: {host: 0.0.0.0, port: 9000}\n"
+                                  "threads: 12\n"
+                                  "timeouts: {connect_ms: 100, request_ms: 2000}\n"
+                                  "workers:\n"
+                                  "  - name: x\n"
+                                  "    host: 10.0.0.5\n"
+                                  "    port: 7000\n"
+                                  "    experts: [\"6-7\", 0, \"2 - 3\"]\n"
+                                  "    layers: [1, \"3-4\"]\n");
+  CHECK(full.model == "/abs/models/big/");
+  CHECK(full.model_name == "big-moe");
+  CHECK(full.api_host == "0.0.0.0");
+  CHECK(full.api_port == 9000);
+  CHECK(full.threads == 12);
+  CHECK(full.connect_timeout_ms == 100);
+  CHECK(full.request_timeout_ms == 2000);
+  CHECK(full.workers[0].host == "10.0.0.5");
+  CHECK(full.workers[0].experts == std::vector<int64_t>{0, 2, 3, 6, 7});
+  CHECK(full.workers[0].layers == std::vector<int64_t>{1, 3, 4});
+
+  // The default name comes from the folder even with a trailing slash.
+  CHECK(load_text(dir, "model: /abs/models/big/\nmode: single-node\n").model_name == "big");
+  CHECK(load_text(dir, "model: m\nmode: single-node\n").model == (dir / "m").lexically_normal());
+}
+
+TEST_CASE("worker() lists the known names when asked for an absent one") {
+  TempDir dir("topo");
+  const Topology t = load_text(dir, kTwoWorkers);
+  expect_error([&] { t.worker("zz"); }, ErrorCategory::kInvalidInput, {"'zz'", "a, b", (dir / "t.yaml").string()});
+}
+
+TEST_CASE("files that cannot be read or parsed") {
+  TempDir dir("topo");
+  expect_error([&] { Topology::load(dir / "absent.yaml"); }, ErrorCategory::kIo, {"absent.yaml"});
+  expect_invalid("model: [unclosed\n", "", "YAML does not parse at line");
+  expect_invalid("", "", "expected a mapping");
+  expect_invalid("- a\n- b\n", "", "expected a mapping");
+}
+
+TEST_CASE("missing model, unknown and repeated keys") {
+  expect_invalid("mode: single-node\n", "model", "required key is missing");
+  expect_invalid("model:\nmode: single-node\n", "model", "expected a non-empty string, got nothing");
+  expect_invalid("model: [a]\nmode: single-node\n", "model", "expected a non-empty string, got a list");
+  expect_invalid(kModel + "mode: single-node\nthreds: 4\n", "threds", "unknown key");
+  expect_invalid(kModel + "mode: single-node\napi: {host: h, prot: 1}\n", "api.prot", "unknown key");
+  expect_invalid(kModel + "mode: single-node\ntimeouts: {connect: 1}\n", "timeouts.connect", "unknown key");
+  expect_invalid(kModel + "mode: single-node\nmodel: other\n", "model", "key given twice");
+  expect_invalid(kModel + "workers:\n  - {name: a, port: 1, experts: 0, expert: 1}\n", "workers[0].expert",
+                 "unknown key");
+}
+
+TEST_CASE("wrong types and out-of-range scalars") {
+  const std::string single = kModel + "mode: single-node\n";
+  expect_invalid(kModel + "mode: local\n", "mode", "expected 'cluster' or 'single-node', got 'local'");
+  expect_invalid(single + "api: 8080\n", "api", "expected a mapping");
+  expect_invalid(single + "api: {port: abc}\n", "api.port", "expected an integer 1-65535, got 'abc'");
+  expect_invalid(single + "api: {port: 70000}\n", "api.port", "expected an integer 1-65535, got '70000'");
+  expect_invalid(single + "api: {port: 0}\n", "api.port", "expected an integer 1-65535");
+  expect_invalid(single + "api: {port: 80.5}\n", "api.port", "expected an integer 1-65535");
+  expect_invalid(single + "api: {host: [a]}\n", "api.host", "expected a non-empty string");
+  expect_invalid(single + "threads: -1\n", "threads", "expected an integer 0-");
+  expect_invalid(single + "threads: many\n", "threads", "got 'many'");
+  expect_invalid(single + "timeouts: {connect_ms: 0}\n", "timeouts.connect_ms", "expected an integer 1-");
+  expect_invalid(single + "timeouts: {request_ms: [1]}\n", "timeouts.request_ms", "got a list");
+  expect_invalid(single + "timeouts: []\n", "timeouts", "expected a mapping");
+}
+
+TEST_CASE("workers: required in cluster mode, forbidden in single-node mode, well-formed") {
+  expect_invalid(kModel, "workers", "required in cluster mode");
+  expect_invalid(kModel + "mode: cluster\nworkers: []\n", "workers", "non-empty list");
+  expect_invalid(kModel + "workers: {name: a}\n", "workers", "non-empty list");
+  expect_invalid(kModel + "mode: single-node\nworkers:\n  - {name: a, port: 1, experts: 0}\n", "workers",
+                 "not allowed with mode: single-node");
+  expect_invalid(kModel + "workers:\n  - a\n", "workers[0]", "expected a mapping");
+  expect_invalid(kModel + "workers:\n  - {port: 1, experts: 0}\n", "workers[0].name", "required key is missing");
+  expect_invalid(kModel + "workers:\n  - {name: a, experts: 0}\n", "workers[0].port", "required key is missing");
+  expect_invalid(kModel + "workers:\n  - {name: a, port: 1}\n", "workers[0].experts", "required key is missing");
+  expect_invalid(kModel + "workers:\n  - {name: a, port: 7701, experts: 0}\n  - {name: b, port: abc, experts: 1}\n",
+                 "workers[1].port", "expected an integer 1-65535, got 'abc'");
+  expect_invalid(kModel + "workers:\n  - {name: a, host: '', port: 1, experts: 0}\n", "workers[0].host",
+                 "non-empty string");
+}
+
+TEST_CASE("duplicate worker names and addresses") {
+  expect_invalid(kModel + "workers:\n  - {name: a, port: 1, experts: 0}\n  - {name: a, port: 2, experts: 1}\n",
+                 "workers[1].name", "duplicate worker name 'a' (also workers[0])");
+  expect_invalid(kModel +
+                     "workers:\n  - {name: a, port: 1, experts: 0}\n  - {name: b, port: 2, experts: 1}\n"
+                     "  - {name: c, host: 127.0.0.1, port: 2, experts: 2}\n",
+                 "workers[2].port", "duplicate address 127.0.0.1:2 (also workers[1])");
+  // The same port on different hosts is fine.
+  TempDir dir("topo");
+  CHECK(load_text(dir, kModel + "workers:\n  - {name: a, host: h1, port: 1, experts: 0}\n"
+                                "  - {name: b, host: h2, port: 1, experts: 1}\n")
+            .workers.size() == 2);
+}
+
+TEST_CASE("bad expert and layer ids") {
+  auto worker = [](const std::string& experts, const std::string& extra = "") {
+    return kModel + "workers:\n  - {name: a, port: 1, experts: " + experts + extra + "}\n";
+  };
+  expect_invalid(worker("\"7-3\""), "workers[0].experts", "range '7-3' ends before it starts");
+  expect_invalid(worker("-1"), "workers[0].experts", "negative id in '-1'");
+  expect_invalid(worker("\"-2-4\""), "workers[0].experts", "negative id");
+  expect_invalid(worker("[0, -3]"), "workers[0].experts[1]", "negative id");
+  expect_invalid(worker("\"a-b\""), "workers[0].experts", "expected an id");
+  expect_invalid(worker("\"1-\""), "workers[0].experts", "expected an id");
+  expect_invalid(worker("\"1-2-3\""), "workers[0].experts", "expected an id");
+  expect_invalid(worker("1.5"), "workers[0].experts", "expected an id");
+  expect_invalid(worker("\"0-99999999999\""), "workers[0].experts", "expected an id 0-1048575");
+  expect_invalid(worker("[]"), "workers[0].experts", "empty list");
+  expect_invalid(worker("[[1]]"), "workers[0].experts[0]", "expected an id");
+  expect_invalid(worker("{a: 1}"), "workers[0].experts", "expected an id");
+  expect_invalid(worker("[\"0-3\", 2]"), "workers[0].experts", "id 2 is listed twice");
+  expect_invalid(worker("0", ", layers: some"), "workers[0].layers", "expected an id");
+  expect_invalid(worker("0", ", layers: [\"4-2\"]"), "workers[0].layers[0]", "ends before it starts");
+  expect_invalid(worker("0", ", layers: []"), "workers[0].layers", "empty list");
+}
+
+TEST_CASE("placement maps every (layer, expert) to its one owner") {
+  TempDir dir("topo");
+  const Topology t = load_text(dir, kModel +
+                                        "workers:\n"
+                                        "  - {name: a, port: 1, experts: \"0-3\", layers: [1]}\n"
+                                        "  - {name: b, port: 2, experts: \"0-3\", layers: [3]}\n"
+                                        "  - {name: c, port: 3, experts: \"4-5\"}\n");
+  const auto owner = t.placement({1, 3}, 6);
+  REQUIRE(owner.size() == 2);
+  CHECK(owner.at(1) == std::vector<int>{0, 0, 0, 0, 2, 2});
+  CHECK(owner.at(3) == std::vector<int>{1, 1, 1, 1, 2, 2});
+}
+
+TEST_CASE("placement names the first unowned or doubly-owned expert and the workers") {
+  TempDir dir("topo");
+  const std::string file = (dir / "t.yaml").string();
+  const Topology gap = load_text(dir, kTwoWorkers);  // experts 0-7
+  expect_error([&] { gap.placement({0, 2}, 9); }, ErrorCategory::kInvalidInput,
+               {file, "layer 0 expert 8 has no owner", "a, b"});
+  expect_error([&] { gap.placement({0}, 7); }, ErrorCategory::kInvalidInput,
+               {"worker 'b' lists expert 7 but the model has 7 experts"});
+  expect_error([&] { gap.placement({0}, 0); }, ErrorCategory::kInvalidInput, {"num_experts"});
+  expect_error([&] { gap.placement({0, 0}, 8); }, ErrorCategory::kInvalidInput, {"layer 0 listed twice"});
+
+  const Topology overlap = load_text(dir, kModel +
+                                              "workers:\n"
+                                              "  - {name: a, port: 1, experts: \"0-4\"}\n"
+                                              "  - {name: b, port: 2, experts: \"4-7\", layers: [5]}\n"
+                                              "  - {name: c, port: 3, experts: \"5-7\", layers: [2]}\n");
+  expect_error([&] { overlap.placement({2, 5}, 8); }, ErrorCategory::kInvalidInput,
+               {file, "layer 5 expert 4 is owned by both 'a' and 'b'"});
+
+  const Topology partial = load_text(dir, kModel + "workers:\n  - {name: a, port: 1, experts: 0, layers: [4]}\n");
+  expect_error([&] { partial.placement({1}, 1); }, ErrorCategory::kInvalidInput,
+               {"worker 'a' lists layer 4, which is not an MoE layer"});
+  const Topology one_layer = load_text(dir, kModel + "workers:\n  - {name: a, port: 1, experts: 0, layers: [1]}\n");
+  expect_error([&] { one_layer.placement({1, 2}, 1); }, ErrorCategory::kInvalidInput,
+               {"layer 2 expert 0 has no owner (workers: a)"});
+}
