@@ -1,0 +1,182 @@
+#include "coordinator/status_report.h"
+
+#include <chrono>
+#include <cstdio>
+#include <future>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+
+namespace charm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+WorkerStatusRow query_worker(const WorkerSpec& spec, int timeout_ms) {
+  WorkerStatusRow row;
+  row.name = spec.name;
+  row.address = spec.host + ":" + std::to_string(spec.port);
+  const std::chrono::milliseconds timeout(timeout_ms);
+  try {
+    auto conn = FrameConnection::connect(spec.host, spec.port, timeout, "worker '" + spec.name + "'");
+    const auto start = Clock::now();
+    conn->send(encode_health_request(), timeout);
+    row.health = decode_as<HealthReplyMsg>(conn->receive(timeout));
+    row.ping_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    row.up = true;
+  } catch (const std::exception& e) {
+    row.error = e.what();
+  }
+  return row;
+}
+
+template <typename T>
+T field(const nlohmann::json& object, const char* name, size_t index) {
+  const auto it = object.find(name);
+  if (it == object.end()) {
+    fail_protocol("/cluster/status: workers[" + std::to_string(index) + "]." + name + " is missing");
+  }
+  try {
+    return it->get<T>();
+  } catch (const nlohmann::json::exception&) {
+    fail_protocol("/cluster/status: workers[" + std::to_string(index) + "]." + name +
+                  " has the wrong type (" + it->type_name() + ")");
+  }
+}
+
+std::string fixed(double value, int decimals) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*f", decimals, value);
+  return text;
+}
+
+// Human-sized byte counts: 1023 B, 1.5 KiB, 12.0 MiB ...
+std::string bytes_text(uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 4) {
+    value /= 1024;
+    ++unit;
+  }
+  return unit == 0 ? std::to_string(bytes) + " B" : fixed(value, 1) + " " + units[unit];
+}
+
+}  // namespace
+
+std::vector<WorkerStatus> parse_cluster_status(const std::string& body) {
+  nlohmann::json doc = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) fail_protocol("/cluster/status: the body is not JSON");
+  if (!doc.is_object() || !doc.contains("workers") || !doc["workers"].is_array()) {
+    fail_protocol("/cluster/status: expected an object with a \"workers\" array");
+  }
+  std::vector<WorkerStatus> out;
+  size_t i = 0;
+  for (const auto& w : doc["workers"]) {
+    if (!w.is_object()) fail_protocol("/cluster/status: workers[" + std::to_string(i) + "] is not an object");
+    WorkerStatus s;
+    s.name = field<std::string>(w, "name", i);
+    s.address = field<std::string>(w, "address", i);
+    s.state = field<std::string>(w, "state", i);
+    s.experts_held = field<uint64_t>(w, "experts_held", i);
+    s.requests = field<uint64_t>(w, "requests", i);
+    s.rtt_p50_ms = field<double>(w, "rtt_p50_ms", i);
+    s.rtt_p99_ms = field<double>(w, "rtt_p99_ms", i);
+    s.bytes_out = field<uint64_t>(w, "bytes_out", i);
+    s.bytes_in = field<uint64_t>(w, "bytes_in", i);
+    out.push_back(std::move(s));
+    ++i;
+  }
+  return out;
+}
+
+ClusterStatus collect_status(const Topology& topology, int timeout_ms) {
+  ClusterStatus status;
+  // Workers in parallel, so N dead workers cost one timeout, not N.
+  std::vector<std::future<WorkerStatusRow>> pending;
+  for (const WorkerSpec& spec : topology.workers) {
+    pending.push_back(std::async(std::launch::async, query_worker, spec, timeout_ms));
+  }
+
+  httplib::Client client(topology.api_host, topology.api_port);
+  const auto seconds = timeout_ms / 1000;
+  const auto micros = (timeout_ms % 1000) * 1000;
+  client.set_connection_timeout(seconds, micros);
+  client.set_read_timeout(seconds, micros);
+  client.set_write_timeout(seconds, micros);
+  std::vector<WorkerStatus> coordinator_view;
+  const std::string url = "http://" + topology.api_host + ":" + std::to_string(topology.api_port) +
+                          "/cluster/status";
+  if (auto res = client.Get("/cluster/status")) {
+    if (res->status == 200) {
+      try {
+        coordinator_view = parse_cluster_status(res->body);
+        status.coordinator_reachable = true;
+      } catch (const Error& e) {
+        status.coordinator_error = url + ": " + e.message();
+      }
+    } else {
+      status.coordinator_error = url + " answered HTTP " + std::to_string(res->status);
+    }
+  } else {
+    status.coordinator_error = url + ": " + httplib::to_string(res.error());
+  }
+
+  for (auto& future : pending) {
+    WorkerStatusRow row = future.get();
+    for (const WorkerStatus& s : coordinator_view) {
+      if (s.name == row.name) row.coordinator = s;
+    }
+    status.all_up = status.all_up && row.up;
+    status.workers.push_back(std::move(row));
+  }
+  return status;
+}
+
+std::string format_status(const ClusterStatus& status) {
+  using Row = std::vector<std::string>;
+  std::vector<Row> table = {{"WORKER", "ADDRESS", "STATE", "EXPERTS", "REQUESTS", "PING_MS",
+                             "RTT_P50_MS", "RTT_P99_MS", "BYTES_IN", "BYTES_OUT"}};
+  for (const WorkerStatusRow& w : status.workers) {
+    const auto& h = w.health;
+    const auto& c = w.coordinator;
+    table.push_back({w.name, w.address, w.up ? "up" : "down",
+                     h ? std::to_string(h->experts_held) : "-",
+                     h ? std::to_string(h->requests_served) : "-",
+                     w.up ? fixed(w.ping_ms, 2) : "-",
+                     c ? fixed(c->rtt_p50_ms, 2) : "-",
+                     c ? fixed(c->rtt_p99_ms, 2) : "-",
+                     c ? bytes_text(c->bytes_in) : "-",
+                     c ? bytes_text(c->bytes_out) : "-"});
+  }
+  std::vector<size_t> width(table[0].size(), 0);
+  for (const Row& row : table) {
+    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  }
+  std::string out;
+  for (const Row& row : table) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i] + std::string(width[i] - row[i].size() + (i + 1 < row.size() ? 2 : 0), ' ');
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line + "\n";
+  }
+  if (status.workers.empty()) out += "(no workers: single-node mode)\n";
+  for (const WorkerStatusRow& w : status.workers) {
+    if (!w.up) out += w.name + " is down: " + w.error + "\n";
+  }
+  if (!status.coordinator_reachable) {
+    out += "coordinator unreachable (" + status.coordinator_error +
+           "): RTT and byte columns are \"-\"\n";
+  }
+  return out;
+}
+
+std::string render_status(const Topology& topology, int timeout_ms) {
+  return format_status(collect_status(topology, timeout_ms));
+}
+
+}  // namespace charm
