@@ -1,0 +1,260 @@
+// common/wire.h: encode/decode round trips and every malformed-frame rejection.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <functional>
+#include <string>
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+
+#include "common/error.h"
+#include "common/wire.h"
+#include "schema/charm.capnp.h"
+
+using namespace charm;
+
+namespace {
+
+FrameBody body_of(const Frame& frame) { return split_frame(frame.data(), frame.size()); }
+
+// Runs `fn`, requires Error(kProtocol) whose message contains `needle`.
+void require_protocol_error(const std::function<void()>& fn, const std::string& needle) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    CHECK(e.category() == ErrorCategory::kProtocol);
+    INFO("message: " << e.message());
+    CHECK(e.message().find(needle) != std::string::npos);
+    return;
+  }
+  FAIL("no Error thrown; expected one mentioning " << needle);
+}
+
+// A frame built straight from a capnp builder, so tests can write what encoders refuse.
+Frame frame_from(capnp::MessageBuilder& builder) {
+  kj::Array<capnp::word> words = capnp::messageToFlatArray(builder);
+  auto bytes = words.asBytes();
+  Frame frame(4 + bytes.size());
+  for (int i = 0; i < 4; ++i) frame[i] = uint8_t(bytes.size() >> (8 * i));
+  std::memcpy(frame.data() + 4, bytes.begin(), bytes.size());
+  return frame;
+}
+
+Frame raw_layer_request(uint32_t hidden_size, uint32_t num_rows, size_t hidden_bytes,
+                        std::vector<std::pair<uint32_t, uint32_t>> assignments) {
+  capnp::MallocMessageBuilder builder;
+  auto r = builder.initRoot<wire::Message>().initLayerRequest();
+  r.setRequestId(7);
+  r.setLayer(3);
+  r.setHiddenSize(hidden_size);
+  r.setNumRows(num_rows);
+  r.initHidden(hidden_bytes);
+  auto list = r.initAssignments(static_cast<unsigned>(assignments.size()));
+  for (unsigned i = 0; i < assignments.size(); ++i) {
+    list[i].setRow(assignments[i].first);
+    list[i].setExpert(assignments[i].second);
+  }
+  return frame_from(builder);
+}
+
+ExpertRequest sample_request() {
+  ExpertRequest req;
+  req.request_id = 0x1234567890abcdefull;
+  req.layer = 5;
+  req.hidden_size = 3;
+  req.num_rows = 2;
+  req.hidden = {1.5f, -2.25f, 3e-8f, 0.0f, -0.0f, 1e30f};
+  req.assignments = {{1, 7}, {0, 2}, {1, 0}};
+  return req;
+}
+
+}  // namespace
+
+TEST_CASE("layerRequest round trip keeps every field and every bit") {
+  const ExpertRequest req = sample_request();
+  const Frame frame = encode_layer_request(req);
+  // Length prefix is little-endian and counts the body only.
+  const uint32_t length = frame[0] | frame[1] << 8 | frame[2] << 16 | uint32_t(frame[3]) << 24;
+  CHECK(length == frame.size() - 4);
+  const ExpertRequest got = decode_as<ExpertRequest>(body_of(frame));
+  CHECK(got.request_id == req.request_id);
+  CHECK(got.layer == req.layer);
+  CHECK(got.hidden_size == req.hidden_size);
+  CHECK(got.num_rows == req.num_rows);
+  REQUIRE(got.hidden.size() == req.hidden.size());
+  CHECK(std::memcmp(got.hidden.data(), req.hidden.data(), req.hidden.size() * 4) == 0);
+  REQUIRE(got.assignments.size() == req.assignments.size());
+  for (size_t i = 0; i < req.assignments.size(); ++i) {
+    CHECK(got.assignments[i].row == req.assignments[i].row);
+    CHECK(got.assignments[i].expert == req.assignments[i].expert);
+  }
+}
+
+TEST_CASE("layerResponse, hello, helloReply, health and error round trip") {
+  LayerResponseMsg resp;
+  resp.response.request_id = 99;
+  resp.response.outputs = {0.5f, -1.0f, 2.0f, 4.0f};
+  resp.response.stats = {3, 4, 123456789012ull};
+  resp.error = "";
+  auto r = decode_as<LayerResponseMsg>(body_of(encode_layer_response(resp)));
+  CHECK(r.response.request_id == 99);
+  CHECK(r.response.outputs == resp.response.outputs);
+  CHECK(r.response.stats.experts_computed == 3);
+  CHECK(r.response.stats.rows_computed == 4);
+  CHECK(r.response.stats.compute_ns == 123456789012ull);
+  CHECK(r.error.empty());
+
+  resp.error = "expert 9 not held";
+  resp.response.outputs.clear();
+  CHECK(decode_as<LayerResponseMsg>(body_of(encode_layer_response(resp))).error == resp.error);
+
+  HelloMsg hello{kProtocolVersion, "00112233aabbccdd", "coordinator"};
+  auto h = decode_as<HelloMsg>(body_of(encode_hello(hello)));
+  CHECK(h.protocol_version == kProtocolVersion);
+  CHECK(h.model_fingerprint == "00112233aabbccdd");
+  CHECK(h.client_name == "coordinator");
+
+  HelloReplyMsg reply;
+  reply.ok = true;
+  reply.worker_name = "w1";
+  reply.model_fingerprint = "ff";
+  reply.held = {{0, {1, 2, 3}}, {2, {}}, {5, {15}}};
+  auto hr = decode_as<HelloReplyMsg>(body_of(encode_hello_reply(reply)));
+  CHECK(hr.ok);
+  CHECK(hr.worker_name == "w1");
+  CHECK(hr.protocol_version == kProtocolVersion);
+  CHECK(hr.held == reply.held);
+
+  CHECK(std::holds_alternative<HealthRequestMsg>(decode_message(body_of(encode_health_request()))));
+
+  HealthReplyMsg health{"w2", "up", 48, 1000, 1u << 20, 1u << 21, 5000, kProtocolVersion};
+  auto hh = decode_as<HealthReplyMsg>(body_of(encode_health_reply(health)));
+  CHECK(hh.worker_name == "w2");
+  CHECK(hh.state == "up");
+  CHECK(hh.experts_held == 48);
+  CHECK(hh.requests_served == 1000);
+  CHECK(hh.bytes_in == (1u << 20));
+  CHECK(hh.bytes_out == (1u << 21));
+  CHECK(hh.uptime_ms == 5000);
+
+  CHECK(decode_as<ErrorMsg>(body_of(encode_error("bad frame"))).message == "bad frame");
+}
+
+TEST_CASE("encode_layer_request refuses hidden that does not match num_rows * hidden_size") {
+  ExpertRequest req = sample_request();
+  req.hidden.pop_back();
+  CHECK_THROWS_AS(encode_layer_request(req), Error);
+}
+
+TEST_CASE("truncated frames are rejected") {
+  const Frame frame = encode_health_request();
+  require_protocol_error([&] { split_frame(frame.data(), 3); }, "truncated");
+  require_protocol_error([&] { split_frame(frame.data(), frame.size() - 8); }, "truncated");
+  Frame longer = frame;
+  longer.push_back(0);
+  require_protocol_error([&] { split_frame(longer.data(), longer.size()); }, "trailing");
+}
+
+TEST_CASE("a length over the cap is rejected before anything is read") {
+  const Frame frame = encode_layer_request(sample_request());
+  require_protocol_error([&] { split_frame(frame.data(), frame.size(), 64); }, "exceeds the cap");
+  const uint8_t huge[4] = {0xf8, 0xff, 0xff, 0xff};
+  require_protocol_error([&] { split_frame(huge, 4); }, "exceeds the cap");
+  // decode_message checks the cap too (bodies that came from elsewhere).
+  require_protocol_error([&] { decode_message(body_of(frame), 64); }, "exceeds the cap");
+}
+
+TEST_CASE("a length that is not whole Cap'n Proto words is rejected") {
+  const uint8_t odd[4 + 12] = {12, 0, 0, 0};
+  require_protocol_error([&] { split_frame(odd, sizeof odd); }, "8-byte");
+}
+
+TEST_CASE("garbage bytes are rejected as a malformed message") {
+  // Segment table claiming 2^31 segments.
+  FrameBody body;
+  body.words = {0xffffffff7fffffffull, 0x0123456789abcdefull};
+  body.bytes = 16;
+  require_protocol_error([&] { decode_message(body); }, "malformed Cap'n Proto message");
+  // One segment whose root pointer points far outside it.
+  body.words = {0x0000000200000000ull, 0x7ffffff0fffffffcull, 0};
+  body.bytes = 24;
+  require_protocol_error([&] { decode_message(body); }, "malformed Cap'n Proto message");
+  // An empty body.
+  FrameBody empty;
+  require_protocol_error([&] { decode_message(empty); }, "malformed Cap'n Proto message");
+}
+
+TEST_CASE("trailing words after a valid message are rejected") {
+  FrameBody body = body_of(encode_health_request());
+  body.words.push_back(0);
+  body.bytes += 8;
+  require_protocol_error([&] { decode_message(body); }, "trailing");
+}
+
+TEST_CASE("the wrong union member is rejected by decode_as, naming both") {
+  const FrameBody hello = body_of(encode_hello(HelloMsg{kProtocolVersion, "ab", "c"}));
+  require_protocol_error([&] { decode_as<ExpertRequest>(hello); }, "expected layerRequest, got hello");
+  const FrameBody error = body_of(encode_error("worker exploded"));
+  require_protocol_error([&] { decode_as<HelloReplyMsg>(error); }, "worker exploded");
+}
+
+TEST_CASE("an unknown union member (a newer peer) is rejected") {
+  FrameBody body = body_of(encode_health_request());
+  // Flat layout: word 0 segment table, word 1 root pointer, word 2 the root struct's data
+  // section, whose low 16 bits are the union discriminant.
+  REQUIRE(body.words.size() >= 3);
+  body.words[2] = (body.words[2] & ~0xffffull) | 77;
+  require_protocol_error([&] { decode_message(body); }, "union member 77");
+}
+
+TEST_CASE("layerRequest: hidden payload must be numRows * hiddenSize f32") {
+  require_protocol_error([&] { decode_message(body_of(raw_layer_request(4, 2, 28, {}))); },
+                         "layerRequest.hidden is 28 bytes but numRows (2) * hiddenSize (4)");
+  require_protocol_error([&] { decode_message(body_of(raw_layer_request(4, 2, 33, {}))); },
+                         "layerRequest.hidden is 33 bytes, not a multiple of 4");
+}
+
+TEST_CASE("layerRequest: assignment row out of range") {
+  require_protocol_error(
+      [&] { decode_message(body_of(raw_layer_request(4, 2, 32, {{0, 1}, {2, 0}}))); },
+      "layerRequest.assignments[1].row = 2 is out of range (numRows = 2)");
+}
+
+TEST_CASE("layerRequest: zero and oversized hiddenSize") {
+  require_protocol_error([&] { decode_message(body_of(raw_layer_request(0, 0, 0, {}))); },
+                         "layerRequest.hiddenSize is 0");
+  require_protocol_error(
+      [&] { decode_message(body_of(raw_layer_request(kMaxWireHiddenSize + 1, 0, 0, {}))); },
+      "layerRequest.hiddenSize");
+}
+
+TEST_CASE("layerResponse: outputs must be whole f32 values") {
+  capnp::MallocMessageBuilder builder;
+  builder.initRoot<wire::Message>().initLayerResponse().initOutputs(10);
+  const Frame frame = frame_from(builder);
+  require_protocol_error([&] { decode_message(body_of(frame)); },
+                         "layerResponse.outputs is 10 bytes, not a multiple of 4");
+}
+
+TEST_CASE("an amplification attack (2^28 zero-size assignments in 0 bytes) hits the traversal limit") {
+  capnp::MallocMessageBuilder builder;
+  auto req = builder.initRoot<wire::Message>().initLayerRequest();
+  req.setHiddenSize(1);
+  req.initAssignments(0);
+  FrameBody body = body_of(frame_from(builder));
+  // Find the assignments list pointer (list, composite element size 7, 0 words) and make
+  // its tag claim 2^28 elements of zero data and pointer words: in bounds, no bytes.
+  bool patched = false;
+  for (size_t p = 1; p < body.words.size() && !patched; ++p) {
+    const uint64_t w = body.words[p];
+    if ((w & 3) != 1 || ((w >> 32) & 7) != 7 || (w >> 35) != 0) continue;
+    const int32_t offset = static_cast<int32_t>(static_cast<uint32_t>(w)) >> 2;
+    const size_t tag = p + 1 + offset;
+    REQUIRE(tag < body.words.size());
+    body.words[tag] = uint64_t{1} << 30;  // struct tag: count 2^28 in the offset field
+    patched = true;
+  }
+  REQUIRE(patched);
+  require_protocol_error([&] { decode_message(body); }, "malformed Cap'n Proto message");
+}
