@@ -1,0 +1,149 @@
+#include "coordinator/blocks.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "common/error.h"
+#include "common/kernels.h"
+
+namespace charm {
+
+Linear Linear::load(const Checkpoint& ckpt, const std::string& name, size_t out, size_t in, bool with_bias) {
+  Linear l;
+  l.in = in;
+  l.out = out;
+  l.weight = ckpt.load_f32(name + ".weight", {static_cast<int64_t>(out), static_cast<int64_t>(in)});
+  if (with_bias) l.bias = ckpt.load_f32(name + ".bias", {static_cast<int64_t>(out)});
+  return l;
+}
+
+void Linear::operator()(const float* x, size_t rows, float* y) const {
+  linear(x, rows, weight.data(), bias.empty() ? nullptr : bias.data(), in, out, y);
+}
+
+RmsNorm RmsNorm::load(const Checkpoint& ckpt, const std::string& name, size_t n, double eps) {
+  RmsNorm norm;
+  norm.weight = ckpt.load_f32(name + ".weight", {static_cast<int64_t>(n)});
+  norm.eps = static_cast<float>(eps);
+  return norm;
+}
+
+void RmsNorm::operator()(const float* x, size_t rows, float* y) const {
+  rms_norm(x, weight.data(), rows, weight.size(), eps, y);
+}
+
+Rope::Rope(size_t head_dim, double theta) : head_dim_(head_dim), inv_freq_(head_dim / 2) {
+  // Computed in f32 as transformers does: 1 / base ** (arange(0, d, 2) / d).
+  for (size_t i = 0; i < head_dim / 2; ++i) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+    inv_freq_[i] = 1.0f / std::pow(static_cast<float>(theta), exponent);
+  }
+}
+
+void Rope::apply(float* x, size_t rows, size_t heads, size_t pos0) const {
+  const size_t half = head_dim_ / 2;
+  for (size_t r = 0; r < rows; ++r) {
+    const float pos = static_cast<float>(pos0 + r);
+    for (size_t i = 0; i < half; ++i) {
+      const float angle = pos * inv_freq_[i];
+      const float c = std::cos(angle);
+      const float s = std::sin(angle);
+      for (size_t h = 0; h < heads; ++h) {
+        float* v = x + (r * heads + h) * head_dim_;
+        const float a = v[i];
+        const float b = v[i + half];
+        v[i] = a * c - b * s;
+        v[i + half] = b * c + a * s;
+      }
+    }
+  }
+}
+
+void causal_gqa_attention(const float* q, size_t rows, size_t pos0, const KvCache& cache, size_t layer,
+                          size_t num_heads, size_t num_kv_heads, size_t head_dim, float* out) {
+  const size_t group = num_heads / num_kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+#pragma omp parallel for collapse(2) schedule(static) if (rows * num_heads > 1)
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t h = 0; h < num_heads; ++h) {
+      const size_t visible = pos0 + r + 1;  // causal: positions 0..pos0+r
+      const size_t kvh = h / group;
+      const float* qh = q + (r * num_heads + h) * head_dim;
+      std::vector<float> scores(visible);
+      for (size_t t = 0; t < visible; ++t) scores[t] = dot(qh, cache.key(layer, t) + kvh * head_dim, head_dim) * scale;
+      softmax(scores.data(), visible);
+      float* oh = out + (r * num_heads + h) * head_dim;
+      std::fill(oh, oh + head_dim, 0.0f);
+      for (size_t t = 0; t < visible; ++t) {
+        const float* vt = cache.value(layer, t) + kvh * head_dim;
+        for (size_t d = 0; d < head_dim; ++d) oh[d] += scores[t] * vt[d];
+      }
+    }
+  }
+}
+
+DenseMlp DenseMlp::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden, size_t intermediate) {
+  return DenseMlp{Linear::load(ckpt, prefix + ".gate_proj", intermediate, hidden),
+                  Linear::load(ckpt, prefix + ".up_proj", intermediate, hidden),
+                  Linear::load(ckpt, prefix + ".down_proj", hidden, intermediate)};
+}
+
+void DenseMlp::operator()(const float* x, size_t rows, float* y) const {
+  std::vector<float> g(rows * gate.out);
+  std::vector<float> u(rows * up.out);
+  gate(x, rows, g.data());
+  up(x, rows, u.data());
+  for (size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * u[i];
+  down(g.data(), rows, y);
+}
+
+Routing softmax_topk(const float* router_logits, size_t rows, size_t num_experts, size_t top_k, bool norm_topk_prob) {
+  Routing routing;
+  routing.top_k = top_k;
+  routing.experts.resize(rows * top_k);
+  routing.weights.resize(rows * top_k);
+  std::vector<float> probs(num_experts);
+  std::vector<uint32_t> order(num_experts);
+  for (size_t r = 0; r < rows; ++r) {
+    std::copy(router_logits + r * num_experts, router_logits + (r + 1) * num_experts, probs.begin());
+    softmax(probs.data(), num_experts);
+    std::iota(order.begin(), order.end(), 0u);
+    std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [&](uint32_t a, uint32_t b) {
+      return probs[a] > probs[b] || (probs[a] == probs[b] && a < b);
+    });
+    float sum = 0;
+    for (size_t k = 0; k < top_k; ++k) sum += probs[order[k]];
+    for (size_t k = 0; k < top_k; ++k) {
+      routing.experts[r * top_k + k] = order[k];
+      routing.weights[r * top_k + k] = norm_topk_prob ? probs[order[k]] / sum : probs[order[k]];
+    }
+  }
+  return routing;
+}
+
+void routed_experts(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows, size_t hidden,
+                    const Routing& routing, float* out) {
+  const size_t k = routing.top_k;
+  std::vector<ExpertAssignment> assignments(rows * k);
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t j = 0; j < k; ++j) {
+      assignments[r * k + j] = ExpertAssignment{static_cast<uint32_t>(r), routing.experts[r * k + j]};
+    }
+  }
+  std::vector<float> outputs(assignments.size() * hidden);
+  dispatcher.run_layer(layer, x, static_cast<uint32_t>(rows), static_cast<uint32_t>(hidden), assignments,
+                       outputs.data());
+  // Combine in rank order: the one place routed outputs are summed (placement invariant).
+  for (size_t r = 0; r < rows; ++r) {
+    float* o = out + r * hidden;
+    std::fill(o, o + hidden, 0.0f);
+    for (size_t j = 0; j < k; ++j) {
+      const float w = routing.weights[r * k + j];
+      const float* y = outputs.data() + (r * k + j) * hidden;
+      for (size_t d = 0; d < hidden; ++d) o[d] += w * y[d];
+    }
+  }
+}
+
+}  // namespace charm

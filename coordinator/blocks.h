@@ -1,0 +1,83 @@
+// Shared building blocks of the decoder families (one file per family composes them, as
+// the Hugging Face modeling files do): linear layers, RMSNorm, rotary embeddings, causal
+// GQA attention over the KV cache, the dense SwiGLU MLP, softmax top-k routing and the
+// routed-expert step that goes through the ExpertDispatcher.
+// Activations are f32 row-major [rows, width]; rows are token positions of one sequence.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/checkpoint.h"
+#include "coordinator/expert_dispatch.h"
+#include "coordinator/kv_cache.h"
+
+namespace charm {
+
+/// nn.Linear: weight [out, in] f32, optional bias [out].
+struct Linear {
+  std::vector<float> weight;
+  std::vector<float> bias;
+  size_t in = 0;
+  size_t out = 0;
+  /// Loads "<name>.weight" (and "<name>.bias" when `with_bias`), checking [out, in].
+  static Linear load(const Checkpoint& ckpt, const std::string& name, size_t out, size_t in, bool with_bias = false);
+  /// y [rows, out] = x [rows, in] W^T + b.
+  void operator()(const float* x, size_t rows, float* y) const;
+};
+
+/// RMSNorm with weight [n] (Qwen3MoeRMSNorm / OlmoeRMSNorm).
+struct RmsNorm {
+  std::vector<float> weight;
+  float eps = 1e-6f;
+  static RmsNorm load(const Checkpoint& ckpt, const std::string& name, size_t n, double eps);
+  /// Normalises `rows` rows of width weight.size(); in place allowed.
+  void operator()(const float* x, size_t rows, float* y) const;
+};
+
+/// Rotary position embedding in the "rotate_half" (GPT-NeoX) layout that Llama, Qwen3-MoE
+/// and OLMoE use: dims i and i + head_dim/2 form a pair, inv_freq = theta^(-2i/head_dim).
+class Rope {
+ public:
+  Rope(size_t head_dim, double theta);
+  /// Rotates x [rows, heads, head_dim] in place; row r is at position pos0 + r.
+  void apply(float* x, size_t rows, size_t heads, size_t pos0) const;
+
+ private:
+  size_t head_dim_;
+  std::vector<float> inv_freq_;
+};
+
+/// Causal scaled-dot-product attention with grouped KV heads over the cache of `layer`.
+/// q [rows, num_heads, head_dim] for positions pos0..pos0+rows-1 (keys/values for those
+/// positions must already be in the cache); out [rows, num_heads * head_dim].
+void causal_gqa_attention(const float* q, size_t rows, size_t pos0, const KvCache& cache, size_t layer,
+                          size_t num_heads, size_t num_kv_heads, size_t head_dim, float* out);
+
+/// Dense SwiGLU MLP: down(silu(gate(x)) * up(x)) (Qwen3MoeMLP).
+struct DenseMlp {
+  Linear gate, up, down;
+  static DenseMlp load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden, size_t intermediate);
+  void operator()(const float* x, size_t rows, float* y) const;
+};
+
+/// Router decisions for `rows` positions: top_k experts per row, best first, with their
+/// combine weights.
+struct Routing {
+  size_t top_k = 0;
+  std::vector<uint32_t> experts;  ///< [rows, top_k]
+  std::vector<float> weights;     ///< [rows, top_k]
+};
+
+/// Softmax over router logits [rows, num_experts] in f32, then top-k (ties: lower id
+/// first), renormalised to sum 1 when `norm_topk_prob` (Qwen3MoeTopKRouter, OlmoeTopKRouter).
+Routing softmax_topk(const float* router_logits, size_t rows, size_t num_experts, size_t top_k, bool norm_topk_prob);
+
+/// Runs the routed experts of `layer` for x [rows, hidden] through `dispatcher` and writes
+/// out[r] = sum over ranks k (in rank order) of weights[r,k] * expert_k(x[r]). The sum
+/// happens here, in one fixed order, so it is the same whatever the placement.
+void routed_experts(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows, size_t hidden,
+                    const Routing& routing, float* out);
+
+}  // namespace charm

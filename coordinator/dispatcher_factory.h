@@ -1,0 +1,33 @@
+// Chooses how the coordinator reaches routed experts: in-process (single-node mode) or
+// through the cluster's workers, from the topology.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "common/checkpoint.h"
+#include "common/model_config.h"
+#include "common/topology.h"
+#include "coordinator/expert_dispatch.h"
+#include "worker/expert_executor.h"
+#include "worker/expert_store.h"
+
+namespace charm {
+
+/// The in-process worker role: every routed expert, held by the coordinator itself.
+struct LocalExperts {
+  std::unique_ptr<ExpertStore> store;
+  std::unique_ptr<ExpertExecutor> executor;
+};
+
+/// The model's MoE layer ids (ModelConfig::is_moe_layer).
+std::vector<int64_t> moe_layers(const ModelConfig& config);
+
+/// Single-node: loads every routed expert into `local` and returns a LocalDispatcher over
+/// it. Cluster: connects to every worker of the topology (handshake with the model
+/// fingerprint) and returns a ClusterDispatcher. Throws Error naming the worker that
+/// cannot be reached or does not match.
+std::unique_ptr<ExpertDispatcher> make_dispatcher(const Topology& topology, const Checkpoint& checkpoint,
+                                                  const ModelConfig& config, LocalExperts& local);
+
+}  // namespace charm

@@ -1,0 +1,157 @@
+#include "coordinator/engine.h"
+
+#include <chrono>
+#include <mutex>
+#include <random>
+
+#include <spdlog/spdlog.h>
+
+#include "common/checkpoint.h"
+#include "common/error.h"
+#include "common/model_config.h"
+#include "coordinator/dispatcher_factory.h"
+#include "coordinator/model.h"
+#include "coordinator/sampler.h"
+#include "coordinator/stop_strings.h"
+
+namespace charm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+/// EOS ids: config.json's plus generation_config.json's (int or list), deduplicated.
+std::vector<int32_t> eos_ids(const ModelConfig& config, const nlohmann::json& generation_config) {
+  std::vector<int64_t> ids = config.eos_token_ids;
+  if (generation_config.contains("eos_token_id")) {
+    const auto& e = generation_config["eos_token_id"];
+    if (e.is_number_integer()) ids.push_back(e.get<int64_t>());
+    if (e.is_array()) {
+      for (const auto& v : e) {
+        if (v.is_number_integer()) ids.push_back(v.get<int64_t>());
+      }
+    }
+  }
+  std::vector<int32_t> out;
+  for (int64_t id : ids) {
+    if (std::find(out.begin(), out.end(), id) == out.end()) out.push_back(static_cast<int32_t>(id));
+  }
+  return out;
+}
+
+class EngineImpl final : public Engine {
+ public:
+  explicit EngineImpl(const Topology& topology) {
+    checkpoint_ = Checkpoint::open(topology.model);
+    config_ = ModelConfig::parse(checkpoint_->config_json(), (topology.model / "config.json").string());
+    tokenizer_ = Tokenizer::load(topology.model / "tokenizer.json");
+    try {
+      chat_template_ = ChatTemplate::load(topology.model / "tokenizer_config.json");
+    } catch (const Error& e) {
+      chat_template_error_ = e.message();  // completions still work; chat requests get this error
+    }
+    eos_ids_ = eos_ids(config_, checkpoint_->generation_config_json());
+    model_name_ = topology.model_name.empty() ? topology.model.filename().string() : topology.model_name;
+    dispatcher_ = make_dispatcher(topology, *checkpoint_, config_, experts_);
+    model_ = load_model(*checkpoint_, config_, *dispatcher_);
+    spdlog::info("loaded {} ({}): {} layers, {} experts, top-{}, eos ids {}", model_name_, config_.architecture,
+                 config_.num_hidden_layers, config_.num_experts, config_.num_experts_per_tok, eos_ids_.size());
+  }
+
+  const Tokenizer& tokenizer() const override { return *tokenizer_; }
+  const ChatTemplate& chat_template() const override {
+    if (!chat_template_) fail_invalid("model '" + model_name_ + "' has no usable chat template: " + chat_template_error_);
+    return *chat_template_;
+  }
+  const std::string& model_name() const override { return model_name_; }
+  int64_t max_context() const override { return config_.max_position_embeddings; }
+
+  GenerationResult generate(const std::vector<int32_t>& prompt, const SamplingParams& params,
+                            const std::function<bool(std::string_view)>& on_text) override {
+    std::lock_guard lock(mutex_);
+    check_prompt(prompt, params.max_tokens);
+    GenerationResult result;
+    result.prompt_tokens = static_cast<int64_t>(prompt.size());
+    std::mt19937_64 rng(params.seed ? *params.seed : std::random_device{}());
+    KvCache cache = model_->new_cache(prompt.size() + static_cast<size_t>(params.max_tokens));
+    std::vector<float> logits(config_.vocab_size);
+    StreamDecoder decoder(*tokenizer_, /*skip_special=*/true);
+    StopMatcher stops(params.stop);
+    auto emit = [&](const std::string& text) {
+      result.text += text;
+      return text.empty() || !on_text || on_text(text);
+    };
+
+    const auto start = Clock::now();
+    model_->forward(prompt.data(), prompt.size(), cache, logits.data());
+    Clock::time_point first_token;
+    result.finish_reason = "length";
+    for (int64_t i = 0; i < params.max_tokens; ++i) {
+      const int32_t token = sample_token(logits.data(), logits.size(), params, rng);
+      if (i == 0) {
+        first_token = Clock::now();
+        result.ttft_ms = ms_since(start);
+      }
+      if (std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end()) {
+        result.finish_reason = "stop";
+        break;
+      }
+      result.tokens.push_back(token);
+      const bool go_on = emit(stops.push(decoder.push(token)));
+      if (stops.stopped() || !go_on) {
+        result.finish_reason = "stop";
+        break;
+      }
+      if (i + 1 < params.max_tokens) model_->forward(&token, 1, cache, logits.data());
+    }
+    emit(stops.push(decoder.flush()));
+    emit(stops.finish());
+    result.completion_tokens = static_cast<int64_t>(result.tokens.size());
+    if (result.completion_tokens > 1) {
+      result.decode_tokens_per_s = (result.completion_tokens - 1) / (ms_since(first_token) / 1000.0);
+    }
+    return result;
+  }
+
+  std::vector<float> prompt_logits(const std::vector<int32_t>& prompt) override {
+    std::lock_guard lock(mutex_);
+    check_prompt(prompt, 0);
+    KvCache cache = model_->new_cache(prompt.size());
+    std::vector<float> logits(config_.vocab_size);
+    model_->forward(prompt.data(), prompt.size(), cache, logits.data());
+    return logits;
+  }
+
+  std::vector<WorkerStatus> cluster_status() const override { return dispatcher_->status(); }
+
+ private:
+  void check_prompt(const std::vector<int32_t>& prompt, int64_t max_tokens) const {
+    if (prompt.empty()) fail_invalid("prompt: must hold at least one token");
+    if (max_tokens < 0) fail_invalid("max_tokens: must not be negative");
+    if (static_cast<int64_t>(prompt.size()) + max_tokens > max_context()) {
+      fail_invalid("prompt (" + std::to_string(prompt.size()) + " tokens) plus max_tokens (" +
+                   std::to_string(max_tokens) + ") exceeds the model's context of " + std::to_string(max_context()));
+    }
+  }
+
+  std::unique_ptr<Checkpoint> checkpoint_;
+  ModelConfig config_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<ChatTemplate> chat_template_;
+  std::string chat_template_error_;
+  std::vector<int32_t> eos_ids_;
+  std::string model_name_;
+  LocalExperts experts_;  // the in-process worker role (single-node mode only)
+  std::unique_ptr<ExpertDispatcher> dispatcher_;
+  std::unique_ptr<Model> model_;
+  std::mutex mutex_;
+};
+
+}  // namespace
+
+std::unique_ptr<Engine> Engine::create(const Topology& topology) { return std::make_unique<EngineImpl>(topology); }
+
+}  // namespace charm

@@ -1,0 +1,25 @@
+#include "coordinator/kv_cache.h"
+
+#include <string>
+
+#include "common/error.h"
+
+namespace charm {
+
+KvCache::KvCache(size_t num_layers, size_t max_tokens, size_t kv_dim)
+    : max_tokens_(max_tokens), kv_dim_(kv_dim), keys_(num_layers), values_(num_layers) {
+  for (size_t l = 0; l < num_layers; ++l) {
+    keys_[l].resize(max_tokens * kv_dim);
+    values_[l].resize(max_tokens * kv_dim);
+  }
+}
+
+void KvCache::advance(size_t n) {
+  if (length_ + n > max_tokens_) {
+    fail_invalid("sequence of " + std::to_string(length_ + n) + " tokens exceeds the KV cache capacity of " +
+                 std::to_string(max_tokens_));
+  }
+  length_ += n;
+}
+
+}  // namespace charm

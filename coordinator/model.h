@@ -1,0 +1,50 @@
+// A decoder-only MoE model as the coordinator runs it: the dense part (embeddings,
+// attention, norms, routers, dense MLPs, lm_head) is resident here; routed experts are
+// reached through an ExpertDispatcher. One implementation per family, one file each.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "common/checkpoint.h"
+#include "common/model_config.h"
+#include "coordinator/expert_dispatch.h"
+#include "coordinator/kv_cache.h"
+
+namespace charm {
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  /// Runs tokens[0..n) at positions cache.length() .. +n (prefill when n > 1, decode when
+  /// n == 1) as one batch, appends their K/V to `cache`, and writes the logits of the last
+  /// position to `logits` [vocab_size] f32. Throws Error(kInvalidInput) for a token id
+  /// outside the vocabulary or a sequence past the cache's capacity.
+  virtual void forward(const int32_t* tokens, size_t n, KvCache& cache, float* logits) = 0;
+
+  /// An empty cache shaped for this model, holding up to `max_tokens` positions.
+  virtual KvCache new_cache(size_t max_tokens) const = 0;
+
+  virtual const ModelConfig& config() const = 0;
+};
+
+/// Loads the family `config.architecture` names. Resident weights are read from
+/// `checkpoint` into f32; routed experts stay with `dispatcher`, which must outlive the
+/// model. Throws Error(kUnsupported) for an architecture without a family file.
+std::unique_ptr<Model> load_model(const Checkpoint& checkpoint, const ModelConfig& config,
+                                  ExpertDispatcher& dispatcher);
+
+/// Family constructors (coordinator/<family>.cpp).
+std::unique_ptr<Model> load_qwen3_moe(const Checkpoint& checkpoint, const ModelConfig& config,
+                                      ExpertDispatcher& dispatcher);
+std::unique_ptr<Model> load_olmoe(const Checkpoint& checkpoint, const ModelConfig& config,
+                                  ExpertDispatcher& dispatcher);
+
+/// Checks every token id of tokens[0..n) is in [0, vocab_size); throws Error(kInvalidInput).
+void check_token_ids(const int32_t* tokens, size_t n, int64_t vocab_size);
+
+/// Copies embedding rows of `tokens` from `embed` [vocab, hidden] into out [n, hidden].
+void embed_tokens(const std::vector<float>& embed, size_t hidden, const int32_t* tokens, size_t n, float* out);
+
+}  // namespace charm

@@ -1,0 +1,128 @@
+// OLMoE (OlmoeForCausalLM), following transformers' models/olmoe/modeling_olmoe.py:
+// pre-norm decoder layers whose attention RMS-normalises the whole q and k projections
+// (not per head), optionally clamps q, k and v to [-clip_qkv, clip_qkv], applies RoPE,
+// and a softmax top-k routed MoE block in every layer.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "common/kernels.h"
+#include "coordinator/blocks.h"
+#include "coordinator/model.h"
+
+namespace charm {
+namespace {
+
+struct OlmoeLayer {
+  RmsNorm input_layernorm, post_attention_layernorm;
+  Linear q_proj, k_proj, v_proj, o_proj;
+  RmsNorm q_norm;  // over num_heads * head_dim
+  RmsNorm k_norm;  // over num_key_value_heads * head_dim
+  Linear router;   // mlp.gate [num_experts, hidden]
+};
+
+class Olmoe final : public Model {
+ public:
+  Olmoe(const Checkpoint& ckpt, const ModelConfig& config, ExpertDispatcher& dispatcher)
+      : config_(config), dispatcher_(dispatcher), rope_(config.head_dim, config.rope_theta) {
+    const size_t h = config.hidden_size;
+    const size_t q_dim = config.num_attention_heads * config.head_dim;
+    const size_t kv_dim = config.num_key_value_heads * config.head_dim;
+    embed_ = ckpt.load_f32("model.embed_tokens.weight", {config.vocab_size, config.hidden_size});
+    for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+      const std::string p = "model.layers." + std::to_string(l);
+      OlmoeLayer layer;
+      layer.input_layernorm = RmsNorm::load(ckpt, p + ".input_layernorm", h, config.rms_norm_eps);
+      layer.post_attention_layernorm = RmsNorm::load(ckpt, p + ".post_attention_layernorm", h, config.rms_norm_eps);
+      layer.q_proj = Linear::load(ckpt, p + ".self_attn.q_proj", q_dim, h, config.attention_bias);
+      layer.k_proj = Linear::load(ckpt, p + ".self_attn.k_proj", kv_dim, h, config.attention_bias);
+      layer.v_proj = Linear::load(ckpt, p + ".self_attn.v_proj", kv_dim, h, config.attention_bias);
+      layer.o_proj = Linear::load(ckpt, p + ".self_attn.o_proj", h, q_dim, config.attention_bias);
+      layer.q_norm = RmsNorm::load(ckpt, p + ".self_attn.q_norm", q_dim, config.rms_norm_eps);
+      layer.k_norm = RmsNorm::load(ckpt, p + ".self_attn.k_norm", kv_dim, config.rms_norm_eps);
+      layer.router = Linear::load(ckpt, p + ".mlp.gate", config.num_experts, h);
+      layers_.push_back(std::move(layer));
+    }
+    norm_ = RmsNorm::load(ckpt, "model.norm", h, config.rms_norm_eps);
+    if (!config.tie_word_embeddings) lm_head_ = Linear::load(ckpt, "lm_head", config.vocab_size, h);
+  }
+
+  void forward(const int32_t* tokens, size_t n, KvCache& cache, float* logits) override {
+    check_token_ids(tokens, n, config_.vocab_size);
+    const size_t h = config_.hidden_size;
+    const size_t pos0 = cache.length();
+    cache.advance(n);
+    std::vector<float> hidden(n * h), x(n * h), delta(n * h);
+    std::vector<float> router_logits(n * config_.num_experts);
+    embed_tokens(embed_, h, tokens, n, hidden.data());
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const OlmoeLayer& layer = layers_[l];
+      layer.input_layernorm(hidden.data(), n, x.data());
+      attention(layer, l, x.data(), n, pos0, cache, delta.data());
+      for (size_t i = 0; i < n * h; ++i) hidden[i] += delta[i];
+      // OlmoeSparseMoeBlock: every layer is routed.
+      layer.post_attention_layernorm(hidden.data(), n, x.data());
+      layer.router(x.data(), n, router_logits.data());
+      const Routing routing = softmax_topk(router_logits.data(), n, config_.num_experts,
+                                           config_.num_experts_per_tok, config_.norm_topk_prob);
+      routed_experts(dispatcher_, static_cast<uint32_t>(l), x.data(), n, h, routing, delta.data());
+      for (size_t i = 0; i < n * h; ++i) hidden[i] += delta[i];
+    }
+    std::vector<float> last(h);
+    norm_(hidden.data() + (n - 1) * h, 1, last.data());
+    const float* head = config_.tie_word_embeddings ? embed_.data() : lm_head_.weight.data();
+    linear(last.data(), 1, head, nullptr, h, config_.vocab_size, logits);
+  }
+
+  KvCache new_cache(size_t max_tokens) const override {
+    return KvCache(layers_.size(), max_tokens, config_.num_key_value_heads * config_.head_dim);
+  }
+
+  const ModelConfig& config() const override { return config_; }
+
+ private:
+  /// OlmoeAttention: full-width q/k RMSNorm, clip_qkv clamp, RoPE, causal GQA, o_proj.
+  void attention(const OlmoeLayer& layer, size_t l, const float* x, size_t n, size_t pos0, KvCache& cache,
+                 float* out) const {
+    const size_t hd = config_.head_dim;
+    const size_t nh = config_.num_attention_heads;
+    const size_t nkv = config_.num_key_value_heads;
+    std::vector<float> q(n * nh * hd), k(n * nkv * hd), v(n * nkv * hd), attn(n * nh * hd);
+    layer.q_proj(x, n, q.data());
+    layer.k_proj(x, n, k.data());
+    layer.v_proj(x, n, v.data());
+    layer.q_norm(q.data(), n, q.data());
+    layer.k_norm(k.data(), n, k.data());
+    if (config_.clip_qkv > 0) {
+      const float c = static_cast<float>(config_.clip_qkv);
+      for (auto* t : {&q, &k, &v}) {
+        for (float& e : *t) e = std::clamp(e, -c, c);
+      }
+    }
+    rope_.apply(q.data(), n, nh, pos0);
+    rope_.apply(k.data(), n, nkv, pos0);
+    for (size_t i = 0; i < n; ++i) {
+      std::copy(k.begin() + i * nkv * hd, k.begin() + (i + 1) * nkv * hd, cache.key(l, pos0 + i));
+      std::copy(v.begin() + i * nkv * hd, v.begin() + (i + 1) * nkv * hd, cache.value(l, pos0 + i));
+    }
+    causal_gqa_attention(q.data(), n, pos0, cache, l, nh, nkv, hd, attn.data());
+    layer.o_proj(attn.data(), n, out);
+  }
+
+  ModelConfig config_;
+  ExpertDispatcher& dispatcher_;
+  Rope rope_;
+  std::vector<float> embed_;
+  std::vector<OlmoeLayer> layers_;
+  RmsNorm norm_;
+  Linear lm_head_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> load_olmoe(const Checkpoint& checkpoint, const ModelConfig& config,
+                                  ExpertDispatcher& dispatcher) {
+  return std::make_unique<Olmoe>(checkpoint, config, dispatcher);
+}
+
+}  // namespace charm
