@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace charm {
 
 /// One chat message as the OpenAI API and transformers see it.
@@ -21,8 +23,11 @@ struct ChatMessage {
 /// A parsed chat template. Immutable after load; render is thread-safe.
 class ChatTemplate {
  public:
-  /// Reads "chat_template" (and bos_token / eos_token) from tokenizer_config.json.
-  /// Throws Error(kInvalidInput) naming the file when it has no chat template, and
+  /// Reads "chat_template" (and bos_token / eos_token) from tokenizer_config.json. The
+  /// template may be a string or a list of {"name", "template"} (the one named "default" is
+  /// used); when the key is absent, a chat_template.jinja beside the file (transformers >= 4.47
+  /// saves it there) is used. Throws Error(kIo) when a file cannot be read, and
+  /// Error(kInvalidInput) naming the file when it is not JSON or has no chat template, and
   /// naming the line and construct when the template does not parse.
   static std::unique_ptr<ChatTemplate> load(const std::filesystem::path& tokenizer_config_json);
   /// Parses template `source` directly (tests, and templates given in YAML).
@@ -35,6 +40,15 @@ class ChatTemplate {
   /// evaluation error (unknown filter, wrong types).
   virtual std::string render(const std::vector<ChatMessage>& messages,
                              bool add_generation_prompt) const = 0;
+
+  /// The prompt text for messages given as JSON objects (role, content, and any other keys the
+  /// template reads: reasoning_content, tool_calls, ...), with `extra_vars` (an object, e.g.
+  /// {"enable_thinking": false}) added to the template's variables, as apply_chat_template's
+  /// **kwargs are. Like transformers, drops null-valued message keys and copies reasoning
+  /// under both "reasoning_content" and "thinking". Throws as render does, and
+  /// Error(kInvalidInput) when `messages` is not an array of objects.
+  virtual std::string render_json(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                  const nlohmann::ordered_json& extra_vars) const = 0;
 };
 
 }  // namespace charm

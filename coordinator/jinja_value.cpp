@@ -1,0 +1,451 @@
+// Python semantics for charm's Jinja values; see jinja_value.h.
+#include "coordinator/jinja_value.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+
+#include "common/error.h"
+
+namespace charm::jinja {
+
+Value Value::undefined(std::string why) {
+  Value v;
+  v.s = std::move(why);
+  return v;
+}
+Value Value::none() {
+  Value v;
+  v.kind = Kind::kNone;
+  return v;
+}
+Value Value::boolean(bool x) {
+  Value v;
+  v.kind = Kind::kBool;
+  v.b = x;
+  return v;
+}
+Value Value::integer(int64_t x) {
+  Value v;
+  v.kind = Kind::kInt;
+  v.i = x;
+  return v;
+}
+Value Value::floating(double x) {
+  Value v;
+  v.kind = Kind::kFloat;
+  v.f = x;
+  return v;
+}
+Value Value::string(std::string x) {
+  Value v;
+  v.kind = Kind::kString;
+  v.s = std::move(x);
+  return v;
+}
+Value Value::new_list(ValueList items) {
+  Value v;
+  v.kind = Kind::kList;
+  v.list = std::make_shared<ValueList>(std::move(items));
+  return v;
+}
+Value Value::new_tuple(ValueList items) {
+  Value v = new_list(std::move(items));
+  v.kind = Kind::kTuple;
+  return v;
+}
+Value Value::new_dict(ValueDict items) {
+  Value v;
+  v.kind = Kind::kDict;
+  v.dict = std::make_shared<ValueDict>(std::move(items));
+  return v;
+}
+Value Value::new_namespace(ValueDict items) {
+  Value v = new_dict(std::move(items));
+  v.kind = Kind::kNamespace;
+  return v;
+}
+
+Value Value::from_json(const nlohmann::ordered_json& j) {
+  switch (j.type()) {
+    case nlohmann::ordered_json::value_t::null: return none();
+    case nlohmann::ordered_json::value_t::boolean: return boolean(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer: return integer(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned: return integer(static_cast<int64_t>(j.get<uint64_t>()));
+    case nlohmann::ordered_json::value_t::number_float: return floating(j.get<double>());
+    case nlohmann::ordered_json::value_t::string: return string(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::array: {
+      ValueList items;
+      for (const auto& e : j) items.push_back(from_json(e));
+      return new_list(std::move(items));
+    }
+    case nlohmann::ordered_json::value_t::object: {
+      ValueDict items;
+      for (const auto& [k, e] : j.items()) items.emplace_back(string(k), from_json(e));
+      return new_dict(std::move(items));
+    }
+    default: fail_invalid("chat template: cannot pass JSON value of type " + std::string(j.type_name()));
+  }
+}
+
+const Value* Value::find(const Value& key) const {
+  if (!dict) return nullptr;
+  for (const auto& [k, v] : *dict)
+    if (equals(k, key)) return &v;
+  return nullptr;
+}
+Value* Value::find(const Value& key) {
+  return const_cast<Value*>(static_cast<const Value*>(this)->find(key));
+}
+void Value::set(const Value& key, Value v) {
+  if (Value* slot = find(key)) {
+    *slot = std::move(v);
+    return;
+  }
+  dict->emplace_back(key, std::move(v));
+}
+
+std::string type_name(const Value& v) {
+  switch (v.kind) {
+    case Kind::kUndefined: return "Undefined";
+    case Kind::kNone: return "NoneType";
+    case Kind::kBool: return "bool";
+    case Kind::kInt: return "int";
+    case Kind::kFloat: return "float";
+    case Kind::kString: return "str";
+    case Kind::kList: return "list";
+    case Kind::kTuple: return "tuple";
+    case Kind::kDict: return "dict";
+    case Kind::kNamespace: return "Namespace";
+  }
+  return "?";
+}
+
+bool truthy(const Value& v) {
+  switch (v.kind) {
+    case Kind::kUndefined:
+    case Kind::kNone: return false;
+    case Kind::kBool: return v.b;
+    case Kind::kInt: return v.i != 0;
+    case Kind::kFloat: return v.f != 0.0;
+    case Kind::kString: return !v.s.empty();
+    case Kind::kList:
+    case Kind::kTuple: return !v.list->empty();
+    case Kind::kDict: return !v.dict->empty();
+    case Kind::kNamespace: return true;
+  }
+  return false;
+}
+
+std::string float_repr(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  // Shortest round-trip digits in scientific form, then laid out as Python's repr does:
+  // positional when -4 <= exponent < 16, else d.ddde+XX.
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::scientific);
+  std::string sci(buf, res.ptr);
+  bool neg = sci[0] == '-';
+  if (neg) sci.erase(0, 1);
+  size_t e_pos = sci.find('e');
+  std::string mant = sci.substr(0, e_pos);
+  int exp = std::stoi(sci.substr(e_pos + 1));
+  std::string digits;
+  for (char c : mant)
+    if (c != '.') digits += c;
+  std::string out;
+  if (exp >= -4 && exp < 16) {
+    if (exp < 0) {
+      out = "0." + std::string(-exp - 1, '0') + digits;
+    } else if (static_cast<int>(digits.size()) <= exp + 1) {
+      out = digits + std::string(exp + 1 - digits.size(), '0') + ".0";
+    } else {
+      out = digits.substr(0, exp + 1) + "." + digits.substr(exp + 1);
+    }
+  } else {
+    out = digits.substr(0, 1);
+    if (digits.size() > 1) out += "." + digits.substr(1);
+    char e[16];
+    std::snprintf(e, sizeof e, "e%c%02d", exp < 0 ? '-' : '+', std::abs(exp));
+    out += e;
+  }
+  return neg ? "-" + out : out;
+}
+
+namespace {
+
+std::string repr_string(const std::string& s) {
+  // Python prefers single quotes, switching to double quotes when only ' appears.
+  bool has_single = s.find('\'') != std::string::npos;
+  bool has_double = s.find('"') != std::string::npos;
+  char q = (has_single && !has_double) ? '"' : '\'';
+  std::string out(1, q);
+  for (unsigned char c : s) {
+    if (c == '\\') out += "\\\\";
+    else if (c == static_cast<unsigned char>(q)) out += std::string("\\") + q;
+    else if (c == '\n') out += "\\n";
+    else if (c == '\r') out += "\\r";
+    else if (c == '\t') out += "\\t";
+    else if (c < 0x20 || c == 0x7f) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02x", c);
+      out += b;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + q;
+}
+
+std::string join_repr(const ValueList& items) {
+  std::string out;
+  for (size_t k = 0; k < items.size(); ++k) {
+    if (k) out += ", ";
+    out += to_repr(items[k]);
+  }
+  return out;
+}
+
+std::string dict_repr(const ValueDict& items) {
+  std::string out = "{";
+  for (size_t k = 0; k < items.size(); ++k) {
+    if (k) out += ", ";
+    out += to_repr(items[k].first) + ": " + to_repr(items[k].second);
+  }
+  return out + "}";
+}
+
+double as_double(const Value& v) {
+  if (v.kind == Kind::kFloat) return v.f;
+  if (v.kind == Kind::kBool) return v.b ? 1.0 : 0.0;
+  return static_cast<double>(v.i);
+}
+
+int compare_numbers(const Value& a, const Value& b) {
+  if (a.kind != Kind::kFloat && b.kind != Kind::kFloat) {
+    int64_t x = a.kind == Kind::kBool ? a.b : a.i, y = b.kind == Kind::kBool ? b.b : b.i;
+    return x < y ? -1 : (x > y ? 1 : 0);
+  }
+  double x = as_double(a), y = as_double(b);
+  return x < y ? -1 : (x > y ? 1 : 0);
+}
+
+void json_string(const std::string& s, std::string& out) {
+  out += '"';
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (c < 0x20) {
+          char b[8];
+          std::snprintf(b, sizeof b, "\\u%04x", c);
+          out += b;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  out += '"';
+}
+
+void json_dump(const Value& v, int indent, bool sort_keys, int depth, std::string& out) {
+  std::string item_sep = indent >= 0 ? "," : ", ";
+  auto newline = [&](int d) {
+    if (indent >= 0) out += "\n" + std::string(static_cast<size_t>(indent * d), ' ');
+  };
+  switch (v.kind) {
+    case Kind::kUndefined:
+    case Kind::kNamespace:
+      fail_invalid("chat template: tojson: object of type " + type_name(v) + " is not JSON serializable");
+    case Kind::kNone: out += "null"; return;
+    case Kind::kBool: out += v.b ? "true" : "false"; return;
+    case Kind::kInt: out += std::to_string(v.i); return;
+    case Kind::kFloat:
+      out += std::isnan(v.f) ? "NaN" : std::isinf(v.f) ? (v.f > 0 ? "Infinity" : "-Infinity") : float_repr(v.f);
+      return;
+    case Kind::kString: json_string(v.s, out); return;
+    case Kind::kList:
+    case Kind::kTuple: {
+      if (v.list->empty()) { out += "[]"; return; }
+      out += "[";
+      for (size_t k = 0; k < v.list->size(); ++k) {
+        if (k) out += item_sep;
+        newline(depth + 1);
+        json_dump((*v.list)[k], indent, sort_keys, depth + 1, out);
+      }
+      newline(depth);
+      out += "]";
+      return;
+    }
+    case Kind::kDict: {
+      if (v.dict->empty()) { out += "{}"; return; }
+      ValueDict items = *v.dict;
+      if (sort_keys)
+        std::stable_sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return less_than(a.first, b.first); });
+      out += "{";
+      for (size_t k = 0; k < items.size(); ++k) {
+        if (k) out += item_sep;
+        newline(depth + 1);
+        // json.dumps writes non-string keys as their JSON scalar text, quoted.
+        json_string(items[k].first.is_string() ? items[k].first.s : to_str(items[k].first), out);
+        out += ": ";
+        json_dump(items[k].second, indent, sort_keys, depth + 1, out);
+      }
+      newline(depth);
+      out += "}";
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+std::string to_str(const Value& v) {
+  switch (v.kind) {
+    case Kind::kUndefined: return "";
+    case Kind::kString: return v.s;
+    case Kind::kNamespace: return "<Namespace " + dict_repr(*v.dict) + ">";
+    default: return to_repr(v);
+  }
+}
+
+std::string to_repr(const Value& v) {
+  switch (v.kind) {
+    case Kind::kUndefined: return "Undefined";
+    case Kind::kNone: return "None";
+    case Kind::kBool: return v.b ? "True" : "False";
+    case Kind::kInt: return std::to_string(v.i);
+    case Kind::kFloat: return float_repr(v.f);
+    case Kind::kString: return repr_string(v.s);
+    case Kind::kList: return "[" + join_repr(*v.list) + "]";
+    case Kind::kTuple: return "(" + join_repr(*v.list) + (v.list->size() == 1 ? ",)" : ")");
+    case Kind::kDict: return dict_repr(*v.dict);
+    case Kind::kNamespace: return "<Namespace " + dict_repr(*v.dict) + ">";
+  }
+  return "?";
+}
+
+bool equals(const Value& a, const Value& b) {
+  if (a.is_number() && b.is_number()) return compare_numbers(a, b) == 0;
+  if (a.kind != b.kind) {
+    bool both_seq = a.is_sequence() && b.is_sequence();
+    if (!both_seq) return false;
+    return false;  // Python: [1] != (1,)
+  }
+  switch (a.kind) {
+    case Kind::kUndefined:
+    case Kind::kNone: return true;
+    case Kind::kString: return a.s == b.s;
+    case Kind::kList:
+    case Kind::kTuple: {
+      if (a.list->size() != b.list->size()) return false;
+      for (size_t k = 0; k < a.list->size(); ++k)
+        if (!equals((*a.list)[k], (*b.list)[k])) return false;
+      return true;
+    }
+    case Kind::kDict: {
+      if (a.dict->size() != b.dict->size()) return false;
+      for (const auto& [k, v] : *a.dict) {
+        const Value* other = b.find(k);
+        if (!other || !equals(v, *other)) return false;
+      }
+      return true;
+    }
+    case Kind::kNamespace: return a.dict == b.dict;
+    default: return false;
+  }
+}
+
+bool less_than(const Value& a, const Value& b) {
+  if (a.is_number() && b.is_number()) return compare_numbers(a, b) < 0;
+  if (a.is_string() && b.is_string()) return a.s < b.s;  // UTF-8 byte order == code point order
+  if (a.kind == b.kind && a.is_sequence()) {
+    size_t n = std::min(a.list->size(), b.list->size());
+    for (size_t k = 0; k < n; ++k) {
+      if (!equals((*a.list)[k], (*b.list)[k])) return less_than((*a.list)[k], (*b.list)[k]);
+    }
+    return a.list->size() < b.list->size();
+  }
+  fail_invalid("chat template: '<' not supported between instances of '" + type_name(a) + "' and '" +
+               type_name(b) + "'");
+}
+
+std::string to_json_text(const Value& v, int indent, bool sort_keys) {
+  std::string out;
+  json_dump(v, indent, sort_keys, 0, out);
+  return out;
+}
+
+ValueList iterate(const Value& v) {
+  switch (v.kind) {
+    case Kind::kUndefined: return {};
+    case Kind::kList:
+    case Kind::kTuple: return *v.list;
+    case Kind::kDict:
+    case Kind::kNamespace: {
+      ValueList keys;
+      for (const auto& kv : *v.dict) keys.push_back(kv.first);
+      return keys;
+    }
+    case Kind::kString: {
+      ValueList chars;
+      for (char32_t c : utf8_decode(v.s)) chars.push_back(Value::string(utf8_encode(std::u32string(1, c))));
+      return chars;
+    }
+    default: fail_invalid("chat template: '" + type_name(v) + "' object is not iterable");
+  }
+}
+
+std::u32string utf8_decode(const std::string& s) {
+  std::u32string out;
+  out.reserve(s.size());
+  for (size_t k = 0; k < s.size();) {
+    unsigned char c = static_cast<unsigned char>(s[k]);
+    int len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (len == 0 || k + len > s.size()) {
+      // Invalid UTF-8 is kept byte for byte (as U+DC80.. surrogate escapes) so it round-trips.
+      out += static_cast<char32_t>(0xDC00 + c);
+      ++k;
+      continue;
+    }
+    char32_t cp = len == 1 ? c : c & (0x7F >> len);
+    for (int m = 1; m < len; ++m) cp = (cp << 6) | (static_cast<unsigned char>(s[k + m]) & 0x3F);
+    out += cp;
+    k += len;
+  }
+  return out;
+}
+
+std::string utf8_encode(const std::u32string& s) {
+  std::string out;
+  for (char32_t c : s) {
+    if (c >= 0xDC80 && c <= 0xDCFF) out += static_cast<char>(c - 0xDC00);
+    else if (c < 0x80) out += static_cast<char>(c);
+    else if (c < 0x800) { out += static_cast<char>(0xC0 | (c >> 6)); out += static_cast<char>(0x80 | (c & 0x3F)); }
+    else if (c < 0x10000) {
+      out += static_cast<char>(0xE0 | (c >> 12));
+      out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (c & 0x3F));
+    } else {
+      out += static_cast<char>(0xF0 | (c >> 18));
+      out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
+      out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (c & 0x3F));
+    }
+  }
+  return out;
+}
+
+bool py_isspace(char32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+}  // namespace charm::jinja

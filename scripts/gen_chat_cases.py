@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Renders chat-template fixtures with transformers itself (the oracle).
+
+Writes tests/fixtures/chat_template/cases.json: a list of cases, each
+  {"name", "template" (a file name in tests/fixtures/chat_template/),
+   "messages" (list of message objects), "add_generation_prompt" (bool),
+   "kwargs" (extra template variables: bos_token, eos_token, enable_thinking ...),
+   and either "expected" (the exact rendered text) or "error" (the exception text)}.
+
+The rendering goes through transformers.utils.chat_template_utils.render_jinja_template,
+which is what tokenizer.apply_chat_template calls: ImmutableSandboxedEnvironment with
+trim_blocks, lstrip_blocks, loopcontrols, raise_exception, strftime_now, namespace, and
+messages normalised (None-valued keys dropped, reasoning fields aliased).
+
+Usage: python3 scripts/gen_chat_cases.py   (from the repository root; needs transformers, jinja2)
+"""
+import json
+import pathlib
+import shutil
+
+from transformers.utils.chat_template_utils import _normalize_chat_messages, render_jinja_template
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+OUT = ROOT / "tests" / "fixtures" / "chat_template"
+ASSETS = pathlib.Path("/tmp/assets")
+
+QWEN_TOKENS = {"eos_token": "<|im_end|>"}  # Qwen's tokenizer_config has bos_token null
+
+# Small templates that exercise constructs beyond the two Qwen templates; jinja2 is still the oracle.
+EXTRA_TEMPLATES = {
+    "constructs_loop.jinja": (
+        "{%- for m in messages %}"
+        "{{ loop.index }}/{{ loop.length }} {{ loop.revindex0 }} {{ m.role|upper }} {{ m['content']|trim|length }} "
+        "[{{ m.content[:3] }}][{{ m.content[-2:] }}][{{ m.content[::-1] }}][{{ m.content[1:-1:2] }}]"
+        "{% if not loop.last %}|{% endif %}\n"
+        "{% endfor %}"
+        "{%- for k, v in {'a': 1, 'b': [1, 2.5, none, true]}.items() %}{{ k }}={{ v }};{% endfor %}\n"
+        "{%- for i in range(5) if i != 2 %}{% if i == 4 %}{% break %}{% endif %}{{ i }},{% endfor %}\n"
+        "{%- for i in range(1, 8, 3) %}{% if loop.first %}{% continue %}{% endif %}{{ i }}{% else %}none{% endfor %}\n"
+        "{%- for x in [] %}{{ x }}{% else %}empty{% endfor %}\n"
+    ),
+    "constructs_expr.jinja": (
+        "{%- set ns = namespace(count=0, names=[]) %}\n"
+        "{%- for m in messages %}{% set ns.count = ns.count + 1 %}{% endfor %}\n"
+        "count={{ ns.count }} n={{ messages|length }}\n"
+        "{{ 7 // 2 }} {{ 7 / 2 }} {{ 7 % 3 }} {{ 2 ** 10 }} {{ -3 + 1 }} {{ 1.5 * 2 }} {{ 0.1 + 0.2 }} {{ 1e20 }} {{ 1e-5 }}\n"
+        "{{ 'a' ~ 1 ~ none ~ true }} {{ 'x' * 3 }} {{ [1, 2] + [3] }} {{ (1, 'b') }} {{ {'k': 'v', 'n': none} }}\n"
+        "{{ 'ell' in 'hello' }} {{ 3 not in [1, 2] }} {{ 'a' in {'a': 1} }} {{ 1 < 2 < 3 }} {{ 1 == 1.0 }} {{ 'a' != 'b' }}\n"
+        "{{ 'yes' if messages|length > 1 else 'no' }} {{ none is none }} {{ undefined_thing is defined }} {{ 3 is odd }}"
+        " {{ 'a' is string }} {{ 1 is number }} {{ [] is iterable }} {{ {} is mapping }} {{ true is boolean }}"
+        " {{ 4 is divisibleby(2) }} {{ 4 is even }} {{ false is false }} {{ x is undefined }}\n"
+        "{{ ' a b  c '.split() }} {{ 'a,b,,c'.split(',') }} {{ 'a-b-c'.split('-', 1) }} {{ 'xxhixx'.strip('x') }}"
+        " {{ 'Hello'.replace('l', 'L') }} {{ 'hello world'.title() }} {{ 'ABC'.lower() }} {{ 'abc'.upper() }}"
+        " {{ 'hello'.capitalize() }} {{ 'abc'.find('c') }} {{ 'a b'.startswith(('x', 'a')) }}\n"
+        "{{ [3, 1, 2]|sort }} {{ [3, 1, 2]|sort(reverse=true)|join('-') }} {{ [1, 2, 3]|first }} {{ [1, 2, 3]|last }}"
+        " {{ 'abc'|list }} {{ [1, 2]|reverse|list }} {{ -5|abs }} {{ '42'|int + 1 }} {{ '2.5'|float }} {{ 3|string ~ 'x' }}"
+        " {{ none|default('dflt') }} {{ missing|default('dflt2') }} {{ ''|default('e', true) }} {{ [1, 1, 2]|unique|list }}"
+        " {{ {'b': 1, 'a': 2}|dictsort }} {{ 'hi'|replace('i', 'o') }} {{ [1, 2, 3]|sum }} {{ [4, 9]|max }} {{ [4, 9]|min }}"
+        " {{ 2.567|round(2) }} {{ 2.5|round }} {{ 'x'|center(5) }}|\n"
+        "{{ messages|map(attribute='role')|join(',') }} {{ messages|selectattr('role', 'equalto', 'user')|list|length }}"
+        " {{ messages|rejectattr('role', 'eq', 'user')|map(attribute='content')|list }}"
+        " {{ [1, 2, 3, 4]|select('odd')|list }} {{ [1, 2, 3, 4]|reject('even')|list }} {{ messages[0]|tojson }}"
+        " {{ {'a': [1, 'é', none, true, 1.5]}|tojson }} {{ {'a': 1, 'b': [2]}|tojson(indent=2) }}"
+        " {{ 'caf\\u00e9 \\n \\x41'|tojson }} {{ {'a': 1}|items|list }}\n"
+        "{{ messages[0].get('content') }} {{ messages[0].get('nope', 'fallback') }} {{ messages[0].keys()|list }}"
+        " {{ messages[-1]['role'] }} {{ messages[0].nope }}|{{ (messages|first).role }} {{ bos_token }}{{ eos_token }}\n"
+        "{%- set a, b = 1, 2 %} {{ a + b }}{% set block %}captured {{ a }}{% endset %} {{ block|upper }}\n"
+        "{#- comment -#}\n"
+        "{{ '{{ not a tag }}' }} {% raw %}{{ raw }} {% if %}{% endraw %} {{ \"dq\\\"s\" }} {{ 'it\\'s' }}\n"
+    ),
+    "constructs_whitespace.jinja": (
+        "<s>\n"
+        "{% for m in messages %}\n"
+        "    {% if m.role == 'user' %}\n"
+        "    U: {{ m.content }}\n"
+        "    {% else %}\n"
+        "    A: {{ m.content }}\n"
+        "    {% endif %}\n"
+        "{% endfor %}\n"
+        "  {# a comment #}\n"
+        "  x {% if true %}inline{% endif %} y\n"
+        "  {%+ if true %}kept{% endif +%}\n"
+        "  {{- ' stripped-left ' -}}  \n"
+        "  {{ bos_token }} end {%- if add_generation_prompt %} GEN{% endif %}\n"
+    ),
+    "raise_system.jinja": (
+        "{%- if messages[0]['role'] == 'system' %}"
+        "{{ raise_exception('System role not supported') }}"
+        "{%- endif %}"
+        "{%- for message in messages %}"
+        "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+        "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+        "{%- endif %}"
+        "{{ bos_token + '[' + message['role'] + '] ' + message['content'] | trim + eos_token }}"
+        "{%- endfor %}"
+        "{%- if add_generation_prompt %}[assistant] {% endif %}"
+    ),
+}
+
+U = lambda c: {"role": "user", "content": c}  # noqa: E731
+A = lambda c: {"role": "assistant", "content": c}  # noqa: E731
+S = lambda c: {"role": "system", "content": c}  # noqa: E731
+
+COMMON_CONVERSATIONS = [
+    ("single_user", [U("Hello!")]),
+    ("system_user", [S("You are a helpful assistant."), U("What is 2+2?")]),
+    ("multi_turn", [U("Hi"), A("Hello! How can I help?"), U("Tell me a joke."), A("Why did the chicken cross the road?"), U("Why?")]),
+    ("system_multi_turn", [S("Be brief."), U("Hi"), A("Hello."), U("Bye")]),
+    ("unicode_emoji", [U("Héllo wörld 你好 🌍🚀 — naïve café"), A("¡Hola! 😊"), U("ñ ü ß ∑ 𝔘")]),
+    ("empty_content", [U(""), A(""), U("")]),
+    ("jinja_looking_text", [U("Render {{ x }} and {% if y %}z{% endif %} {# c #} literally"), A("{{ messages }}")]),
+    ("multiline_content", [U("line1\nline2\n\n  indented\n"), A("\n\nanswer\n")]),
+    ("second_system_midway", [U("Hi"), S("New instructions"), U("Go")]),
+    ("ends_with_assistant", [U("Q"), A("A")]),
+    ("whitespace_content", [U("   "), A(" \t\n")]),
+]
+
+QWEN3_EXTRA = [
+    ("think_last_turn", [U("Solve 1+1"), A("<think>\nEasy: 1+1=2.\n</think>\n\nThe answer is 2.")]),
+    ("think_earlier_turns_stripped", [U("Q1"), A("<think>\nreason one\n</think>\n\nanswer one"), U("Q2"), A("<think>reason two</think>answer two"), U("Q3")]),
+    ("think_without_open_tag", [U("Q"), A("partial reasoning\n</think>\n\nfinal")]),
+    ("reasoning_content_field", [U("Q1"), {"role": "assistant", "content": "A1", "reasoning_content": "R1"}, U("Q2"), {"role": "assistant", "content": "A2", "reasoning_content": "R2\n"}]),
+    ("tool_response_user_turn", [U("weather?"), A("calling"), U("<tool_response>\nsunny\n</tool_response>")]),
+    ("tool_role_messages", [U("weather?"), {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}, {"role": "tool", "content": "sunny"}, {"role": "tool", "content": "22C"}, A("It is sunny.")]),
+]
+
+QWEN25_EXTRA = [
+    ("think_text_kept", [U("Q"), A("<think>r</think>a"), U("Q2")]),
+    ("tool_calls_and_tool_role", [U("weather?"), {"role": "assistant", "content": "Let me check.", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "units": "C"}}}]}, {"role": "tool", "content": "sunny"}, A("Sunny.")]),
+]
+
+
+def render(template_text, messages, add_generation_prompt, kwargs):
+    """Returns ("expected", text) or ("error", message) exactly as transformers renders."""
+    try:
+        chat = _normalize_chat_messages(messages)
+        rendered, _ = render_jinja_template(
+            conversations=[chat], chat_template=template_text, add_generation_prompt=add_generation_prompt, **kwargs
+        )
+        return "expected", rendered[0]
+    except Exception as e:  # noqa: BLE001 - the oracle's error text is the expected value
+        return "error", str(e)
+
+
+def main():
+    OUT.mkdir(parents=True, exist_ok=True)
+    templates = {}
+    for src, name in (("Qwen-Qwen3-0.6B.jinja", "qwen3.jinja"), ("Qwen-Qwen2.5-7B-Instruct.jinja", "qwen2_5.jinja")):
+        if (ASSETS / src).exists():
+            shutil.copyfile(ASSETS / src, OUT / name)
+        templates[name] = (OUT / name).read_text()
+    for name, text in EXTRA_TEMPLATES.items():
+        (OUT / name).write_text(text)
+        templates[name] = text
+
+    plan = []
+    for conv_name, msgs in COMMON_CONVERSATIONS + QWEN3_EXTRA:
+        for agp in (False, True):
+            plan.append(("qwen3.jinja", f"{conv_name}_agp{int(agp)}", msgs, agp, dict(QWEN_TOKENS)))
+    plan.append(("qwen3.jinja", "enable_thinking_false", [U("Hi")], True, dict(QWEN_TOKENS, enable_thinking=False)))
+    plan.append(("qwen3.jinja", "enable_thinking_true", [U("Hi")], True, dict(QWEN_TOKENS, enable_thinking=True)))
+    plan.append(("qwen3.jinja", "empty_messages", [], True, dict(QWEN_TOKENS)))
+    for conv_name, msgs in COMMON_CONVERSATIONS + QWEN25_EXTRA:
+        for agp in (False, True):
+            plan.append(("qwen2_5.jinja", f"{conv_name}_agp{int(agp)}", msgs, agp, dict(QWEN_TOKENS)))
+    llama_tokens = {"bos_token": "<s>", "eos_token": "</s>"}
+    for tname in ("constructs_loop.jinja", "constructs_expr.jinja", "constructs_whitespace.jinja"):
+        for conv_name, msgs in (COMMON_CONVERSATIONS[1], COMMON_CONVERSATIONS[2], COMMON_CONVERSATIONS[4]):
+            plan.append((tname, conv_name, msgs, tname.endswith("whitespace.jinja"), dict(llama_tokens)))
+    plan.append(("raise_system.jinja", "alternating_ok", [U(" Hi "), A("Yo"), U("Q")], True, dict(llama_tokens)))
+    plan.append(("raise_system.jinja", "system_raises", [S("sys"), U("Hi")], False, dict(llama_tokens)))
+    plan.append(("raise_system.jinja", "not_alternating_raises", [U("a"), U("b")], False, dict(llama_tokens)))
+
+    cases = []
+    for tname, case_name, msgs, agp, kwargs in plan:
+        kind, value = render(templates[tname], msgs, agp, kwargs)
+        cases.append({"name": f"{tname.removesuffix('.jinja')}/{case_name}", "template": tname, "messages": msgs,
+                      "add_generation_prompt": agp, "kwargs": kwargs, kind: value})
+    (OUT / "cases.json").write_text(json.dumps(cases, indent=1, ensure_ascii=False) + "\n")
+    print(f"wrote {len(cases)} cases to {OUT / 'cases.json'}")
+    for c in cases:
+        if "error" in c:
+            print("  error case:", c["name"], "->", c["error"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,265 @@
+// Tests for coordinator/chat_template.cpp and the Jinja interpreter behind it.
+// Rendering is checked byte for byte against tests/fixtures/chat_template/cases.json, which
+// scripts/gen_chat_cases.py produced with transformers' own render_jinja_template.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "coordinator/chat_template.h"
+
+namespace fs = std::filesystem;
+using charm::ChatMessage;
+using charm::ChatTemplate;
+using charm::Error;
+using charm::ErrorCategory;
+using nlohmann::ordered_json;
+
+namespace {
+
+const fs::path kFixtures = fs::path(CHARM_SOURCE_DIR) / "tests" / "fixtures" / "chat_template";
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  REQUIRE_MESSAGE(in.good(), "cannot open " << p);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The message of the Error that `fn` throws ("" and a failed check when it throws nothing).
+template <typename Fn>
+std::string error_of(Fn&& fn, ErrorCategory want = ErrorCategory::kInvalidInput) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    CHECK_MESSAGE(e.category() == want, "category was " << charm::category_name(e.category()) << ": " << e.message());
+    return e.message();
+  }
+  FAIL_CHECK("expected a charm::Error");
+  return "";
+}
+
+std::string render(const std::string& source, const std::vector<ChatMessage>& messages, bool agp = false) {
+  return ChatTemplate::parse(source, "<s>", "</s>")->render(messages, agp);
+}
+
+// A scratch directory removed at scope exit.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / ("charm_chat_template_" + std::to_string(::getpid()) + "_" +
+                                        std::to_string(reinterpret_cast<uintptr_t>(this)));
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  fs::path write(const std::string& name, const std::string& text) const {
+    std::ofstream(path / name, std::ios::binary) << text;
+    return path / name;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("every transformers-rendered case matches byte for byte") {
+  ordered_json cases = ordered_json::parse(slurp(kFixtures / "cases.json"));
+  REQUIRE(cases.size() >= 40);
+  int rendered = 0, errors = 0;
+  for (const ordered_json& c : cases) {
+    const std::string name = c["name"].get<std::string>();
+    CAPTURE(name);
+    const ordered_json& kwargs = c["kwargs"];
+    auto tmpl = ChatTemplate::parse(slurp(kFixtures / c["template"].get<std::string>()), kwargs.value("bos_token", ""),
+                                    kwargs.value("eos_token", ""));
+    auto run = [&] { return tmpl->render_json(c["messages"], c["add_generation_prompt"].get<bool>(), kwargs); };
+    if (c.contains("expected")) {
+      std::string got;
+      try {
+        got = run();
+      } catch (const Error& e) {
+        FAIL_CHECK("threw: " << std::string(e.what()));
+        continue;
+      }
+      CHECK(got == c["expected"].get<std::string>());
+      ++rendered;
+    } else {
+      std::string msg = error_of(run);
+      CHECK_MESSAGE(msg.find(c["error"].get<std::string>()) != std::string::npos, msg);
+      ++errors;
+    }
+  }
+  CHECK(rendered >= 40);
+  CHECK(errors >= 2);
+}
+
+TEST_CASE("render with ChatMessage matches render_json for role/content messages") {
+  auto tmpl = ChatTemplate::parse(slurp(kFixtures / "qwen3.jinja"), "", "<|im_end|>");
+  std::vector<ChatMessage> msgs = {{"system", "S"}, {"user", "Hi"}, {"assistant", "<think>r</think>\n\nA"}};
+  ordered_json j = ordered_json::array();
+  for (const auto& m : msgs) j.push_back({{"role", m.role}, {"content", m.content}});
+  CHECK(tmpl->render(msgs, true) == tmpl->render_json(j, true, ordered_json::object()));
+  CHECK(tmpl->render({{"user", "Hi"}}, true) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+}
+
+TEST_CASE("Qwen3 strips reasoning from turns before the last user query") {
+  auto tmpl = ChatTemplate::parse(slurp(kFixtures / "qwen3.jinja"), "", "<|im_end|>");
+  std::string out = tmpl->render({{"user", "Q1"}, {"assistant", "<think>old</think>A1"}, {"user", "Q2"}}, true);
+  CHECK(out.find("old") == std::string::npos);
+  CHECK(out.find("<|im_start|>assistant\nA1<|im_end|>") != std::string::npos);
+}
+
+TEST_CASE("raise_exception surfaces the template's own message") {
+  const std::string src = "{% if messages[0].role == 'system' %}{{ raise_exception('No system role, please') }}{% endif %}ok";
+  CHECK(render(src, {{"user", "x"}}) == "ok");
+  std::string msg = error_of([&] { render(src, {{"system", "x"}}); });
+  CHECK(msg.find("No system role, please") != std::string::npos);
+}
+
+TEST_CASE("parse errors name the problem and the line") {
+  auto parse = [](const std::string& s) { ChatTemplate::parse(s, "", ""); };
+  std::string msg = error_of([&] { parse("hello\n{{ messages "); });
+  CHECK(msg.find("line 2") != std::string::npos);
+  CHECK(msg.find("unterminated tag") != std::string::npos);
+
+  msg = error_of([&] { parse("{% if true %}\nno end"); });
+  CHECK(msg.find("unclosed 'if'") != std::string::npos);
+  CHECK(msg.find("endif") != std::string::npos);
+
+  msg = error_of([&] { parse("a\nb\n{{ 1 + }}"); });
+  CHECK(msg.find("line 3") != std::string::npos);
+  CHECK(msg.find("unexpected") != std::string::npos);
+
+  msg = error_of([&] { parse("{% for x messages %}{% endfor %}"); });
+  CHECK(msg.find("expected 'in'") != std::string::npos);
+
+  msg = error_of([&] { parse("{{ 'abc }}"); });
+  CHECK(msg.find("unterminated string") != std::string::npos);
+
+  msg = error_of([&] { parse("{# never closed"); });
+  CHECK(msg.find("unterminated comment") != std::string::npos);
+
+  msg = error_of([&] { parse("{{ (1 }}"); });
+  CHECK(msg.find("unexpected '}', expected ')'") != std::string::npos);
+
+  msg = error_of([&] { parse("{% endfor %}"); });
+  CHECK(msg.find("unknown tag 'endfor'") != std::string::npos);
+
+  msg = error_of([&] { parse("{% break %}"); });
+  CHECK(msg.find("outside of a for loop") != std::string::npos);
+
+  msg = error_of([&] { parse("{{ }}"); });
+  CHECK(msg.find("empty expression") != std::string::npos);
+
+  msg = error_of([&] { parse("x\n{% macro m() %}{% endmacro %}"); }, ErrorCategory::kUnsupported);
+  CHECK(msg.find("'{% macro %}'") != std::string::npos);
+  CHECK(msg.find("line 2") != std::string::npos);
+}
+
+TEST_CASE("evaluation errors name the construct") {
+  std::string msg = error_of([&] { render("\n{{ messages | frobnicate }}", {{"user", "x"}}); });
+  CHECK(msg.find("unknown filter 'frobnicate'") != std::string::npos);
+  CHECK(msg.find("line 2") != std::string::npos);
+
+  // An unknown filter in a branch that is never taken does not stop rendering.
+  CHECK(render("{% if false %}{{ x | frobnicate }}{% endif %}fine", {}) == "fine");
+
+  msg = error_of([&] { render("{{ 1 is frobbed }}", {}); });
+  CHECK(msg.find("unknown test 'frobbed'") != std::string::npos);
+
+  msg = error_of([&] { render("{{ 'a' + 1 }}", {}); });
+  CHECK(msg.find("unsupported operand types for +: 'str' and 'int'") != std::string::npos);
+
+  msg = error_of([&] { render("{{ nope.attr }}", {}); });
+  CHECK(msg.find("'nope' is undefined") != std::string::npos);
+
+  msg = error_of([&] { render("{{ messages[0].content.frob() }}", {{"user", "x"}}); });
+  CHECK(msg.find("string method 'frob'") != std::string::npos);
+
+  msg = error_of([&] { render("{{ messages.append(1) }}", {}); });
+  CHECK(msg.find("cannot modify lists") != std::string::npos);
+
+  msg = error_of([&] { render("{% set x = 1 %}{% set x.y = 2 %}", {}); });
+  CHECK(msg.find("not a namespace") != std::string::npos);
+
+  msg = error_of([&] { render("{{ 1 // 0 }}", {}); });
+  CHECK(msg.find("division by zero") != std::string::npos);
+}
+
+TEST_CASE("tools is None and the tools branch parses") {
+  auto tmpl = ChatTemplate::parse(slurp(kFixtures / "qwen2_5.jinja"), "", "<|im_end|>");
+  CHECK(tmpl->render({{"user", "Hi"}}, false).rfind("<|im_start|>system\nYou are Qwen", 0) == 0);
+  CHECK(render("{{ tools is none }}", {}) == "True");
+  // With tools given, the tools branch renders tojson of each tool.
+  ordered_json tools = ordered_json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}});
+  std::string out = tmpl->render_json(ordered_json::array({{{"role", "user"}, {"content", "Hi"}}}), false,
+                                      {{"tools", tools}});
+  CHECK(out.find("{\"type\": \"function\", \"function\": {\"name\": \"f\"}}") != std::string::npos);
+}
+
+TEST_CASE("render_json rejects malformed messages") {
+  auto tmpl = ChatTemplate::parse("{{ messages|length }}", "", "");
+  CHECK(error_of([&] { tmpl->render_json(ordered_json::object(), false, ordered_json::object()); }).find("array") !=
+        std::string::npos);
+  CHECK(error_of([&] { tmpl->render_json(ordered_json::array({1}), false, ordered_json::object()); }).find("object") !=
+        std::string::npos);
+}
+
+TEST_CASE("load reads chat_template and special tokens from tokenizer_config.json") {
+  TempDir dir;
+  ordered_json cfg = {{"bos_token", "<s>"},
+                      {"eos_token", {{"content", "</s>"}, {"lstrip", false}}},
+                      {"chat_template", "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}{{ eos_token }}"}};
+  auto path = dir.write("tokenizer_config.json", cfg.dump());
+  auto tmpl = ChatTemplate::load(path);
+  CHECK(tmpl->render({{"user", "hi"}}, false) == "<s>[user]hi</s>");
+
+  SUBCASE("a list of named templates uses 'default'") {
+    ordered_json list_cfg = {{"chat_template", ordered_json::array({{{"name", "tool_use"}, {"template", "T"}},
+                                                                     {{"name", "default"}, {"template", "D"}}})}};
+    CHECK(ChatTemplate::load(dir.write("list.json", list_cfg.dump()))->render({}, false) == "D");
+  }
+  SUBCASE("missing key fails naming the file") {
+    auto p = dir.write("no_template.json", R"({"eos_token": "</s>"})");
+    std::string msg = error_of([&] { ChatTemplate::load(p); });
+    CHECK(msg.find("no_template.json") != std::string::npos);
+    CHECK(msg.find("chat_template") != std::string::npos);
+  }
+  SUBCASE("chat_template.jinja beside the config is used when the key is absent") {
+    TempDir d2;
+    d2.write("chat_template.jinja", "J{{ messages|length }}");
+    CHECK(ChatTemplate::load(d2.write("tokenizer_config.json", "{}"))->render({{"user", "x"}}, false) == "J1");
+  }
+  SUBCASE("malformed files fail clearly") {
+    std::string msg = error_of([&] { ChatTemplate::load(dir.write("bad.json", "{not json")); });
+    CHECK(msg.find("bad.json") != std::string::npos);
+    CHECK(msg.find("not valid JSON") != std::string::npos);
+    msg = error_of([&] { ChatTemplate::load(dir.write("arr.json", "[1]")); });
+    CHECK(msg.find("JSON object") != std::string::npos);
+    msg = error_of([&] { ChatTemplate::load(dir.write("num.json", R"({"chat_template": 3})")); });
+    CHECK(msg.find("must be a string") != std::string::npos);
+    msg = error_of([&] { ChatTemplate::load(dir.write("tok.json", R"({"chat_template": "x", "bos_token": 5})")); });
+    CHECK(msg.find("bos_token") != std::string::npos);
+    msg = error_of([&] { ChatTemplate::load(dir.write("syn.json", R"({"chat_template": "{% if %}"})")); });
+    CHECK(msg.find("syn.json") != std::string::npos);
+    CHECK(msg.find("line 1") != std::string::npos);
+    error_of([&] { ChatTemplate::load(dir.path / "does_not_exist.json"); }, ErrorCategory::kIo);
+  }
+}
+
+TEST_CASE("real tokenizer_config.json fixtures load when present") {
+  // The tokenizer engineer's fixtures, if they carry a chat template, must load and render.
+  fs::path tok = fs::path(CHARM_SOURCE_DIR) / "tests" / "fixtures" / "tokenizer";
+  if (!fs::exists(tok)) return;
+  for (const auto& entry : fs::recursive_directory_iterator(tok)) {
+    if (entry.path().filename() != "tokenizer_config.json") continue;
+    ordered_json cfg = ordered_json::parse(slurp(entry.path()), nullptr, false);
+    if (cfg.is_discarded() || !cfg.is_object() || !cfg.contains("chat_template")) continue;
+    CAPTURE(entry.path());
+    CHECK_FALSE(ChatTemplate::load(entry.path())->render({{"user", "Hello"}}, true).empty());
+  }
+}
