@@ -554,7 +554,14 @@ std::vector<std::string_view> BpeTokenizer::pre_tokenize(std::string_view text) 
       while (pos < piece.size()) {
         const int rc = pcre2_match(re.get(), subject, piece.size(), pos, PCRE2_NO_UTF_CHECK,
                                    md.get(), nullptr);
-        if (rc < 0) break;  // no more matches (errors cannot occur on valid UTF-8)
+        if (rc == PCRE2_ERROR_NOMATCH) break;
+        if (rc < 0) {  // e.g. a JIT stack or match limit: never guess a split
+          PCRE2_UCHAR buf[256];
+          pcre2_get_error_message(rc, buf, sizeof(buf));
+          fail_internal(file_ + ": pre-tokenizer regex failed on a " +
+                        std::to_string(piece.size()) +
+                        "-byte piece: " + reinterpret_cast<const char*>(buf));
+        }
         const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
         if (ov[1] == ov[0]) {  // empty match: step over one character
           pos = ov[0] + 1;

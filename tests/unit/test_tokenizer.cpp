@@ -335,3 +335,15 @@ TEST_CASE("malformed tokenizer.json files name the file and the problem") {
     CHECK(e.message().find("/nonexistent/tokenizer.json") != std::string::npos);
   }
 }
+
+TEST_CASE("long inputs round-trip (no regex limits hit)") {
+  const Tokenizer& t = qwen();
+  std::string spaces(200000, ' ');
+  spaces += "a";
+  CHECK(t.decode(t.encode(spaces)) == spaces);
+  std::string mixed;
+  for (int i = 0; i < 20000; ++i) mixed += "混合专家 mixture\t\t 12345 ";
+  CHECK(t.decode(t.encode(mixed)) == mixed);
+  const std::string letters(100000, 'x');
+  CHECK(t.decode(t.encode(letters)) == letters);
+}
