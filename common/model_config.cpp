@@ -114,6 +114,14 @@ ModelConfig ModelConfig::parse(const json& j, const std::string& source) {
   if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {  // transformers >= 5 spelling
     c.rope_theta = get_number(j["rope_parameters"], source + " rope_parameters", "rope_theta", c.rope_theta);
   }
+  // Only plain RoPE is implemented; a scaled variant would silently change the model.
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    if (j.contains(key) && j[key].is_object()) {
+      const json& r = j[key];
+      const std::string type = r.value("rope_type", r.value("type", std::string("default")));
+      if (type != "default") fail_unsupported(source + ": " + key + " type '" + type + "' is not supported");
+    }
+  }
   c.max_position_embeddings = get_int(j, source, "max_position_embeddings", 4096);
   c.tie_word_embeddings = get_bool(j, source, "tie_word_embeddings", false);
   c.attention_bias = get_bool(j, source, "attention_bias", false);

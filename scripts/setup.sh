@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what charm needs to build and test on a fresh Debian 12 machine, then
+# configures and builds it in ./build. Idempotent: packages already present are skipped,
+# and the build is incremental.
+#   scripts/setup.sh            # packages + Python test client + build
+# Environment: CHARM_BUILD_DIR (default build), CHARM_BUILD_TYPE (default Release).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DEBIAN_PACKAGES=(
+  build-essential cmake pkg-config python3 python3-pip
+  libasio-dev libcapnp-dev capnproto libyaml-cpp-dev nlohmann-json3-dev libspdlog-dev
+  doctest-dev libcpp-httplib-dev libpcre2-dev libcli11-dev libxxhash-dev libomp-dev
+)
+PYTHON_PACKAGES=(openai)  # the integration tests drive the API with the official client
+
+missing=()
+for p in "${DEBIAN_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+for p in "${PYTHON_PACKAGES[@]}"; do
+  python3 -c "import $p" 2>/dev/null || {
+    echo "setup: installing Python package $p"
+    python3 -m pip install -q "$p" 2>/dev/null || python3 -m pip install -q --break-system-packages "$p"
+  }
+done
+
+build_dir="${CHARM_BUILD_DIR:-build}"
+cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE="${CHARM_BUILD_TYPE:-Release}" >/dev/null
+cmake --build "$build_dir" -j"$(nproc)"
+echo "setup: built $build_dir/charm"

@@ -1,0 +1,92 @@
+// Sampling (coordinator/sampler.h) and stop strings (coordinator/stop_strings.h).
+#include <doctest/doctest.h>
+
+#include <map>
+
+#include "coordinator/engine.h"
+#include "coordinator/sampler.h"
+#include "coordinator/stop_strings.h"
+
+using namespace charm;
+
+TEST_CASE("temperature 0 is argmax, first index on ties") {
+  std::vector<float> logits = {0.0f, 3.0f, 3.0f, -1.0f};
+  SamplingParams p;
+  p.temperature = 0;
+  std::mt19937_64 rng(1);
+  CHECK(sample_token(logits.data(), logits.size(), p, rng) == 1);
+}
+
+TEST_CASE("top_k = 1 always picks the best token whatever the temperature") {
+  SamplingParams p;
+  p.temperature = 5.0;
+  p.top_k = 1;
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 50; ++i) {
+    std::vector<float> logits = {0.5f, 0.4f, 0.9f, 0.1f};
+    CHECK(sample_token(logits.data(), logits.size(), p, rng) == 2);
+  }
+}
+
+TEST_CASE("top_p keeps only the nucleus") {
+  // probs ~ {0.665, 0.245, 0.09}: top_p 0.6 keeps only token 0; 0.8 keeps tokens 0 and 1.
+  SamplingParams p;
+  p.temperature = 1.0;
+  std::mt19937_64 rng(3);
+  std::map<int32_t, int> counts;
+  p.top_p = 0.8;
+  for (int i = 0; i < 2000; ++i) {
+    std::vector<float> logits = {2.0f, 1.0f, 0.0f};
+    counts[sample_token(logits.data(), logits.size(), p, rng)]++;
+  }
+  CHECK(counts[2] == 0);
+  CHECK(counts[1] > 0);
+  p.top_p = 0.6;
+  for (int i = 0; i < 200; ++i) {
+    std::vector<float> logits = {2.0f, 1.0f, 0.0f};
+    CHECK(sample_token(logits.data(), logits.size(), p, rng) == 0);
+  }
+}
+
+TEST_CASE("sampling follows the softmax distribution and a seed reproduces it") {
+  SamplingParams p;
+  p.temperature = 1.0;
+  std::vector<int32_t> a, b;
+  for (auto* out : {&a, &b}) {
+    std::mt19937_64 rng(42);
+    for (int i = 0; i < 4000; ++i) {
+      std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
+      out->push_back(sample_token(logits.data(), logits.size(), p, rng));
+    }
+  }
+  CHECK(a == b);
+  std::map<int32_t, int> counts;
+  for (int32_t t : a) counts[t]++;
+  CHECK(counts[0] / 4000.0 == doctest::Approx(0.5).epsilon(0.1));
+  CHECK(counts[2] / 4000.0 == doctest::Approx(0.2).epsilon(0.15));
+}
+
+TEST_CASE("stop strings cut the text and withhold possible prefixes while streaming") {
+  StopMatcher m({"END", "\n\n"});
+  std::string out;
+  out += m.push("Hello E");
+  CHECK(out == "Hello ");  // "E" could start "END"
+  out += m.push("N");
+  CHECK(out == "Hello ");
+  out += m.push("Dless");
+  CHECK(m.stopped());
+  CHECK(out == "Hello ");
+  CHECK(m.finish().empty());
+}
+
+TEST_CASE("a held prefix that does not complete is released") {
+  StopMatcher m({"END"});
+  std::string out = m.push("abc EN");
+  CHECK(out == "abc ");
+  out += m.push("X");
+  CHECK(out == "abc ENX");
+  out += m.push("EN");
+  out += m.finish();
+  CHECK(out == "abc ENXEN");
+  CHECK(!m.stopped());
+}
