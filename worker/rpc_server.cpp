@@ -95,7 +95,9 @@ void WorkerServer::accept_loop() {
 }
 
 void WorkerServer::send(FrameConnection& conn, const Frame& frame) {
-  bytes_out_ += conn.send(frame, options_.send_timeout);
+  // Counted before writing, so a client that has read the reply sees it in health.
+  bytes_out_ += frame.size();
+  conn.send(frame, options_.send_timeout);
 }
 
 void WorkerServer::serve_connection(FrameConnection& conn) {
@@ -174,8 +176,8 @@ bool WorkerServer::handle(FrameConnection& conn, WireMessage& message, bool& hel
                      request->request_id, response.error);
       }
     }
+    ++requests_served_;  // before the reply, for the same reason as in send()
     send(conn, encode_layer_response(response));
-    ++requests_served_;
     return true;
   }
   if (std::holds_alternative<HealthRequestMsg>(message)) {

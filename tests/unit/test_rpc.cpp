@@ -1,0 +1,419 @@
+// worker/rpc_server.h + coordinator/cluster_dispatch.h + coordinator/status_report.h over
+// loopback: two in-process WorkerServers on ephemeral ports, each holding half of a tiny
+// checkpoint's experts (written to a temp dir), against a local ExpertExecutor.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/checkpoint.h"
+#include "common/error.h"
+#include "common/fingerprint.h"
+#include "common/wire.h"
+#include "coordinator/cluster_dispatch.h"
+#include "coordinator/status_report.h"
+#include "safetensors_writer.h"
+#include "worker/expert_executor.h"
+#include "worker/expert_store.h"
+#include "worker/rpc_server.h"
+
+using namespace charm;
+using namespace charm::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr int64_t kHidden = 8;
+constexpr int64_t kInter = 4;
+constexpr uint32_t kExperts = 4;
+const std::vector<uint32_t> kLayers = {0, 2};
+
+// Deterministic values in [-1, 1) with full f32 mantissas (not just bf16-exact ones), so a
+// reordered sum would show.
+std::vector<float> noise(size_t count, uint32_t seed) {
+  std::vector<float> v(count);
+  uint64_t state = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (auto& x : v) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    x = static_cast<float>(static_cast<int64_t>(state >> 11) % 2000003) / 1000001.5f;
+  }
+  return v;
+}
+
+// A checkpoint directory with per-expert SwiGLU tensors for layers 0 and 2.
+struct TinyModel {
+  TempDir dir{"charm-rpc"};
+  std::unique_ptr<Checkpoint> checkpoint;
+  std::string fingerprint;
+
+  TinyModel() {
+    nlohmann::json config = {{"architectures", {"Qwen3MoeForCausalLM"}},
+                             {"model_type", "qwen3_moe"},
+                             {"hidden_size", kHidden},
+                             {"moe_intermediate_size", kInter},
+                             {"num_experts", kExperts}};
+    write_bytes(dir / "config.json", config.dump());
+    std::vector<TensorSpec> tensors;
+    uint32_t seed = 1;
+    for (uint32_t layer : kLayers) {
+      for (uint32_t e = 0; e < kExperts; ++e) {
+        const std::string p = "model.layers." + std::to_string(layer) + ".mlp.experts." +
+                              std::to_string(e) + ".";
+        tensors.push_back({p + "gate_proj.weight", DType::kF32, {kInter, kHidden},
+                           noise(kInter * kHidden, seed++)});
+        tensors.push_back({p + "up_proj.weight", DType::kF32, {kInter, kHidden},
+                           noise(kInter * kHidden, seed++)});
+        tensors.push_back({p + "down_proj.weight", DType::kF32, {kHidden, kInter},
+                           noise(kHidden * kInter, seed++)});
+      }
+    }
+    write_safetensors(dir / "model.safetensors", tensors);
+    checkpoint = Checkpoint::open(dir.path());
+    fingerprint = model_fingerprint(*checkpoint);
+  }
+
+  std::unique_ptr<ExpertStore> store(const std::vector<uint32_t>& experts) const {
+    std::vector<ExpertKey> owned;
+    for (uint32_t layer : kLayers) {
+      for (uint32_t e : experts) owned.emplace_back(layer, e);
+    }
+    return std::make_unique<ExpertStore>(*checkpoint, ExpertTensorNames{}, owned, kHidden, kInter);
+  }
+};
+
+// One in-process worker: its store, executor, service and server.
+struct TestWorker {
+  std::unique_ptr<ExpertStore> store;
+  std::unique_ptr<ExpertExecutor> executor;
+  std::unique_ptr<ExecutorService> service;
+  std::unique_ptr<WorkerServer> server;
+
+  TestWorker(const TinyModel& model, const std::string& name, const std::vector<uint32_t>& experts) {
+    store = model.store(experts);
+    executor = std::make_unique<ExpertExecutor>(*store);
+    service = std::make_unique<ExecutorService>(*executor);
+    WorkerServerOptions options;
+    options.worker_name = name;
+    options.host = "127.0.0.1";
+    options.port = 0;
+    options.model_fingerprint = model.fingerprint;
+    server = std::make_unique<WorkerServer>(options, *service);
+    server->start();
+  }
+};
+
+// Workers "a" (experts 0, 2) and "b" (experts 1, 3), a topology naming them, and the
+// placement that matches.
+struct Cluster {
+  TinyModel model;
+  TestWorker a{model, "a", {0, 2}};
+  TestWorker b{model, "b", {1, 3}};
+  Topology topology;
+  std::map<int64_t, std::vector<int>> placement;
+
+  Cluster() {
+    topology.workers = {WorkerSpec{"a", "127.0.0.1", a.server->port(), {}, {}},
+                        WorkerSpec{"b", "127.0.0.1", b.server->port(), {}, {}}};
+    topology.connect_timeout_ms = 5000;
+    topology.request_timeout_ms = 30000;
+    topology.api_host = "127.0.0.1";
+    topology.api_port = unused_port();
+    for (uint32_t layer : kLayers) placement[layer] = {0, 1, 0, 1};
+  }
+
+  static uint16_t unused_port() {
+    auto listener = FrameListener::listen("127.0.0.1", 0);
+    return listener->port();  // closed on return: nothing listens there now
+  }
+};
+
+// Each row routes to 2 distinct experts; some rows use only one worker, some both.
+std::vector<ExpertAssignment> routing(uint32_t num_rows) {
+  std::vector<ExpertAssignment> out;
+  for (uint32_t r = 0; r < num_rows; ++r) {
+    out.push_back({r, (r * 3) % kExperts});
+    out.push_back({r, (r * 3 + 2) % kExperts});
+  }
+  return out;
+}
+
+void require_error(const std::function<void()>& fn, ErrorCategory category,
+                   const std::vector<std::string>& needles) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    INFO("message: " << e.what());
+    CHECK(e.category() == category);
+    for (const auto& n : needles) CHECK(e.message().find(n) != std::string::npos);
+    return;
+  }
+  FAIL("no Error thrown");
+}
+
+}  // namespace
+
+TEST_CASE("two remote workers produce the bytes the local executor produces") {
+  Cluster cluster;
+  auto local_store = cluster.model.store({0, 1, 2, 3});
+  ExpertExecutor local(*local_store);
+  ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint);
+
+  for (uint32_t num_rows : {1u, 5u, 16u}) {
+    for (uint32_t layer : kLayers) {
+      const std::vector<float> hidden = noise(num_rows * kHidden, 100 + num_rows + layer);
+      const auto assignments = routing(num_rows);
+      std::vector<float> want(assignments.size() * kHidden);
+      std::vector<float> got(assignments.size() * kHidden, -7.0f);
+      local.run_into(layer, hidden.data(), num_rows, assignments, want.data());
+      dispatcher.run_layer(layer, hidden.data(), num_rows, kHidden, assignments, got.data());
+      CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
+    }
+  }
+  // A layer whose union lives on one worker only: the other gets no request.
+  const std::vector<float> hidden = noise(2 * kHidden, 5);
+  const std::vector<ExpertAssignment> only_a = {{1, 2}, {0, 0}, {1, 0}};
+  std::vector<float> want(only_a.size() * kHidden), got(only_a.size() * kHidden);
+  local.run_into(0, hidden.data(), 2, only_a, want.data());
+  dispatcher.run_layer(0, hidden.data(), 2, kHidden, only_a, got.data());
+  CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
+
+  const auto status = dispatcher.status();
+  REQUIRE(status.size() == 2);
+  CHECK(status[0].name == "a");
+  CHECK(status[0].state == "up");
+  CHECK(status[0].experts_held == 4);
+  // 1 row routes to experts 0 and 2 (both on "a"), so "b" got no request then.
+  CHECK(status[0].requests == 7);  // 3 batch sizes x 2 layers + the one-worker layer
+  CHECK(status[1].requests == 4);
+  CHECK(status[0].rtt_p50_ms > 0);
+  CHECK(status[0].rtt_p99_ms >= status[0].rtt_p50_ms);
+  CHECK(status[0].bytes_out > 0);
+  CHECK(status[0].bytes_in > 0);
+  // The worker counts the same bytes the coordinator does (hello included).
+  const HealthReplyMsg health = cluster.a.server->health();
+  CHECK(health.requests_served == 7);
+  CHECK(health.bytes_in == status[0].bytes_out);
+  CHECK(health.bytes_out == status[0].bytes_in);
+}
+
+TEST_CASE("bytes on the wire per token per layer") {
+  // Request: per row hidden_size*4 bytes + 8 bytes per assignment (composite list
+  // element: one data word) + a fixed envelope; response: hidden_size*4 bytes per
+  // assignment + a fixed envelope.
+  for (uint32_t rows : {1u, 64u}) {
+    const uint32_t hidden_size = 2048, top_k = 8;
+    ExpertRequest req;
+    req.hidden_size = hidden_size;
+    req.num_rows = rows;
+    req.hidden.assign(size_t{rows} * hidden_size, 1.0f);
+    for (uint32_t r = 0; r < rows; ++r) {
+      for (uint32_t k = 0; k < top_k; ++k) req.assignments.push_back({r, k});
+    }
+    LayerResponseMsg resp;
+    resp.response.outputs.assign(req.assignments.size() * hidden_size, 1.0f);
+    const size_t up = encode_layer_request(req).size();
+    const size_t down = encode_layer_response(resp).size();
+    const size_t up_payload = size_t{rows} * (hidden_size * 4 + 8 * top_k);
+    const size_t down_payload = size_t{rows} * top_k * hidden_size * 4;
+    MESSAGE("rows=" << rows << " H=" << hidden_size << " k=" << top_k << ": request " << up
+                    << " B (" << up / rows << " B/token), response " << down << " B ("
+                    << down / rows << " B/token)");
+    CHECK(up >= up_payload);
+    CHECK(up - up_payload < 128);  // the envelope is a handful of words
+    CHECK(down >= down_payload);
+    CHECK(down - down_payload < 128);
+  }
+}
+
+TEST_CASE("a model fingerprint mismatch is rejected naming both fingerprints") {
+  Cluster cluster;
+  const std::string wrong = "0123456789abcdef";
+  require_error([&] { ClusterDispatcher(cluster.topology, cluster.placement, wrong); },
+                ErrorCategory::kProtocol, {"worker 'a'", wrong, cluster.model.fingerprint});
+  // And the raw reply says ok=false with both values.
+  auto conn = FrameConnection::connect("127.0.0.1", cluster.a.server->port(), 5s, "a");
+  conn->send(encode_hello(HelloMsg{kProtocolVersion, wrong, "test"}), 5s);
+  const auto reply = decode_as<HelloReplyMsg>(conn->receive(5s));
+  CHECK_FALSE(reply.ok);
+  CHECK(reply.error.find(wrong) != std::string::npos);
+  CHECK(reply.error.find(cluster.model.fingerprint) != std::string::npos);
+  // A wrong protocol version names both versions.
+  conn->send(encode_hello(HelloMsg{kProtocolVersion + 41, cluster.model.fingerprint, "test"}), 5s);
+  const auto reply2 = decode_as<HelloReplyMsg>(conn->receive(5s));
+  CHECK_FALSE(reply2.ok);
+  CHECK(reply2.error.find(std::to_string(kProtocolVersion + 41)) != std::string::npos);
+  CHECK(reply2.error.find(std::to_string(kProtocolVersion)) != std::string::npos);
+}
+
+TEST_CASE("a placement the worker does not hold is rejected at the handshake") {
+  Cluster cluster;
+  auto placement = cluster.placement;
+  placement[0] = {1, 0, 0, 1};  // claims "a" holds expert 1
+  require_error([&] { ClusterDispatcher(cluster.topology, placement, cluster.model.fingerprint); },
+                ErrorCategory::kProtocol, {"worker 'a'", "expert 1 of layer 0"});
+}
+
+TEST_CASE("malformed frames get an error and a close; the server keeps serving") {
+  Cluster cluster;
+  const uint16_t port = cluster.a.server->port();
+
+  SUBCASE("garbage body") {
+    auto conn = FrameConnection::connect("127.0.0.1", port, 5s, "a");
+    Frame garbage = {16, 0, 0, 0};
+    for (int i = 0; i < 16; ++i) garbage.push_back(static_cast<uint8_t>(0xa5 ^ (i * 37)));
+    conn->send(garbage, 5s);
+    const auto error = decode_as<ErrorMsg>(conn->receive(5s));
+    CHECK(error.message.find("malformed") != std::string::npos);
+    require_error([&] { conn->receive(5s); }, ErrorCategory::kUnavailable, {"closed"});
+  }
+  SUBCASE("length over the cap") {
+    auto conn = FrameConnection::connect("127.0.0.1", port, 5s, "a");
+    conn->send(Frame{0xf8, 0xff, 0xff, 0xff}, 5s);
+    const auto error = decode_as<ErrorMsg>(conn->receive(5s));
+    CHECK(error.message.find("exceeds the cap") != std::string::npos);
+    require_error([&] { conn->receive(5s); }, ErrorCategory::kUnavailable, {"closed"});
+  }
+  SUBCASE("a bad layerRequest (row out of range)") {
+    auto conn = FrameConnection::connect("127.0.0.1", port, 5s, "a");
+    conn->send(encode_hello(HelloMsg{kProtocolVersion, cluster.model.fingerprint, "t"}), 5s);
+    CHECK(decode_as<HelloReplyMsg>(conn->receive(5s)).ok);
+    ExpertRequest req;
+    req.hidden_size = kHidden;
+    req.num_rows = 1;
+    req.hidden.assign(kHidden, 0.5f);
+    req.assignments = {{0, 0}};
+    Frame frame = encode_layer_request(req);
+    // Patch the only assignment's row (first 32 bits of the last data word) to 9.
+    const size_t last_word = frame.size() - 8;
+    frame[last_word] = 9;
+    conn->send(frame, 5s);
+    const auto error = decode_as<ErrorMsg>(conn->receive(5s));
+    CHECK(error.message.find("layerRequest.assignments[0].row = 9") != std::string::npos);
+  }
+  SUBCASE("a message clients must not send") {
+    auto conn = FrameConnection::connect("127.0.0.1", port, 5s, "a");
+    conn->send(encode_health_reply(HealthReplyMsg{}), 5s);
+    const auto error = decode_as<ErrorMsg>(conn->receive(5s));
+    CHECK(error.message.find("healthReply") != std::string::npos);
+  }
+  SUBCASE("a client that hangs up mid-frame") {
+    auto conn = FrameConnection::connect("127.0.0.1", port, 5s, "a");
+    conn->send(Frame{64, 0, 0, 0, 1, 2, 3}, 5s);
+    conn->close();
+  }
+
+  // The next client is served normally.
+  ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint);
+  const std::vector<float> hidden = noise(3 * kHidden, 9);
+  const auto assignments = routing(3);
+  std::vector<float> got(assignments.size() * kHidden);
+  dispatcher.run_layer(2, hidden.data(), 3, kHidden, assignments, got.data());
+  CHECK(dispatcher.status()[0].state == "up");
+}
+
+TEST_CASE("errors inside a request come back as layerResponse.error; the connection survives") {
+  Cluster cluster;
+  auto conn = FrameConnection::connect("127.0.0.1", cluster.a.server->port(), 5s, "a");
+  ExpertRequest req;
+  req.request_id = 41;
+  req.layer = 0;
+  req.hidden_size = kHidden;
+  req.num_rows = 1;
+  req.hidden.assign(kHidden, 0.25f);
+  req.assignments = {{0, 1}};  // expert 1 lives on "b"
+
+  // Before hello: refused, politely.
+  conn->send(encode_layer_request(req), 5s);
+  auto r1 = decode_as<LayerResponseMsg>(conn->receive(5s));
+  CHECK(r1.response.request_id == 41);
+  CHECK(r1.error.find("hello") != std::string::npos);
+
+  conn->send(encode_hello(HelloMsg{kProtocolVersion, cluster.model.fingerprint, "t"}), 5s);
+  CHECK(decode_as<HelloReplyMsg>(conn->receive(5s)).ok);
+  conn->send(encode_layer_request(req), 5s);
+  auto r2 = decode_as<LayerResponseMsg>(conn->receive(5s));
+  CHECK(r2.error.find("expert 1") != std::string::npos);
+  CHECK(r2.response.outputs.empty());
+
+  // Same connection still works.
+  req.assignments = {{0, 2}};
+  conn->send(encode_layer_request(req), 5s);
+  auto r3 = decode_as<LayerResponseMsg>(conn->receive(5s));
+  CHECK(r3.error.empty());
+  CHECK(r3.response.outputs.size() == kHidden);
+  conn->send(encode_health_request(), 5s);
+  auto health = decode_as<HealthReplyMsg>(conn->receive(5s));
+  CHECK(health.worker_name == "a");
+  CHECK(health.state == "up");
+  CHECK(health.experts_held == 4);
+  CHECK(health.requests_served == 3);
+}
+
+TEST_CASE("a worker that goes away fails run_layer naming the worker and the layer") {
+  Cluster cluster;
+  ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint);
+  cluster.b.server->stop();
+  const std::vector<float> hidden = noise(4 * kHidden, 3);
+  const auto assignments = routing(4);
+  std::vector<float> got(assignments.size() * kHidden);
+  require_error([&] { dispatcher.run_layer(2, hidden.data(), 4, kHidden, assignments, got.data()); },
+                ErrorCategory::kUnavailable, {"worker 'b'", "layer 2"});
+  const auto status = dispatcher.status();
+  CHECK(status[0].state == "up");
+  CHECK(status[1].state == "down");
+}
+
+TEST_CASE("charm status: worker health, coordinator unreachable, a worker down") {
+  Cluster cluster;
+  ClusterStatus status = collect_status(cluster.topology, 2000);
+  CHECK(status.all_up);
+  CHECK_FALSE(status.coordinator_reachable);
+  REQUIRE(status.workers.size() == 2);
+  CHECK(status.workers[0].up);
+  CHECK(status.workers[0].health->experts_held == 4);
+  std::string table = format_status(status);
+  INFO(table);
+  CHECK(table.find("WORKER") == 0);
+  CHECK(table.find("coordinator unreachable") != std::string::npos);
+  CHECK(table.find(" down") == std::string::npos);
+
+  cluster.b.server->stop();
+  status = collect_status(cluster.topology, 2000);
+  CHECK_FALSE(status.all_up);
+  CHECK(status.workers[0].up);
+  CHECK_FALSE(status.workers[1].up);
+  table = render_status(cluster.topology, 2000);
+  CHECK(table.find(" down") != std::string::npos);
+}
+
+TEST_CASE("charm status table joins the coordinator's /cluster/status view") {
+  ClusterStatus status;
+  WorkerStatusRow row;
+  row.name = "w1";
+  row.address = "127.0.0.1:5001";
+  row.up = true;
+  row.health = HealthReplyMsg{"w1", "up", 64, 12, 0, 0, 1000, kProtocolVersion};
+  row.ping_ms = 0.25;
+  row.coordinator = parse_cluster_status(
+      R"({"workers":[{"name":"w1","address":"127.0.0.1:5001","state":"up","experts_held":64,)"
+      R"("requests":12,"rtt_p50_ms":1.5,"rtt_p99_ms":3.25,"bytes_out":2048,"bytes_in":1048576}]})")[0];
+  status.workers.push_back(row);
+  status.coordinator_reachable = true;
+  const std::string table = format_status(status);
+  INFO(table);
+  CHECK(table.find("1.50") != std::string::npos);
+  CHECK(table.find("3.25") != std::string::npos);
+  CHECK(table.find("1.0 MiB") != std::string::npos);
+  CHECK(table.find("2.0 KiB") != std::string::npos);
+  // Columns line up: every line has the ADDRESS column at the same offset.
+  const size_t header_col = table.find("ADDRESS");
+  CHECK(table.find("127.0.0.1:5001") - table.find('\n') - 1 == header_col);
+
+  require_error([] { parse_cluster_status("{\"workers\":[{\"name\":\"w1\"}]}"); },
+                ErrorCategory::kProtocol, {"workers[0].address"});
+  require_error([] { parse_cluster_status("not json"); }, ErrorCategory::kProtocol, {"not JSON"});
+}
