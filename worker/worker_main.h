@@ -17,9 +17,6 @@ namespace charm {
 std::vector<ExpertKey> owned_experts(const Topology& topology, const ModelConfig& config,
                                      int worker_index);
 
-/// The model's MoE layer ids, ascending.
-std::vector<int64_t> moe_layers(const ModelConfig& config);
-
 /// Runs worker `worker_name`: opens topology.model (Checkpoint::open), parses its config,
 /// loads only the experts the placement assigns it into an ExpertStore, binds exactly the
 /// worker's host:port and serves (worker/rpc_server.h) until SIGINT or SIGTERM, then
