@@ -26,7 +26,17 @@ class Evaluator {
   }
 
  private:
+  // Runs one statement; errors raised without a line (from value helpers) get this one.
   Flow exec(const Stmt& s, std::string& out) {
+    try {
+      return exec_unwrapped(s, out);
+    } catch (const Error& e) {
+      if (e.message().rfind("chat template", 0) == 0) throw;
+      fail_at(s.line, e.message());
+    }
+  }
+
+  Flow exec_unwrapped(const Stmt& s, std::string& out) {
     switch (s.kind) {
       case Stmt::Kind::kText: out += s.text; return Flow::kNormal;
       case Stmt::Kind::kOutput: out += to_str(eval(*s.expr)); return Flow::kNormal;
@@ -76,13 +86,7 @@ class Evaluator {
   }
 
   Flow exec_for(const Stmt& s, std::string& out) {
-    ValueList items;
-    try {
-      items = iterate(eval(*s.expr));
-    } catch (const Error& e) {
-      if (e.message().rfind("chat template line", 0) == 0) throw;
-      fail_at(s.line, e.message());
-    }
+    ValueList items = iterate(eval(*s.expr));
     if (s.filter) {
       // The loop's if-filter runs before loop.index/length are known, with only the targets bound.
       ValueList kept;
@@ -206,6 +210,7 @@ class Evaluator {
         require_defined(v, e.line);
         if (!v.is_number()) fail_at(e.line, "bad operand type for unary " + std::string(e.kind == Expr::Kind::kNeg ? "-" : "+") + ": '" + type_name(v) + "'");
         if (e.kind == Expr::Kind::kPos) return v.kind == Kind::kBool ? Value::integer(v.b) : v;
+        if (v.kind == Kind::kFloat) return Value::floating(-v.f);  // keeps -0.0 as Python does
         return binary_op("-", Value::integer(0), v, e.line);
       }
       case Expr::Kind::kNot: return Value::boolean(!truthy(eval(*e.args[0])));

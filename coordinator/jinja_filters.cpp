@@ -1,6 +1,7 @@
 // jinja2's built-in filters and tests (jinja2/filters.py, jinja2/tests.py), with
 // transformers' tojson override (json.dumps, ensure_ascii=False). See jinja_builtins.h.
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -31,14 +32,8 @@ std::u32string strip_u32(const std::u32string& s, bool left, bool right) {
   return s.substr(b, e - b);
 }
 
-std::string ascii_lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-std::string ascii_upper(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  return s;
-}
+std::string ascii_lower(const std::string& s) { return str_lower(s); }
+std::string ascii_upper(const std::string& s) { return str_upper(s); }
 
 int64_t length_of(const Value& v, int line) {
   switch (v.kind) {
@@ -136,22 +131,21 @@ Value to_float(const Value& v, const Value& dflt) {
 }
 
 std::string capitalize(const std::string& s) {
-  std::string out = ascii_lower(s);
-  if (!out.empty()) out[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(out[0])));
-  return out;
+  std::u32string t = utf8_decode(str_lower(s));
+  if (!t.empty()) t[0] = py_upper(t[0]);
+  return utf8_encode(t);
 }
 
 // jinja's title filter: upper-case the first letter after whitespace, '-', '(', '{', '[' or '<'.
 std::string title(const std::string& s) {
-  std::string out;
+  std::u32string out;
   bool start = true;
-  for (char c : s) {
-    bool sep = std::isspace(static_cast<unsigned char>(c)) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
-    out += start ? static_cast<char>(std::toupper(static_cast<unsigned char>(c)))
-                 : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (char32_t c : utf8_decode(s)) {
+    bool sep = py_isspace(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
+    out += start ? py_upper(c) : py_lower(c);
     start = sep;
   }
-  return out;
+  return utf8_encode(out);
 }
 
 std::string html_escape(const std::string& s) {

@@ -1,6 +1,7 @@
 // Python methods callable from chat templates (str, dict, list; the non-mutating ones that
 // jinja2's ImmutableSandboxedEnvironment allows) and transformers' global functions.
 // See jinja_builtins.h.
+#include <cctype>
 #include <chrono>
 #include <ctime>
 #include <set>
@@ -53,9 +54,7 @@ Value split(const std::string& s, const ValueList& args, const KwArgs& kwargs, b
         while (k < text.size() && py_isspace(text[k])) ++k;
         if (k >= text.size()) break;
         if (limit >= 0 && static_cast<int64_t>(words.size()) == limit) {
-          size_t e = text.size();
-          while (e > k && py_isspace(text[e - 1])) --e;
-          words.push_back(text.substr(k, e - k));
+          words.push_back(text.substr(k));  // Python keeps the rest as is
           break;
         }
         size_t start = k;
@@ -68,9 +67,7 @@ Value split(const std::string& s, const ValueList& args, const KwArgs& kwargs, b
         while (k > 0 && py_isspace(text[k - 1])) --k;
         if (k == 0) break;
         if (limit >= 0 && static_cast<int64_t>(words.size()) == limit) {
-          size_t b = 0;
-          while (b < k && py_isspace(text[b])) ++b;
-          words.insert(words.begin(), text.substr(b, k - b));
+          words.insert(words.begin(), text.substr(0, k));
           break;
         }
         size_t end = k;
@@ -182,16 +179,14 @@ Value string_method(const Value& obj, const std::string& name, const ValueList& 
   if (name == "capitalize") return apply_filter("capitalize", obj, {}, {}, line);
   if (name == "title") {
     // Python's str.title: a letter after a non-letter starts a word.
-    std::string out;
-    bool prev_alpha = false;
-    for (char c : s) {
-      bool alpha = std::isalpha(static_cast<unsigned char>(c));
-      out += alpha ? static_cast<char>(prev_alpha ? std::tolower(static_cast<unsigned char>(c))
-                                                  : std::toupper(static_cast<unsigned char>(c)))
-                   : c;
-      prev_alpha = alpha;
+    std::u32string out;
+    bool prev_cased = false;
+    for (char32_t c : utf8_decode(s)) {
+      bool cased = py_lower(c) != py_upper(c) || c == 0xDF;
+      out += cased ? (prev_cased ? py_lower(c) : py_upper(c)) : c;
+      prev_cased = cased;
     }
-    return Value::string(out);
+    return Value::string(utf8_encode(out));
   }
   if (name == "find") return Value::integer(codepoint_index(s, s.find(need_string(args, 0, name, line).s)));
   if (name == "rfind") return Value::integer(codepoint_index(s, s.rfind(need_string(args, 0, name, line).s)));

@@ -99,8 +99,9 @@ void require_defined(const Value& v, int line) {
 
 Value get_attr(const Value& obj, const std::string& name, int line) {
   require_defined(obj, line);
-  if (!name.empty() && name[0] == '_')
-    fail_at(line, "access to attribute '" + name + "' is unsafe (sandboxed template)");
+  // jinja's sandbox answers unsafe (dunder) attributes with an undefined value, not an error.
+  if (name.rfind("__", 0) == 0)
+    return Value::undefined("access to attribute '" + name + "' of '" + type_name(obj) + "' object is unsafe.");
   if (obj.is_mapping()) {
     if (const Value* v = obj.find(Value::string(name))) return *v;
   }

@@ -263,7 +263,7 @@ void json_dump(const Value& v, int indent, bool sort_keys, int depth, std::strin
   switch (v.kind) {
     case Kind::kUndefined:
     case Kind::kNamespace:
-      fail_invalid("chat template: tojson: object of type " + type_name(v) + " is not JSON serializable");
+      fail_invalid("object of type " + type_name(v) + " is not JSON serializable");
     case Kind::kNone: out += "null"; return;
     case Kind::kBool: out += v.b ? "true" : "false"; return;
     case Kind::kInt: out += std::to_string(v.i); return;
@@ -373,7 +373,7 @@ bool less_than(const Value& a, const Value& b) {
     }
     return a.list->size() < b.list->size();
   }
-  fail_invalid("chat template: '<' not supported between instances of '" + type_name(a) + "' and '" +
+  fail_invalid("'<' not supported between instances of '" + type_name(a) + "' and '" +
                type_name(b) + "'");
 }
 
@@ -399,7 +399,7 @@ ValueList iterate(const Value& v) {
       for (char32_t c : utf8_decode(v.s)) chars.push_back(Value::string(utf8_encode(std::u32string(1, c))));
       return chars;
     }
-    default: fail_invalid("chat template: '" + type_name(v) + "' object is not iterable");
+    default: fail_invalid("'" + type_name(v) + "' object is not iterable");
   }
 }
 
@@ -446,6 +446,72 @@ std::string utf8_encode(const std::u32string& s) {
 bool py_isspace(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
          (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+namespace {
+
+// Ranges where upper and lower case alternate (even code point upper, odd lower).
+bool in_alternating_even(char32_t c) {
+  return (c >= 0x100 && c <= 0x137) || (c >= 0x14A && c <= 0x177) || (c >= 0x460 && c <= 0x481) ||
+         (c >= 0x48A && c <= 0x4BF) || (c >= 0x4D0 && c <= 0x52F) || (c >= 0x1E00 && c <= 0x1E95) ||
+         (c >= 0x1EA0 && c <= 0x1EFF);
+}
+// Same, but odd code point upper, even lower.
+bool in_alternating_odd(char32_t c) { return (c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17E); }
+
+}  // namespace
+
+char32_t py_lower(char32_t c) {
+  if (c >= 'A' && c <= 'Z') return c + 32;
+  if (c < 0x80) return c;
+  if ((c >= 0xC0 && c <= 0xDE && c != 0xD7) || (c >= 0x391 && c <= 0x3AB && c != 0x3A2) || (c >= 0x410 && c <= 0x42F) ||
+      (c >= 0xFF21 && c <= 0xFF3A))
+    return c + 32;
+  if (c >= 0x400 && c <= 0x40F) return c + 80;
+  if (c >= 0x531 && c <= 0x556) return c + 48;
+  if (c == 0x178) return 0xFF;
+  if (c == 0x386) return 0x3AC;
+  if (c >= 0x388 && c <= 0x38A) return c + 37;
+  if (c == 0x38C) return 0x3CC;
+  if (c == 0x38E || c == 0x38F) return c + 63;
+  if (in_alternating_even(c)) return (c % 2 == 0) ? c + 1 : c;
+  if (in_alternating_odd(c)) return (c % 2 == 1) ? c + 1 : c;
+  return c;
+}
+
+char32_t py_upper(char32_t c) {
+  if (c >= 'a' && c <= 'z') return c - 32;
+  if (c < 0x80) return c;
+  if (c == 0xB5) return 0x39C;
+  if (c == 0xFF) return 0x178;
+  if (c == 0x3C2) return 0x3A3;
+  if ((c >= 0xE0 && c <= 0xFE && c != 0xF7) || (c >= 0x3B1 && c <= 0x3CB) || (c >= 0x430 && c <= 0x44F) ||
+      (c >= 0xFF41 && c <= 0xFF5A))
+    return c - 32;
+  if (c >= 0x450 && c <= 0x45F) return c - 80;
+  if (c >= 0x561 && c <= 0x586) return c - 48;
+  if (c == 0x3AC) return 0x386;
+  if (c >= 0x3AD && c <= 0x3AF) return c - 37;
+  if (c == 0x3CC) return 0x38C;
+  if (c == 0x3CD || c == 0x3CE) return c - 63;
+  if (in_alternating_even(c)) return (c % 2 == 1) ? c - 1 : c;
+  if (in_alternating_odd(c)) return (c % 2 == 0) ? c - 1 : c;
+  return c;
+}
+
+std::string str_lower(const std::string& s) {
+  std::u32string t = utf8_decode(s);
+  for (char32_t& c : t) c = py_lower(c);
+  return utf8_encode(t);
+}
+
+std::string str_upper(const std::string& s) {
+  std::u32string out;
+  for (char32_t c : utf8_decode(s)) {
+    if (c == 0xDF) out += U"SS";
+    else out += py_upper(c);
+  }
+  return utf8_encode(out);
 }
 
 }  // namespace charm::jinja

@@ -88,5 +88,12 @@ std::u32string utf8_decode(const std::string& s);
 std::string utf8_encode(const std::u32string& s);
 /// Python's str.isspace() for one code point.
 bool py_isspace(char32_t c);
+/// Simple case mapping of one code point (ASCII, Latin-1, Latin Extended-A, Greek, Cyrillic,
+/// Armenian, fullwidth Latin); other scripts map to themselves.
+char32_t py_lower(char32_t c);
+char32_t py_upper(char32_t c);
+/// str.lower() / str.upper() on UTF-8 text with the mapping above (and upper("ß") == "SS").
+std::string str_lower(const std::string& s);
+std::string str_upper(const std::string& s);
 
 }  // namespace charm::jinja

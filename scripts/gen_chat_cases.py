@@ -16,6 +16,7 @@ Usage: python3 scripts/gen_chat_cases.py   (from the repository root; needs tran
 """
 import json
 import pathlib
+import random
 import shutil
 
 from transformers.utils.chat_template_utils import _normalize_chat_messages, render_jinja_template
@@ -97,6 +98,63 @@ EXTRA_TEMPLATES = {
     ),
 }
 
+# One-liners checked against jinja2 while building the interpreter; joined into one template.
+MISC_SNIPPETS = [
+    '{%- if true -%}\n  a  \n{%- endif -%}\nb',
+    '  {% if true %}\n\tx\n  {% endif %}\n  y {# c #}\n\t{# c2 #}\nz\n',
+    "{{- '  a  ' -}}  \n  b  {{ 'c' -}}\n  d",
+    '{% raw -%}  {{x}}  {%- endraw %}|{%raw%}\n a{%endraw%}',
+    '{{ \'\\u00e9\\t|\\\\n|\\x41\' }}{{ "a" \'b\' }}{{ \'it\'\'s\' }}',
+    '{{ 1_000 }} {{ 1e3 }} {{ 3.0 // 2 }} {{ -7 % 3.0 }} {{ 2**0.5 }} {{ 10 / 4 }} {{ 1 / 3 }} {{ 1e100 }} {{ 123456789.0 * 1000 }} {{ true + 1 }} {{ -0.0 }} {{ 12345678901234567.0 }} {{ 0.0001 }} {{ 0.00001 }} {{ 1.5e300 * 1e10 }}',
+    "{% for x in messages %}{{ loop.previtem.role if loop.previtem is defined }}>{{ loop.nextitem['role'] if not loop.last else '-' }};{{ loop.revindex }}{% endfor %}",
+    "{% for a, b in [[1,2],[3,4]] %}{{ a * b }},{% endfor %}{% for k in {'x': 1, 'y': 2} %}{{ k }}{% endfor %}{{ {'x': 1}.items()|list }}",
+    "{{ [1,2,3][1:] }} {{ 'héllo'[1] }} {{ 'héllo'[::-1] }} {{ 'héllo'[-10:2] }} {{ [1,2,3][::-2] }} {{ 'abc'[5:] }}|{{ [1,2][5] }}|",
+    "{{ x if y }}|{{ 'a' if false }}|{{ none ~ '' }}|{{ 'abc' * 0 }}|{{ ' x '.strip() | length }}|{{ '%s' }}|{{ loop }}|{{ '0' is string and '0' }}|{{ [] | first }}|",
+    '{% set ns = namespace(a=[], n=0) %}{% for m in messages %}{% set ns.n = ns.n + m.content|length %}{% set ns.a = ns.a + [m.role] %}{% endfor %}{{ ns.n }} {{ ns.a }}',
+    '{{ messages[0][\'content\'] | tojson }} {{ messages | tojson }} {{ {\'a\': {\'b\': []}, \'c\': {}} | tojson(indent=2) }} {{ \'x\\u0001\\u007f\\"\' | tojson }}',
+    "{{ 'b' > 'a' }} {{ [1, 2] < [1, 3] }} {{ 1 < 2.5 }} {{ 'x' ~ 1.0 }} {{ a is not defined }} {{ none is not none }} {{ 1 in [1.0] }}",
+    'a\n\n',
+    '{% if messages %}\n{% for m in messages %}\n{{ m.role }}\n{% endfor %}\n{% endif %}\n',
+    '{%- for m in messages %}{%- if loop.index0 == 0 %}{{ bos_token }}{% endif %}{{ m.content|trim }}{%- if not loop.last %}\n{% endif %}{% endfor %}',
+    "{{ messages|map(attribute='content')|map('upper')|join('|') }} {{ messages|selectattr('role','in',['user'])|map(attribute='role')|list }} {{ messages|length is odd }}",
+    "{{ 'a b c'.split(' ', 1) }} {{ 'a  b'.split(' ') }} {{ '  a b  '.rsplit(None, 1) }} {{ 'a,b,c'.rsplit(',', 1) }} {{ 'abc'.replace('', '-') }} {{ 'aaa'.replace('a', 'b', 2) }} {{ 'hello world'.title() }} {{ 'x'.join(['a','b']) }}",
+    "{{ ' \\u3000x\\xa0 '.strip() }}|{{ 'xyx'.lstrip('x') }}|{{ 'a\\nb\\n'.splitlines() }}|{{ 'ab'.endswith('b') }}|{{ 'ab'.startswith('') }}",
+    "{{ 5|string|length }} {{ [3,1,2]|sort|first }} {{ ['b','A','a']|sort }} {{ ['b','A','a']|sort(case_sensitive=true) }} {{ {'b':1,'A':2}|dictsort }} {{ [1,'a']|string }}",
+    "{{ 'x'|center(4) }}|{{ 'ab'|center(5) }}|{{ 'abc'|center(6) }}|{{ 'a\\nb\\n\\nc'|indent(2) }}|{{ 'a\\nb'|indent(2, true) }}|{{ 'one two  three'|wordcount }}",
+    "{{ 2.675|round(2) }} {{ 3.5|round }} {{ 4.5|round }} {{ 2.4|round(0, 'ceil') }} {{ -1.5|round }} {{ 42|float }} {{ 'x'|int }} {{ '3.9'|int }} {{ ' 7 '|int }}",
+    '{% for i in range(3) %}{% for j in range(3) %}{% if j == 1 %}{% continue %}{% endif %}{% if i == 2 %}{% break %}{% endif %}{{ i }}{{ j }} {% endfor %}{% endfor %}',
+    "{{ messages[0].content.upper() }} {{ messages[-1].role|capitalize }} {{ (messages|last).content[:2] }} {{ messages[0].missing is none }} {{ messages[0].get('role') }}",
+    '{% set x %}\n  a {{ 1 }}\n{% endset %}[{{ x }}]',
+    "{{ 'a' if messages|length > 100 else 'b' if messages|length > 1 else 'c' }}",
+    "{{ [1, 2, 3]|sum(start=10) }} {{ [1.5, 2]|sum }} {{ []|max }}| {{ ['a','B']|max }} {{ [1, 2, 2, 3]|unique|list }} {{ [[1], [2]]|map('first')|list }}",
+    '{%- set tools = none %}{%- if tools is not none and tools|length > 0 %}T{% else %}N{% endif %}',
+    '{% if messages[0].content is string %}S{% endif %}{% if messages is sequence %}Q{% endif %}{% if messages[0] is mapping %}M{% endif %}{% if 3 is integer %}I{% endif %}{% if 3.0 is float %}F{% endif %}{% if messages is iterable %}T{% endif %}',
+]
+EXTRA_TEMPLATES["constructs_misc.jinja"] = "\n---\n".join(MISC_SNIPPETS)
+
+
+def random_conversations(seed, count):
+    """Seeded random conversations mixing roles, <think> tags, tool responses and unicode."""
+    rng = random.Random(seed)
+    pieces = ["<think>", "</think>", "\n", "\n\n", " ", "hello", "é😊", "<tool_response>", "</tool_response>",
+              "{{ x }}", "{%", "\t", "ß", "x"]
+
+    def content():
+        return "".join(rng.choice(pieces) for _ in range(rng.randint(0, 6)))
+
+    convs = []
+    for _ in range(count):
+        msgs = []
+        for _ in range(rng.randint(1, 6)):
+            role = rng.choice(["system", "user", "user", "assistant", "assistant", "tool"])
+            m = {"role": role, "content": content()}
+            if role == "assistant" and rng.random() < 0.2:
+                m["reasoning_content"] = rng.choice([content(), None])
+            msgs.append(m)
+        convs.append((msgs, rng.random() < 0.5))
+    return convs
+
+
 U = lambda c: {"role": "user", "content": c}  # noqa: E731
 A = lambda c: {"role": "assistant", "content": c}  # noqa: E731
 S = lambda c: {"role": "system", "content": c}  # noqa: E731
@@ -163,8 +221,11 @@ def main():
     for conv_name, msgs in COMMON_CONVERSATIONS + QWEN25_EXTRA:
         for agp in (False, True):
             plan.append(("qwen2_5.jinja", f"{conv_name}_agp{int(agp)}", msgs, agp, dict(QWEN_TOKENS)))
+    for tname, seed in (("qwen3.jinja", 3), ("qwen2_5.jinja", 25)):
+        for k, (msgs, agp) in enumerate(random_conversations(seed, 20)):
+            plan.append((tname, f"random_{k}", msgs, agp, dict(QWEN_TOKENS)))
     llama_tokens = {"bos_token": "<s>", "eos_token": "</s>"}
-    for tname in ("constructs_loop.jinja", "constructs_expr.jinja", "constructs_whitespace.jinja"):
+    for tname in ("constructs_loop.jinja", "constructs_expr.jinja", "constructs_whitespace.jinja", "constructs_misc.jinja"):
         for conv_name, msgs in (COMMON_CONVERSATIONS[1], COMMON_CONVERSATIONS[2], COMMON_CONVERSATIONS[4]):
             plan.append((tname, conv_name, msgs, tname.endswith("whitespace.jinja"), dict(llama_tokens)))
     plan.append(("raise_system.jinja", "alternating_ok", [U(" Hi "), A("Yo"), U("Q")], True, dict(llama_tokens)))
