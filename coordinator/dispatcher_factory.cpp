@@ -1,6 +1,7 @@
 #include "coordinator/dispatcher_factory.h"
 
-#include "common/error.h"
+#include "common/fingerprint.h"
+#include "coordinator/cluster_dispatch.h"
 #include "coordinator/local_dispatch.h"
 
 namespace charm {
@@ -15,7 +16,10 @@ std::vector<int64_t> moe_layers(const ModelConfig& config) {
 
 std::unique_ptr<ExpertDispatcher> make_dispatcher(const Topology& topology, const Checkpoint& checkpoint,
                                                   const ModelConfig& config, LocalExperts& local) {
-  if (!topology.single_node) fail_unsupported("cluster mode is not wired yet");
+  if (!topology.single_node) {
+    return std::make_unique<ClusterDispatcher>(topology, topology.placement(moe_layers(config), config.num_experts),
+                                               model_fingerprint(checkpoint));
+  }
   std::vector<ExpertKey> all;
   for (int64_t l : moe_layers(config)) {
     for (int64_t e = 0; e < config.num_experts; ++e) all.emplace_back(l, e);
