@@ -50,8 +50,9 @@ using Body = std::vector<StmtPtr>;
 ///  kSet: targets = expr, or targets[0].attr = expr when attr is non-empty.
 ///  kSetBlock: targets[0] = rendered body. kBreak / kContinue.
 ///  kGeneration: transformers' {% generation %} marker, renders its body unchanged.
+///  kMacro: {% macro targets[0](params) %}body{% endmacro %}; a param's default may be null.
 struct Stmt {
-  enum class Kind { kText, kOutput, kIf, kFor, kSet, kSetBlock, kBreak, kContinue, kGeneration };
+  enum class Kind { kText, kOutput, kIf, kFor, kSet, kSetBlock, kBreak, kContinue, kGeneration, kMacro };
   Kind kind = Kind::kText;
   int line = 1;
   std::string text;
@@ -62,11 +63,12 @@ struct Stmt {
   std::vector<std::pair<ExprPtr, Body>> branches;
   Body body;
   Body else_body;
+  std::vector<std::pair<std::string, ExprPtr>> params;
 };
 
 /// Parses a whole template. Throws Error(kInvalidInput) "chat template line N: ..." naming the
 /// unexpected token, unknown or unclosed tag, or misplaced break/continue, and
-/// Error(kUnsupported) naming tags charm does not implement (macro, call, include, extends, ...).
+/// Error(kUnsupported) naming tags charm does not implement (call, include, extends, ...).
 Body parse_template(const std::string& source);
 
 }  // namespace charm::jinja

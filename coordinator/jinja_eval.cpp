@@ -55,6 +55,13 @@ class Evaluator {
       case Stmt::Kind::kBreak: return Flow::kBreak;
       case Stmt::Kind::kContinue: return Flow::kContinue;
       case Stmt::Kind::kGeneration: return run(s.body, out);
+      case Stmt::Kind::kMacro: {
+        Value m;
+        m.kind = Kind::kMacro;
+        m.macro = &s;
+        scopes_.back()[s.targets[0]] = m;
+        return Flow::kNormal;
+      }
     }
     return Flow::kNormal;
   }
@@ -166,7 +173,53 @@ class Evaluator {
     }
     Value v = eval(callee);
     require_defined(v, e.line);
-    fail_at(e.line, "'" + type_name(v) + "' object is not callable");
+    if (v.kind != Kind::kMacro) fail_at(e.line, "'" + type_name(v) + "' object is not callable");
+    eval_args(e, args, kwargs);
+    return call_macro(*v.macro, args, kwargs, e.line);
+  }
+
+  // Runs a macro body in a fresh scope over the template's top-level scope (jinja macros see
+  // the template context and their parameters, not the caller's loop variables). Unfilled
+  // parameters take their defaults (evaluated per call) or are undefined; extra arguments
+  // land in `varargs` and `kwargs`, as in jinja.
+  Value call_macro(const Stmt& m, const ValueList& args, const KwArgs& kwargs, int line) {
+    if (macro_depth_ >= kMaxMacroDepth)
+      fail_at(line, "macro '" + m.targets[0] + "' nested deeper than " + std::to_string(kMaxMacroDepth) + " calls");
+    std::vector<Variables> saved;
+    saved.swap(scopes_);
+    scopes_.push_back(saved.front());
+    scopes_.emplace_back();
+    struct Restore {
+      Evaluator& ev;
+      std::vector<Variables>& saved;
+      ~Restore() {
+        ev.scopes_.swap(saved);
+        --ev.macro_depth_;
+      }
+    } restore{*this, saved};
+    ++macro_depth_;
+    Variables& local = scopes_.back();
+    ValueList varargs;
+    for (size_t k = 0; k < args.size(); ++k) {
+      if (k < m.params.size()) local[m.params[k].first] = args[k];
+      else varargs.push_back(args[k]);
+    }
+    Value extra = Value::new_dict();
+    for (const auto& [name, v] : kwargs) {
+      bool is_param = false;
+      for (const auto& p : m.params) is_param = is_param || p.first == name;
+      if (is_param) local[name] = v;
+      else extra.set(Value::string(name), v);
+    }
+    for (const auto& [name, dflt] : m.params) {
+      if (local.count(name)) continue;
+      local[name] = dflt ? eval(*dflt) : Value::undefined("parameter '" + name + "' was not provided");
+    }
+    local["varargs"] = Value::new_tuple(varargs);
+    local["kwargs"] = extra;
+    std::string out;
+    run(m.body, out);
+    return Value::string(out);
   }
 
   Value eval_compare(const Expr& e) {
@@ -242,7 +295,9 @@ class Evaluator {
     fail_internal("chat template: unknown expression kind");
   }
 
+  static constexpr int kMaxMacroDepth = 64;
   std::vector<Variables> scopes_;
+  int macro_depth_ = 0;
 };
 
 }  // namespace

@@ -73,6 +73,7 @@ bool sort_less(const Value& a, const Value& b, bool case_sensitive) {
 Value select_like(const Value& value, const ValueList& args, bool by_attr, bool keep_when, int line) {
   ValueList out;
   size_t test_pos = by_attr ? 1 : 0;
+  if (!truthy(value)) return Value::new_list();  // jinja guards with `if seq:`, so None selects nothing
   for (const Value& item : iterate(value)) {
     Value subject = by_attr ? attr_path(item, args.at(0), line) : item;
     bool ok;
@@ -198,6 +199,7 @@ Value minmax_filter(const Value& v, const ValueList& args, const KwArgs& kw, int
 Value map_filter(const Value& v, const ValueList& args, const KwArgs& kw, int line) {
   ValueList out;
   Value attribute = arg({}, kw, 0, "attribute", Value::undefined(""));
+  if (!truthy(v)) return Value::new_list();  // jinja guards with `if value:`
   for (const Value& item : iterate(v)) {
     if (!attribute.is_undefined()) {
       Value got = attr_path(item, attribute, line);

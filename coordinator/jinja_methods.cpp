@@ -160,6 +160,52 @@ bool all_chars(const std::string& s, Pred pred) {
   return true;
 }
 
+// str.format with "{}", "{0}" and "{name}" fields and "{{" / "}}" escapes; format specs
+// and conversions ("{:>5}", "{!r}") are not supported.
+std::string format(const std::string& fmt, const ValueList& args, const KwArgs& kwargs, int line) {
+  std::string out;
+  size_t auto_index = 0;
+  for (size_t k = 0; k < fmt.size(); ++k) {
+    char c = fmt[k];
+    if (c == '}') {
+      if (k + 1 < fmt.size() && fmt[k + 1] == '}') ++k;
+      else fail_at(line, "str.format(): single '}' in format string");
+      out += '}';
+      continue;
+    }
+    if (c != '{') {
+      out += c;
+      continue;
+    }
+    if (k + 1 < fmt.size() && fmt[k + 1] == '{') {
+      out += '{';
+      ++k;
+      continue;
+    }
+    size_t end = fmt.find('}', k);
+    if (end == std::string::npos) fail_at(line, "str.format(): unclosed '{' in format string");
+    std::string field = fmt.substr(k + 1, end - k - 1);
+    if (field.find_first_of(":!") != std::string::npos)
+      fail_at(line, "str.format(): format specs and conversions ('" + field + "') are not supported");
+    k = end;
+    if (field.empty() || std::isdigit(static_cast<unsigned char>(field[0]))) {
+      size_t index = field.empty() ? auto_index++ : static_cast<size_t>(std::stoul(field));
+      if (index >= args.size()) fail_at(line, "str.format(): replacement index " + std::to_string(index) + " out of range");
+      out += to_str(args[index]);
+      continue;
+    }
+    bool found = false;
+    for (const auto& [name, v] : kwargs) {
+      if (name != field) continue;
+      out += to_str(v);
+      found = true;
+      break;
+    }
+    if (!found) fail_at(line, "str.format(): no argument named '" + field + "'");
+  }
+  return out;
+}
+
 Value string_method(const Value& obj, const std::string& name, const ValueList& args, const KwArgs& kwargs, int line) {
   const std::string& s = obj.s;
   if (name == "startswith" || name == "endswith") {
@@ -222,6 +268,7 @@ Value string_method(const Value& obj, const std::string& name, const ValueList& 
     }
     return Value::new_list(lines);
   }
+  if (name == "format") return Value::string(format(s, args, kwargs, line));
   if (name == "isdigit") return Value::boolean(all_chars(s, [](char32_t c) { return c >= '0' && c <= '9'; }));
   if (name == "isalpha")
     return Value::boolean(all_chars(s, [](char32_t c) { return c < 128 ? std::isalpha(static_cast<int>(c)) != 0 : true; }));

@@ -484,7 +484,8 @@ class Parser {
       finish_end_tag(end);
       return s;
     }
-    static const std::set<std::string> unsupported = {"macro", "call", "filter", "include", "import", "from",
+    if (name == "macro") return macro_stmt(std::move(s), c);
+    static const std::set<std::string> unsupported = {"call", "filter", "include", "import", "from",
                                                       "extends", "block", "with", "autoescape", "do", "trans"};
     if (unsupported.count(name))
       fail_unsupported("chat template line " + std::to_string(line) + ": the '{% " + name +
@@ -538,6 +539,29 @@ class Parser {
       s->else_body = parse_body({"endfor"}, end, s->line, "for");
     }
     finish_end_tag("endfor");
+    return s;
+  }
+
+  StmtPtr macro_stmt(StmtPtr s, Cursor& c) {
+    s->kind = Stmt::Kind::kMacro;
+    s->targets.push_back(c.expect_name());
+    c.expect_op("(");
+    while (!c.is_op(")")) {
+      if (!s->params.empty()) c.expect_op(",");
+      if (c.is_op(")")) break;
+      std::string param = c.expect_name();
+      ExprPtr dflt = c.accept_op("=") ? ExprParser(c).expression() : nullptr;
+      s->params.emplace_back(param, std::move(dflt));
+    }
+    c.expect_op(")");
+    c.expect_end("macro");
+    // break/continue inside a macro body do not reach an enclosing loop.
+    int saved_depth = loop_depth_;
+    loop_depth_ = 0;
+    std::string end;
+    s->body = parse_body({"endmacro"}, end, s->line, "macro");
+    loop_depth_ = saved_depth;
+    finish_end_tag("endmacro");
     return s;
   }
 

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "common/error.h"
+#include "coordinator/jinja_ast.h"
 
 namespace charm::jinja {
 
@@ -118,6 +119,7 @@ std::string type_name(const Value& v) {
     case Kind::kTuple: return "tuple";
     case Kind::kDict: return "dict";
     case Kind::kNamespace: return "Namespace";
+    case Kind::kMacro: return "Macro";
   }
   return "?";
 }
@@ -133,7 +135,8 @@ bool truthy(const Value& v) {
     case Kind::kList:
     case Kind::kTuple: return !v.list->empty();
     case Kind::kDict: return !v.dict->empty();
-    case Kind::kNamespace: return true;
+    case Kind::kNamespace:
+    case Kind::kMacro: return true;
   }
   return false;
 }
@@ -263,6 +266,7 @@ void json_dump(const Value& v, int indent, bool sort_keys, int depth, std::strin
   switch (v.kind) {
     case Kind::kUndefined:
     case Kind::kNamespace:
+    case Kind::kMacro:
       fail_invalid("object of type " + type_name(v) + " is not JSON serializable");
     case Kind::kNone: out += "null"; return;
     case Kind::kBool: out += v.b ? "true" : "false"; return;
@@ -328,6 +332,7 @@ std::string to_repr(const Value& v) {
     case Kind::kTuple: return "(" + join_repr(*v.list) + (v.list->size() == 1 ? ",)" : ")");
     case Kind::kDict: return dict_repr(*v.dict);
     case Kind::kNamespace: return "<Namespace " + dict_repr(*v.dict) + ">";
+    case Kind::kMacro: return "<Macro '" + v.macro->targets[0] + "'>";
   }
   return "?";
 }
@@ -359,6 +364,7 @@ bool equals(const Value& a, const Value& b) {
       return true;
     }
     case Kind::kNamespace: return a.dict == b.dict;
+    case Kind::kMacro: return a.macro == b.macro;
     default: return false;
   }
 }

@@ -17,8 +17,9 @@
 namespace charm::jinja {
 
 /// The dynamic type of a Value; kTuple behaves as an immutable list.
-enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kTuple, kDict, kNamespace };
+enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kTuple, kDict, kNamespace, kMacro };
 
+struct Stmt;  // a {% macro %} definition (jinja_ast.h)
 struct Value;
 using ValueList = std::vector<Value>;
 /// Insertion-ordered key/value pairs (Python dicts keep insertion order).
@@ -33,6 +34,7 @@ struct Value {
   std::string s;                      ///< string contents (UTF-8); for kUndefined, the reason
   std::shared_ptr<ValueList> list;    ///< kList, kTuple
   std::shared_ptr<ValueDict> dict;    ///< kDict, kNamespace
+  const Stmt* macro = nullptr;        ///< kMacro: the definition, owned by the parsed template
 
   /// An undefined value; `why` is jinja's message for using it ("'x' is undefined").
   static Value undefined(std::string why);

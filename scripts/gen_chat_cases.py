@@ -7,13 +7,21 @@ Writes tests/fixtures/chat_template/cases.json: a list of cases, each
    "kwargs" (extra template variables: bos_token, eos_token, enable_thinking ...),
    and either "expected" (the exact rendered text) or "error" (the exception text)}.
 
+Besides the two Qwen templates (required, exact), a few more MoE families' templates from
+llama.cpp's models/templates (DeepSeek-V3.1, Kimi-K2, GLM-4.6, gpt-oss, MiniMax-M2,
+Qwen3-Coder) are rendered on seeded random conversations with tools, reasoning and tool calls.
+They are copied from --llama-templates DIR (llama.cpp's models/templates, e.g. inside the
+llama-cpp-python sdist under vendor/llama.cpp/models/templates) when given, else the copies
+already in tests/fixtures/chat_template/ are reused.
+
 The rendering goes through transformers.utils.chat_template_utils.render_jinja_template,
 which is what tokenizer.apply_chat_template calls: ImmutableSandboxedEnvironment with
 trim_blocks, lstrip_blocks, loopcontrols, raise_exception, strftime_now, namespace, and
 messages normalised (None-valued keys dropped, reasoning fields aliased).
 
-Usage: python3 scripts/gen_chat_cases.py   (from the repository root; needs transformers, jinja2)
+Usage: python3 scripts/gen_chat_cases.py [--llama-templates DIR]   (needs transformers, jinja2)
 """
+import argparse
 import json
 import pathlib
 import random
@@ -26,6 +34,21 @@ OUT = ROOT / "tests" / "fixtures" / "chat_template"
 ASSETS = pathlib.Path("/tmp/assets")
 
 QWEN_TOKENS = {"eos_token": "<|im_end|>"}  # Qwen's tokenizer_config has bos_token null
+
+# Other MoE families' templates (llama.cpp models/templates names), rendered on random conversations.
+MOE_TEMPLATES = [
+    "deepseek-ai-DeepSeek-V3.1.jinja",
+    "moonshotai-Kimi-K2.jinja",
+    "GLM-4.6.jinja",
+    "openai-gpt-oss-120b.jinja",
+    "MiniMax-M2.jinja",
+    "Qwen3-Coder.jinja",
+]
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather for a city",
+    "parameters": {"type": "object", "required": ["city"], "properties": {
+        "city": {"type": "string", "description": "City name"}, "days": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string"}}, "unit": {"type": "string", "enum": ["C", "F"]}}}}}]
 
 # Small templates that exercise constructs beyond the two Qwen templates; jinja2 is still the oracle.
 EXTRA_TEMPLATES = {
@@ -83,6 +106,24 @@ EXTRA_TEMPLATES = {
         "  {%+ if true %}kept{% endif +%}\n"
         "  {{- ' stripped-left ' -}}  \n"
         "  {{ bos_token }} end {%- if add_generation_prompt %} GEN{% endif %}\n"
+    ),
+    "constructs_macro.jinja": (
+        "{%- set greeting = 'Hi' %}\n"
+        "{%- macro tag(name, body='', close=true) -%}\n"
+        "  <{{ name }}>{{ body }}{% if close %}</{{ name }}>{% endif %}\n"
+        "{%- endmacro %}\n"
+        "{%- macro walk(x, depth=0) -%}\n"
+        "  {%- if x is mapping -%}{ {%- for k, v in x.items() %}{{ k }}: {{ walk(v, depth + 1) }}"
+        "{% if not loop.last %}, {% endif %}{% endfor -%} }\n"
+        "  {%- elif x is sequence and x is not string -%}[{% for v in x %}{{ walk(v, depth + 1) }}{{ ',' if not loop.last }}"
+        "{% endfor %}]@{{ depth }}\n"
+        "  {%- else -%}{{ x }}{%- endif -%}\n"
+        "{%- endmacro %}\n"
+        "{%- macro greet(who) -%}{{ greeting }} {{ who }}{{ varargs|join('+') }}{{ kwargs|dictsort }}{%- endmacro %}\n"
+        "{%- for m in messages %}{{ tag(m.role, m.content) }}{{ tag('br', close=false) }}\n{% endfor %}"
+        "{%- set rendered = tag('b', body=messages|length) %}{{ rendered|upper }}\n"
+        "{{ walk({'a': [1, {'b': none}], 'c': 'd'}) }}\n"
+        "{{ greet('you', 1, 2, mood='ok') }}|{{ greet() }}|{{ tag }}\n"
     ),
     "raise_system.jinja": (
         "{%- if messages[0]['role'] == 'system' %}"
@@ -155,6 +196,37 @@ def random_conversations(seed, count):
     return convs
 
 
+def rich_conversations(seed, count):
+    """Seeded random conversations with reasoning_content, tool calls, tool results and tools."""
+    rng = random.Random(seed)
+    pieces = ["<think>", "</think>", "\n", "\n\n", " ", "hello", "é😊", "{{ x }}", "\t", "ß", "x"]
+
+    def content():
+        return "".join(rng.choice(pieces) for _ in range(rng.randint(0, 6)))
+
+    convs = []
+    for _ in range(count):
+        msgs = []
+        for k in range(rng.randint(1, 5)):
+            role = rng.choice(["system", "user"]) if k == 0 else rng.choice(["user", "assistant", "assistant", "tool"])
+            m = {"role": role, "content": content()}
+            if role == "assistant" and rng.random() < 0.3:
+                m["reasoning_content"] = content()
+            if role == "assistant" and rng.random() < 0.25:
+                args = rng.choice([{"city": "Paris", "days": 2}, '{"city": "Oslo"}'])
+                m["tool_calls"] = [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": args}}]
+            if role == "tool":
+                m.update(tool_call_id="call_1", name="get_weather")
+            msgs.append(m)
+        kwargs = {"bos_token": "<s>", "eos_token": "</s>"}
+        if rng.random() < 0.3:
+            kwargs["tools"] = TOOLS
+        if rng.random() < 0.2:
+            kwargs["enable_thinking"] = rng.random() < 0.5
+        convs.append((msgs, rng.random() < 0.5, kwargs))
+    return convs
+
+
 U = lambda c: {"role": "user", "content": c}  # noqa: E731
 A = lambda c: {"role": "assistant", "content": c}  # noqa: E731
 S = lambda c: {"role": "system", "content": c}  # noqa: E731
@@ -189,24 +261,35 @@ QWEN25_EXTRA = [
 
 
 def render(template_text, messages, add_generation_prompt, kwargs):
-    """Returns ("expected", text) or ("error", message) exactly as transformers renders."""
+    """Returns {"expected": text} or {"error": message, "error_type": jinja2 exception class}."""
     try:
         chat = _normalize_chat_messages(messages)
         rendered, _ = render_jinja_template(
             conversations=[chat], chat_template=template_text, add_generation_prompt=add_generation_prompt, **kwargs
         )
-        return "expected", rendered[0]
-    except Exception as e:  # noqa: BLE001 - the oracle's error text is the expected value
-        return "error", str(e)
+        return {"expected": rendered[0]}
+    except Exception as e:  # noqa: BLE001 - the oracle's error is the expected value
+        # TemplateError itself is what raise_exception throws: its text is the template's own.
+        return {"error": str(e), "error_type": type(e).__name__}
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--llama-templates", type=pathlib.Path, help="llama.cpp models/templates directory")
+    opts = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     templates = {}
     for src, name in (("Qwen-Qwen3-0.6B.jinja", "qwen3.jinja"), ("Qwen-Qwen2.5-7B-Instruct.jinja", "qwen2_5.jinja")):
         if (ASSETS / src).exists():
             shutil.copyfile(ASSETS / src, OUT / name)
         templates[name] = (OUT / name).read_text()
+    for name in MOE_TEMPLATES:
+        if opts.llama_templates and (opts.llama_templates / name).exists():
+            shutil.copyfile(opts.llama_templates / name, OUT / name)
+        if (OUT / name).exists():
+            templates[name] = (OUT / name).read_text()
+        else:
+            print(f"warning: {name} not found; pass --llama-templates")
     for name, text in EXTRA_TEMPLATES.items():
         (OUT / name).write_text(text)
         templates[name] = text
@@ -224,8 +307,13 @@ def main():
     for tname, seed in (("qwen3.jinja", 3), ("qwen2_5.jinja", 25)):
         for k, (msgs, agp) in enumerate(random_conversations(seed, 20)):
             plan.append((tname, f"random_{k}", msgs, agp, dict(QWEN_TOKENS)))
+    for seed, tname in enumerate(MOE_TEMPLATES):
+        if tname in templates:
+            for k, (msgs, agp, kwargs) in enumerate(rich_conversations(100 + seed, 12)):
+                plan.append((tname, f"random_{k}", msgs, agp, kwargs))
     llama_tokens = {"bos_token": "<s>", "eos_token": "</s>"}
-    for tname in ("constructs_loop.jinja", "constructs_expr.jinja", "constructs_whitespace.jinja", "constructs_misc.jinja"):
+    for tname in ("constructs_loop.jinja", "constructs_expr.jinja", "constructs_whitespace.jinja", "constructs_misc.jinja",
+                  "constructs_macro.jinja"):
         for conv_name, msgs in (COMMON_CONVERSATIONS[1], COMMON_CONVERSATIONS[2], COMMON_CONVERSATIONS[4]):
             plan.append((tname, conv_name, msgs, tname.endswith("whitespace.jinja"), dict(llama_tokens)))
     plan.append(("raise_system.jinja", "alternating_ok", [U(" Hi "), A("Yo"), U("Q")], True, dict(llama_tokens)))
@@ -234,14 +322,13 @@ def main():
 
     cases = []
     for tname, case_name, msgs, agp, kwargs in plan:
-        kind, value = render(templates[tname], msgs, agp, kwargs)
         cases.append({"name": f"{tname.removesuffix('.jinja')}/{case_name}", "template": tname, "messages": msgs,
-                      "add_generation_prompt": agp, "kwargs": kwargs, kind: value})
+                      "add_generation_prompt": agp, "kwargs": kwargs, **render(templates[tname], msgs, agp, kwargs)})
     (OUT / "cases.json").write_text(json.dumps(cases, indent=1, ensure_ascii=False) + "\n")
     print(f"wrote {len(cases)} cases to {OUT / 'cases.json'}")
     for c in cases:
         if "error" in c:
-            print("  error case:", c["name"], "->", c["error"])
+            print("  error case:", c["name"], "->", c["error_type"], c["error"][:80])
 
 
 if __name__ == "__main__":

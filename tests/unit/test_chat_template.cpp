@@ -88,12 +88,16 @@ TEST_CASE("every transformers-rendered case matches byte for byte") {
       CHECK(got == c["expected"].get<std::string>());
       ++rendered;
     } else {
+      // raise_exception (TemplateError) must carry the template's own text; other jinja errors
+      // (undefined values, type errors) word things differently, so only the failure is checked.
       std::string msg = error_of(run);
-      CHECK_MESSAGE(msg.find(c["error"].get<std::string>()) != std::string::npos, msg);
+      if (c["error_type"] == "TemplateError") {
+        CHECK_MESSAGE(msg.find(c["error"].get<std::string>()) != std::string::npos, msg);
+      }
       ++errors;
     }
   }
-  CHECK(rendered >= 40);
+  CHECK(rendered >= 150);
   CHECK(errors >= 2);
 }
 
@@ -155,8 +159,8 @@ TEST_CASE("parse errors name the problem and the line") {
   msg = error_of([&] { parse("{{ }}"); });
   CHECK(msg.find("empty expression") != std::string::npos);
 
-  msg = error_of([&] { parse("x\n{% macro m() %}{% endmacro %}"); }, ErrorCategory::kUnsupported);
-  CHECK(msg.find("'{% macro %}'") != std::string::npos);
+  msg = error_of([&] { parse("x\n{% include 'other.jinja' %}"); }, ErrorCategory::kUnsupported);
+  CHECK(msg.find("'{% include %}'") != std::string::npos);
   CHECK(msg.find("line 2") != std::string::npos);
 }
 
