@@ -61,6 +61,14 @@ bool ModelConfig::is_moe_layer(int64_t layer) const {
   return (layer + 1) % decoder_sparse_step == 0;
 }
 
+std::vector<int64_t> ModelConfig::moe_layer_ids() const {
+  std::vector<int64_t> layers;
+  for (int64_t l = 0; l < num_hidden_layers; ++l) {
+    if (is_moe_layer(l)) layers.push_back(l);
+  }
+  return layers;
+}
+
 ModelConfig ModelConfig::parse(const json& j, const std::string& source) {
   if (!j.is_object()) fail_invalid(source + ": config must be a JSON object");
   ModelConfig c;

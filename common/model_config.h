@@ -42,6 +42,9 @@ struct ModelConfig {
   /// not in mlp_only_layers, num_experts > 0, (layer + 1) % decoder_sparse_step == 0).
   bool is_moe_layer(int64_t layer) const;
 
+  /// The ids of every MoE layer, ascending.
+  std::vector<int64_t> moe_layer_ids() const;
+
   /// Parses `config` (the contents of `source`, used in messages). Throws
   /// Error(kInvalidInput) naming `source` and the field for a missing required field or
   /// a field of the wrong JSON type or out of range; Error(kUnsupported) naming the

@@ -20,9 +20,6 @@ struct LocalExperts {
   std::unique_ptr<ExpertExecutor> executor;
 };
 
-/// The model's MoE layer ids (ModelConfig::is_moe_layer).
-std::vector<int64_t> moe_layers(const ModelConfig& config);
-
 /// Single-node: loads every routed expert into `local` and returns a LocalDispatcher over
 /// it. Cluster: connects to every worker of the topology (handshake with the model
 /// fingerprint) and returns a ClusterDispatcher. Throws Error naming the worker that

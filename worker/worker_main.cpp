@@ -12,24 +12,10 @@
 #include "worker/rpc_server.h"
 
 namespace charm {
-namespace {
-
-// The model's MoE layer ids, ascending. (coordinator/dispatcher_factory.h has the same
-// helper; the worker library cannot depend on the coordinator's, so this one is local.)
-std::vector<int64_t> worker_moe_layers(const ModelConfig& config) {
-  std::vector<int64_t> layers;
-  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
-    if (config.is_moe_layer(layer)) layers.push_back(layer);
-  }
-  return layers;
-}
-
-}  // namespace
-
 std::vector<ExpertKey> owned_experts(const Topology& topology, const ModelConfig& config,
                                      int worker_index) {
   std::vector<ExpertKey> owned;
-  for (const auto& [layer, owners] : topology.placement(worker_moe_layers(config), config.num_experts)) {
+  for (const auto& [layer, owners] : topology.placement(config.moe_layer_ids(), config.num_experts)) {
     for (size_t expert = 0; expert < owners.size(); ++expert) {
       if (owners[expert] == worker_index) {
         owned.emplace_back(static_cast<uint32_t>(layer), static_cast<uint32_t>(expert));
