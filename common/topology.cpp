@@ -196,10 +196,11 @@ Topology Topology::load(const std::filesystem::path& path) {
   }
   if (root["threads"]) t.threads = r.int_value(root["threads"], "threads", 0, 65536);
   if (const auto timeouts = root["timeouts"]) {
-    r.check_keys(timeouts, "timeouts", {"connect_ms", "request_ms"});
+    r.check_keys(timeouts, "timeouts", {"connect_ms", "request_ms", "startup_ms"});
     constexpr int64_t kDayMs = 86'400'000;
     if (timeouts["connect_ms"]) t.connect_timeout_ms = r.int_value(timeouts["connect_ms"], "timeouts.connect_ms", 1, kDayMs);
     if (timeouts["request_ms"]) t.request_timeout_ms = r.int_value(timeouts["request_ms"], "timeouts.request_ms", 1, kDayMs);
+    if (timeouts["startup_ms"]) t.startup_timeout_ms = r.int_value(timeouts["startup_ms"], "timeouts.startup_ms", 0, kDayMs);
   }
 
   // Workers are an error in single-node mode rather than ignored: a file that lists

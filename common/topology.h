@@ -35,6 +35,8 @@ struct Topology {
   std::vector<WorkerSpec> workers;
   int64_t connect_timeout_ms = 5000;
   int64_t request_timeout_ms = 60000;
+  int64_t startup_timeout_ms = 120000;  ///< how long `charm serve` waits for workers that are
+                                        ///< not listening yet (still loading) at start
   int64_t threads = 0;               ///< OpenMP threads; 0 = library default
 
   /// Loads and validates `path`. Throws Error(kInvalidInput) naming the file and the key

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -59,7 +60,8 @@ ClusterDispatcher::ClusterDispatcher(const Topology& topology,
     : model_fingerprint_(std::move(model_fingerprint)),
       placement_(std::move(placement)),
       connect_timeout_(topology.connect_timeout_ms),
-      request_timeout_(topology.request_timeout_ms) {
+      request_timeout_(topology.request_timeout_ms),
+      startup_timeout_(topology.startup_timeout_ms) {
   for (size_t i = 0; i < topology.workers.size(); ++i) {
     auto worker = std::make_unique<Worker>();
     worker->spec = topology.workers[i];
@@ -68,7 +70,23 @@ ClusterDispatcher::ClusterDispatcher(const Topology& topology,
     worker->label = "worker '" + worker->spec.name + "' (" + worker->address + ")";
     workers_.push_back(std::move(worker));
   }
-  for (auto& worker : workers_) connect(*worker);
+  for (auto& worker : workers_) connect_at_startup(*worker);
+}
+
+void ClusterDispatcher::connect_at_startup(Worker& worker) {
+  // Workers started together with the coordinator may still be loading their experts:
+  // retry refused connections until the startup deadline; handshake failures are final.
+  const auto deadline = std::chrono::steady_clock::now() + startup_timeout_;
+  for (bool logged = false;; logged = true) {
+    try {
+      connect(worker);
+      return;
+    } catch (const Error& e) {
+      if (e.category() != ErrorCategory::kUnavailable || std::chrono::steady_clock::now() >= deadline) throw;
+      if (!logged) spdlog::info("coordinator: waiting for {}: {}", worker.label, e.message());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
 }
 
 ClusterDispatcher::~ClusterDispatcher() = default;

@@ -24,7 +24,8 @@ namespace charm {
 class ClusterDispatcher final : public ExpertDispatcher {
  public:
   /// Connects to every worker of `topology` within topology.connect_timeout_ms and does
-  /// the hello handshake. `placement` is Topology::placement's map (layer -> expert ->
+  /// the hello handshake, retrying refused connections for topology.startup_timeout_ms
+  /// (workers still loading). `placement` is Topology::placement's map (layer -> expert ->
   /// worker index); `model_fingerprint` is the coordinator's model_fingerprint().
   /// Throws Error(kUnavailable) naming the worker and address when one cannot be reached,
   /// and Error(kProtocol) naming the worker and both values when a worker rejects the
@@ -52,6 +53,7 @@ class ClusterDispatcher final : public ExpertDispatcher {
   struct Batch;
 
   void connect(Worker& worker);
+  void connect_at_startup(Worker& worker);
   void send_request(Worker& worker, Batch& batch, uint32_t layer, uint32_t hidden_size,
                     const float* hidden);
   void receive_reply(Worker& worker, Batch& batch, uint32_t layer, uint32_t hidden_size,
@@ -62,6 +64,7 @@ class ClusterDispatcher final : public ExpertDispatcher {
   std::map<int64_t, std::vector<int>> placement_;
   std::chrono::milliseconds connect_timeout_;
   std::chrono::milliseconds request_timeout_;
+  std::chrono::milliseconds startup_timeout_;
   std::vector<std::unique_ptr<Worker>> workers_;
   uint64_t next_request_id_ = 1;
   mutable std::mutex stats_mutex_;  // guards every Worker's statistics and state
