@@ -349,14 +349,13 @@ const std::map<std::string, Filter>& filters() {
       {"title", [](const Value& v, const ValueList&, const KwArgs&, int) { return Value::string(title(to_str(v))); }},
       {"tojson", [](const Value& v, const ValueList& a, const KwArgs& kw, int line) {
          // transformers' tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False).
-         if (truthy(arg(a, kw, 0, "ensure_ascii", Value::boolean(false))))
-           fail_at(line, "filter 'tojson': ensure_ascii=True is not supported");
+         bool ensure_ascii = truthy(arg(a, kw, 0, "ensure_ascii", Value::boolean(false)));
          if (!arg(a, kw, 2, "separators", Value::none()).is_none())
            fail_at(line, "filter 'tojson': custom separators are not supported");
          Value indent = arg(a, kw, 1, "indent", Value::none());
          bool sort_keys = truthy(arg(a, kw, 3, "sort_keys", Value::boolean(false)));
          try {
-           return Value::string(to_json_text(v, indent.kind == Kind::kInt ? static_cast<int>(indent.i) : -1, sort_keys));
+           return Value::string(to_json_text(v, indent.kind == Kind::kInt ? static_cast<int>(indent.i) : -1, sort_keys, ensure_ascii));
          } catch (const Error& e) {
            fail_at(line, "filter 'tojson': " + e.message());
          }

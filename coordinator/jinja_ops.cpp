@@ -110,7 +110,8 @@ Value get_attr(const Value& obj, const std::string& name, int line) {
 
 Value get_item(const Value& obj, const Value& key, int line) {
   require_defined(obj, line);
-  require_defined(key, line);
+  // An undefined key finds nothing (jinja's Undefined is hashable), it is not an error.
+  if (key.is_undefined()) return Value::undefined(object_type_repr(obj) + " has no element Undefined");
   if (obj.is_sequence() && is_int_like(key)) {
     int64_t n = static_cast<int64_t>(obj.list->size()), k = as_int(key);
     if (k < 0) k += n;

@@ -51,6 +51,9 @@ class Cursor {
   size_t i_ = 0;
 };
 
+// Deepest nesting of expressions or of block tags a template may use.
+constexpr int kMaxNesting = 200;
+
 ExprPtr make(Expr::Kind kind, int line) {
   auto e = std::make_unique<Expr>();
   e->kind = kind;
@@ -64,6 +67,14 @@ class ExprParser {
   explicit ExprParser(Cursor& c) : c_(c) {}
 
   ExprPtr expression(bool with_condexpr = true) {
+    // Bounds recursion so a hostile template cannot overflow the stack.
+    struct Depth {
+      int& d;
+      explicit Depth(int& depth, int line) : d(depth) {
+        if (++d > kMaxNesting) fail_at(line, "expression nested too deeply");
+      }
+      ~Depth() { --d; }
+    } guard(depth_, c_.peek().line);
     ExprPtr e = or_expr();
     if (!with_condexpr) return e;
     while (c_.is_name("if")) {
@@ -190,8 +201,10 @@ class ExprParser {
     ExprPtr e;
     if (c_.is_op("-") || c_.is_op("+")) {
       const Token& t = c_.next();
+      if (++unary_run_ > kMaxNesting) fail_at(t.line, "expression nested too deeply");
       e = make(t.text == "-" ? Expr::Kind::kNeg : Expr::Kind::kPos, t.line);
       e->args.push_back(unary(false));
+      --unary_run_;
     } else {
       e = primary();
     }
@@ -396,6 +409,8 @@ class ExprParser {
   }
 
   Cursor& c_;
+  int depth_ = 0;
+  int unary_run_ = 0;
 };
 
 // Statement grammar over the segment list.
@@ -414,6 +429,11 @@ class Parser {
   // of the template (only allowed when `ends` is empty).
   Body parse_body(const std::set<std::string>& ends, std::string& end_tag, int open_line = 0,
                   const std::string& open_tag = {}) {
+    if (++block_depth_ > kMaxNesting) fail_at(open_line, "tags nested too deeply");
+    struct Leave {
+      int& d;
+      ~Leave() { --d; }
+    } leave{block_depth_};
     Body body;
     while (i_ < segs_.size()) {
       const Segment& seg = segs_[i_];
@@ -591,6 +611,7 @@ class Parser {
   std::vector<Segment> segs_;
   size_t i_ = 0;
   int loop_depth_ = 0;
+  int block_depth_ = 0;
 };
 
 }  // namespace

@@ -234,9 +234,33 @@ int compare_numbers(const Value& a, const Value& b) {
   return x < y ? -1 : (x > y ? 1 : 0);
 }
 
-void json_string(const std::string& s, std::string& out) {
+// json.dumps string escaping; with ensure_ascii, non-ASCII code points become \uXXXX
+// (UTF-16 units, so surrogate pairs above U+FFFF), else they are written as UTF-8.
+void json_string(const std::string& s, std::string& out, bool ensure_ascii) {
+  auto escape_unit = [&](unsigned u) {
+    char b[8];
+    std::snprintf(b, sizeof b, "\\u%04x", u);
+    out += b;
+  };
   out += '"';
-  for (unsigned char c : s) {
+  for (size_t k = 0; k < s.size(); ++k) {
+    unsigned char c = static_cast<unsigned char>(s[k]);
+    if (c >= 0x80) {
+      if (!ensure_ascii) {
+        out += static_cast<char>(c);
+        continue;
+      }
+      size_t len = (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
+      char32_t cp = utf8_decode(s.substr(k, len))[0];
+      k += len - 1;
+      if (cp >= 0x10000) {
+        escape_unit(0xD800 + ((cp - 0x10000) >> 10));
+        escape_unit(0xDC00 + ((cp - 0x10000) & 0x3FF));
+      } else {
+        escape_unit(static_cast<unsigned>(cp));
+      }
+      continue;
+    }
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -246,19 +270,14 @@ void json_string(const std::string& s, std::string& out) {
       case '\b': out += "\\b"; break;
       case '\f': out += "\\f"; break;
       default:
-        if (c < 0x20) {
-          char b[8];
-          std::snprintf(b, sizeof b, "\\u%04x", c);
-          out += b;
-        } else {
-          out += static_cast<char>(c);
-        }
+        if (c < 0x20) escape_unit(c);
+        else out += static_cast<char>(c);
     }
   }
   out += '"';
 }
 
-void json_dump(const Value& v, int indent, bool sort_keys, int depth, std::string& out) {
+void json_dump(const Value& v, int indent, bool sort_keys, bool ascii, int depth, std::string& out) {
   std::string item_sep = indent >= 0 ? "," : ", ";
   auto newline = [&](int d) {
     if (indent >= 0) out += "\n" + std::string(static_cast<size_t>(indent * d), ' ');
@@ -274,7 +293,7 @@ void json_dump(const Value& v, int indent, bool sort_keys, int depth, std::strin
     case Kind::kFloat:
       out += std::isnan(v.f) ? "NaN" : std::isinf(v.f) ? (v.f > 0 ? "Infinity" : "-Infinity") : float_repr(v.f);
       return;
-    case Kind::kString: json_string(v.s, out); return;
+    case Kind::kString: json_string(v.s, out, ascii); return;
     case Kind::kList:
     case Kind::kTuple: {
       if (v.list->empty()) { out += "[]"; return; }
@@ -282,7 +301,7 @@ void json_dump(const Value& v, int indent, bool sort_keys, int depth, std::strin
       for (size_t k = 0; k < v.list->size(); ++k) {
         if (k) out += item_sep;
         newline(depth + 1);
-        json_dump((*v.list)[k], indent, sort_keys, depth + 1, out);
+        json_dump((*v.list)[k], indent, sort_keys, ascii, depth + 1, out);
       }
       newline(depth);
       out += "]";
@@ -298,9 +317,9 @@ void json_dump(const Value& v, int indent, bool sort_keys, int depth, std::strin
         if (k) out += item_sep;
         newline(depth + 1);
         // json.dumps writes non-string keys as their JSON scalar text, quoted.
-        json_string(items[k].first.is_string() ? items[k].first.s : to_str(items[k].first), out);
+        json_string(items[k].first.is_string() ? items[k].first.s : to_str(items[k].first), out, ascii);
         out += ": ";
-        json_dump(items[k].second, indent, sort_keys, depth + 1, out);
+        json_dump(items[k].second, indent, sort_keys, ascii, depth + 1, out);
       }
       newline(depth);
       out += "}";
@@ -383,9 +402,9 @@ bool less_than(const Value& a, const Value& b) {
                type_name(b) + "'");
 }
 
-std::string to_json_text(const Value& v, int indent, bool sort_keys) {
+std::string to_json_text(const Value& v, int indent, bool sort_keys, bool ensure_ascii) {
   std::string out;
-  json_dump(v, indent, sort_keys, 0, out);
+  json_dump(v, indent, sort_keys, ensure_ascii, 0, out);
   return out;
 }
 

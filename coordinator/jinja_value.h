@@ -79,8 +79,9 @@ bool equals(const Value& a, const Value& b);
 /// Python a < b; throws charm::Error naming both types when they are not ordered.
 bool less_than(const Value& a, const Value& b);
 /// json.dumps(v, ensure_ascii=False, indent=indent, sort_keys=sort_keys) with Python's default
-/// separators (", ", ": "; "," when indenting), as transformers' tojson filter does. indent < 0 means None.
-std::string to_json_text(const Value& v, int indent, bool sort_keys);
+/// separators (", ", ": "; "," when indenting), as transformers' tojson filter does. indent < 0 means None;
+/// ensure_ascii writes non-ASCII characters as \\uXXXX escapes (surrogate pairs above U+FFFF).
+std::string to_json_text(const Value& v, int indent, bool sort_keys, bool ensure_ascii = false);
 /// The items a for loop visits: list/tuple items, dict keys, string characters; undefined -> none.
 /// Throws charm::Error when `v` is not iterable.
 ValueList iterate(const Value& v);

@@ -159,6 +159,15 @@ TEST_CASE("parse errors name the problem and the line") {
   msg = error_of([&] { parse("{{ }}"); });
   CHECK(msg.find("empty expression") != std::string::npos);
 
+  msg = error_of([&] { parse("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}"); });
+  CHECK(msg.find("nested too deeply") != std::string::npos);
+  msg = error_of([&] { parse("{{ " + std::string(5000, '-') + "1 }}"); });
+  CHECK(msg.find("nested too deeply") != std::string::npos);
+  std::string deep;
+  for (int k = 0; k < 1000; ++k) deep += "{% if true %}";
+  msg = error_of([&] { parse(deep); });
+  CHECK(msg.find("nested too deeply") != std::string::npos);
+
   msg = error_of([&] { parse("x\n{% include 'other.jinja' %}"); }, ErrorCategory::kUnsupported);
   CHECK(msg.find("'{% include %}'") != std::string::npos);
   CHECK(msg.find("line 2") != std::string::npos);
