@@ -32,8 +32,6 @@ std::u32string strip_u32(const std::u32string& s, bool left, bool right) {
   return s.substr(b, e - b);
 }
 
-std::string ascii_lower(const std::string& s) { return str_lower(s); }
-std::string ascii_upper(const std::string& s) { return str_upper(s); }
 
 int64_t length_of(const Value& v, int line) {
   switch (v.kind) {
@@ -66,7 +64,7 @@ Value attr_path(const Value& v, const Value& attribute, int line) {
 
 // Sort key comparison for sort/dictsort/min/max: strings compare case-insensitively by default.
 bool sort_less(const Value& a, const Value& b, bool case_sensitive) {
-  if (!case_sensitive && a.is_string() && b.is_string()) return ascii_lower(a.s) < ascii_lower(b.s);
+  if (!case_sensitive && a.is_string() && b.is_string()) return str_lower(a.s) < str_lower(b.s);
   return less_than(a, b);
 }
 
@@ -311,7 +309,7 @@ const std::map<std::string, Filter>& filters() {
        }},
       {"length", [](const Value& v, const ValueList&, const KwArgs&, int line) { return Value::integer(length_of(v, line)); }},
       {"list", [](const Value& v, const ValueList&, const KwArgs&, int) { return Value::new_list(iterate(v)); }},
-      {"lower", [](const Value& v, const ValueList&, const KwArgs&, int) { return Value::string(ascii_lower(to_str(v))); }},
+      {"lower", [](const Value& v, const ValueList&, const KwArgs&, int) { return Value::string(str_lower(to_str(v))); }},
       {"map", map_filter},
       {"max", [](const Value& v, const ValueList& a, const KwArgs& kw, int line) { return minmax_filter(v, a, kw, line, true); }},
       {"min", [](const Value& v, const ValueList& a, const KwArgs& kw, int line) { return minmax_filter(v, a, kw, line, false); }},
@@ -368,7 +366,7 @@ const std::map<std::string, Filter>& filters() {
          bool case_sensitive = truthy(arg(a, kw, 0, "case_sensitive", Value::boolean(false)));
          ValueList out, keys;
          for (const Value& item : iterate(v)) {
-           Value key = (!case_sensitive && item.is_string()) ? Value::string(ascii_lower(item.s)) : item;
+           Value key = (!case_sensitive && item.is_string()) ? Value::string(str_lower(item.s)) : item;
            bool seen = false;
            for (const Value& k : keys) seen = seen || equals(k, key);
            if (!seen) {
@@ -378,7 +376,7 @@ const std::map<std::string, Filter>& filters() {
          }
          return Value::new_list(out);
        }},
-      {"upper", [](const Value& v, const ValueList&, const KwArgs&, int) { return Value::string(ascii_upper(to_str(v))); }},
+      {"upper", [](const Value& v, const ValueList&, const KwArgs&, int) { return Value::string(str_upper(to_str(v))); }},
       {"wordcount", [](const Value& v, const ValueList&, const KwArgs&, int line) {
          return Value::integer(length_of(call_method(Value::string(to_str(v)), "split", {}, {}, line), line));
        }},
@@ -438,8 +436,8 @@ bool apply_test(const std::string& name, const Value& v, const ValueList& args, 
     if (v.kind != Kind::kInt || d.kind != Kind::kInt || d.i == 0) fail_at(line, "test 'divisibleby' needs non-zero integers");
     return v.i % d.i == 0;
   }
-  if (name == "lower") return v.is_string() && ascii_lower(v.s) == v.s;
-  if (name == "upper") return v.is_string() && ascii_upper(v.s) == v.s;
+  if (name == "lower") return v.is_string() && str_lower(v.s) == v.s;
+  if (name == "upper") return v.is_string() && str_upper(v.s) == v.s;
   if (name == "sameas") {
     const Value& o = need_arg();
     if (v.kind != o.kind) return false;

@@ -358,11 +358,7 @@ std::string to_repr(const Value& v) {
 
 bool equals(const Value& a, const Value& b) {
   if (a.is_number() && b.is_number()) return compare_numbers(a, b) == 0;
-  if (a.kind != b.kind) {
-    bool both_seq = a.is_sequence() && b.is_sequence();
-    if (!both_seq) return false;
-    return false;  // Python: [1] != (1,)
-  }
+  if (a.kind != b.kind) return false;  // also Python's [1] != (1,)
   switch (a.kind) {
     case Kind::kUndefined:
     case Kind::kNone: return true;
