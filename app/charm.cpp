@@ -1,0 +1,169 @@
+// `charm`: the one command-line program (DESIGN.md). Subcommands:
+//   serve   coordinator + OpenAI-compatible HTTP API (in-process experts in single-node mode)
+//   worker  an expert worker of a cluster topology
+//   status  the health of every worker of a topology
+//   run     one generation without HTTP, streamed to stdout, stats to stderr
+// Exit status: 0 success, 1 failure, 2 invalid input (bad flags, config or prompt).
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+#include <string>
+
+#include <pthread.h>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "common/error.h"
+#include "common/topology.h"
+#include "coordinator/engine.h"
+#include "coordinator/http_api.h"
+
+#include "coordinator/status_report.h"
+#include "worker/worker_main.h"
+
+namespace charm {
+namespace {
+
+/// Blocks SIGINT and SIGTERM in this thread and every thread it starts afterwards, so
+/// that wait_for_stop_signal() can take them synchronously.
+sigset_t block_stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+/// Waits for SIGINT or SIGTERM; returns its number.
+int wait_for_stop_signal(const sigset_t& set) {
+  int sig = 0;
+  while (sigwait(&set, &sig) != 0) {
+  }
+  return sig;
+}
+
+struct ServeArgs {
+  std::string config;
+  std::optional<std::string> host;
+  std::optional<uint16_t> port;
+};
+
+int serve(const ServeArgs& args) {
+  sigset_t signals = block_stop_signals();  // before Engine and HttpApi start threads
+  Topology topology = Topology::load(args.config);
+  std::string host = args.host.value_or(topology.api_host);
+  uint16_t port = args.port.value_or(topology.api_port);
+  spdlog::info("charm serve: loading {} from {}", topology.model_name, topology.model.string());
+  std::unique_ptr<Engine> engine = Engine::create(topology);
+  HttpApi api(*engine, host, port);
+  api.start();
+  spdlog::info("charm serve: {} listening on http://{}:{}", engine->model_name(), host, api.port());
+  int sig = wait_for_stop_signal(signals);
+  spdlog::info("charm serve: {} received, stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  api.stop();
+  return 0;
+}
+
+int worker(const std::string& config, const std::string& name) {
+  Topology topology = Topology::load(config);
+  return run_worker(topology, name);
+}
+
+/// Prints the cluster table; exit 1 when a worker did not answer.
+int status(const std::string& config, int timeout_ms) {
+  Topology topology = Topology::load(config);
+  ClusterStatus report = collect_status(topology, timeout_ms);
+  std::cout << format_status(report) << std::flush;
+  return report.all_up ? 0 : 1;
+}
+
+struct RunArgs {
+  std::string config;
+  std::string prompt;
+  int64_t max_tokens = 256;
+  double temperature = 1.0;
+  std::optional<uint64_t> seed;
+  bool chat = false;
+};
+
+int run(const RunArgs& args) {
+  Topology topology = Topology::load(args.config);
+  std::unique_ptr<Engine> engine = Engine::create(topology);
+  std::string text = args.prompt;
+  if (args.chat) text = engine->chat_template().render({{"user", args.prompt}}, /*add_generation_prompt=*/true);
+  std::vector<int32_t> prompt = engine->tokenizer().encode(text, /*parse_special=*/true);
+  SamplingParams params;
+  params.max_tokens = args.max_tokens;
+  params.temperature = args.temperature;
+  params.seed = args.seed;
+  GenerationResult result = engine->generate(prompt, params, [](std::string_view piece) {
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+    return true;
+  });
+  std::fputc('\n', stdout);
+  std::fprintf(stderr,
+               "prompt tokens: %lld, generated tokens: %lld, finish: %s, TTFT: %.1f ms, decode: %.2f tok/s\n",
+               static_cast<long long>(result.prompt_tokens), static_cast<long long>(result.completion_tokens),
+               result.finish_reason.c_str(), result.ttft_ms, result.decode_tokens_per_s);
+  return 0;
+}
+
+int run_cli(int argc, char** argv) {
+  CLI::App app{"charm: serves mixture-of-experts models over a cluster of expert workers"};
+  app.require_subcommand(1);
+
+  ServeArgs serve_args;
+  CLI::App* serve_cmd = app.add_subcommand("serve", "Run the coordinator and the OpenAI-compatible HTTP API");
+  serve_cmd->add_option("--config", serve_args.config, "Topology YAML")->required();
+  serve_cmd->add_option("--host", serve_args.host, "Listen address (default: the config's api host)");
+  serve_cmd->add_option("--port", serve_args.port, "Listen port (default: the config's api port; 0 = any free)");
+
+  std::string worker_config, worker_name;
+  CLI::App* worker_cmd = app.add_subcommand("worker", "Run one expert worker of a cluster topology");
+  worker_cmd->add_option("--config", worker_config, "Topology YAML")->required();
+  worker_cmd->add_option("--name", worker_name, "This worker's name in the topology")->required();
+
+  std::string status_config;
+  int status_timeout_ms = 2000;
+  CLI::App* status_cmd = app.add_subcommand("status", "Show the health of every worker; exit 1 if one is down");
+  status_cmd->add_option("--config", status_config, "Topology YAML")->required();
+  status_cmd->add_option("--timeout-ms", status_timeout_ms, "Per-worker timeout")->check(CLI::PositiveNumber);
+
+  RunArgs run_args;
+  CLI::App* run_cmd = app.add_subcommand("run", "Generate one continuation without HTTP");
+  run_cmd->add_option("--config", run_args.config, "Topology YAML")->required();
+  run_cmd->add_option("--max-tokens", run_args.max_tokens, "Tokens to generate")->check(CLI::PositiveNumber);
+  run_cmd->add_option("--temperature", run_args.temperature, "0 = greedy")->check(CLI::NonNegativeNumber);
+  run_cmd->add_option("--seed", run_args.seed, "Sampling seed");
+  run_cmd->add_flag("--chat", run_args.chat, "Wrap the prompt as one user message in the chat template");
+  run_cmd->add_option("prompt", run_args.prompt, "Prompt text")->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (*serve_cmd) return serve(serve_args);
+  if (*worker_cmd) return worker(worker_config, worker_name);
+  if (*status_cmd) return status(status_config, status_timeout_ms);
+  return run(run_args);
+}
+
+}  // namespace
+}  // namespace charm
+
+int main(int argc, char** argv) {
+  try {
+    return charm::run_cli(argc, argv);
+  } catch (const charm::Error& e) {
+    std::fprintf(stderr, "charm: %s\n", e.message().c_str());
+    return e.category() == charm::ErrorCategory::kInvalidInput ? 2 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "charm: internal error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,267 @@
+// The OpenAI-compatible HTTP API; see http_api.h and docs/api.md.
+#include "coordinator/http_api.h"
+
+#include <chrono>
+#include <map>
+#include <set>
+#include <thread>
+
+#include <sys/socket.h>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "common/error.h"
+#include "coordinator/openai_request.h"
+#include "coordinator/openai_response.h"
+
+namespace charm {
+
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char* kJson = "application/json";
+/// Largest request body accepted (a long chat history is well under this).
+constexpr size_t kMaxBodyBytes = 32u << 20;
+
+/// Methods each known path answers; other methods on these paths get 405.
+const std::map<std::string, std::set<std::string>>& known_paths() {
+  static const std::map<std::string, std::set<std::string>> paths = {
+      {"/health", {"GET", "HEAD"}},
+      {"/v1/models", {"GET", "HEAD"}},
+      {"/cluster/status", {"GET", "HEAD"}},
+      {"/v1/completions", {"POST"}},
+      {"/v1/chat/completions", {"POST"}},
+  };
+  return paths;
+}
+
+void send_error(httplib::Response& res, const ApiError& error) {
+  res.status = error.status();
+  res.set_content(dump_json(error_body(error)), kJson);
+}
+
+/// The ApiError an exception thrown while serving maps to: the engine's and template's
+/// kInvalidInput is the client's fault (400); anything else is the server's (500).
+ApiError to_api_error(std::exception_ptr ep) {
+  try {
+    std::rethrow_exception(ep);
+  } catch (const ApiError& e) {
+    return e;
+  } catch (const Error& e) {
+    if (e.category() == ErrorCategory::kInvalidInput) return ApiError(400, e.message());
+    return ApiError(500, e.what(), "", "server_error");
+  } catch (const std::exception& e) {
+    return ApiError(500, std::string("internal error: ") + e.what(), "", "server_error");
+  } catch (...) {
+    return ApiError(500, "internal error", "", "server_error");
+  }
+}
+
+/// Runs `body`, turning any exception into an OpenAI-style error response.
+template <class F>
+void guarded(httplib::Response& res, F&& body) {
+  try {
+    body();
+  } catch (...) {
+    ApiError error = to_api_error(std::current_exception());
+    if (error.status() >= 500) spdlog::error("http api: {}", error.what());
+    send_error(res, error);
+  }
+}
+
+/// The prompt's token ids: the client's ids (checked against the vocabulary), the
+/// completion prompt encoded, or the chat rendered with the model's template and encoded
+/// with special tokens parsed (the template writes them as text).
+std::vector<int32_t> prompt_tokens(const Engine& engine, const ApiRequest& req) {
+  const Tokenizer& tok = engine.tokenizer();
+  if (req.kind == RequestKind::kChat) {
+    std::string text = engine.chat_template().render(req.messages, /*add_generation_prompt=*/true);
+    return tok.encode(text, /*parse_special=*/true);
+  }
+  if (!req.has_prompt_ids) return tok.encode(req.prompt_text, /*parse_special=*/true);
+  for (int32_t id : req.prompt_ids)
+    if (id >= tok.vocab_size())
+      throw ApiError(400, "'prompt' token id " + std::to_string(id) + " is outside the vocabulary of " +
+                              std::to_string(tok.vocab_size()),
+                     "prompt");
+  return req.prompt_ids;
+}
+
+/// One streamed generation: everything the content provider needs after the handler
+/// has returned.
+struct StreamJob {
+  ApiRequest request;
+  std::vector<int32_t> prompt;
+  ResponseMeta meta;
+};
+
+/// Writes the SSE stream of one generation to `sink`. Returns false when the client went
+/// away (the generation is then cancelled through on_text).
+bool write_stream(Engine& engine, const std::atomic<bool>& stopping, const StreamJob& job,
+                  httplib::DataSink& sink) {
+  const bool usage = job.request.include_usage;
+  bool open = true;
+  auto send = [&](const std::string& event) {
+    if (open && !sink.write(event.data(), event.size())) open = false;
+    return open;
+  };
+  if (job.meta.kind == RequestKind::kChat) send(sse_event(role_chunk(job.meta, usage)));
+  try {
+    GenerationResult result = engine.generate(job.prompt, job.request.sampling, [&](std::string_view piece) {
+      if (piece.empty()) return open && !stopping;
+      return send(sse_event(text_chunk(job.meta, piece, usage))) && !stopping;
+    });
+    send(sse_event(finish_chunk(job.meta, result.finish_reason, usage)));
+    if (usage) send(sse_event(usage_chunk(job.meta, result)));
+  } catch (...) {
+    // Headers (200) are gone already: report the error as an event, as OpenAI does.
+    ApiError error = to_api_error(std::current_exception());
+    spdlog::warn("http api: stream {} failed: {}", job.meta.id, error.what());
+    send(sse_event(error_body(error)));
+  }
+  send(std::string(kSseDone));
+  if (open) sink.done();
+  return open;
+}
+
+void serve_generation(Engine& engine, const std::atomic<bool>& stopping, const httplib::Request& req,
+                      httplib::Response& res, RequestKind kind) {
+  ApiRequest request = kind == RequestKind::kChat ? parse_chat_request(req.body) : parse_completion_request(req.body);
+  std::vector<int32_t> prompt = prompt_tokens(engine, request);
+  check_context(request, int64_t(prompt.size()), engine.max_context());
+  ResponseMeta meta = new_response_meta(kind, engine.model_name());
+
+  if (!request.stream) {
+    GenerationResult result =
+        engine.generate(prompt, request.sampling, [&](std::string_view) { return !stopping.load(); });
+    res.set_content(dump_json(response_body(meta, result)), kJson);
+    return;
+  }
+  auto job = std::make_shared<StreamJob>(StreamJob{std::move(request), std::move(prompt), std::move(meta)});
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider("text/event-stream", [&engine, &stopping, job](size_t, httplib::DataSink& sink) {
+    return write_stream(engine, stopping, *job, sink);
+  });
+}
+
+json cluster_status_body(const Engine& engine) {
+  json workers = json::array();
+  for (const WorkerStatus& w : engine.cluster_status()) {
+    workers.push_back({{"name", w.name},
+                       {"address", w.address},
+                       {"state", w.state},
+                       {"experts_held", w.experts_held},
+                       {"requests", w.requests},
+                       {"rtt_p50_ms", w.rtt_p50_ms},
+                       {"rtt_p99_ms", w.rtt_p99_ms},
+                       {"bytes_out", w.bytes_out},
+                       {"bytes_in", w.bytes_in}});
+  }
+  return {{"workers", workers}};
+}
+
+/// Fills in 404 / 405 bodies for requests no route took (handlers' own errors already
+/// carry a body and are left alone).
+httplib::Server::HandlerResponse fill_routing_error(const httplib::Request& req, httplib::Response& res) {
+  if (!res.body.empty() || res.status != 404) return httplib::Server::HandlerResponse::Unhandled;
+  auto it = known_paths().find(req.path);
+  if (it == known_paths().end()) {
+    send_error(res, ApiError(404, "no such endpoint: " + req.method + " " + req.path, "", "not_found_error"));
+  } else {
+    std::string allow;
+    for (const std::string& m : it->second) allow += (allow.empty() ? "" : ", ") + m;
+    send_error(res, ApiError(405, "method " + req.method + " is not allowed on " + req.path + " (allowed: " + allow + ")",
+                             "", "invalid_request_error"));
+    res.set_header("Allow", allow);
+  }
+  return httplib::Server::HandlerResponse::Handled;
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+HttpApi::HttpApi(Engine& engine, std::string host, uint16_t port)
+    : engine_(engine), host_(std::move(host)), port_(port), server_(std::make_unique<httplib::Server>()) {}
+
+HttpApi::~HttpApi() { stop(); }
+
+void HttpApi::install_routes() {
+  httplib::Server& s = *server_;
+  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(dump_json({{"status", "ok"}, {"model", engine_.model_name()}}), kJson);
+  });
+  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    json model = {{"id", engine_.model_name()}, {"object", "model"}, {"created", started_at_}, {"owned_by", "charm"},
+                  {"max_model_len", engine_.max_context()}};
+    res.set_content(dump_json({{"object", "list"}, {"data", json::array({model})}}), kJson);
+  });
+  s.Get("/cluster/status", [this](const httplib::Request&, httplib::Response& res) {
+    guarded(res, [&] { res.set_content(dump_json(cluster_status_body(engine_)), kJson); });
+  });
+  s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded(res, [&] { serve_generation(engine_, stopping_, req, res, RequestKind::kCompletion); });
+  });
+  s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded(res, [&] { serve_generation(engine_, stopping_, req, res, RequestKind::kChat); });
+  });
+  // Every other method on a known path is answered 405 by fill_routing_error.
+  for (const auto& [path, methods] : known_paths()) {
+    auto not_allowed = [](const httplib::Request&, httplib::Response& res) { res.status = 404; };
+    if (!methods.count("GET")) s.Get(path, not_allowed);
+    if (!methods.count("POST")) s.Post(path, httplib::Server::Handler(not_allowed));
+    s.Put(path, httplib::Server::Handler(not_allowed));
+    s.Patch(path, httplib::Server::Handler(not_allowed));
+    s.Delete(path, httplib::Server::Handler(not_allowed));
+  }
+  s.set_error_handler(httplib::Server::HandlerWithResponse(fill_routing_error));
+  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    send_error(res, to_api_error(ep));
+  });
+  s.set_payload_max_length(kMaxBodyBytes);
+  // httplib's default also sets SO_REUSEPORT, which lets a second server bind the same
+  // port silently; keep only SO_REUSEADDR (quick restarts) so a port in use is an error.
+  s.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
+}
+
+void HttpApi::start() {
+  if (thread_.joinable()) fail_internal("HttpApi::start called twice");
+  install_routes();
+  started_at_ = unix_now();
+  int port = port_;
+  if (port_ == 0) {
+    port = server_->bind_to_any_port(host_);
+    if (port < 0) fail_io("http api: cannot bind " + host_ + " on any port");
+  } else if (!server_->bind_to_port(host_, port_)) {
+    fail_io("http api: cannot bind " + host_ + ":" + std::to_string(port_) + " (in use, or not a local address?)");
+  }
+  bound_port_ = uint16_t(port);
+  thread_ = std::thread([this] {
+    if (!server_->listen_after_bind() && !stopping_) spdlog::error("http api: server on {}:{} ended", host_, bound_port_);
+    listen_ended_ = true;
+  });
+  // httplib's stop() does nothing until the listen loop has started: wait for it, so
+  // that a stop() right after start() is not lost.
+  while (!server_->is_running() && !listen_ended_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+void HttpApi::stop() {
+  stopping_ = true;
+  if (!thread_.joinable()) return;
+  while (!listen_ended_) {
+    server_->stop();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  thread_.join();
+}
+
+}  // namespace charm

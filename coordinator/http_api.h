@@ -1,0 +1,59 @@
+// The OpenAI-compatible HTTP API over an Engine (cpp-httplib): /health, /v1/models,
+// /v1/completions, /v1/chat/completions (whole or streamed as Server-Sent Events, as the
+// OpenAI API sends them) and /cluster/status. Endpoints, fields and errors are
+// documented in docs/api.md.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "coordinator/engine.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace charm {
+
+/// Serves one Engine over HTTP. The server runs on its own thread pool; the Engine must
+/// outlive the HttpApi (it serialises generation itself). Not copyable.
+class HttpApi {
+ public:
+  /// Does not bind yet. `port` 0 asks the OS for a free port (see port()).
+  HttpApi(Engine& engine, std::string host, uint16_t port);
+  /// Stops the server if it is running.
+  ~HttpApi();
+  HttpApi(const HttpApi&) = delete;
+  HttpApi& operator=(const HttpApi&) = delete;
+
+  /// Binds host:port and starts serving on a background thread; returns once the
+  /// socket listens. Throws Error(kIo) naming the address when it cannot bind, and
+  /// Error(kInternal) when called twice.
+  void start();
+
+  /// Stops accepting, waits for the server thread to end. Requests in flight finish
+  /// their current write. Idempotent.
+  void stop();
+
+  /// The port bound (the OS's choice when constructed with 0); 0 before start().
+  uint16_t port() const { return bound_port_; }
+  const std::string& host() const { return host_; }
+
+ private:
+  void install_routes();
+
+  Engine& engine_;
+  std::string host_;
+  uint16_t port_;
+  uint16_t bound_port_ = 0;
+  int64_t started_at_ = 0;  ///< Unix seconds, reported as the model's "created"
+  std::atomic<bool> stopping_{false};  ///< cancels generations in flight on stop()
+  std::atomic<bool> listen_ended_{false};
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+};
+
+}  // namespace charm

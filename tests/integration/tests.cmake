@@ -1,0 +1,12 @@
+# Integration tests: whole `charm` processes (serve + workers) driven over HTTP by the
+# official `openai` Python client, and `charm status`. Included from tests/CMakeLists.txt.
+
+find_package(Python3 COMPONENTS Interpreter)
+if(Python3_Interpreter_FOUND)
+  add_test(NAME integration_api
+    COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_api.py
+            --charm $<TARGET_FILE:charm>
+            --config ${PROJECT_SOURCE_DIR}/configs/local-cluster.yaml
+            --source-dir ${PROJECT_SOURCE_DIR})
+  set_tests_properties(integration_api PROPERTIES LABELS integration TIMEOUT 600)
+endif()

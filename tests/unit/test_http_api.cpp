@@ -1,0 +1,544 @@
+// Tests of the OpenAI-compatible HTTP API (coordinator/http_api.h) over a fake Engine:
+// every endpoint, the SSE framing of streams, defaults, and each rejected request.
+#include <doctest/doctest.h>
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "common/error.h"
+#include "coordinator/http_api.h"
+
+using json = nlohmann::json;
+
+namespace {
+
+/// One token per byte; "<|end|>" is special token 256 when parse_special.
+class ByteTokenizer : public charm::Tokenizer {
+ public:
+  std::vector<int32_t> encode(std::string_view text, bool parse_special) const override {
+    std::vector<int32_t> ids;
+    for (size_t i = 0; i < text.size(); ++i) {
+      if (parse_special && text.substr(i, 7) == "<|end|>") {
+        ids.push_back(256);
+        i += 6;
+      } else {
+        ids.push_back(static_cast<unsigned char>(text[i]));
+      }
+    }
+    return ids;
+  }
+  std::string decode(std::span<const int32_t> ids, bool skip_special) const override {
+    std::string s;
+    for (int32_t id : ids) s += token_bytes(id);
+    return s;
+  }
+  std::string token_bytes(int32_t id) const override {
+    if (id == 256) return "<|end|>";
+    if (id < 0 || id >= vocab_size()) charm::fail_invalid("token id out of range");
+    return std::string(1, char(id));
+  }
+  int32_t token_id(std::string_view token) const override { return token == "<|end|>" ? 256 : -1; }
+  int32_t vocab_size() const override { return 300; }
+  bool is_special(int32_t id) const override { return id == 256; }
+};
+
+/// "<role>content\n" per message, then "<assistant>"; content "RAISE" raises, as a
+/// template's raise_exception would.
+class TagTemplate : public charm::ChatTemplate {
+ public:
+  std::string render(const std::vector<charm::ChatMessage>& messages, bool add_generation_prompt) const override {
+    std::string out;
+    for (const auto& m : messages) {
+      if (m.content == "RAISE") charm::fail_invalid("template: conversation roles must alternate");
+      out += "<" + m.role + ">" + m.content + "\n";
+    }
+    if (add_generation_prompt) out += "<assistant>";
+    return out;
+  }
+  // Deliberately without `override`: compiles whether or not the interface has it yet.
+  std::string render_json(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                          const nlohmann::ordered_json&) const {
+    std::vector<charm::ChatMessage> list;
+    for (const auto& m : messages) list.push_back({m.at("role"), m.at("content")});
+    return render(list, add_generation_prompt);
+  }
+};
+
+/// Replies with kReply one byte per token (stop strings and max_tokens honoured). A
+/// prompt containing "boom" fails with an I/O error, "invalid" with kInvalidInput,
+/// "forever" emits "x" until cancelled (at most kForever pieces, whatever max_tokens).
+class FakeEngine : public charm::Engine {
+ public:
+  static constexpr const char* kReply = "Hello, world!";
+  static constexpr int64_t kForever = 200000;  // ~30 MB of events: more than socket buffers hold
+
+  const charm::Tokenizer& tokenizer() const override { return tokenizer_; }
+  const charm::ChatTemplate& chat_template() const override { return template_; }
+  const std::string& model_name() const override { return name_; }
+  int64_t max_context() const override { return 1000; }
+
+  charm::GenerationResult generate(const std::vector<int32_t>& prompt, const charm::SamplingParams& params,
+                                   const std::function<bool(std::string_view)>& on_text) override {
+    std::string text = tokenizer_.decode(prompt, false);
+    {
+      std::lock_guard lock(mu_);
+      last_prompt_ = prompt;
+      last_params_ = params;
+      cancelled_ = false;
+      finished_ = false;
+    }
+    if (text.find("boom") != std::string::npos) charm::fail_io("expert file /x/e3.bin: disk on fire");
+    if (text.find("invalid") != std::string::npos) charm::fail_invalid("engine refused the prompt");
+    bool forever = text.find("forever") != std::string::npos;
+    charm::GenerationResult r;
+    r.prompt_tokens = int64_t(prompt.size());
+    r.finish_reason = "length";
+    std::string reply = kReply;
+    int64_t limit = forever ? kForever : params.max_tokens;
+    for (int64_t i = 0; i < limit; ++i) {
+      if (!forever && size_t(i) == reply.size()) {
+        r.finish_reason = "stop";
+        break;
+      }
+      std::string piece = forever ? "x" : reply.substr(size_t(i), 1);
+      bool hit_stop = false;
+      for (const auto& s : params.stop)
+        if ((r.text + piece).ends_with(s)) hit_stop = true;
+      r.tokens.push_back(piece[0]);
+      r.completion_tokens++;
+      if (hit_stop) {  // the fake's stop strings are one character
+        r.finish_reason = "stop";
+        break;
+      }
+      r.text += piece;
+      pieces_ = r.completion_tokens;
+      if (!on_text(piece)) {
+        std::lock_guard lock(mu_);
+        cancelled_ = true;
+        break;
+      }
+    }
+    std::lock_guard lock(mu_);
+    finished_ = true;
+    return r;
+  }
+
+  std::vector<float> prompt_logits(const std::vector<int32_t>&) override { return {}; }
+
+  std::vector<charm::WorkerStatus> cluster_status() const override {
+    charm::WorkerStatus a{"w0", "127.0.0.1:7001", "up", 64, 10, 1.5, 3.0, 1000, 2000};
+    charm::WorkerStatus b{"w1", "127.0.0.1:7002", "down", 0, 0, 0, 0, 0, 0};
+    return {a, b};
+  }
+
+  std::vector<int32_t> last_prompt() {
+    std::lock_guard lock(mu_);
+    return last_prompt_;
+  }
+  charm::SamplingParams last_params() {
+    std::lock_guard lock(mu_);
+    return last_params_;
+  }
+  bool cancelled() {
+    std::lock_guard lock(mu_);
+    return cancelled_;
+  }
+  int64_t pieces() const { return pieces_; }
+  bool finished() {
+    std::lock_guard lock(mu_);
+    return finished_;
+  }
+
+ private:
+  ByteTokenizer tokenizer_;
+  TagTemplate template_;
+  std::string name_ = "fake-moe";
+  std::mutex mu_;
+  std::vector<int32_t> last_prompt_;
+  charm::SamplingParams last_params_;
+  bool cancelled_ = false;
+  bool finished_ = false;
+  std::atomic<int64_t> pieces_{0};
+};
+
+/// A FakeEngine served on a free loopback port, with a client.
+struct Served {
+  FakeEngine engine;
+  charm::HttpApi api{engine, "127.0.0.1", 0};
+  std::unique_ptr<httplib::Client> client;
+  Served() {
+    api.start();
+    client = std::make_unique<httplib::Client>("127.0.0.1", api.port());
+    client->set_read_timeout(30, 0);
+  }
+  httplib::Result post(const std::string& path, const json& body) {
+    return client->Post(path.c_str(), body.dump(), "application/json");
+  }
+};
+
+/// The `data:` payloads of an SSE body; checks the framing of every event.
+std::vector<std::string> sse_payloads(const std::string& body) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    size_t end = body.find("\n\n", pos);
+    REQUIRE(end != std::string::npos);
+    std::string event = body.substr(pos, end - pos);
+    REQUIRE(event.rfind("data: ", 0) == 0);
+    out.push_back(event.substr(6));
+    pos = end + 2;
+  }
+  return out;
+}
+
+/// Checks an OpenAI-style error response naming `param` (null when empty).
+void check_error(const httplib::Result& res, int status, const std::string& param) {
+  REQUIRE(res);
+  CHECK(res->status == status);
+  json body = json::parse(res->body);
+  REQUIRE(body.contains("error"));
+  CHECK(body["error"]["message"].is_string());
+  CHECK(!body["error"]["message"].get<std::string>().empty());
+  CHECK(body["error"]["type"].is_string());
+  CHECK(body["error"]["code"].is_null());
+  if (param.empty()) {
+    CHECK(body["error"]["param"].is_null());
+  } else {
+    CHECK(body["error"]["param"] == param);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("health, models and cluster status") {
+  Served s;
+  auto health = s.client->Get("/health");
+  REQUIRE(health);
+  CHECK(health->status == 200);
+  CHECK(json::parse(health->body) == json{{"status", "ok"}, {"model", "fake-moe"}});
+
+  auto models = s.client->Get("/v1/models");
+  REQUIRE(models);
+  json m = json::parse(models->body);
+  CHECK(m["object"] == "list");
+  REQUIRE(m["data"].size() == 1);
+  CHECK(m["data"][0]["id"] == "fake-moe");
+  CHECK(m["data"][0]["object"] == "model");
+  CHECK(m["data"][0]["owned_by"].is_string());
+  CHECK(m["data"][0]["created"].is_number_integer());
+
+  auto cluster = s.client->Get("/cluster/status");
+  REQUIRE(cluster);
+  json c = json::parse(cluster->body);
+  REQUIRE(c["workers"].size() == 2);
+  CHECK(c["workers"][0] == json{{"name", "w0"}, {"address", "127.0.0.1:7001"}, {"state", "up"},
+                                {"experts_held", 64}, {"requests", 10}, {"rtt_p50_ms", 1.5},
+                                {"rtt_p99_ms", 3.0}, {"bytes_out", 1000}, {"bytes_in", 2000}});
+  CHECK(c["workers"][1]["state"] == "down");
+}
+
+TEST_CASE("completions: response shape, usage and defaults") {
+  Served s;
+  auto res = s.post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 5}});
+  REQUIRE(res);
+  REQUIRE(res->status == 200);
+  CHECK(res->get_header_value("Content-Type") == "application/json");
+  json b = json::parse(res->body);
+  CHECK(b["object"] == "text_completion");
+  CHECK(b["id"].get<std::string>().rfind("cmpl-", 0) == 0);
+  CHECK(b["model"] == "fake-moe");
+  CHECK(b["created"].is_number_integer());
+  REQUIRE(b["choices"].size() == 1);
+  CHECK(b["choices"][0] == json{{"text", "Hello"}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", "length"}});
+  CHECK(b["usage"] == json{{"prompt_tokens", 2}, {"completion_tokens", 5}, {"total_tokens", 7}});
+  CHECK(s.engine.last_prompt() == std::vector<int32_t>{'h', 'i'});
+
+  // OpenAI defaults when fields are absent.
+  res = s.post("/v1/completions", {{"prompt", "hi"}});
+  REQUIRE(res);
+  REQUIRE(res->status == 200);
+  charm::SamplingParams p = s.engine.last_params();
+  CHECK(p.temperature == 1.0);
+  CHECK(p.top_p == 1.0);
+  CHECK(p.top_k == 0);
+  CHECK(p.max_tokens == 256);
+  CHECK(!p.seed.has_value());
+  CHECK(p.stop.empty());
+  json b2 = json::parse(res->body);
+  CHECK(b2["choices"][0]["text"] == FakeEngine::kReply);
+  CHECK(b2["choices"][0]["finish_reason"] == "stop");
+}
+
+TEST_CASE("completions: prompt forms and sampling fields reach the engine") {
+  Served s;
+  auto res = s.post("/v1/completions", {{"prompt", json::array({"ab<|end|>"})}, {"max_tokens", 1}});
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  CHECK(s.engine.last_prompt() == std::vector<int32_t>{'a', 'b', 256});  // special token parsed
+
+  res = s.post("/v1/completions", {{"prompt", json::array({7, 8, 9})}, {"max_tokens", 1}});
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  CHECK(s.engine.last_prompt() == std::vector<int32_t>{7, 8, 9});
+
+  res = s.post("/v1/completions", {{"prompt", json::array({json::array({4, 5})})}, {"max_tokens", 1}});
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  CHECK(s.engine.last_prompt() == std::vector<int32_t>{4, 5});
+
+  res = s.post("/v1/completions", {{"prompt", "x"}, {"temperature", 0.5}, {"top_p", 0.9}, {"top_k", 40},
+                                   {"seed", 7}, {"stop", json::array({"o", "z"})}, {"max_tokens", 50}});
+  REQUIRE(res);
+  REQUIRE(res->status == 200);
+  charm::SamplingParams p = s.engine.last_params();
+  CHECK(p.temperature == 0.5);
+  CHECK(p.top_p == 0.9);
+  CHECK(p.top_k == 40);
+  REQUIRE(p.seed.has_value());
+  CHECK(*p.seed == 7u);
+  CHECK(p.max_tokens == 50);
+  CHECK(p.stop == std::vector<std::string>{"o", "z"});
+  json b = json::parse(res->body);
+  CHECK(b["choices"][0]["text"] == "Hell");
+  CHECK(b["choices"][0]["finish_reason"] == "stop");
+
+  res = s.post("/v1/completions", {{"prompt", "x"}, {"stop", "l"}, {"top_k", -1}, {"temperature", 0}});
+  REQUIRE(res);
+  REQUIRE(res->status == 200);
+  CHECK(s.engine.last_params().stop == std::vector<std::string>{"l"});
+  CHECK(s.engine.last_params().top_k == 0);
+  CHECK(s.engine.last_params().temperature == 0.0);
+}
+
+TEST_CASE("chat completions: template, tokenization and response shape") {
+  Served s;
+  json messages = json::array({{{"role", "system"}, {"content", "be brief"}},
+                               {{"role", "user"}, {"content", json::array({{{"type", "text"}, {"text", "hi "}},
+                                                                           {{"type", "text"}, {"text", "there"}}})}}});
+  auto res = s.post("/v1/chat/completions", {{"messages", messages}, {"max_completion_tokens", 3}});
+  REQUIRE(res);
+  REQUIRE(res->status == 200);
+  ByteTokenizer tok;
+  CHECK(s.engine.last_prompt() == tok.encode("<system>be brief\n<user>hi there\n<assistant>", true));
+  CHECK(s.engine.last_params().max_tokens == 3);
+  json b = json::parse(res->body);
+  CHECK(b["object"] == "chat.completion");
+  CHECK(b["id"].get<std::string>().rfind("chatcmpl-", 0) == 0);
+  REQUIRE(b["choices"].size() == 1);
+  CHECK(b["choices"][0]["index"] == 0);
+  CHECK(b["choices"][0]["message"] == json{{"role", "assistant"}, {"content", "Hel"}});
+  CHECK(b["choices"][0]["finish_reason"] == "length");
+  int64_t prompt_tokens = int64_t(s.engine.last_prompt().size());
+  CHECK(b["usage"] == json{{"prompt_tokens", prompt_tokens}, {"completion_tokens", 3},
+                           {"total_tokens", prompt_tokens + 3}});
+}
+
+TEST_CASE("completions stream: SSE framing and text equal to the whole response") {
+  Served s;
+  auto whole = s.post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 8}});
+  REQUIRE(whole);
+  std::string expected = json::parse(whole->body)["choices"][0]["text"];
+
+  auto res = s.post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 8}, {"stream", true}});
+  REQUIRE(res);
+  REQUIRE(res->status == 200);
+  CHECK(res->get_header_value("Content-Type") == "text/event-stream");
+  std::vector<std::string> events = sse_payloads(res->body);
+  REQUIRE(events.size() == 8 + 2);  // one per piece, the finish chunk, [DONE]
+  CHECK(events.back() == "[DONE]");
+  std::string text;
+  std::string id;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    json c = json::parse(events[i]);
+    CHECK(c["object"] == "text_completion");
+    CHECK(!c.contains("usage"));
+    if (id.empty()) id = c["id"];
+    CHECK(c["id"] == id);  // one id for the whole stream
+    REQUIRE(c["choices"].size() == 1);
+    text += c["choices"][0]["text"].get<std::string>();
+    bool last = i + 2 == events.size();
+    CHECK(c["choices"][0]["finish_reason"] == (last ? json("length") : json(nullptr)));
+  }
+  CHECK(text == expected);
+}
+
+TEST_CASE("chat stream: role chunk, content deltas, finish chunk, usage chunk") {
+  Served s;
+  json body = {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})},
+               {"stream", true},
+               {"stream_options", {{"include_usage", true}}}};
+  auto res = s.post("/v1/chat/completions", body);
+  REQUIRE(res);
+  REQUIRE(res->status == 200);
+  std::vector<std::string> events = sse_payloads(res->body);
+  size_t n = std::string(FakeEngine::kReply).size();
+  REQUIRE(events.size() == 1 + n + 1 + 1 + 1);  // role, pieces, finish, usage, [DONE]
+  CHECK(events.back() == "[DONE]");
+
+  json first = json::parse(events[0]);
+  CHECK(first["object"] == "chat.completion.chunk");
+  CHECK(first["choices"][0]["delta"]["role"] == "assistant");
+  CHECK(first["usage"].is_null());
+  std::string content;
+  for (size_t i = 1; i <= n; ++i) {
+    json c = json::parse(events[i]);
+    CHECK(c["choices"][0]["finish_reason"].is_null());
+    CHECK(!c["choices"][0]["delta"].contains("role"));
+    content += c["choices"][0]["delta"]["content"].get<std::string>();
+  }
+  CHECK(content == FakeEngine::kReply);
+  json finish = json::parse(events[n + 1]);
+  CHECK(finish["choices"][0]["finish_reason"] == "stop");
+  CHECK(finish["choices"][0]["delta"] == json::object());
+  json usage = json::parse(events[n + 2]);
+  CHECK(usage["choices"] == json::array());
+  int64_t prompt_tokens = int64_t(s.engine.last_prompt().size());
+  CHECK(usage["usage"] == json{{"prompt_tokens", prompt_tokens}, {"completion_tokens", int64_t(n)},
+                               {"total_tokens", prompt_tokens + int64_t(n)}});
+}
+
+TEST_CASE("bad requests get 400 naming the field") {
+  Served s;
+  json user = json::array({{{"role", "user"}, {"content", "hi"}}});
+  auto raw = s.client->Post("/v1/chat/completions", "{not json", "application/json");
+  check_error(raw, 400, "");
+  raw = s.client->Post("/v1/completions", "[1, 2]", "application/json");
+  check_error(raw, 400, "");
+
+  check_error(s.post("/v1/chat/completions", json::object()), 400, "messages");
+  check_error(s.post("/v1/chat/completions", {{"messages", json::array()}}), 400, "messages");
+  check_error(s.post("/v1/chat/completions", {{"messages", "hi"}}), 400, "messages");
+  check_error(s.post("/v1/chat/completions", {{"messages", json::array({{{"role", "wizard"}, {"content", "x"}}})}}),
+              400, "messages[0].role");
+  check_error(s.post("/v1/chat/completions", {{"messages", json::array({{{"content", "x"}}})}}), 400,
+              "messages[0].role");
+  check_error(s.post("/v1/chat/completions", {{"messages", json::array({{{"role", "user"}, {"content", 5}}})}}),
+              400, "messages[0].content");
+  check_error(s.post("/v1/chat/completions",
+                     {{"messages", json::array({{{"role", "user"},
+                                                 {"content", json::array({{{"type", "image_url"}}})}}})}}),
+              400, "messages[0].content");
+  check_error(s.post("/v1/chat/completions", {{"messages", user}, {"temperature", -1}}), 400, "temperature");
+  check_error(s.post("/v1/chat/completions", {{"messages", user}, {"temperature", "hot"}}), 400, "temperature");
+  check_error(s.post("/v1/chat/completions", {{"messages", user}, {"top_p", 0}}), 400, "top_p");
+  check_error(s.post("/v1/chat/completions", {{"messages", user}, {"top_p", 1.5}}), 400, "top_p");
+  check_error(s.post("/v1/chat/completions", {{"messages", user}, {"top_k", -2}}), 400, "top_k");
+  check_error(s.post("/v1/chat/completions", {{"messages", user}, {"max_tokens", 0}}), 400, "max_tokens");
+  check_error(s.post("/v1/chat/completions", {{"messages", user}, {"max_tokens", 1.5}}), 400, "max_tokens");
+  check_error(s.post("/v1/chat/completions", {{"messages", user}, {"max_tokens", 995}}), 400, "max_tokens");
+  check_error(s.post("/v1/chat/completions", {{"messages", user}, {"n", 2}}), 400, "n");
+  check_error(s.post("/v1/chat/completions", {{"messages", user}, {"seed", "x"}}), 400, "seed");
+  check_error(s.post("/v1/chat/completions", {{"messages", user}, {"stop", 5}}), 400, "stop");
+  check_error(s.post("/v1/chat/completions", {{"messages", user}, {"stop", json::array({""})}}), 400, "stop");
+  check_error(s.post("/v1/chat/completions", {{"messages", user}, {"stream", "yes"}}), 400, "stream");
+  check_error(s.post("/v1/chat/completions", {{"messages", user}, {"stream_options", {{"include_usage", true}}}}),
+              400, "stream_options");
+  check_error(s.post("/v1/chat/completions", {{"messages", user}, {"logprobs", true}}), 400, "logprobs");
+
+  check_error(s.post("/v1/completions", {{"max_tokens", 3}}), 400, "prompt");
+  check_error(s.post("/v1/completions", {{"prompt", 5}}), 400, "prompt");
+  check_error(s.post("/v1/completions", {{"prompt", json::array({"a", "b"})}}), 400, "prompt");
+  check_error(s.post("/v1/completions", {{"prompt", json::array({1, "b"})}}), 400, "prompt");
+  check_error(s.post("/v1/completions", {{"prompt", json::array({-1})}}), 400, "prompt");
+  check_error(s.post("/v1/completions", {{"prompt", json::array({300})}}), 400, "prompt");  // outside vocab
+  check_error(s.post("/v1/completions", {{"prompt", ""}}), 400, "prompt");
+  check_error(s.post("/v1/completions", {{"prompt", std::string(1000, 'a')}, {"max_tokens", 1}}), 400, "prompt");
+  check_error(s.post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 999}}), 400, "max_tokens");
+  // The limit itself is allowed: 2 + 998 = 1000.
+  auto ok = s.post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 998}});
+  REQUIRE(ok);
+  CHECK(ok->status == 200);
+}
+
+TEST_CASE("unknown paths get 404, wrong methods 405") {
+  Served s;
+  auto res = s.client->Get("/v1/nothing");
+  REQUIRE(res);
+  CHECK(res->status == 404);
+  CHECK(json::parse(res->body)["error"]["message"].get<std::string>().find("/v1/nothing") != std::string::npos);
+  res = s.client->Post("/nothing", "{}", "application/json");
+  REQUIRE(res);
+  CHECK(res->status == 404);
+
+  res = s.client->Get("/v1/completions");
+  REQUIRE(res);
+  CHECK(res->status == 405);
+  CHECK(res->get_header_value("Allow") == "POST");
+  CHECK(json::parse(res->body)["error"]["type"] == "invalid_request_error");
+  res = s.client->Post("/health", "{}", "application/json");
+  REQUIRE(res);
+  CHECK(res->status == 405);
+  res = s.client->Delete("/v1/chat/completions");
+  REQUIRE(res);
+  CHECK(res->status == 405);
+}
+
+TEST_CASE("engine and template errors map to 400 / 500 and the server stays up") {
+  Served s;
+  auto res = s.post("/v1/completions", {{"prompt", "invalid"}});
+  check_error(res, 400, "");
+  CHECK(json::parse(res->body)["error"]["message"] == "engine refused the prompt");
+
+  res = s.post("/v1/completions", {{"prompt", "boom"}});
+  check_error(res, 500, "");
+  CHECK(json::parse(res->body)["error"]["message"].get<std::string>().find("disk on fire") != std::string::npos);
+
+  res = s.post("/v1/chat/completions", {{"messages", json::array({{{"role", "user"}, {"content", "RAISE"}}})}});
+  check_error(res, 400, "");
+  CHECK(json::parse(res->body)["error"]["message"].get<std::string>().find("alternate") != std::string::npos);
+
+  // A failure after the stream began arrives as an error event, then [DONE].
+  res = s.post("/v1/completions", {{"prompt", "boom"}, {"stream", true}});
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  std::vector<std::string> events = sse_payloads(res->body);
+  REQUIRE(events.size() == 2);
+  CHECK(json::parse(events[0])["error"]["type"] == "server_error");
+  CHECK(events[1] == "[DONE]");
+
+  auto health = s.client->Get("/health");
+  REQUIRE(health);
+  CHECK(health->status == 200);
+}
+
+TEST_CASE("a client that disconnects mid-stream cancels the generation") {
+  Served s;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = json{{"prompt", "forever"}, {"max_tokens", 10}, {"stream", true}}.dump();
+  req.set_header("Content-Type", "application/json");
+  size_t received = 0;
+  req.content_receiver = [&](const char*, size_t len, uint64_t, uint64_t) {
+    received += len;
+    return false;  // hang up after the first bytes
+  };
+  // "forever" keeps the server writing well after the client has gone.
+  s.client->send(req);
+  CHECK(received > 0);
+  // Wait (bounded) for the server to notice; no timing is asserted.
+  for (int i = 0; i < 1000 && !s.engine.finished(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(s.engine.finished());
+  CHECK(s.engine.cancelled());
+  CHECK(s.engine.pieces() < FakeEngine::kForever);
+
+  auto health = s.client->Get("/health");
+  REQUIRE(health);
+  CHECK(health->status == 200);
+}
+
+TEST_CASE("start reports a port in use, stop is idempotent") {
+  FakeEngine engine;
+  charm::HttpApi first(engine, "127.0.0.1", 0);
+  first.start();
+  CHECK(first.port() != 0);
+  charm::HttpApi second(engine, "127.0.0.1", first.port());
+  CHECK_THROWS_AS(second.start(), charm::Error);
+  first.stop();
+  first.stop();
+}
