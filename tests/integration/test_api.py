@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""End-to-end test of `charm serve` + two `charm worker`s over loopback, driven by the
+official `openai` Python client, then `charm status` and `charm run`.
+
+Copies the given topology (configs/local-cluster.yaml) to a temporary YAML with free
+loopback ports and an absolute model path, starts the workers and the server, and always
+stops every process it started at the end. Every wait is bounded. Exit 0 = pass,
+77 = skipped (model fixture absent), anything else = failure.
+"""
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+SKIP = 77
+STARTUP_TIMEOUT_S = 180
+REQUEST_TIMEOUT_S = 120
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_topology(config_path, out_dir):
+    """The config with free ports and an absolute model path; returns (path, doc)."""
+    doc = yaml.safe_load(Path(config_path).read_text())
+    model = Path(doc["model"])
+    if not model.is_absolute():
+        doc["model"] = str((Path(config_path).parent / model).resolve())
+    doc["api"] = {"host": "127.0.0.1", "port": free_port()}
+    for w in doc["workers"]:
+        w["host"] = "127.0.0.1"
+        w["port"] = free_port()
+    path = Path(out_dir) / "topology.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path, doc
+
+
+class Processes:
+    """The processes this test started; stop_all() always ends them."""
+
+    def __init__(self, log_dir):
+        self.log_dir = Path(log_dir)
+        self.procs = []
+
+    def start(self, name, argv):
+        log = open(self.log_dir / f"{name}.log", "wb")
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append((name, p, log))
+        return p
+
+    def check_alive(self):
+        for name, p, _ in self.procs:
+            if p.poll() is not None:
+                raise AssertionError(f"{name} exited early with status {p.returncode}")
+
+    def stop_all(self):
+        for _, p, _ in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for name, p, log in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                print(f"{name} ignored SIGTERM; killing", file=sys.stderr)
+                p.kill()
+                p.wait(timeout=10)
+            log.close()
+
+    def dump_logs(self):
+        for name, _, _ in self.procs:
+            text = (self.log_dir / f"{name}.log").read_text(errors="replace")
+            print(f"----- {name} log (last 4000 chars) -----\n{text[-4000:]}", file=sys.stderr)
+
+
+def wait_health(base, procs):
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        procs.check_alive()
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{base}/health did not answer within {STARTUP_TIMEOUT_S} s")
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+    print("ok:", what)
+
+
+def check_usage(usage, what):
+    check(usage is not None, f"{what}: usage present")
+    check(usage.prompt_tokens > 0 and usage.completion_tokens > 0, f"{what}: usage counts positive")
+    check(usage.total_tokens == usage.prompt_tokens + usage.completion_tokens, f"{what}: total = prompt + completion")
+
+
+def test_openai_client(base, model_name):
+    import openai
+
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", timeout=REQUEST_TIMEOUT_S, max_retries=0)
+
+    ids = [m.id for m in client.models.list()]
+    check(ids == [model_name], f"models.list is [{model_name}]: {ids}")
+
+    prompt = "The capital of France is"
+    args = dict(model=model_name, prompt=prompt, max_tokens=12, temperature=0)
+    whole = client.completions.create(**args)
+    check(whole.object == "text_completion", "completion object")
+    check(len(whole.choices) == 1 and whole.choices[0].finish_reason in ("stop", "length"), "completion choice")
+    check_usage(whole.usage, "completion")
+    check(whole.usage.completion_tokens <= 12, "completion respects max_tokens")
+    if whole.choices[0].finish_reason == "length":
+        check(whole.usage.completion_tokens == 12, "finish 'length' after max_tokens tokens")
+
+    streamed, finish, objects = "", None, set()
+    for chunk in client.completions.create(**args, stream=True):
+        objects.add(chunk.object)
+        for c in chunk.choices:
+            streamed += c.text
+            finish = c.finish_reason or finish
+    check(objects == {"text_completion"}, f"stream chunk objects: {objects}")
+    check(streamed == whole.choices[0].text, f"streamed completion equals whole: {streamed!r}")
+    check(finish == whole.choices[0].finish_reason, "streamed finish_reason equals whole")
+
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hello."}]
+    chat_args = dict(model=model_name, messages=messages, max_tokens=12, temperature=0)
+    chat = client.chat.completions.create(**chat_args)
+    check(chat.object == "chat.completion", "chat object")
+    check(chat.choices[0].message.role == "assistant", "chat message role")
+    check_usage(chat.usage, "chat")
+
+    content, role, usage, finish = "", None, None, None
+    for chunk in client.chat.completions.create(**chat_args, stream=True, stream_options={"include_usage": True}):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            role = c.delta.role or role
+            content += c.delta.content or ""
+            finish = c.finish_reason or finish
+    check(role == "assistant", "chat stream announces the assistant role")
+    check(content == (chat.choices[0].message.content or ""), f"streamed chat equals whole: {content!r}")
+    check(finish == chat.choices[0].finish_reason, "streamed chat finish_reason equals whole")
+    check(usage is not None and usage.model_dump() == chat.usage.model_dump(), "stream usage equals whole usage")
+
+    try:
+        client.chat.completions.create(model=model_name, messages=messages, temperature=-1)
+        raise AssertionError("temperature -1 was accepted")
+    except openai.BadRequestError as e:
+        body = e.body if isinstance(e.body, dict) else {}
+        check(e.status_code == 400 and body.get("param") == "temperature", f"400 naming temperature: {body}")
+
+
+def test_status(charm, topology, doc):
+    r = subprocess.run([charm, "status", "--config", str(topology), "--timeout-ms", "5000"],
+                       capture_output=True, text=True, timeout=60)
+    print(r.stdout)
+    check(r.returncode == 0, f"charm status exits 0 (got {r.returncode}, stderr {r.stderr!r})")
+    lines = [line.split() for line in r.stdout.splitlines() if line.strip()]
+    header = lines[0]
+    check("STATE" in header and "EXPERTS" in header, f"status header names STATE and EXPERTS: {header}")
+    for w in doc["workers"]:
+        rows = [f for f in lines[1:] if f[0] == w["name"]]
+        check(len(rows) == 1, f"status lists worker {w['name']}")
+        row = dict(zip(header, rows[0]))
+        check(row["STATE"] == "up", f"worker {w['name']} is up")
+        check(row["EXPERTS"].isdigit() and int(row["EXPERTS"]) > 0, f"worker {w['name']} holds {row['EXPERTS']} experts")
+
+
+def test_run(charm, topology):
+    r = subprocess.run([charm, "run", "--config", str(topology), "--max-tokens", "4", "--temperature", "0",
+                        "Hello"], capture_output=True, text=True, timeout=REQUEST_TIMEOUT_S)
+    check(r.returncode == 0, f"charm run exits 0 (stderr {r.stderr[-2000:]!r})")
+    check("prompt tokens:" in r.stderr and "tok/s" in r.stderr, f"charm run prints stats: {r.stderr.strip()[-300:]!r}")
+    r = subprocess.run([charm, "run", "--config", str(topology), "--max-tokens", "0", "Hello"],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode == 2, "charm run --max-tokens 0 exits 2")
+    r = subprocess.run([charm, "serve", "--config", str(topology) + ".missing"], capture_output=True, text=True,
+                       timeout=60)
+    check(r.returncode in (1, 2) and r.stderr.startswith("charm: "), f"missing config is reported: {r.stderr!r}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--charm", required=True)
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--source-dir", required=True)
+    a = ap.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="charm-api-") as tmp:
+        topology, doc = write_topology(a.config, tmp)
+        if not (Path(doc["model"]) / "config.json").exists():
+            print(f"skipped: model fixture {doc['model']} is absent", file=sys.stderr)
+            return SKIP
+        procs = Processes(tmp)
+        ok = False
+        try:
+            for w in doc["workers"]:
+                procs.start(w["name"], [a.charm, "worker", "--config", str(topology), "--name", w["name"]])
+            procs.start("serve", [a.charm, "serve", "--config", str(topology)])
+            base = f"http://127.0.0.1:{doc['api']['port']}"
+            wait_health(base, procs)
+            test_openai_client(base, doc.get("model_name") or Path(doc["model"]).name)
+            test_status(a.charm, topology, doc)
+            test_run(a.charm, topology)
+            ok = True
+        finally:
+            procs.stop_all()
+            if not ok:
+                procs.dump_logs()
+    print("PASS")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
