@@ -163,10 +163,15 @@ json cluster_status_body(const Engine& engine) {
   return {{"workers", workers}};
 }
 
-/// Fills in 404 / 405 bodies for requests no route took (handlers' own errors already
+/// Fills in 404 / 405 / 413 bodies for requests no route took (handlers' own errors already
 /// carry a body and are left alone).
 httplib::Server::HandlerResponse fill_routing_error(const httplib::Request& req, httplib::Response& res) {
-  if (!res.body.empty() || res.status != 404) return httplib::Server::HandlerResponse::Unhandled;
+  if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+  if (res.status == 413) {
+    send_error(res, ApiError(413, "request body is larger than " + std::to_string(kMaxBodyBytes >> 20) + " MiB"));
+    return httplib::Server::HandlerResponse::Handled;
+  }
+  if (res.status != 404) return httplib::Server::HandlerResponse::Unhandled;
   auto it = known_paths().find(req.path);
   if (it == known_paths().end()) {
     send_error(res, ApiError(404, "no such endpoint: " + req.method + " " + req.path, "", "not_found_error"));

@@ -10,3 +10,8 @@ if(Python3_Interpreter_FOUND)
             --source-dir ${PROJECT_SOURCE_DIR})
   set_tests_properties(integration_api PROPERTIES LABELS integration TIMEOUT 600 SKIP_RETURN_CODE 77)
 endif()
+
+# The CLI's exit codes and error messages, without a model.
+add_test(NAME integration_cli
+  COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/test_cli.sh $<TARGET_FILE:charm>)
+set_tests_properties(integration_cli PROPERTIES LABELS integration TIMEOUT 120)

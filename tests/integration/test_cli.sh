@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Exit codes and messages of `charm` for bad invocations (no model needed):
+# 2 = invalid input (flags, config), 1 = other failures, and always "charm: <message>"
+# for charm's own errors, never an uncaught exception.
+# Usage: test_cli.sh <path to charm>
+set -u
+charm=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+
+# expect <status> <stderr substring> -- <argv...>
+expect() {
+  local want=$1 text=$2
+  shift 3
+  timeout 60 "$charm" "$@" >"$tmp/out" 2>"$tmp/err"
+  local got=$?
+  if [[ $got -ne $want ]] || { [[ -n $text ]] && ! grep -qF -- "$text" "$tmp/err"; } ||
+     grep -q "terminate called" "$tmp/err"; then
+    echo "FAIL: charm $* -> status $got (want $want), stderr:"; cat "$tmp/err"
+    failures=$((failures + 1))
+  else
+    echo "ok: charm $* -> $got"
+  fi
+}
+
+printf 'model: [unclosed\n' >"$tmp/bad.yaml"
+printf 'model: /nonexistent/model\nmode: single-node\nbogus_key: 1\n' >"$tmp/unknown-key.yaml"
+
+expect 2 "subcommand" -- 
+expect 2 "--config" -- serve
+expect 2 "--name" -- worker --config "$tmp/bad.yaml"
+expect 2 "max-tokens" -- run --config "$tmp/bad.yaml" --max-tokens 0 hello
+expect 2 "temperature" -- run --config "$tmp/bad.yaml" --temperature -1 hello
+expect 2 "charm: " -- serve --config "$tmp/bad.yaml"
+expect 2 "bogus_key" -- run --config "$tmp/unknown-key.yaml" hello
+expect 2 "charm: " -- status --config "$tmp/bad.yaml"
+expect 1 "charm: " -- serve --config "$tmp/missing.yaml"
+expect 0 "" -- --help
+
+[[ $failures -eq 0 ]] && echo PASS
+exit $((failures > 0))
