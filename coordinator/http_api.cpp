@@ -78,7 +78,10 @@ void guarded(httplib::Response& res, F&& body) {
 std::vector<int32_t> prompt_tokens(const Engine& engine, const ApiRequest& req) {
   const Tokenizer& tok = engine.tokenizer();
   if (req.kind == RequestKind::kChat) {
-    std::string text = engine.chat_template().render(req.messages, /*add_generation_prompt=*/true);
+    // render_json, not render: keys beyond role/content (tool_calls, reasoning_content)
+    // and chat_template_kwargs reach the template as apply_chat_template passes them.
+    std::string text =
+        engine.chat_template().render_json(req.messages_json, /*add_generation_prompt=*/true, req.template_kwargs);
     return tok.encode(text, /*parse_special=*/true);
   }
   if (!req.has_prompt_ids) return tok.encode(req.prompt_text, /*parse_special=*/true);

@@ -187,7 +187,15 @@ void parse_messages(const json& doc, ApiRequest& req) {
     std::string r = role->get<std::string>();
     if (!kRoles.count(r)) reject(at + ".role", "'" + at + ".role' is '" + r + "', not one of system, developer, user, assistant, tool");
     if (!msg.contains("content") && r != "assistant") reject(at + ".content", "'" + at + ".content' is required");
-    req.messages.push_back({r, msg.contains("content") ? message_content(msg["content"], i) : ""});
+    std::string content = msg.contains("content") ? message_content(msg["content"], i) : "";
+    req.messages.push_back({r, content});
+    nlohmann::ordered_json copy = nlohmann::ordered_json::parse(msg.dump());
+    copy["content"] = content;
+    req.messages_json.push_back(std::move(copy));
+  }
+  if (const json* kwargs = field(doc, "chat_template_kwargs")) {
+    if (!kwargs->is_object()) reject("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    req.template_kwargs = nlohmann::ordered_json::parse(kwargs->dump());
   }
 }
 

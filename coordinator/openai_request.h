@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "coordinator/chat_template.h"
 #include "coordinator/engine.h"
 
@@ -43,6 +45,12 @@ struct ApiRequest {
   bool has_prompt_ids = false;
   std::vector<int32_t> prompt_ids;
   std::vector<ChatMessage> messages;
+  /// The chat messages as sent, each with `content` made a string (text parts joined,
+  /// null -> ""), other keys (tool_calls, reasoning_content, ...) kept for the template.
+  nlohmann::ordered_json messages_json = nlohmann::ordered_json::array();
+  /// Extra template variables (vLLM's `chat_template_kwargs` extension, e.g.
+  /// {"enable_thinking": false} for Qwen3); an object.
+  nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
   SamplingParams sampling;            ///< defaults: temperature 1, top_p 1, max_tokens 256
   bool stream = false;
   bool include_usage = false;         ///< stream_options.include_usage
@@ -60,7 +68,8 @@ ApiRequest parse_completion_request(std::string_view body);
 /// Parses a /v1/chat/completions body. Throws ApiError(400) naming the field for invalid
 /// JSON, missing or empty `messages`, a message without a string role, a role other than
 /// system/developer/user/assistant/tool, content that is neither a string, null nor a
-/// list of {type:"text", text} parts, and out-of-range sampling fields.
+/// list of {type:"text", text} parts, `chat_template_kwargs` that is not an object, and
+/// out-of-range sampling fields.
 ApiRequest parse_chat_request(std::string_view body);
 
 /// Checks that prompt_tokens + max_tokens fit in `max_context`. Throws ApiError(400) with

@@ -60,12 +60,18 @@ class TagTemplate : public charm::ChatTemplate {
     if (add_generation_prompt) out += "<assistant>";
     return out;
   }
-  // Deliberately without `override`: compiles whether or not the interface has it yet.
+  /// As render, then each extra variable as "[key=value]"; a message's "name" key as "(name)".
   std::string render_json(const nlohmann::ordered_json& messages, bool add_generation_prompt,
-                          const nlohmann::ordered_json&) const {
+                          const nlohmann::ordered_json& extra_vars) const override {
     std::vector<charm::ChatMessage> list;
-    for (const auto& m : messages) list.push_back({m.at("role"), m.at("content")});
-    return render(list, add_generation_prompt);
+    std::string names;
+    for (const auto& m : messages) {
+      list.push_back({m.at("role"), m.at("content")});
+      if (m.contains("name")) names += "(" + m.at("name").get<std::string>() + ")";
+    }
+    std::string vars;
+    for (const auto& [k, v] : extra_vars.items()) vars += "[" + k + "=" + v.dump() + "]";
+    return names + vars + render(list, add_generation_prompt);
   }
 };
 
@@ -336,6 +342,20 @@ TEST_CASE("chat completions: template, tokenization and response shape") {
   int64_t prompt_tokens = int64_t(s.engine.last_prompt().size());
   CHECK(b["usage"] == json{{"prompt_tokens", prompt_tokens}, {"completion_tokens", 3},
                            {"total_tokens", prompt_tokens + 3}});
+}
+
+TEST_CASE("chat: extra message keys and chat_template_kwargs reach the template") {
+  Served s;
+  json messages = json::array({{{"role", "user"}, {"content", "hi"}, {"name", "ann"}},
+                               {{"role", "assistant"}, {"content", nullptr}}});
+  auto res = s.post("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 1},
+                                             {"chat_template_kwargs", {{"enable_thinking", false}}}});
+  REQUIRE(res);
+  REQUIRE(res->status == 200);
+  ByteTokenizer tok;
+  CHECK(s.engine.last_prompt() == tok.encode("(ann)[enable_thinking=false]<user>hi\n<assistant>\n<assistant>", true));
+  check_error(s.post("/v1/chat/completions", {{"messages", messages}, {"chat_template_kwargs", "x"}}), 400,
+              "chat_template_kwargs");
 }
 
 TEST_CASE("completions stream: SSE framing and text equal to the whole response") {
