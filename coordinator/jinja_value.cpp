@@ -238,7 +238,7 @@ int compare_numbers(const Value& a, const Value& b) {
 // (UTF-16 units, so surrogate pairs above U+FFFF), else they are written as UTF-8.
 void json_string(const std::string& s, std::string& out, bool ensure_ascii) {
   auto escape_unit = [&](unsigned u) {
-    char b[8];
+    char b[16];
     std::snprintf(b, sizeof b, "\\u%04x", u);
     out += b;
   };
