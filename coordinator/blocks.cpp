@@ -147,3 +147,47 @@ void routed_experts(ExpertDispatcher& dispatcher, uint32_t layer, const float* x
 }
 
 }  // namespace charm
+
+namespace charm {
+
+void add_residual(float* a, const float* b, size_t n) {
+  for (size_t i = 0; i < n; ++i) a[i] += b[i];
+}
+
+void store_kv(KvCache& cache, size_t layer, size_t pos0, size_t rows, size_t kv_dim, const float* k, const float* v) {
+  for (size_t i = 0; i < rows; ++i) {
+    std::copy(k + i * kv_dim, k + (i + 1) * kv_dim, cache.key(layer, pos0 + i));
+    std::copy(v + i * kv_dim, v + (i + 1) * kv_dim, cache.value(layer, pos0 + i));
+  }
+}
+
+OutputHead OutputHead::load(const Checkpoint& ckpt, size_t hidden, size_t vocab, double eps, bool tied) {
+  OutputHead head;
+  head.norm = RmsNorm::load(ckpt, "model.norm", hidden, eps);
+  if (!tied) head.lm_head = Linear::load(ckpt, "lm_head", vocab, hidden);
+  return head;
+}
+
+void OutputHead::operator()(const float* hidden_row, const std::vector<float>& embed, size_t vocab,
+                            float* logits) const {
+  const size_t hidden = norm.weight.size();
+  std::vector<float> normed(hidden);
+  norm(hidden_row, 1, normed.data());
+  const float* weight = lm_head.weight.empty() ? embed.data() : lm_head.weight.data();
+  linear(normed.data(), 1, weight, nullptr, hidden, vocab, logits);
+}
+
+SoftmaxTopkMoe SoftmaxTopkMoe::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,
+                                    size_t num_experts, size_t top_k, bool norm_topk_prob) {
+  return SoftmaxTopkMoe{Linear::load(ckpt, prefix + ".gate", num_experts, hidden), top_k, norm_topk_prob};
+}
+
+void SoftmaxTopkMoe::operator()(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows,
+                                float* out) const {
+  std::vector<float> router_logits(rows * router.out);
+  router(x, rows, router_logits.data());
+  const Routing routing = softmax_topk(router_logits.data(), rows, router.out, top_k, norm_topk_prob);
+  routed_experts(dispatcher, layer, x, rows, router.in, routing, out);
+}
+
+}  // namespace charm

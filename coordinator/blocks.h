@@ -62,6 +62,23 @@ struct DenseMlp {
   void operator()(const float* x, size_t rows, float* y) const;
 };
 
+/// Adds b to a elementwise (the residual connection): a[i] += b[i], i < n.
+void add_residual(float* a, const float* b, size_t n);
+
+/// Writes the keys and values of positions pos0 .. pos0+rows-1 of `layer` into the cache.
+/// k, v: [rows, kv_dim] f32, kv_dim = num_key_value_heads * head_dim.
+void store_kv(KvCache& cache, size_t layer, size_t pos0, size_t rows, size_t kv_dim, const float* k, const float* v);
+
+/// The final RMSNorm and lm_head (or the tied embedding matrix) of a causal LM.
+struct OutputHead {
+  RmsNorm norm;
+  Linear lm_head;  ///< empty when tie_word_embeddings
+  /// Loads "model.norm" and, unless `tied`, "lm_head" [vocab, hidden].
+  static OutputHead load(const Checkpoint& ckpt, size_t hidden, size_t vocab, double eps, bool tied);
+  /// logits [vocab] of one hidden row [hidden]; `embed` [vocab, hidden] is used when tied.
+  void operator()(const float* hidden_row, const std::vector<float>& embed, size_t vocab, float* logits) const;
+};
+
 /// Router decisions for `rows` positions: top_k experts per row, best first, with their
 /// combine weights.
 struct Routing {
@@ -79,5 +96,19 @@ Routing softmax_topk(const float* router_logits, size_t rows, size_t num_experts
 /// happens here, in one fixed order, so it is the same whatever the placement.
 void routed_experts(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows, size_t hidden,
                     const Routing& routing, float* out);
+
+/// A softmax top-k routed MoE block without shared experts (Qwen3MoeSparseMoeBlock,
+/// OlmoeSparseMoeBlock): router "mlp.gate" [num_experts, hidden], then softmax_topk, then
+/// routed_experts.
+struct SoftmaxTopkMoe {
+  Linear router;
+  size_t top_k = 0;
+  bool norm_topk_prob = false;
+  /// Loads "<prefix>.gate.weight" [num_experts, hidden].
+  static SoftmaxTopkMoe load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden, size_t num_experts,
+                             size_t top_k, bool norm_topk_prob);
+  /// out [rows, hidden] = the block's output for x [rows, hidden] on MoE layer `layer`.
+  void operator()(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows, float* out) const;
+};
 
 }  // namespace charm

@@ -6,7 +6,6 @@
 #include <string>
 #include <vector>
 
-#include "common/kernels.h"
 #include "coordinator/blocks.h"
 #include "coordinator/model.h"
 
@@ -18,7 +17,7 @@ struct OlmoeLayer {
   Linear q_proj, k_proj, v_proj, o_proj;
   RmsNorm q_norm;  // over num_heads * head_dim
   RmsNorm k_norm;  // over num_key_value_heads * head_dim
-  Linear router;   // mlp.gate [num_experts, hidden]
+  SoftmaxTopkMoe sparse_moe;
 };
 
 class Olmoe final : public Model {
@@ -28,23 +27,24 @@ class Olmoe final : public Model {
     const size_t h = config.hidden_size;
     const size_t q_dim = config.num_attention_heads * config.head_dim;
     const size_t kv_dim = config.num_key_value_heads * config.head_dim;
+    const double eps = config.rms_norm_eps;
     embed_ = ckpt.load_f32("model.embed_tokens.weight", {config.vocab_size, config.hidden_size});
     for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l);
       OlmoeLayer layer;
-      layer.input_layernorm = RmsNorm::load(ckpt, p + ".input_layernorm", h, config.rms_norm_eps);
-      layer.post_attention_layernorm = RmsNorm::load(ckpt, p + ".post_attention_layernorm", h, config.rms_norm_eps);
+      layer.input_layernorm = RmsNorm::load(ckpt, p + ".input_layernorm", h, eps);
+      layer.post_attention_layernorm = RmsNorm::load(ckpt, p + ".post_attention_layernorm", h, eps);
       layer.q_proj = Linear::load(ckpt, p + ".self_attn.q_proj", q_dim, h, config.attention_bias);
       layer.k_proj = Linear::load(ckpt, p + ".self_attn.k_proj", kv_dim, h, config.attention_bias);
       layer.v_proj = Linear::load(ckpt, p + ".self_attn.v_proj", kv_dim, h, config.attention_bias);
       layer.o_proj = Linear::load(ckpt, p + ".self_attn.o_proj", h, q_dim, config.attention_bias);
-      layer.q_norm = RmsNorm::load(ckpt, p + ".self_attn.q_norm", q_dim, config.rms_norm_eps);
-      layer.k_norm = RmsNorm::load(ckpt, p + ".self_attn.k_norm", kv_dim, config.rms_norm_eps);
-      layer.router = Linear::load(ckpt, p + ".mlp.gate", config.num_experts, h);
+      layer.q_norm = RmsNorm::load(ckpt, p + ".self_attn.q_norm", q_dim, eps);
+      layer.k_norm = RmsNorm::load(ckpt, p + ".self_attn.k_norm", kv_dim, eps);
+      layer.sparse_moe = SoftmaxTopkMoe::load(ckpt, p + ".mlp", h, config.num_experts, config.num_experts_per_tok,
+                                              config.norm_topk_prob);
       layers_.push_back(std::move(layer));
     }
-    norm_ = RmsNorm::load(ckpt, "model.norm", h, config.rms_norm_eps);
-    if (!config.tie_word_embeddings) lm_head_ = Linear::load(ckpt, "lm_head", config.vocab_size, h);
+    head_ = OutputHead::load(ckpt, h, config.vocab_size, eps, config.tie_word_embeddings);
   }
 
   void forward(const int32_t* tokens, size_t n, KvCache& cache, float* logits) override {
@@ -53,25 +53,18 @@ class Olmoe final : public Model {
     const size_t pos0 = cache.length();
     cache.advance(n);
     std::vector<float> hidden(n * h), x(n * h), delta(n * h);
-    std::vector<float> router_logits(n * config_.num_experts);
     embed_tokens(embed_, h, tokens, n, hidden.data());
     for (size_t l = 0; l < layers_.size(); ++l) {
       const OlmoeLayer& layer = layers_[l];
       layer.input_layernorm(hidden.data(), n, x.data());
       attention(layer, l, x.data(), n, pos0, cache, delta.data());
-      for (size_t i = 0; i < n * h; ++i) hidden[i] += delta[i];
+      add_residual(hidden.data(), delta.data(), n * h);
       // OlmoeSparseMoeBlock: every layer is routed.
       layer.post_attention_layernorm(hidden.data(), n, x.data());
-      layer.router(x.data(), n, router_logits.data());
-      const Routing routing = softmax_topk(router_logits.data(), n, config_.num_experts,
-                                           config_.num_experts_per_tok, config_.norm_topk_prob);
-      routed_experts(dispatcher_, static_cast<uint32_t>(l), x.data(), n, h, routing, delta.data());
-      for (size_t i = 0; i < n * h; ++i) hidden[i] += delta[i];
+      layer.sparse_moe(dispatcher_, static_cast<uint32_t>(l), x.data(), n, delta.data());
+      add_residual(hidden.data(), delta.data(), n * h);
     }
-    std::vector<float> last(h);
-    norm_(hidden.data() + (n - 1) * h, 1, last.data());
-    const float* head = config_.tie_word_embeddings ? embed_.data() : lm_head_.weight.data();
-    linear(last.data(), 1, head, nullptr, h, config_.vocab_size, logits);
+    head_(hidden.data() + (n - 1) * h, embed_, config_.vocab_size, logits);  // last position only
   }
 
   KvCache new_cache(size_t max_tokens) const override {
@@ -101,10 +94,7 @@ class Olmoe final : public Model {
     }
     rope_.apply(q.data(), n, nh, pos0);
     rope_.apply(k.data(), n, nkv, pos0);
-    for (size_t i = 0; i < n; ++i) {
-      std::copy(k.begin() + i * nkv * hd, k.begin() + (i + 1) * nkv * hd, cache.key(l, pos0 + i));
-      std::copy(v.begin() + i * nkv * hd, v.begin() + (i + 1) * nkv * hd, cache.value(l, pos0 + i));
-    }
+    store_kv(cache, l, pos0, n, nkv * hd, k.data(), v.data());
     causal_gqa_attention(q.data(), n, pos0, cache, l, nh, nkv, hd, attn.data());
     layer.o_proj(attn.data(), n, out);
   }
@@ -114,8 +104,7 @@ class Olmoe final : public Model {
   Rope rope_;
   std::vector<float> embed_;
   std::vector<OlmoeLayer> layers_;
-  RmsNorm norm_;
-  Linear lm_head_;
+  OutputHead head_;
 };
 
 }  // namespace

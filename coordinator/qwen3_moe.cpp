@@ -5,7 +5,6 @@
 #include <string>
 #include <vector>
 
-#include "common/kernels.h"
 #include "coordinator/blocks.h"
 #include "coordinator/model.h"
 
@@ -17,8 +16,8 @@ struct Qwen3MoeLayer {
   Linear q_proj, k_proj, v_proj, o_proj;
   RmsNorm q_norm, k_norm;  // over head_dim, shared by all heads
   bool moe = false;
-  Linear router;           // mlp.gate [num_experts, hidden]
-  DenseMlp mlp;            // when !moe
+  SoftmaxTopkMoe sparse_moe;  // when moe
+  DenseMlp mlp;               // when !moe
 };
 
 class Qwen3Moe final : public Model {
@@ -29,28 +28,29 @@ class Qwen3Moe final : public Model {
     const size_t hd = config.head_dim;
     const size_t nh = config.num_attention_heads;
     const size_t nkv = config.num_key_value_heads;
+    const double eps = config.rms_norm_eps;
     embed_ = ckpt.load_f32("model.embed_tokens.weight", {config.vocab_size, config.hidden_size});
     for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l);
       Qwen3MoeLayer layer;
-      layer.input_layernorm = RmsNorm::load(ckpt, p + ".input_layernorm", h, config.rms_norm_eps);
-      layer.post_attention_layernorm = RmsNorm::load(ckpt, p + ".post_attention_layernorm", h, config.rms_norm_eps);
+      layer.input_layernorm = RmsNorm::load(ckpt, p + ".input_layernorm", h, eps);
+      layer.post_attention_layernorm = RmsNorm::load(ckpt, p + ".post_attention_layernorm", h, eps);
       layer.q_proj = Linear::load(ckpt, p + ".self_attn.q_proj", nh * hd, h, config.attention_bias);
       layer.k_proj = Linear::load(ckpt, p + ".self_attn.k_proj", nkv * hd, h, config.attention_bias);
       layer.v_proj = Linear::load(ckpt, p + ".self_attn.v_proj", nkv * hd, h, config.attention_bias);
       layer.o_proj = Linear::load(ckpt, p + ".self_attn.o_proj", h, nh * hd, config.attention_bias);
-      layer.q_norm = RmsNorm::load(ckpt, p + ".self_attn.q_norm", hd, config.rms_norm_eps);
-      layer.k_norm = RmsNorm::load(ckpt, p + ".self_attn.k_norm", hd, config.rms_norm_eps);
+      layer.q_norm = RmsNorm::load(ckpt, p + ".self_attn.q_norm", hd, eps);
+      layer.k_norm = RmsNorm::load(ckpt, p + ".self_attn.k_norm", hd, eps);
       layer.moe = config.is_moe_layer(l);
       if (layer.moe) {
-        layer.router = Linear::load(ckpt, p + ".mlp.gate", config.num_experts, h);
+        layer.sparse_moe = SoftmaxTopkMoe::load(ckpt, p + ".mlp", h, config.num_experts, config.num_experts_per_tok,
+                                                config.norm_topk_prob);
       } else {
         layer.mlp = DenseMlp::load(ckpt, p + ".mlp", h, config.intermediate_size);
       }
       layers_.push_back(std::move(layer));
     }
-    norm_ = RmsNorm::load(ckpt, "model.norm", h, config.rms_norm_eps);
-    if (!config.tie_word_embeddings) lm_head_ = Linear::load(ckpt, "lm_head", config.vocab_size, h);
+    head_ = OutputHead::load(ckpt, h, config.vocab_size, eps, config.tie_word_embeddings);
   }
 
   void forward(const int32_t* tokens, size_t n, KvCache& cache, float* logits) override {
@@ -65,25 +65,17 @@ class Qwen3Moe final : public Model {
       // Self-attention block (pre-norm, residual).
       layer.input_layernorm(hidden.data(), n, x.data());
       attention(layer, l, x.data(), n, pos0, cache, delta.data());
-      for (size_t i = 0; i < n * h; ++i) hidden[i] += delta[i];
+      add_residual(hidden.data(), delta.data(), n * h);
       // MLP block: routed experts or dense SwiGLU.
       layer.post_attention_layernorm(hidden.data(), n, x.data());
       if (layer.moe) {
-        std::vector<float> router_logits(n * config_.num_experts);
-        layer.router(x.data(), n, router_logits.data());
-        const Routing routing = softmax_topk(router_logits.data(), n, config_.num_experts,
-                                             config_.num_experts_per_tok, config_.norm_topk_prob);
-        routed_experts(dispatcher_, static_cast<uint32_t>(l), x.data(), n, h, routing, delta.data());
+        layer.sparse_moe(dispatcher_, static_cast<uint32_t>(l), x.data(), n, delta.data());
       } else {
         layer.mlp(x.data(), n, delta.data());
       }
-      for (size_t i = 0; i < n * h; ++i) hidden[i] += delta[i];
+      add_residual(hidden.data(), delta.data(), n * h);
     }
-    // Final norm and lm_head on the last position only.
-    std::vector<float> last(h);
-    norm_(hidden.data() + (n - 1) * h, 1, last.data());
-    const float* head = config_.tie_word_embeddings ? embed_.data() : lm_head_.weight.data();
-    linear(last.data(), 1, head, nullptr, h, config_.vocab_size, logits);
+    head_(hidden.data() + (n - 1) * h, embed_, config_.vocab_size, logits);  // last position only
   }
 
   KvCache new_cache(size_t max_tokens) const override {
@@ -99,17 +91,15 @@ class Qwen3Moe final : public Model {
     const size_t hd = config_.head_dim;
     const size_t nh = config_.num_attention_heads;
     const size_t nkv = config_.num_key_value_heads;
-    std::vector<float> q(n * nh * hd), k(n * nkv * hd), attn(n * nh * hd);
+    std::vector<float> q(n * nh * hd), k(n * nkv * hd), v(n * nkv * hd), attn(n * nh * hd);
     layer.q_proj(x, n, q.data());
     layer.k_proj(x, n, k.data());
+    layer.v_proj(x, n, v.data());
     layer.q_norm(q.data(), n * nh, q.data());
     layer.k_norm(k.data(), n * nkv, k.data());
     rope_.apply(q.data(), n, nh, pos0);
     rope_.apply(k.data(), n, nkv, pos0);
-    for (size_t i = 0; i < n; ++i) {
-      std::copy(k.begin() + i * nkv * hd, k.begin() + (i + 1) * nkv * hd, cache.key(l, pos0 + i));
-    }
-    layer.v_proj(x, n, cache.value(l, pos0));  // V rows land in the cache directly
+    store_kv(cache, l, pos0, n, nkv * hd, k.data(), v.data());
     causal_gqa_attention(q.data(), n, pos0, cache, l, nh, nkv, hd, attn.data());
     layer.o_proj(attn.data(), n, out);
   }
@@ -119,8 +109,7 @@ class Qwen3Moe final : public Model {
   Rope rope_;
   std::vector<float> embed_;
   std::vector<Qwen3MoeLayer> layers_;
-  RmsNorm norm_;
-  Linear lm_head_;
+  OutputHead head_;
 };
 
 }  // namespace
