@@ -12,7 +12,8 @@ DEBIAN_PACKAGES=(
   libasio-dev libcapnp-dev capnproto libyaml-cpp-dev nlohmann-json3-dev libspdlog-dev
   doctest-dev libcpp-httplib-dev libpcre2-dev libcli11-dev libxxhash-dev libomp-dev
 )
-PYTHON_PACKAGES=(openai)  # the integration tests drive the API with the official client
+# The integration tests drive the API with the official client and read YAML configs.
+PYTHON_PACKAGES=(openai:openai yaml:pyyaml)  # module:package
 
 missing=()
 for p in "${DEBIAN_PACKAGES[@]}"; do
@@ -25,10 +26,11 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-for p in "${PYTHON_PACKAGES[@]}"; do
-  python3 -c "import $p" 2>/dev/null || {
-    echo "setup: installing Python package $p"
-    python3 -m pip install -q "$p" 2>/dev/null || python3 -m pip install -q --break-system-packages "$p"
+for entry in "${PYTHON_PACKAGES[@]}"; do
+  module="${entry%%:*}" package="${entry##*:}"
+  python3 -c "import $module" 2>/dev/null || {
+    echo "setup: installing Python package $package"
+    python3 -m pip install -q "$package" 2>/dev/null || python3 -m pip install -q --break-system-packages "$package"
   }
 done
 
