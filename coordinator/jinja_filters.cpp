@@ -36,7 +36,7 @@ std::u32string strip_u32(const std::u32string& s, bool left, bool right) {
 int64_t length_of(const Value& v, int line) {
   switch (v.kind) {
     case Kind::kUndefined: return 0;
-    case Kind::kString: return static_cast<int64_t>(utf8_decode(v.s).size());
+    case Kind::kString: return static_cast<int64_t>(decode_utf8_surrogateescape(v.s).size());
     case Kind::kList:
     case Kind::kTuple: return static_cast<int64_t>(v.list->size());
     case Kind::kDict:
@@ -108,7 +108,7 @@ Value to_int(const Value& v, const Value& dflt) {
   if (v.kind == Kind::kBool) return Value::integer(v.b);
   if (v.kind == Kind::kFloat) return Value::integer(static_cast<int64_t>(v.f));
   if (v.is_string()) {
-    std::string s = utf8_encode(strip_u32(utf8_decode(v.s), true, true));
+    std::string s = encode_utf8_surrogateescape(strip_u32(decode_utf8_surrogateescape(v.s), true, true));
     char* end = nullptr;
     long long i = std::strtoll(s.c_str(), &end, 10);
     if (!s.empty() && *end == '\0') return Value::integer(i);
@@ -121,7 +121,7 @@ Value to_int(const Value& v, const Value& dflt) {
 Value to_float(const Value& v, const Value& dflt) {
   if (v.is_number()) return Value::floating(v.kind == Kind::kFloat ? v.f : static_cast<double>(v.kind == Kind::kBool ? v.b : v.i));
   if (v.is_string()) {
-    std::string s = utf8_encode(strip_u32(utf8_decode(v.s), true, true));
+    std::string s = encode_utf8_surrogateescape(strip_u32(decode_utf8_surrogateescape(v.s), true, true));
     char* end = nullptr;
     double f = std::strtod(s.c_str(), &end);
     if (!s.empty() && *end == '\0') return Value::floating(f);
@@ -130,21 +130,21 @@ Value to_float(const Value& v, const Value& dflt) {
 }
 
 std::string capitalize(const std::string& s) {
-  std::u32string t = utf8_decode(str_lower(s));
+  std::u32string t = decode_utf8_surrogateescape(str_lower(s));
   if (!t.empty()) t[0] = py_upper(t[0]);
-  return utf8_encode(t);
+  return encode_utf8_surrogateescape(t);
 }
 
 // jinja's title filter: upper-case the first letter after whitespace, '-', '(', '{', '[' or '<'.
 std::string title(const std::string& s) {
   std::u32string out;
   bool start = true;
-  for (char32_t c : utf8_decode(s)) {
+  for (char32_t c : decode_utf8_surrogateescape(s)) {
     bool sep = py_isspace(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
     out += start ? py_upper(c) : py_lower(c);
     start = sep;
   }
-  return utf8_encode(out);
+  return encode_utf8_surrogateescape(out);
 }
 
 std::string html_escape(const std::string& s) {
@@ -243,7 +243,7 @@ const std::map<std::string, Filter>& filters() {
        }},
       {"capitalize", [](const Value& v, const ValueList&, const KwArgs&, int) { return Value::string(capitalize(to_str(v))); }},
       {"center", [](const Value& v, const ValueList& a, const KwArgs& kw, int) {
-         std::u32string s = utf8_decode(to_str(v));
+         std::u32string s = decode_utf8_surrogateescape(to_str(v));
          int64_t width = arg(a, kw, 0, "width", Value::integer(80)).i, n = static_cast<int64_t>(s.size());
          if (width <= n) return Value::string(to_str(v));
          // Python's str.center puts the extra space on the right when the margin is odd... unless len is odd.
@@ -323,9 +323,9 @@ const std::map<std::string, Filter>& filters() {
        }},
       {"reverse", [](const Value& v, const ValueList&, const KwArgs&, int) {
          if (v.is_string()) {
-           std::u32string s = utf8_decode(v.s);
+           std::u32string s = decode_utf8_surrogateescape(v.s);
            std::reverse(s.begin(), s.end());
-           return Value::string(utf8_encode(s));
+           return Value::string(encode_utf8_surrogateescape(s));
          }
          ValueList items = iterate(v);
          std::reverse(items.begin(), items.end());

@@ -38,8 +38,6 @@ std::string normalise_newlines(const std::string& source) {
   return out;
 }
 
-void append_utf8(std::string& out, char32_t cp) { out += utf8_encode(std::u32string(1, cp)); }
-
 // Decodes a string literal body the way jinja2 does (Python's unicode-escape codec).
 std::string decode_escapes(const std::string& body, int line) {
   std::string out;
@@ -69,16 +67,16 @@ std::string decode_escapes(const std::string& body, int line) {
       case 'r': out += '\r'; break;
       case 't': out += '\t'; break;
       case 'v': out += '\v'; break;
-      case 'x': append_utf8(out, hex(2)); break;
-      case 'u': append_utf8(out, hex(4)); break;
-      case 'U': append_utf8(out, hex(8)); break;
+      case 'x': append_utf8_surrogateescape(out, hex(2)); break;
+      case 'u': append_utf8_surrogateescape(out, hex(4)); break;
+      case 'U': append_utf8_surrogateescape(out, hex(8)); break;
       default:
         if (c >= '0' && c <= '7') {
           char32_t cp = 0;
           size_t n = 0;
           for (; n < 3 && k < body.size() && body[k] >= '0' && body[k] <= '7'; ++n, ++k) cp = cp * 8 + (body[k] - '0');
           --k;
-          append_utf8(out, cp);
+          append_utf8_surrogateescape(out, cp);
         } else {
           out += '\\';
           out += c;

@@ -24,14 +24,14 @@ const Value& need_string(const ValueList& args, size_t k, const std::string& met
 
 // str.strip/lstrip/rstrip with Python's default whitespace set or an explicit character set.
 std::string strip(const std::string& s, const ValueList& args, bool left, bool right, const std::string& method, int line) {
-  std::u32string text = utf8_decode(s), chars;
+  std::u32string text = decode_utf8_surrogateescape(s), chars;
   bool default_ws = args.empty() || args[0].is_none();
-  if (!default_ws) chars = utf8_decode(need_string(args, 0, method, line).s);
+  if (!default_ws) chars = decode_utf8_surrogateescape(need_string(args, 0, method, line).s);
   auto strip_it = [&](char32_t c) { return default_ws ? py_isspace(c) : chars.find(c) != std::u32string::npos; };
   size_t b = 0, e = text.size();
   while (left && b < e && strip_it(text[b])) ++b;
   while (right && e > b && strip_it(text[e - 1])) --e;
-  return utf8_encode(text.substr(b, e - b));
+  return encode_utf8_surrogateescape(text.substr(b, e - b));
 }
 
 // str.split / str.rsplit: on runs of whitespace when sep is None, else on sep exactly.
@@ -46,7 +46,7 @@ Value split(const std::string& s, const ValueList& args, const KwArgs& kwargs, b
   int64_t limit = maxsplit.kind == Kind::kInt ? maxsplit.i : -1;
   ValueList parts;
   if (sep.is_none()) {
-    std::u32string text = utf8_decode(s);
+    std::u32string text = decode_utf8_surrogateescape(s);
     std::vector<std::u32string> words;
     if (!from_right) {
       size_t k = 0;
@@ -75,7 +75,7 @@ Value split(const std::string& s, const ValueList& args, const KwArgs& kwargs, b
         words.insert(words.begin(), text.substr(k, end - k));
       }
     }
-    for (const auto& w : words) parts.push_back(Value::string(utf8_encode(w)));
+    for (const auto& w : words) parts.push_back(Value::string(encode_utf8_surrogateescape(w)));
     return Value::new_list(parts);
   }
   if (!sep.is_string()) fail_at(line, "str.split() separator must be a string or None");
@@ -113,11 +113,11 @@ std::string replace(const std::string& s, const std::string& from, const std::st
   std::string out;
   if (from.empty()) {
     // Python inserts `to` between every character (and at both ends).
-    std::u32string text = utf8_decode(s);
+    std::u32string text = decode_utf8_surrogateescape(s);
     int64_t done = 0;
     for (char32_t c : text) {
       if (count < 0 || done < count) { out += to; ++done; }
-      out += utf8_encode(std::u32string(1, c));
+      append_utf8_surrogateescape(out, c);
     }
     if (count < 0 || done < count) out += to;
     return out;
@@ -148,12 +148,12 @@ bool affix(const std::string& s, const Value& what, bool prefix, const std::stri
 
 int64_t codepoint_index(const std::string& s, size_t byte_pos) {
   if (byte_pos == std::string::npos) return -1;
-  return static_cast<int64_t>(utf8_decode(s.substr(0, byte_pos)).size());
+  return static_cast<int64_t>(decode_utf8_surrogateescape(s.substr(0, byte_pos)).size());
 }
 
 template <typename Pred>
 bool all_chars(const std::string& s, Pred pred) {
-  std::u32string t = utf8_decode(s);
+  std::u32string t = decode_utf8_surrogateescape(s);
   if (t.empty()) return false;
   for (char32_t c : t)
     if (!pred(c)) return false;
@@ -227,18 +227,18 @@ Value string_method(const Value& obj, const std::string& name, const ValueList& 
     // Python's str.title: a letter after a non-letter starts a word.
     std::u32string out;
     bool prev_cased = false;
-    for (char32_t c : utf8_decode(s)) {
+    for (char32_t c : decode_utf8_surrogateescape(s)) {
       bool cased = py_lower(c) != py_upper(c) || c == 0xDF;
       out += cased ? (prev_cased ? py_lower(c) : py_upper(c)) : c;
       prev_cased = cased;
     }
-    return Value::string(utf8_encode(out));
+    return Value::string(encode_utf8_surrogateescape(out));
   }
   if (name == "find") return Value::integer(codepoint_index(s, s.find(need_string(args, 0, name, line).s)));
   if (name == "rfind") return Value::integer(codepoint_index(s, s.rfind(need_string(args, 0, name, line).s)));
   if (name == "count") {
     const std::string& sub = need_string(args, 0, name, line).s;
-    if (sub.empty()) return Value::integer(static_cast<int64_t>(utf8_decode(s).size()) + 1);
+    if (sub.empty()) return Value::integer(static_cast<int64_t>(decode_utf8_surrogateescape(s).size()) + 1);
     int64_t n = 0;
     for (size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size())) ++n;
     return Value::integer(n);

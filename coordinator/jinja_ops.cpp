@@ -119,10 +119,10 @@ Value get_item(const Value& obj, const Value& key, int line) {
     return Value::undefined(object_type_repr(obj) + " has no element " + to_repr(key));
   }
   if (obj.is_string() && is_int_like(key)) {
-    std::u32string s = utf8_decode(obj.s);
+    std::u32string s = decode_utf8_surrogateescape(obj.s);
     int64_t n = static_cast<int64_t>(s.size()), k = as_int(key);
     if (k < 0) k += n;
-    if (k >= 0 && k < n) return Value::string(utf8_encode(s.substr(static_cast<size_t>(k), 1)));
+    if (k >= 0 && k < n) return Value::string(encode_utf8_surrogateescape(s.substr(static_cast<size_t>(k), 1)));
     return Value::undefined(object_type_repr(obj) + " has no element " + to_repr(key));
   }
   if (obj.is_mapping()) {
@@ -136,10 +136,10 @@ Value get_slice(const Value& obj, const Value& start, const Value& stop, const V
   require_defined(obj, line);
   int64_t b, e, s;
   if (obj.is_string()) {
-    std::u32string text = utf8_decode(obj.s), out;
+    std::u32string text = decode_utf8_surrogateescape(obj.s), out;
     slice_indices(static_cast<int64_t>(text.size()), start, stop, step, line, b, e, s);
     for (int64_t k = b; s > 0 ? k < e : k > e; k += s) out += text[static_cast<size_t>(k)];
-    return Value::string(utf8_encode(out));
+    return Value::string(encode_utf8_surrogateescape(out));
   }
   if (!obj.is_sequence()) fail_at(line, "cannot slice a value of type '" + type_name(obj) + "'");
   ValueList out;

@@ -251,7 +251,7 @@ void json_string(const std::string& s, std::string& out, bool ensure_ascii) {
         continue;
       }
       size_t len = (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
-      char32_t cp = utf8_decode(s.substr(k, len))[0];
+      char32_t cp = decode_utf8_surrogateescape(s.substr(k, len))[0];
       k += len - 1;
       if (cp >= 0x10000) {
         escape_unit(0xD800 + ((cp - 0x10000) >> 10));
@@ -417,51 +417,11 @@ ValueList iterate(const Value& v) {
     }
     case Kind::kString: {
       ValueList chars;
-      for (char32_t c : utf8_decode(v.s)) chars.push_back(Value::string(utf8_encode(std::u32string(1, c))));
+      for (char32_t c : decode_utf8_surrogateescape(v.s)) chars.push_back(Value::string(encode_utf8_surrogateescape(std::u32string(1, c))));
       return chars;
     }
     default: fail_invalid("'" + type_name(v) + "' object is not iterable");
   }
-}
-
-std::u32string utf8_decode(const std::string& s) {
-  std::u32string out;
-  out.reserve(s.size());
-  for (size_t k = 0; k < s.size();) {
-    unsigned char c = static_cast<unsigned char>(s[k]);
-    int len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    if (len == 0 || k + len > s.size()) {
-      // Invalid UTF-8 is kept byte for byte (as U+DC80.. surrogate escapes) so it round-trips.
-      out += static_cast<char32_t>(0xDC00 + c);
-      ++k;
-      continue;
-    }
-    char32_t cp = len == 1 ? c : c & (0x7F >> len);
-    for (int m = 1; m < len; ++m) cp = (cp << 6) | (static_cast<unsigned char>(s[k + m]) & 0x3F);
-    out += cp;
-    k += len;
-  }
-  return out;
-}
-
-std::string utf8_encode(const std::u32string& s) {
-  std::string out;
-  for (char32_t c : s) {
-    if (c >= 0xDC80 && c <= 0xDCFF) out += static_cast<char>(c - 0xDC00);
-    else if (c < 0x80) out += static_cast<char>(c);
-    else if (c < 0x800) { out += static_cast<char>(0xC0 | (c >> 6)); out += static_cast<char>(0x80 | (c & 0x3F)); }
-    else if (c < 0x10000) {
-      out += static_cast<char>(0xE0 | (c >> 12));
-      out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (c & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (c >> 18));
-      out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (c & 0x3F));
-    }
-  }
-  return out;
 }
 
 bool py_isspace(char32_t c) {
@@ -521,18 +481,18 @@ char32_t py_upper(char32_t c) {
 }
 
 std::string str_lower(const std::string& s) {
-  std::u32string t = utf8_decode(s);
+  std::u32string t = decode_utf8_surrogateescape(s);
   for (char32_t& c : t) c = py_lower(c);
-  return utf8_encode(t);
+  return encode_utf8_surrogateescape(t);
 }
 
 std::string str_upper(const std::string& s) {
   std::u32string out;
-  for (char32_t c : utf8_decode(s)) {
+  for (char32_t c : decode_utf8_surrogateescape(s)) {
     if (c == 0xDF) out += U"SS";
     else out += py_upper(c);
   }
-  return utf8_encode(out);
+  return encode_utf8_surrogateescape(out);
 }
 
 }  // namespace charm::jinja

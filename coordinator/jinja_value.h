@@ -14,6 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/utf8.h"  // decode_utf8_surrogateescape: str is indexed by code point, as in Python
+
 namespace charm::jinja {
 
 /// The dynamic type of a Value; kTuple behaves as an immutable list.
@@ -86,9 +88,6 @@ std::string to_json_text(const Value& v, int indent, bool sort_keys, bool ensure
 /// Throws charm::Error when `v` is not iterable.
 ValueList iterate(const Value& v);
 
-/// UTF-8 helpers: Python indexes strings by code point, so slicing and len() work on these.
-std::u32string utf8_decode(const std::string& s);
-std::string utf8_encode(const std::u32string& s);
 /// Python's str.isspace() for one code point.
 bool py_isspace(char32_t c);
 /// Simple case mapping of one code point (ASCII, Latin-1, Latin Extended-A, Greek, Cyrillic,

@@ -18,146 +18,13 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/utf8.h"
 #include "coordinator/unicode_nfc.h"
 
 namespace charm {
 namespace {
 
 using json = nlohmann::json;
-
-// ---------------------------------------------------------------------------------------
-// UTF-8 helpers
-
-/// Length of the well-formed UTF-8 sequence starting at s[i] (1..4), or 0 if the bytes at
-/// i are not a well-formed sequence; `*valid_prefix` gets the length of the longest
-/// prefix that could still begin one (Unicode table 3-7 "maximal subpart"), at least 1.
-size_t utf8_sequence(std::string_view s, size_t i, size_t* valid_prefix) {
-  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char lead = b(i);
-  *valid_prefix = 1;
-  if (lead < 0x80) return 1;
-  size_t width = 0;
-  unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-  if (lead >= 0xC2 && lead <= 0xDF) {
-    width = 2;
-  } else if (lead >= 0xE0 && lead <= 0xEF) {
-    width = 3;
-    if (lead == 0xE0) lo = 0xA0;
-    if (lead == 0xED) hi = 0x9F;  // no UTF-16 surrogates
-  } else if (lead >= 0xF0 && lead <= 0xF4) {
-    width = 4;
-    if (lead == 0xF0) lo = 0x90;
-    if (lead == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
-  } else {
-    return 0;
-  }
-  for (size_t k = 1; k < width; ++k) {
-    if (i + k >= s.size()) return 0;
-    const unsigned char c = b(i + k);
-    const bool ok = k == 1 ? (c >= lo && c <= hi) : (c >= 0x80 && c <= 0xBF);
-    if (!ok) return 0;
-    *valid_prefix = k + 1;
-  }
-  return width;
-}
-
-constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
-
-/// `s` with each maximal invalid subpart replaced by U+FFFD (Rust from_utf8_lossy,
-/// Python bytes.decode("utf-8", "replace")).
-std::string utf8_lossy(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  size_t i = 0;
-  while (i < s.size()) {
-    size_t prefix = 0;
-    const size_t n = utf8_sequence(s, i, &prefix);
-    if (n > 0) {
-      out.append(s.substr(i, n));
-      i += n;
-    } else {
-      out.append(kReplacement);
-      i += prefix;
-    }
-  }
-  return out;
-}
-
-bool is_valid_utf8(std::string_view s) {
-  size_t i = 0, prefix = 0;
-  while (i < s.size()) {
-    const size_t n = utf8_sequence(s, i, &prefix);
-    if (n == 0) return false;
-    i += n;
-  }
-  return true;
-}
-
-/// Where the trailing incomplete-but-so-far-valid UTF-8 sequence of `s` starts (s.size()
-/// if the tail is complete or already invalid): the bytes a stream must hold back.
-size_t incomplete_tail_start(std::string_view s) {
-  const size_t first = s.size() > 3 ? s.size() - 3 : 0;
-  for (size_t i = s.size(); i-- > first;) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if ((c & 0xC0) == 0x80) continue;  // continuation byte: keep looking for the lead
-    size_t prefix = 0;
-    const size_t n = utf8_sequence(s, i, &prefix);
-    const bool incomplete = n == 0 && i + prefix == s.size() && c >= 0xC2 && c <= 0xF4;
-    return incomplete ? i : s.size();
-  }
-  return s.size();
-}
-
-void append_utf8(std::string& out, char32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
-/// Code points of valid UTF-8 `s`.
-std::u32string decode_utf8(std::string_view s) {
-  std::u32string out;
-  size_t i = 0, prefix = 0;
-  while (i < s.size()) {
-    const size_t n = utf8_sequence(s, i, &prefix);
-    const auto b = [&](size_t k) {
-      return static_cast<char32_t>(static_cast<unsigned char>(s[i + k]));
-    };
-    char32_t cp = 0;
-    switch (n) {
-      case 1:
-        cp = b(0);
-        break;
-      case 2:
-        cp = ((b(0) & 0x1F) << 6) | (b(1) & 0x3F);
-        break;
-      case 3:
-        cp = ((b(0) & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F);
-        break;
-      case 4:
-        cp = ((b(0) & 0x07) << 18) | ((b(1) & 0x3F) << 12) | ((b(2) & 0x3F) << 6) | (b(3) & 0x3F);
-        break;
-      default:
-        cp = 0xFFFD;
-        break;
-    }
-    out += cp;
-    i += std::max<size_t>(n, 1);
-  }
-  return out;
-}
 
 // ---------------------------------------------------------------------------------------
 // GPT-2 byte <-> unicode map (tokenizers pre_tokenizers/byte_level.rs bytes_char): the
@@ -181,7 +48,7 @@ struct ByteMap {
   /// map (as tokenizers' ByteLevel decoder does).
   std::string to_bytes(std::string_view token) const {
     std::string out;
-    for (char32_t cp : decode_utf8(token)) {
+    for (char32_t cp : decode_utf8_lossy(token)) {
       auto it = char_to_byte.find(cp);
       if (it == char_to_byte.end()) return std::string(token);
       out += static_cast<char>(it->second);
@@ -712,7 +579,7 @@ StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special)
 std::string StreamDecoder::push(int32_t id) {
   if (skip_special_ && tokenizer_.is_special(id)) return {};
   pending_ += tokenizer_.token_bytes(id);
-  const size_t cut = incomplete_tail_start(pending_);
+  const size_t cut = utf8_incomplete_tail_start(pending_);
   std::string out = utf8_lossy(std::string_view(pending_).substr(0, cut));
   pending_.erase(0, cut);
   return out;

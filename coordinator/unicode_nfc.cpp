@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <iterator>
 
+#include "common/utf8.h"
+
 namespace charm {
 namespace {
 
@@ -78,44 +80,6 @@ char32_t compose(char32_t a, char32_t b) {
   return it->composite;
 }
 
-/// Code points of `text`; bytes that do not form a character become U+FFFD.
-std::u32string to_code_points(std::string_view text) {
-  std::u32string out;
-  size_t i = 0;
-  while (i < text.size()) {
-    const auto b0 = static_cast<unsigned char>(text[i]);
-    const size_t n = b0 < 0x80 ? 1 : b0 < 0xE0 ? 2 : b0 < 0xF0 ? 3 : 4;
-    if (i + n > text.size()) {
-      out += 0xFFFD;
-      break;
-    }
-    char32_t cp = n == 1 ? b0 : n == 2 ? (b0 & 0x1F) : n == 3 ? (b0 & 0x0F) : (b0 & 0x07);
-    for (size_t k = 1; k < n; ++k)
-      cp = (cp << 6) | (static_cast<unsigned char>(text[i + k]) & 0x3F);
-    out += cp;
-    i += n;
-  }
-  return out;
-}
-
-void append_utf8(std::string& out, char32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
 /// Canonical ordering: a stable sort of each run of non-starters by combining class.
 void reorder_marks(std::u32string& s) {
   size_t i = 0;
@@ -162,7 +126,7 @@ bool is_nfc_quick(std::string_view text) {
   if (std::all_of(text.begin(), text.end(),
                   [](char c) { return static_cast<unsigned char>(c) < 0xCC; }))
     return true;
-  for (char32_t cp : to_code_points(text))
+  for (char32_t cp : decode_utf8_unchecked(text))
     if (cp >= 0x300 && find_range(std::begin(kMaybeNotNfc), std::end(kMaybeNotNfc), cp))
       return false;
   return true;
@@ -170,7 +134,7 @@ bool is_nfc_quick(std::string_view text) {
 
 std::string to_nfc(std::string_view text) {
   std::u32string decomposed;
-  for (char32_t cp : to_code_points(text)) decompose(cp, decomposed);
+  for (char32_t cp : decode_utf8_unchecked(text)) decompose(cp, decomposed);
   reorder_marks(decomposed);
   std::string out;
   for (char32_t cp : compose_all(decomposed)) append_utf8(out, cp);
