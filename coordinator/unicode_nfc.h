@@ -12,7 +12,8 @@ namespace charm {
 bool is_nfc_quick(std::string_view text);
 
 /// NFC of valid UTF-8 `text`: canonical decomposition, canonical ordering of combining
-/// marks, canonical composition (Hangul algorithmically). Invalid bytes become U+FFFD.
+/// marks, canonical composition (Hangul algorithmically). REQUIRES: valid UTF-8 (the
+/// tokenizer passes only text it has made valid); a sequence cut off at the end becomes U+FFFD.
 std::string to_nfc(std::string_view text);
 
 }  // namespace charm
