@@ -104,7 +104,10 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--moe", type=Path, required=True)
     ap.add_argument("--gguf", type=Path, required=True)
-    ap.add_argument("--top-k", type=int, nargs="+", default=[2, 4, 8, 16])
+    ap.add_argument("--top-k", type=int, nargs="*", default=[2, 4, 8, 16],
+                    help="top-k values to score; none: answers only")
+    ap.add_argument("--dense-answers", action="store_true",
+                    help="also answer the prompts with the dense model, for reference")
     ap.add_argument("--seqs", type=int, default=10)
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--answer-k", type=int, default=8)
@@ -123,10 +126,16 @@ def main() -> None:
     t0 = time.time()
     hp, tensors, _ = moefy.load_dense(args.gguf)
     dense = moefy.dense_hf_model(hp, tensors)
-    d_nll, d_greedy = score(dense, ids, "dense")
+    if args.top_k:
+        d_nll, d_greedy = score(dense, ids, "dense")
+        result["rows"].append({"model": "dense", "ppl": math.exp(d_nll)})
+        print(f"dense ppl {math.exp(d_nll):.3f} ({time.time() - t0:.0f}s)", flush=True)
+    if args.dense_answers:
+        result["dense_answers"] = [{"prompt": p, "answer": answer(dense, tok, p, args.max_new)}
+                                   for p in PROMPTS]
+        for item in result["dense_answers"]:
+            print(f"\n[dense] >>> {item['prompt']}\n{item['answer']}", flush=True)
     del dense, tensors
-    result["rows"].append({"model": "dense", "ppl": math.exp(d_nll)})
-    print(f"dense ppl {math.exp(d_nll):.3f} ({time.time() - t0:.0f}s)", flush=True)
 
     moe = AutoModelForCausalLM.from_pretrained(str(args.moe), dtype=torch.float32)
     moe.eval()
