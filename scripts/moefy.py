@@ -372,9 +372,8 @@ def calibrate_layer(x, wg, wu, wd, n_experts: int, n_shared: int, seed: int,
     """Learns one layer's split and router.
 
     x [T, hidden] float16 FFN inputs; wg, wu [ffn, hidden], wd [hidden, ffn] float32.
-    The stored router is divided by its logit std, so build's --logit-spread is the std
-    of the logits. A neuron *fires* for a token when its output contribution |h_ti| * ||Wd[:, i]|| is in
-    that token's top fire_frac of neurons (SwiGLU has no exact zeros, so "active" is
+    A neuron *fires* for a token when its output contribution |h_ti| * ||Wd[:, i]|| is
+    in that token's top fire_frac of neurons (SwiGLU has no exact zeros, so "active" is
     relative). The n_shared neurons firing for the most tokens form the shared expert; the
     rest are clustered by their firing patterns (balanced k-means on the binary
     token-by-neuron matrix, a stand-in for the paper's co-activation graph partition).
@@ -445,6 +444,7 @@ def calibrate(args) -> None:
                       ("gate_proj.weight", "up_proj.weight", "down_proj.weight"))
         res = calibrate_layer(xs[L], wg, wu, wd, args.experts, args.shared, seed=1000 + L)
         out[f"perm.{L}"] = res["perm"]
+        # Unit logit std on calibration text, so build's --logit-spread is the logit std.
         out[f"router.{L}"] = res["router"] / np.float32(res["logit_std"])
         out[f"fire_rate.{L}"] = res["fire_rate"].astype(np.float16)
         report.append(res["recall"])
