@@ -123,6 +123,7 @@ HealthReplyMsg decode_health_reply(wire::HealthReply::Reader r) {
   msg.bytes_out = r.getBytesOut();
   msg.uptime_ms = r.getUptimeMs();
   msg.protocol_version = r.getProtocolVersion();
+  msg.model_fingerprint = r.getModelFingerprint();
   return msg;
 }
 
@@ -235,6 +236,7 @@ Frame encode_health_reply(const HealthReplyMsg& reply) {
   r.setBytesOut(reply.bytes_out);
   r.setUptimeMs(reply.uptime_ms);
   r.setProtocolVersion(reply.protocol_version);
+  r.setModelFingerprint(reply.model_fingerprint);
   return finish_frame(builder);
 }
 

@@ -80,6 +80,8 @@ struct HealthReplyMsg {
   uint64_t bytes_out = 0;        ///< frame bytes sent since start (prefixes included)
   uint64_t uptime_ms = 0;
   uint32_t protocol_version = kProtocolVersion;
+  std::string model_fingerprint;  ///< model_fingerprint() of the served checkpoint; empty
+                                  ///< from a worker that predates the field
 };
 
 /// `error`: the peer's last frame was rejected; the sender closes the connection after.

@@ -3,11 +3,15 @@
 #include <chrono>
 #include <cstdio>
 #include <future>
+#include <memory>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "common/checkpoint.h"
 #include "common/error.h"
+#include "common/fingerprint.h"
+#include "common/model_config.h"
 
 namespace charm {
 namespace {
@@ -52,6 +56,12 @@ std::string fixed(double value, int decimals) {
   return text;
 }
 
+// The row's state; a row not judged yet reads from whether it answered.
+std::string state_of(const WorkerStatusRow& row) {
+  if (!row.state.empty()) return row.state;
+  return row.up ? "up" : "down";
+}
+
 // Human-sized byte counts: 1023 B, 1.5 KiB, 12.0 MiB ...
 std::string bytes_text(uint64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -64,7 +74,100 @@ std::string bytes_text(uint64_t bytes) {
   return unit == 0 ? std::to_string(bytes) + " B" : fixed(value, 1) + " " + units[unit];
 }
 
+// Charm's Error carries its category in what(); the message alone reads better in a note.
+std::string message_of(const std::exception& e) {
+  const auto* error = dynamic_cast<const Error*>(&e);
+  return error ? error->message() : e.what();
+}
+
+// GET /cluster/status within `timeout_ms`; fills the coordinator fields of `status` and
+// returns the coordinator's per-worker view (empty when unreachable).
+std::vector<WorkerStatus> query_coordinator(const Topology& topology, int timeout_ms,
+                                            ClusterStatus& status) {
+  httplib::Client client(topology.api_host, topology.api_port);
+  const auto seconds = timeout_ms / 1000;
+  const auto micros = (timeout_ms % 1000) * 1000;
+  client.set_connection_timeout(seconds, micros);
+  client.set_read_timeout(seconds, micros);
+  client.set_write_timeout(seconds, micros);
+  status.coordinator_address = topology.api_host + ":" + std::to_string(topology.api_port);
+  auto res = client.Get("/cluster/status");
+  if (!res) {
+    status.coordinator_error = "GET /cluster/status: " + httplib::to_string(res.error());
+    return {};
+  }
+  if (res->status != 200) {
+    status.coordinator_error = "GET /cluster/status answered HTTP " + std::to_string(res->status);
+    return {};
+  }
+  try {
+    auto view = parse_cluster_status(res->body);
+    status.coordinator_reachable = true;
+    return view;
+  } catch (const Error& e) {
+    status.coordinator_error = e.message();
+    return {};
+  }
+}
+
 }  // namespace
+
+StatusExpectations expected_status(const Topology& topology) {
+  StatusExpectations out;
+  if (topology.single_node || topology.workers.empty()) return out;
+  std::unique_ptr<Checkpoint> checkpoint;
+  try {
+    checkpoint = Checkpoint::open(topology.model);
+  } catch (const std::exception& e) {
+    out.notes.push_back("note: cannot read the model at " + topology.model.string() + " (" +
+                        message_of(e) + "): model fingerprints and expert counts not checked");
+    return out;
+  }
+  out.fingerprint = model_fingerprint(*checkpoint);
+  try {
+    const ModelConfig config =
+        ModelConfig::parse(checkpoint->config_json(), (topology.model / "config.json").string());
+    const auto placement = topology.placement(config.moe_layer_ids(), config.num_experts);
+    std::vector<uint64_t> counts(topology.workers.size(), 0);
+    for (const auto& [layer, owners] : placement) {
+      for (int owner : owners) ++counts.at(static_cast<size_t>(owner));
+    }
+    out.experts.assign(counts.begin(), counts.end());
+  } catch (const std::exception& e) {
+    out.notes.push_back("note: cannot work out the expert placement (" + message_of(e) +
+                        "): expert counts not checked");
+  }
+  return out;
+}
+
+void judge_worker(WorkerStatusRow& row, const std::string& fingerprint) {
+  if (!row.up || !row.health) {
+    row.state = "down";
+    return;
+  }
+  const HealthReplyMsg& h = *row.health;
+  // One verdict per row, the most fundamental first: a worker speaking another protocol
+  // or serving another model makes its expert count meaningless.
+  if (h.protocol_version != kProtocolVersion) {
+    row.state = "wrong-protocol";
+    row.error = "speaks protocol version " + std::to_string(h.protocol_version) +
+                ", this charm speaks " + std::to_string(kProtocolVersion);
+  } else if (!fingerprint.empty() && h.model_fingerprint != fingerprint) {
+    row.state = "wrong-model";
+    const std::string served = h.model_fingerprint.empty()
+                                   ? "no model fingerprint (a build older than this charm)"
+                                   : "model fingerprint " + h.model_fingerprint;
+    row.error = "serves " + served + ", the topology's model has " + fingerprint;
+  } else if (row.expected_experts && h.experts_held != *row.expected_experts) {
+    row.state = "wrong-experts";
+    row.error = "holds " + std::to_string(h.experts_held) +
+                " (layer, expert) pairs, the topology's placement assigns it " +
+                std::to_string(*row.expected_experts);
+  } else {
+    row.state = "up";
+    row.error.clear();
+  }
+}
 
 std::vector<WorkerStatus> parse_cluster_status(const std::string& body) {
   nlohmann::json doc = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
@@ -99,37 +202,21 @@ ClusterStatus collect_status(const Topology& topology, int timeout_ms) {
   for (const WorkerSpec& spec : topology.workers) {
     pending.push_back(std::async(std::launch::async, query_worker, spec, timeout_ms));
   }
+  // Reading the checkpoint's headers overlaps the workers' answers.
+  StatusExpectations expected = expected_status(topology);
+  status.expected_fingerprint = expected.fingerprint;
+  status.notes = std::move(expected.notes);
+  const std::vector<WorkerStatus> coordinator_view = query_coordinator(topology, timeout_ms, status);
 
-  httplib::Client client(topology.api_host, topology.api_port);
-  const auto seconds = timeout_ms / 1000;
-  const auto micros = (timeout_ms % 1000) * 1000;
-  client.set_connection_timeout(seconds, micros);
-  client.set_read_timeout(seconds, micros);
-  client.set_write_timeout(seconds, micros);
-  std::vector<WorkerStatus> coordinator_view;
-  const std::string url = "http://" + topology.api_host + ":" + std::to_string(topology.api_port) +
-                          "/cluster/status";
-  if (auto res = client.Get("/cluster/status")) {
-    if (res->status == 200) {
-      try {
-        coordinator_view = parse_cluster_status(res->body);
-        status.coordinator_reachable = true;
-      } catch (const Error& e) {
-        status.coordinator_error = url + ": " + e.message();
-      }
-    } else {
-      status.coordinator_error = url + " answered HTTP " + std::to_string(res->status);
-    }
-  } else {
-    status.coordinator_error = url + ": " + httplib::to_string(res.error());
-  }
-
-  for (auto& future : pending) {
-    WorkerStatusRow row = future.get();
+  status.all_up = status.coordinator_reachable;
+  for (size_t i = 0; i < pending.size(); ++i) {
+    WorkerStatusRow row = pending[i].get();
     for (const WorkerStatus& s : coordinator_view) {
       if (s.name == row.name) row.coordinator = s;
     }
-    status.all_up = status.all_up && row.up;
+    if (i < expected.experts.size()) row.expected_experts = expected.experts[i];
+    judge_worker(row, status.expected_fingerprint);
+    status.all_up = status.all_up && row.state == "up";
     status.workers.push_back(std::move(row));
   }
   return status;
@@ -142,7 +229,7 @@ std::string format_status(const ClusterStatus& status) {
   for (const WorkerStatusRow& w : status.workers) {
     const auto& h = w.health;
     const auto& c = w.coordinator;
-    table.push_back({w.name, w.address, w.up ? "up" : "down",
+    table.push_back({w.name, w.address, state_of(w),
                      h ? std::to_string(h->experts_held) : "-",
                      h ? std::to_string(h->requests_served) : "-",
                      w.up ? fixed(w.ping_ms, 2) : "-",
@@ -166,11 +253,13 @@ std::string format_status(const ClusterStatus& status) {
   }
   if (status.workers.empty()) out += "(no workers: single-node mode)\n";
   for (const WorkerStatusRow& w : status.workers) {
-    if (!w.up) out += w.name + " is down: " + w.error + "\n";
+    const std::string state = state_of(w);
+    if (state != "up") out += w.name + " is " + state + ": " + w.error + "\n";
   }
+  for (const std::string& note : status.notes) out += note + "\n";
   if (!status.coordinator_reachable) {
-    out += "coordinator unreachable (" + status.coordinator_error +
-           "): RTT and byte columns are \"-\"\n";
+    out += "coordinator at " + status.coordinator_address + " is unreachable (" +
+           status.coordinator_error + "): RTT and byte columns are \"-\"\n";
   }
   return out;
 }

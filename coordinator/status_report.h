@@ -1,6 +1,9 @@
 // `charm status`: one table row per worker, joining what each worker says of itself
 // (healthRequest over the wire protocol, timed as a ping) with what the coordinator has
-// measured (GET http://<api_host>:<api_port>/cluster/status).
+// measured (GET http://<api_host>:<api_port>/cluster/status), and judging each worker
+// against what the topology expects of it: the model fingerprint of topology.model
+// (common/fingerprint.h, computed locally from the checkpoint's headers) and the number of
+// (layer, expert) pairs Topology::placement assigns it.
 #pragma once
 
 #include <optional>
@@ -18,7 +21,13 @@ struct WorkerStatusRow {
   std::string name;
   std::string address;                  ///< host:port from the topology
   bool up = false;                      ///< answered the health request in time
-  std::string error;                    ///< why not up
+  /// "up" (answered and matches the topology), "down" (did not answer), "wrong-protocol",
+  /// "wrong-model" (fingerprint differs from the topology's model) or "wrong-experts"
+  /// (holds a different number of (layer, expert) pairs than the placement assigns it).
+  /// Empty (a row not yet judged) reads as "up" or "down" from `up`.
+  std::string state;
+  std::string error;                    ///< why not up, or what does not match (both values)
+  std::optional<uint64_t> expected_experts;  ///< pairs the placement assigns, when known
   std::optional<HealthReplyMsg> health; ///< the worker's own counters, when up
   double ping_ms = 0;                   ///< health request round trip, milliseconds
   std::optional<WorkerStatus> coordinator;  ///< the coordinator's view, when reachable
@@ -28,13 +37,39 @@ struct WorkerStatusRow {
 struct ClusterStatus {
   std::vector<WorkerStatusRow> workers;
   bool coordinator_reachable = false;
-  std::string coordinator_error;  ///< why not reachable
-  bool all_up = true;             ///< every worker answered (the CLI exits 1 otherwise)
+  std::string coordinator_address;  ///< api_host:api_port
+  std::string coordinator_error;    ///< why not reachable
+  /// model_fingerprint() of topology.model; empty when the directory could not be read
+  /// (then fingerprints are not checked and `notes` says why).
+  std::string expected_fingerprint;
+  /// Checks that could not be made (model unreadable, placement invalid), one line each.
+  std::vector<std::string> notes;
+  /// Every worker is in state "up" and the coordinator answered (the CLI exits 1
+  /// otherwise).
+  bool all_up = true;
 };
 
+/// What the topology expects of each worker, for judge_worker.
+struct StatusExpectations {
+  std::string fingerprint;  ///< empty: do not check fingerprints
+  std::vector<std::optional<uint64_t>> experts;  ///< per topology.workers index; empty/nullopt: do not check
+  std::vector<std::string> notes;  ///< why a check is skipped
+};
+
+/// Reads topology.model (Checkpoint::open + model_fingerprint; ModelConfig::parse +
+/// Topology::placement over moe_layer_ids()). Never throws: a check that cannot be made
+/// is skipped and named in `notes`. In single-node mode nothing is expected of workers.
+StatusExpectations expected_status(const Topology& topology);
+
+/// Sets row.state and row.error from what the worker reported (row.health) against
+/// `fingerprint` (empty: not checked) and row.expected_experts (nullopt: not checked).
+/// A row that did not answer stays "down".
+void judge_worker(WorkerStatusRow& row, const std::string& fingerprint);
+
 /// Queries every worker (in parallel, each within `timeout_ms`: connect + healthRequest)
-/// and the coordinator's /cluster/status (within `timeout_ms`). Never throws for an
-/// unreachable peer: that is what the report is for.
+/// and the coordinator's /cluster/status (within `timeout_ms`), and judges each worker
+/// (expected_status, judge_worker). Never throws for an unreachable peer or an unreadable
+/// model: that is what the report is for.
 ClusterStatus collect_status(const Topology& topology, int timeout_ms);
 
 /// Parses a /cluster/status body ({"workers":[{"name","address","state","experts_held",
@@ -45,7 +80,8 @@ std::vector<WorkerStatus> parse_cluster_status(const std::string& body);
 /// The table: a header line, then per worker name, address, state, experts, requests
 /// (served, as the worker counts them), ping ms, coordinator rtt p50/p99 ms, and bytes
 /// in/out as the coordinator counts them ("-" where the coordinator is unreachable or a
-/// value is unknown); then a line on the coordinator when it is unreachable.
+/// value is unknown); then one line per worker not "up" (why, naming both values for a
+/// mismatch), one per note, and a line on the coordinator when it is unreachable.
 std::string format_status(const ClusterStatus& status);
 
 /// collect_status + format_status. A worker that does not answer shows state "down".

@@ -86,6 +86,8 @@ struct HealthReply {
   bytesOut @5 :UInt64;          # frame bytes sent since start, length prefixes included
   uptimeMs @6 :UInt64;          # milliseconds since the worker started serving
   protocolVersion @7 :UInt32;   # the worker's kProtocolVersion
+  modelFingerprint @8 :Text;    # model_fingerprint() of the checkpoint it serves (empty
+                                # from workers built before this field existed)
 }
 
 # Either side: the peer's last frame could not be handled; the sender closes after it.

@@ -57,6 +57,7 @@ HealthReplyMsg WorkerServer::health() const {
                                           std::chrono::steady_clock::now() - started_)
                                           .count());
   h.protocol_version = kProtocolVersion;
+  h.model_fingerprint = options_.model_fingerprint;
   return h;
 }
 

@@ -49,7 +49,8 @@ struct WorkerServerOptions {
   std::string worker_name;         ///< reported in helloReply / healthReply
   std::string host = "127.0.0.1";  ///< bound exactly (no wildcard unless asked: "0.0.0.0")
   uint16_t port = 0;               ///< 0 = ephemeral (tests); see WorkerServer::port()
-  std::string model_fingerprint;   ///< model_fingerprint() of the served checkpoint
+  std::string model_fingerprint;   ///< model_fingerprint() of the served checkpoint; checked
+                                   ///< at hello, reported in healthReply
   uint64_t max_frame_bytes = kDefaultMaxFrameBytes;
   std::chrono::milliseconds send_timeout{60000};  ///< per reply frame
 };
@@ -80,7 +81,9 @@ class WorkerServer {
 
   /// The bound port (valid after start()).
   uint16_t port() const { return port_; }
-  /// The counters a healthRequest reports.
+  /// The counters a healthRequest reports, with this worker's name, protocol version
+  /// and options.model_fingerprint (so `charm status` can spot a worker serving another
+  /// model).
   HealthReplyMsg health() const;
 
  private:

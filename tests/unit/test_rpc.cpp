@@ -7,7 +7,9 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 
+#include <httplib.h>
 #include <nlohmann/json.hpp>
 
 #include "common/checkpoint.h"
@@ -51,11 +53,19 @@ struct TinyModel {
   std::string fingerprint;
 
   TinyModel() {
+    // A whole config.json (ModelConfig::parse accepts it), so `charm status` can work out
+    // the placement: 3 layers, layer 1 dense, layers 0 and 2 MoE.
     nlohmann::json config = {{"architectures", {"Qwen3MoeForCausalLM"}},
                              {"model_type", "qwen3_moe"},
+                             {"vocab_size", 16},
                              {"hidden_size", kHidden},
+                             {"intermediate_size", 2 * kInter},
                              {"moe_intermediate_size", kInter},
-                             {"num_experts", kExperts}};
+                             {"num_hidden_layers", 3},
+                             {"num_attention_heads", 2},
+                             {"num_experts", kExperts},
+                             {"num_experts_per_tok", 2},
+                             {"mlp_only_layers", {1}}};
     write_bytes(dir / "config.json", config.dump());
     std::vector<TensorSpec> tensors;
     uint32_t seed = 1;
@@ -116,8 +126,9 @@ struct Cluster {
   std::map<int64_t, std::vector<int>> placement;
 
   Cluster() {
-    topology.workers = {WorkerSpec{"a", "127.0.0.1", a.server->port(), {}, {}},
-                        WorkerSpec{"b", "127.0.0.1", b.server->port(), {}, {}}};
+    topology.model = model.dir.path();
+    topology.workers = {WorkerSpec{"a", "127.0.0.1", a.server->port(), {0, 2}, {}},
+                        WorkerSpec{"b", "127.0.0.1", b.server->port(), {1, 3}, {}}};
     topology.connect_timeout_ms = 5000;
     topology.request_timeout_ms = 30000;
     topology.api_host = "127.0.0.1";
@@ -367,18 +378,71 @@ TEST_CASE("a worker that goes away fails run_layer naming the worker and the lay
   CHECK(status[1].state == "down");
 }
 
-TEST_CASE("charm status: worker health, coordinator unreachable, a worker down") {
+// A stand-in coordinator: serves GET /cluster/status on an ephemeral loopback port with
+// the given workers' counters, so collect_status sees a reachable coordinator.
+struct FakeCoordinator {
+  httplib::Server server;
+  std::thread thread;
+  int port = 0;
+
+  explicit FakeCoordinator(const std::vector<std::string>& names) {
+    nlohmann::json workers = nlohmann::json::array();
+    for (const std::string& name : names) {
+      workers.push_back({{"name", name}, {"address", "-"}, {"state", "up"}, {"experts_held", 4},
+                         {"requests", 0}, {"rtt_p50_ms", 1.0}, {"rtt_p99_ms", 2.0},
+                         {"bytes_out", 0}, {"bytes_in", 0}});
+    }
+    const std::string body = nlohmann::json{{"workers", workers}}.dump();
+    server.Get("/cluster/status", [body](const httplib::Request&, httplib::Response& res) {
+      res.set_content(body, "application/json");
+    });
+    port = server.bind_to_any_port("127.0.0.1");
+    thread = std::thread([this] { server.listen_after_bind(); });
+    // The socket already listens (bind_to_any_port); wait for the accept loop so stop()
+    // in the destructor cannot run before it and leave listen_after_bind blocked.
+    while (!server.is_running()) std::this_thread::sleep_for(1ms);
+  }
+  ~FakeCoordinator() {
+    server.stop();
+    thread.join();
+  }
+};
+
+TEST_CASE("charm status: all up only with a reachable coordinator and matching workers") {
   Cluster cluster;
+  FakeCoordinator coordinator({"a", "b"});
+  cluster.topology.api_port = static_cast<uint16_t>(coordinator.port);
   ClusterStatus status = collect_status(cluster.topology, 2000);
+  std::string table = format_status(status);
+  INFO(table);
+  CHECK(status.coordinator_reachable);
+  CHECK(status.expected_fingerprint == cluster.model.fingerprint);
+  CHECK(status.notes.empty());
+  REQUIRE(status.workers.size() == 2);
+  CHECK(status.workers[0].state == "up");
+  CHECK(status.workers[0].expected_experts == 4u);  // experts 0, 2 on layers 0, 2
+  CHECK(status.workers[0].health->model_fingerprint == cluster.model.fingerprint);
+  CHECK(status.workers[0].coordinator.has_value());
   CHECK(status.all_up);
+  CHECK(table.find("unreachable") == std::string::npos);
+}
+
+TEST_CASE("charm status: coordinator unreachable or a worker down makes all_up false") {
+  Cluster cluster;  // api_port: nothing listens there
+  ClusterStatus status = collect_status(cluster.topology, 2000);
+  CHECK_FALSE(status.all_up);
   CHECK_FALSE(status.coordinator_reachable);
   REQUIRE(status.workers.size() == 2);
   CHECK(status.workers[0].up);
+  CHECK(status.workers[0].state == "up");  // the workers themselves are fine
+  CHECK(status.workers[1].state == "up");
   CHECK(status.workers[0].health->experts_held == 4);
   std::string table = format_status(status);
   INFO(table);
   CHECK(table.find("WORKER") == 0);
-  CHECK(table.find("coordinator unreachable") != std::string::npos);
+  const std::string where = "coordinator at 127.0.0.1:" + std::to_string(cluster.topology.api_port) +
+                            " is unreachable";
+  CHECK(table.find(where) != std::string::npos);
   CHECK(table.find(" down") == std::string::npos);
 
   cluster.b.server->stop();
@@ -386,8 +450,87 @@ TEST_CASE("charm status: worker health, coordinator unreachable, a worker down")
   CHECK_FALSE(status.all_up);
   CHECK(status.workers[0].up);
   CHECK_FALSE(status.workers[1].up);
+  CHECK(status.workers[1].state == "down");
   table = render_status(cluster.topology, 2000);
   CHECK(table.find(" down") != std::string::npos);
+}
+
+TEST_CASE("charm status: a worker serving another model is wrong-model") {
+  Cluster cluster;
+  FakeCoordinator coordinator({"a", "b"});
+  cluster.topology.api_port = static_cast<uint16_t>(coordinator.port);
+  // Worker "a" restarted on a checkpoint with another fingerprint, same experts.
+  cluster.a.server->stop();
+  WorkerServerOptions options;
+  options.worker_name = "a";
+  options.model_fingerprint = "00000000deadbeef";
+  WorkerServer other(options, *cluster.a.service);
+  other.start();
+  cluster.topology.workers[0].port = other.port();
+
+  ClusterStatus status = collect_status(cluster.topology, 2000);
+  const std::string table = format_status(status);
+  INFO(table);
+  CHECK(status.coordinator_reachable);
+  CHECK_FALSE(status.all_up);
+  REQUIRE(status.workers.size() == 2);
+  CHECK(status.workers[0].up);
+  CHECK(status.workers[0].state == "wrong-model");
+  CHECK(status.workers[1].state == "up");
+  // The row says so, and a line names both fingerprints.
+  CHECK(table.find("wrong-model") != std::string::npos);
+  CHECK(table.find("00000000deadbeef") != std::string::npos);
+  CHECK(table.find(cluster.model.fingerprint) != std::string::npos);
+  // Columns still line up.
+  const size_t header_col = table.find("STATE");
+  const size_t row_start = table.find('\n') + 1;
+  CHECK(table.find("wrong-model", row_start) - row_start == header_col);
+}
+
+TEST_CASE("charm status: a worker holding other experts than the placement is wrong-experts") {
+  Cluster cluster;
+  FakeCoordinator coordinator({"a", "b"});
+  cluster.topology.api_port = static_cast<uint16_t>(coordinator.port);
+  // The topology gives "a" experts 0-2 and "b" expert 3, but the workers hold 0,2 / 1,3.
+  cluster.topology.workers[0].experts = {0, 1, 2};
+  cluster.topology.workers[1].experts = {3};
+  ClusterStatus status = collect_status(cluster.topology, 2000);
+  const std::string table = format_status(status);
+  INFO(table);
+  CHECK_FALSE(status.all_up);
+  REQUIRE(status.workers.size() == 2);
+  CHECK(status.workers[0].state == "wrong-experts");
+  CHECK(status.workers[0].expected_experts == 6u);
+  CHECK(status.workers[1].state == "wrong-experts");
+  CHECK(table.find("a is wrong-experts: holds 4 (layer, expert) pairs, the topology's placement assigns it 6") !=
+        std::string::npos);
+}
+
+TEST_CASE("charm status: an unreadable model skips those checks and says so") {
+  Cluster cluster;
+  FakeCoordinator coordinator({"a", "b"});
+  cluster.topology.api_port = static_cast<uint16_t>(coordinator.port);
+  cluster.topology.model = cluster.model.dir / "no-such-model";
+  ClusterStatus status = collect_status(cluster.topology, 2000);
+  const std::string table = format_status(status);
+  INFO(table);
+  CHECK(status.expected_fingerprint.empty());
+  REQUIRE(status.notes.size() == 1);
+  CHECK(table.find("note: cannot read the model at") != std::string::npos);
+  CHECK(table.find("not checked") != std::string::npos);
+  CHECK(status.workers[0].state == "up");
+  CHECK(status.all_up);
+
+  // A worker reporting no fingerprint (older build) is not taken on trust.
+  WorkerStatusRow row;
+  row.up = true;
+  row.health = HealthReplyMsg{"w1", "up", 4, 0, 0, 0, 0, kProtocolVersion, ""};
+  judge_worker(row, cluster.model.fingerprint);
+  CHECK(row.state == "wrong-model");
+  CHECK(row.error.find("no model fingerprint") != std::string::npos);
+  row.health->protocol_version = kProtocolVersion + 1;
+  judge_worker(row, cluster.model.fingerprint);
+  CHECK(row.state == "wrong-protocol");
 }
 
 TEST_CASE("charm status table joins the coordinator's /cluster/status view") {
@@ -396,7 +539,7 @@ TEST_CASE("charm status table joins the coordinator's /cluster/status view") {
   row.name = "w1";
   row.address = "127.0.0.1:5001";
   row.up = true;
-  row.health = HealthReplyMsg{"w1", "up", 64, 12, 0, 0, 1000, kProtocolVersion};
+  row.health = HealthReplyMsg{"w1", "up", 64, 12, 0, 0, 1000, kProtocolVersion, "0123456789abcdef"};
   row.ping_ms = 0.25;
   row.coordinator = parse_cluster_status(
       R"({"workers":[{"name":"w1","address":"127.0.0.1:5001","state":"up","experts_held":64,)"

@@ -128,7 +128,8 @@ TEST_CASE("layerResponse, hello, helloReply, health and error round trip") {
 
   CHECK(std::holds_alternative<HealthRequestMsg>(decode_message(body_of(encode_health_request()))));
 
-  HealthReplyMsg health{"w2", "up", 48, 1000, 1u << 20, 1u << 21, 5000, kProtocolVersion};
+  HealthReplyMsg health{"w2", "up", 48, 1000, 1u << 20, 1u << 21, 5000, kProtocolVersion,
+                        "0123456789abcdef"};
   auto hh = decode_as<HealthReplyMsg>(body_of(encode_health_reply(health)));
   CHECK(hh.worker_name == "w2");
   CHECK(hh.state == "up");
@@ -137,6 +138,8 @@ TEST_CASE("layerResponse, hello, helloReply, health and error round trip") {
   CHECK(hh.bytes_in == (1u << 20));
   CHECK(hh.bytes_out == (1u << 21));
   CHECK(hh.uptime_ms == 5000);
+  CHECK(hh.protocol_version == kProtocolVersion);
+  CHECK(hh.model_fingerprint == "0123456789abcdef");
 
   CHECK(decode_as<ErrorMsg>(body_of(encode_error("bad frame"))).message == "bad frame");
 }
