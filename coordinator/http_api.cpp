@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -166,25 +167,60 @@ json cluster_status_body(const Engine& engine) {
   return {{"workers", workers}};
 }
 
-/// Fills in 404 / 405 / 413 bodies for requests no route took (handlers' own errors already
-/// carry a body and are left alone).
-httplib::Server::HandlerResponse fill_routing_error(const httplib::Request& req, httplib::Response& res) {
-  if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-  if (res.status == 413) {
-    send_error(res, ApiError(413, "request body is larger than " + std::to_string(kMaxBodyBytes >> 20) + " MiB"));
-    return httplib::Server::HandlerResponse::Handled;
-  }
-  if (res.status != 404) return httplib::Server::HandlerResponse::Unhandled;
+/// The 404 or 405 for a request to a path no route serves with its method; nullopt when
+/// a route does.
+std::optional<ApiError> routing_error(const httplib::Request& req, httplib::Response& res) {
   auto it = known_paths().find(req.path);
-  if (it == known_paths().end()) {
-    send_error(res, ApiError(404, "no such endpoint: " + req.method + " " + req.path, "", "not_found_error"));
-  } else {
-    std::string allow;
-    for (const std::string& m : it->second) allow += (allow.empty() ? "" : ", ") + m;
-    send_error(res, ApiError(405, "method " + req.method + " is not allowed on " + req.path + " (allowed: " + allow + ")",
-                             "", "invalid_request_error"));
-    res.set_header("Allow", allow);
+  if (it == known_paths().end())
+    return ApiError(404, "no such endpoint: " + req.method + " " + req.path, "", "not_found_error");
+  if (it->second.count(req.method)) return std::nullopt;
+  std::string allow;
+  for (const std::string& m : it->second) allow += (allow.empty() ? "" : ", ") + m;
+  res.set_header("Allow", allow);
+  return ApiError(405, "method " + req.method + " is not allowed on " + req.path + " (allowed: " + allow + ")");
+}
+
+/// The message for an error status httplib set itself, before or without a route.
+std::string status_message(int status) {
+  switch (status) {
+    case 400: return "the request could not be read (malformed headers, chunked encoding or body)";
+    case 413: return "request body is larger than " + std::to_string(kMaxBodyBytes >> 20) + " MiB";
+    case 414: return "request URI is too long";
+    case 415: return "unsupported Content-Encoding";
+    case 416: return "requested range not satisfiable";
+    default: return "request failed with HTTP status " + std::to_string(status);
   }
+}
+
+/// Gives every error response that has no body yet the OpenAI-style JSON error: the
+/// 404 / 405 of unrouted requests and the statuses httplib sets itself (400 when it cannot
+/// read a body, 413, ...). Handlers' own errors already carry a body and are left alone.
+/// A 400 httplib sets before routing on an unknown path or method becomes that path's
+/// 404 / 405, as the same request with a readable body would get.
+httplib::Server::HandlerResponse fill_error_body(const httplib::Request& req, httplib::Response& res) {
+  if (!res.body.empty() || res.status < 400) return httplib::Server::HandlerResponse::Unhandled;
+  if (res.status == 404 || res.status == 400) {
+    if (std::optional<ApiError> error = routing_error(req, res)) {
+      send_error(res, *error);
+      return httplib::Server::HandlerResponse::Handled;
+    }
+  }
+  const char* type = res.status >= 500 ? "server_error" : "invalid_request_error";
+  send_error(res, ApiError(res.status, status_message(res.status), "", type));
+  return httplib::Server::HandlerResponse::Handled;
+}
+
+/// A POST / PUT / PATCH / DELETE with neither Content-Length nor Transfer-Encoding has an
+/// empty body (RFC 9112 section 6.3), but httplib 0.11 reads such a body until the client
+/// closes and then answers a bare 400 after its read timeout (curl -X POST with no -d
+/// waits for it). Answer these at once: the route's 404 / 405, else the empty-body 400.
+httplib::Server::HandlerResponse answer_bodyless(const httplib::Request& req, httplib::Response& res) {
+  static const std::set<std::string> kWithBody = {"POST", "PUT", "PATCH", "DELETE"};
+  if (!kWithBody.count(req.method) || req.has_header("Content-Length") || req.has_header("Transfer-Encoding"))
+    return httplib::Server::HandlerResponse::Unhandled;
+  std::optional<ApiError> error = routing_error(req, res);
+  if (!error) error = ApiError(400, "request body is empty: send a JSON object (Content-Type: application/json)");
+  send_error(res, *error);
   return httplib::Server::HandlerResponse::Handled;
 }
 
@@ -228,7 +264,8 @@ void HttpApi::install_routes() {
     s.Patch(path, httplib::Server::Handler(not_allowed));
     s.Delete(path, httplib::Server::Handler(not_allowed));
   }
-  s.set_error_handler(httplib::Server::HandlerWithResponse(fill_routing_error));
+  s.set_pre_routing_handler(answer_bodyless);
+  s.set_error_handler(httplib::Server::HandlerWithResponse(fill_error_body));
   s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     send_error(res, to_api_error(ep));
   });

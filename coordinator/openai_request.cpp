@@ -1,6 +1,7 @@
 // Request parsing for the OpenAI-compatible API; see openai_request.h.
 #include "coordinator/openai_request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -21,11 +22,70 @@ namespace {
   throw ApiError(400, message, param);
 }
 
+/// Tracks where the parser is ("messages[0].content") from nlohmann's parse events, so
+/// that an error the parser raises inside a value (a number overflowing a double) can
+/// name the field. Elements of arrays are counted as they end.
+class FieldPath {
+ public:
+  bool on_event(int, json::parse_event_t event, const json& parsed) {
+    using E = json::parse_event_t;
+    switch (event) {
+      case E::object_start: frames_.push_back({false, "", 0}); break;
+      case E::array_start: frames_.push_back({true, "", 0}); break;
+      case E::key:
+        if (!frames_.empty() && parsed.is_string()) frames_.back().key = parsed.get<std::string>();
+        break;
+      case E::object_end:
+      case E::array_end:
+        if (!frames_.empty()) frames_.pop_back();
+        next_element();
+        break;
+      case E::value: next_element(); break;
+    }
+    return true;
+  }
+
+  /// The field being parsed, e.g. "temperature" or "messages[0].content"; "" at the top.
+  std::string current() const {
+    std::string path;
+    for (const Frame& f : frames_) {
+      if (f.array) {
+        path += "[" + std::to_string(f.index) + "]";
+      } else if (!f.key.empty()) {
+        path += (path.empty() ? "" : ".") + f.key;
+      }
+    }
+    return path;
+  }
+
+ private:
+  struct Frame {
+    bool array;
+    std::string key;
+    size_t index;
+  };
+  void next_element() {
+    if (!frames_.empty() && frames_.back().array) frames_.back().index++;
+  }
+  std::vector<Frame> frames_;
+};
+
 json parse_body(std::string_view body) {
+  if (body.find_first_not_of(" \t\r\n") == std::string_view::npos)
+    throw ApiError(400, "request body is empty: send a JSON object (Content-Type: application/json)");
   json doc;
+  FieldPath path;
   try {
-    doc = json::parse(body.begin(), body.end());
-  } catch (const json::parse_error& e) {
+    doc = json::parse(body.begin(), body.end(),
+                      [&path](int depth, json::parse_event_t event, json& parsed) {
+                        return path.on_event(depth, event, parsed);
+                      });
+  } catch (const json::out_of_range& e) {
+    // nlohmann raises out_of_range 406 for a number that overflows a double (1e400).
+    std::string param = path.current();
+    throw ApiError(400, (param.empty() ? std::string("request body") : "'" + param + "'") +
+                            " holds a number out of range: " + e.what(), param);
+  } catch (const json::exception& e) {
     throw ApiError(400, std::string("request body is not valid JSON: ") + e.what());
   }
   if (!doc.is_object()) throw ApiError(400, "request body must be a JSON object");
@@ -95,6 +155,7 @@ void parse_common(const json& doc, ApiRequest& req) {
   if (s.top_k == -1) s.top_k = 0;
   // Newer OpenAI clients send max_completion_tokens for chat; it wins over max_tokens.
   const char* max_key = field(doc, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  req.max_tokens_given = field(doc, max_key) != nullptr;
   s.max_tokens = integer_field(doc, max_key, kDefaultMaxTokens);
   if (s.max_tokens < 1) reject(max_key, std::string("'") + max_key + "' must be >= 1");
   if (const json* seed = field(doc, "seed")) {
@@ -103,15 +164,43 @@ void parse_common(const json& doc, ApiRequest& req) {
   }
   s.stop = stop_field(doc);
   if (integer_field(doc, "n", 1) != 1) reject("n", "only n = 1 is supported");
-  if (const json* lp = field(doc, "logprobs")) {
-    bool wanted = lp->is_boolean() ? lp->get<bool>() : !(lp->is_number_integer() && lp->get<int64_t>() == 0);
-    if (wanted) reject("logprobs", "'logprobs' is not supported");
-  }
   req.stream = bool_field(doc, "stream", false);
   if (const json* opts = field(doc, "stream_options")) {
     if (!opts->is_object()) reject("stream_options", "'stream_options' must be an object");
     if (!req.stream) reject("stream_options", "'stream_options' is only allowed with stream: true");
     req.include_usage = bool_field(*opts, "include_usage", false);
+  }
+}
+
+[[noreturn]] void unsupported(const std::string& key, const std::string& what) {
+  reject(key, "'" + key + "' is not supported" + what);
+}
+
+/// Fields that would change what OpenAI returns and that charm cannot honour: rejected
+/// when they ask for something, accepted when they hold the value meaning "off" (clients
+/// that send every field with its default keep working). See docs/api.md.
+void reject_unsupported(const json& doc, RequestKind kind) {
+  // Completions-only: echo the prompt, best_of sampling, insertion suffix.
+  if (kind == RequestKind::kCompletion) {
+    if (bool_field(doc, "echo", false)) unsupported("echo", " (only false)");
+    if (field(doc, "best_of") && integer_field(doc, "best_of", 1) != 1) unsupported("best_of", " (only 1)");
+    if (const json* suffix = field(doc, "suffix")) {
+      if (!suffix->is_string()) reject("suffix", "'suffix' must be a string");
+      if (!suffix->get_ref<const std::string&>().empty()) unsupported("suffix", " (only null or \"\")");
+    }
+  }
+  // logprobs: a boolean (chat) or a count (completions); false / 0 ask for nothing.
+  if (const json* lp = field(doc, "logprobs")) {
+    if (!lp->is_boolean() && !lp->is_number_integer())
+      reject("logprobs", "'logprobs' must be a boolean or an integer");
+    if (lp->is_boolean() ? lp->get<bool>() : lp->get<int64_t>() != 0) unsupported("logprobs", "");
+  }
+  if (field(doc, "top_logprobs") && integer_field(doc, "top_logprobs", 0) != 0) unsupported("top_logprobs", "");
+  for (const char* key : {"presence_penalty", "frequency_penalty"})
+    if (number_field(doc, key, 0.0) != 0.0) unsupported(key, " (only 0)");
+  if (const json* bias = field(doc, "logit_bias")) {
+    if (!bias->is_object()) reject("logit_bias", "'logit_bias' must be an object");
+    if (!bias->empty()) unsupported("logit_bias", " (only {})");
   }
 }
 
@@ -199,32 +288,52 @@ void parse_messages(const json& doc, ApiRequest& req) {
   }
 }
 
+/// Runs `parse` on the body, turning any nlohmann error that slipped past the field checks
+/// into a 400 (a request must never make a 500).
+template <class F>
+ApiRequest parse_request(std::string_view body, F&& parse) {
+  json doc = parse_body(body);
+  try {
+    return parse(doc);
+  } catch (const json::exception& e) {
+    throw ApiError(400, std::string("invalid request: ") + e.what());
+  }
+}
+
 }  // namespace
 
 ApiRequest parse_completion_request(std::string_view body) {
-  json doc = parse_body(body);
-  ApiRequest req;
-  req.kind = RequestKind::kCompletion;
-  parse_prompt(doc, req);
-  parse_common(doc, req);
-  return req;
+  return parse_request(body, [](const json& doc) {
+    ApiRequest req;
+    req.kind = RequestKind::kCompletion;
+    parse_prompt(doc, req);
+    parse_common(doc, req);
+    reject_unsupported(doc, req.kind);
+    return req;
+  });
 }
 
 ApiRequest parse_chat_request(std::string_view body) {
-  json doc = parse_body(body);
-  ApiRequest req;
-  req.kind = RequestKind::kChat;
-  parse_messages(doc, req);
-  parse_common(doc, req);
-  return req;
+  return parse_request(body, [](const json& doc) {
+    ApiRequest req;
+    req.kind = RequestKind::kChat;
+    parse_messages(doc, req);
+    parse_common(doc, req);
+    reject_unsupported(doc, req.kind);
+    return req;
+  });
 }
 
-void check_context(const ApiRequest& request, int64_t prompt_tokens, int64_t max_context) {
+void check_context(ApiRequest& request, int64_t prompt_tokens, int64_t max_context) {
   const char* prompt_param = request.kind == RequestKind::kChat ? "messages" : "prompt";
   if (prompt_tokens < 1) reject(prompt_param, std::string("'") + prompt_param + "' encodes to no tokens");
   if (prompt_tokens >= max_context)
     reject(prompt_param, "the prompt is " + std::to_string(prompt_tokens) + " tokens; the model's context is " +
                              std::to_string(max_context));
+  // vLLM's default: what the context leaves, capped at the documented default; >= 1 here
+  // since the prompt leaves at least one position.
+  if (!request.max_tokens_given)
+    request.sampling.max_tokens = std::min(kDefaultMaxTokens, max_context - prompt_tokens);
   if (prompt_tokens + request.sampling.max_tokens > max_context)
     reject("max_tokens", "prompt (" + std::to_string(prompt_tokens) + " tokens) + max_tokens (" +
                              std::to_string(request.sampling.max_tokens) + ") exceeds the model's context of " +

@@ -52,28 +52,38 @@ struct ApiRequest {
   /// {"enable_thinking": false} for Qwen3); an object.
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
   SamplingParams sampling;            ///< defaults: temperature 1, top_p 1, max_tokens 256
+  /// Whether the client sent max_tokens / max_completion_tokens. When not, check_context
+  /// lowers the default to what the context leaves (as vLLM does).
+  bool max_tokens_given = false;
   bool stream = false;
   bool include_usage = false;         ///< stream_options.include_usage
 };
 
 /// The default max_tokens when a request names none (OpenAI's own default varies by
-/// model; charm documents 256 in docs/api.md).
+/// model; charm documents 256 in docs/api.md), lowered to the context the prompt leaves.
 inline constexpr int64_t kDefaultMaxTokens = 256;
 
-/// Parses a /v1/completions body. Throws ApiError(400) naming the field for invalid JSON,
-/// a missing or mistyped prompt, n != 1, and out-of-range sampling fields
-/// (see parse_sampling).
+/// Parses a /v1/completions body. Throws ApiError(400) naming the field for invalid JSON
+/// (a number that overflows a double names its field), a missing or mistyped prompt,
+/// n != 1, out-of-range sampling fields, and fields asking for what charm does not do
+/// (echo, best_of != 1, suffix, logprobs, top_logprobs, penalties, logit_bias). Never
+/// throws anything but ApiError.
 ApiRequest parse_completion_request(std::string_view body);
 
 /// Parses a /v1/chat/completions body. Throws ApiError(400) naming the field for invalid
 /// JSON, missing or empty `messages`, a message without a string role, a role other than
 /// system/developer/user/assistant/tool, content that is neither a string, null nor a
-/// list of {type:"text", text} parts, `chat_template_kwargs` that is not an object, and
-/// out-of-range sampling fields.
+/// list of {type:"text", text} parts, `chat_template_kwargs` that is not an object,
+/// out-of-range sampling fields, and logprobs, top_logprobs, penalties or logit_bias
+/// asked for. Never throws anything but ApiError.
 ApiRequest parse_chat_request(std::string_view body);
 
-/// Checks that prompt_tokens + max_tokens fit in `max_context`. Throws ApiError(400) with
-/// param "max_tokens" (or the prompt field when the prompt alone fills the context).
-void check_context(const ApiRequest& request, int64_t prompt_tokens, int64_t max_context);
+/// Checks that prompt_tokens + max_tokens fit in `max_context`. When the client gave no
+/// max_tokens, first sets request.sampling.max_tokens to min(kDefaultMaxTokens,
+/// max_context - prompt_tokens) (vLLM's rule), so a default never rejects a prompt that
+/// fits. Throws ApiError(400) with the prompt field ("prompt" / "messages") when the
+/// prompt is empty or alone fills the context, and with param "max_tokens" when an
+/// explicit max_tokens (or max_completion_tokens) does not fit.
+void check_context(ApiRequest& request, int64_t prompt_tokens, int64_t max_context);
 
 }  // namespace charm

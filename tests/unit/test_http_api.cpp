@@ -4,6 +4,11 @@
 
 #include <httplib.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -200,6 +205,35 @@ std::vector<std::string> sse_payloads(const std::string& body) {
     pos = end + 2;
   }
   return out;
+}
+
+/// Sends `request` bytes as they are to 127.0.0.1:port and returns everything the
+/// server writes until it closes (requests here say "Connection: close"). The write side
+/// stays open, as curl's does, so a server waiting for a body until EOF would stall.
+std::string raw_exchange(uint16_t port, const std::string& request) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  timeval timeout{30, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(send(fd, request.data(), request.size(), 0) == ssize_t(request.size()));
+  std::string reply;
+  char buf[4096];
+  for (ssize_t n; (n = recv(fd, buf, sizeof buf, 0)) > 0;) reply.append(buf, size_t(n));
+  close(fd);
+  return reply;
+}
+
+/// The status code and body of a raw HTTP/1.1 response (not chunked).
+std::pair<int, std::string> raw_status_body(const std::string& reply) {
+  REQUIRE(reply.rfind("HTTP/1.1 ", 0) == 0);
+  size_t split = reply.find("\r\n\r\n");
+  REQUIRE(split != std::string::npos);
+  return {std::stoi(reply.substr(9, 3)), reply.substr(split + 4)};
 }
 
 /// Checks an OpenAI-style error response naming `param` (null when empty).
@@ -561,4 +595,153 @@ TEST_CASE("start reports a port in use, stop is idempotent") {
   CHECK_THROWS_AS(second.start(), charm::Error);
   first.stop();
   first.stop();
+}
+
+TEST_CASE("a number that overflows a double is a 400 naming the field, never a 500") {
+  Served s;
+  std::string user = R"("messages": [{"role": "user", "content": "hi"}])";
+  auto res = s.client->Post("/v1/chat/completions", "{" + user + R"(, "temperature": 1e400})", "application/json");
+  check_error(res, 400, "temperature");
+  CHECK(json::parse(res->body)["error"]["type"] == "invalid_request_error");
+  res = s.client->Post("/v1/chat/completions", "{" + user + R"(, "top_p": -1e400})", "application/json");
+  check_error(res, 400, "top_p");
+  // Nested: the path names the array element and key.
+  res = s.client->Post("/v1/chat/completions",
+                       R"({"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": 1e999}]})",
+                       "application/json");
+  check_error(res, 400, "messages[1].content");
+  res = s.client->Post("/v1/completions", R"({"prompt": [1, 2, 1e400]})", "application/json");
+  check_error(res, 400, "prompt[2]");
+  res = s.client->Post("/v1/completions", "1e400", "application/json");
+  check_error(res, 400, "");
+  // Other parse errors stay 400 with no field; empty bodies say so.
+  check_error(s.client->Post("/v1/completions", R"({"prompt": "x", "seed": 1)", "application/json"), 400, "");
+  res = s.client->Post("/v1/completions", "", "application/json");
+  check_error(res, 400, "");
+  CHECK(json::parse(res->body)["error"]["message"].get<std::string>().find("empty") != std::string::npos);
+}
+
+TEST_CASE("errors httplib raises before routing carry the JSON error body") {
+  Served s;
+  // POST with neither Content-Length nor Transfer-Encoding (curl -X POST, no -d): the
+  // body is empty, answered at once with the route's error.
+  auto [status, body] = raw_status_body(raw_exchange(
+      s.api.port(), "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  CHECK(status == 400);
+  json b = json::parse(body);
+  CHECK(b["error"]["type"] == "invalid_request_error");
+  CHECK(b["error"]["message"].get<std::string>().find("empty") != std::string::npos);
+
+  std::tie(status, body) =
+      raw_status_body(raw_exchange(s.api.port(), "POST /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  CHECK(status == 404);
+  CHECK(json::parse(body)["error"]["type"] == "not_found_error");
+
+  std::tie(status, body) = raw_status_body(
+      raw_exchange(s.api.port(), "PUT /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  CHECK(status == 405);
+  CHECK(json::parse(body)["error"]["message"].get<std::string>().find("PUT") != std::string::npos);
+
+  // A body httplib cannot read (bad chunk size): its 400 gets a JSON body, or the
+  // path's 404 when no route would have served it.
+  const std::string bad_chunks = " HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n";
+  std::tie(status, body) = raw_status_body(raw_exchange(s.api.port(), "POST /v1/completions" + bad_chunks));
+  CHECK(status == 400);
+  CHECK(json::parse(body)["error"]["type"] == "invalid_request_error");
+  std::tie(status, body) = raw_status_body(raw_exchange(s.api.port(), "POST /nope" + bad_chunks));
+  CHECK(status == 404);
+  CHECK(json::parse(body)["error"]["type"] == "not_found_error");
+
+  // Content-Length: 0 reaches the handler: the same empty-body 400.
+  std::tie(status, body) = raw_status_body(raw_exchange(
+      s.api.port(),
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"));
+  CHECK(status == 400);
+  CHECK(json::parse(body)["error"]["message"].get<std::string>().find("empty") != std::string::npos);
+
+  // The server is still up and serving.
+  auto ok = s.post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 1}});
+  REQUIRE(ok);
+  CHECK(ok->status == 200);
+}
+
+TEST_CASE("default max_tokens is lowered to what the context leaves; an explicit one is not") {
+  Served s;  // the fake's context is 1000 tokens, one token per byte
+  auto res = s.post("/v1/completions", {{"prompt", std::string(900, 'a')}});
+  REQUIRE(res);
+  REQUIRE(res->status == 200);
+  CHECK(s.engine.last_params().max_tokens == 100);
+  res = s.post("/v1/completions", {{"prompt", std::string(999, 'a')}});
+  REQUIRE(res);
+  REQUIRE(res->status == 200);
+  CHECK(s.engine.last_params().max_tokens == 1);
+  res = s.post("/v1/completions", {{"prompt", std::string(10, 'a')}});
+  REQUIRE(res);
+  REQUIRE(res->status == 200);
+  CHECK(s.engine.last_params().max_tokens == 256);
+  // A prompt that fills the context still fails, naming the prompt.
+  check_error(s.post("/v1/completions", {{"prompt", std::string(1000, 'a')}}), 400, "prompt");
+  // Chat: the rendered prompt counts.
+  json long_chat = json::array({{{"role", "user"}, {"content", std::string(950, 'a')}}});
+  res = s.post("/v1/chat/completions", {{"messages", long_chat}});
+  REQUIRE(res);
+  REQUIRE(res->status == 200);
+  int64_t prompt_tokens = int64_t(s.engine.last_prompt().size());
+  CHECK(s.engine.last_params().max_tokens == 1000 - prompt_tokens);
+  // Explicit values that do not fit stay errors.
+  check_error(s.post("/v1/completions", {{"prompt", std::string(900, 'a')}, {"max_tokens", 101}}), 400, "max_tokens");
+  check_error(s.post("/v1/chat/completions", {{"messages", long_chat}, {"max_completion_tokens", 256}}), 400,
+              "max_tokens");
+  res = s.post("/v1/completions", {{"prompt", std::string(900, 'a')}, {"max_tokens", 100}});
+  REQUIRE(res);
+  CHECK(res->status == 200);
+}
+
+TEST_CASE("fields asking for what charm does not do get 400; their off values and harmless fields pass") {
+  Served s;
+  json user = json::array({{{"role", "user"}, {"content", "hi"}}});
+  json prompt = {{"prompt", "hi"}, {"max_tokens", 1}};
+  auto with = [](json body, const char* key, json value) {
+    body[key] = std::move(value);
+    return body;
+  };
+  auto rejected = [&](const std::string& path, const json& body, const std::string& param) {
+    auto res = s.post(path, body);
+    check_error(res, 400, param);
+    CHECK(json::parse(res->body)["error"]["message"].get<std::string>().find("not supported") != std::string::npos);
+  };
+  const std::string cmpl = "/v1/completions", chat = "/v1/chat/completions";
+  json chat_body = {{"messages", user}, {"max_tokens", 1}};
+  rejected(cmpl, with(prompt, "echo", true), "echo");
+  rejected(cmpl, with(prompt, "best_of", 2), "best_of");
+  rejected(cmpl, with(prompt, "best_of", 0), "best_of");
+  rejected(cmpl, with(prompt, "suffix", "tail"), "suffix");
+  for (const auto& [path, body] : {std::pair{cmpl, prompt}, std::pair{chat, chat_body}}) {
+    rejected(path, with(body, "logprobs", path == cmpl ? json(5) : json(true)), "logprobs");
+    rejected(path, with(body, "top_logprobs", 2), "top_logprobs");
+    rejected(path, with(body, "presence_penalty", 0.5), "presence_penalty");
+    rejected(path, with(body, "frequency_penalty", -1), "frequency_penalty");
+    rejected(path, with(body, "logit_bias", {{"50256", -100}}), "logit_bias");
+  }
+  // Mistyped: 400 naming the field (not "not supported").
+  check_error(s.post(cmpl, with(prompt, "echo", "yes")), 400, "echo");
+  check_error(s.post(cmpl, with(prompt, "best_of", "2")), 400, "best_of");
+  check_error(s.post(cmpl, with(prompt, "suffix", 3)), 400, "suffix");
+  check_error(s.post(chat, with(chat_body, "logit_bias", json::array())), 400, "logit_bias");
+  check_error(s.post(chat, with(chat_body, "presence_penalty", "high")), 400, "presence_penalty");
+
+  // Values meaning "off", and fields that change nothing charm returns, are accepted.
+  json off = prompt;
+  off.update({{"echo", false}, {"best_of", 1}, {"suffix", ""}, {"logprobs", 0}, {"top_logprobs", nullptr},
+              {"presence_penalty", 0}, {"frequency_penalty", 0.0}, {"logit_bias", json::object()},
+              {"user", "u1"}, {"metadata", {{"k", "v"}}}, {"service_tier", "auto"}, {"model", "anything"}});
+  auto res = s.post(cmpl, off);
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  json chat_off = chat_body;
+  chat_off.update({{"logprobs", false}, {"best_of", nullptr}, {"suffix", nullptr}, {"presence_penalty", 0},
+                   {"logit_bias", nullptr}, {"user", "u1"}, {"store", false}, {"parallel_tool_calls", true}});
+  res = s.post(chat, chat_off);
+  REQUIRE(res);
+  CHECK(res->status == 200);
 }
