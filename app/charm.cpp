@@ -62,12 +62,16 @@ struct ServeArgs {
 };
 
 int serve(const ServeArgs& args) {
-  sigset_t signals = block_stop_signals();  // before Engine and HttpApi start threads
   Topology topology = load_config(args.config);
   std::string host = args.host.value_or(topology.api_host);
   uint16_t port = args.port.value_or(topology.api_port);
   spdlog::info("charm serve: loading {} from {}", topology.model_name, topology.model.string());
+  // Until the engine is up, SIGINT/SIGTERM keep their default action, so Ctrl-C ends a
+  // start-up that is still waiting for workers at once. Engine::create starts no threads,
+  // so blocking the signals afterwards still covers every thread (HTTP, OpenMP) started
+  // later.
   std::unique_ptr<Engine> engine = Engine::create(topology);
+  sigset_t signals = block_stop_signals();
   HttpApi api(*engine, host, port);
   api.start();
   spdlog::info("charm serve: {} listening on http://{}:{}", engine->model_name(), host, api.port());
@@ -115,6 +119,7 @@ int run(const RunArgs& args) {
     return true;
   });
   std::fputc('\n', stdout);
+  std::fflush(stdout);  // the stats line goes to stderr after the text, not inside it
   std::fprintf(stderr,
                "prompt tokens: %lld, generated tokens: %lld, finish: %s, TTFT: %.1f ms, decode: %.2f tok/s\n",
                static_cast<long long>(result.prompt_tokens), static_cast<long long>(result.completion_tokens),
@@ -157,13 +162,13 @@ int run_cli(int argc, char** argv) {
   int status_timeout_ms = 2000;
   CLI::App* status_cmd = app.add_subcommand("status", "Show the health of every worker; exit 1 if one is down");
   status_cmd->add_option("--config", status_config, "Topology YAML")->required();
-  status_cmd->add_option("--timeout-ms", status_timeout_ms, "Per-worker timeout")->check(CLI::PositiveNumber);
+  status_cmd->add_option("--timeout-ms", status_timeout_ms, "Per-worker timeout")->check(CLI::Range(1, 3600000));
 
   RunArgs run_args;
   CLI::App* run_cmd = app.add_subcommand("run", "Generate one continuation without HTTP");
   run_cmd->add_option("--config", run_args.config, "Topology YAML")->required();
-  run_cmd->add_option("--max-tokens", run_args.max_tokens, "Tokens to generate")->check(CLI::PositiveNumber);
-  run_cmd->add_option("--temperature", run_args.temperature, "0 = greedy")->check(CLI::NonNegativeNumber);
+  run_cmd->add_option("--max-tokens", run_args.max_tokens, "Tokens to generate")->check(CLI::Range(1, 1 << 30));
+  run_cmd->add_option("--temperature", run_args.temperature, "0 = greedy")->check(CLI::Range(0.0, 100.0));
   run_cmd->add_option("--seed", run_args.seed, "Sampling seed");
   run_cmd->add_flag("--chat", run_args.chat, "Wrap the prompt as one user message in the chat template");
   run_cmd->add_option("prompt", run_args.prompt, "Prompt text")->required();
@@ -174,8 +179,11 @@ int run_cli(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
+  } catch (const CLI::Success& e) {  // --help
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    std::fprintf(stderr, "charm: %s\nRun with --help for more information.\n", e.what());
+    return 2;
   }
   if (*serve_cmd) return serve(serve_args);
   if (*worker_cmd) return worker(worker_config, worker_name);

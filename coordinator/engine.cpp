@@ -102,7 +102,7 @@ class EngineImpl final : public Engine {
       result.tokens.push_back(token);
       const bool go_on = emit(stops.push(decoder.push(token)));
       if (stops.stopped() || !go_on) {
-        result.finish_reason = "stop";
+        result.finish_reason = go_on ? "stop" : "abort";  // "abort": cancelled by the caller (vLLM's term)
         break;
       }
       if (i + 1 < params.max_tokens) model_->forward(&token, 1, cache, logits.data());

@@ -31,7 +31,8 @@ struct SamplingParams {
 struct GenerationResult {
   std::vector<int32_t> tokens;       ///< generated ids (an EOS id is not included)
   std::string text;                  ///< decoded text, cut before any stop string
-  std::string finish_reason;         ///< "stop" (EOS or stop string) or "length"
+  std::string finish_reason;         ///< "stop" (EOS or stop string), "length" (max_tokens) or
+                                     ///< "abort" (on_text returned false)
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
   double ttft_ms = 0;                ///< time to first token

@@ -118,6 +118,8 @@ bool write_stream(Engine& engine, const std::atomic<bool>& stopping, const Strea
       if (piece.empty()) return open && !stopping;
       return send(sse_event(text_chunk(job.meta, piece, usage))) && !stopping;
     });
+    // A generation cut short by shutdown must not look finished: say so as an error event.
+    if (stopping) throw ApiError(503, "the server is shutting down; the answer is incomplete");
     send(sse_event(finish_chunk(job.meta, result.finish_reason, usage)));
     if (usage) send(sse_event(usage_chunk(job.meta, result)));
   } catch (...) {

@@ -9,38 +9,62 @@
 #include "coordinator/engine.h"
 
 namespace charm {
+namespace {
+
+/// Sorts the best `count` of `ids` to the front, by logit, best first (ties: lower id).
+void sort_front(std::vector<int32_t>& ids, size_t count, const float* logits) {
+  std::partial_sort(ids.begin(), ids.begin() + count, ids.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+}
+
+/// How many of the sorted-front candidates form the nucleus: the fewest whose share of
+/// `total` reaches top_p. Sorts only as far as needed (doubling), since a full sort of a
+/// 150k vocabulary per token costs more than the model's decode step on small models.
+size_t nucleus_size(std::vector<int32_t>& ids, const std::vector<double>& weight, double total, double top_p,
+                    const float* logits) {
+  for (size_t sorted = std::min<size_t>(ids.size(), 256);; sorted = std::min(ids.size(), sorted * 2)) {
+    sort_front(ids, sorted, logits);
+    double cumulative = 0;
+    for (size_t i = 0; i < sorted; ++i) {
+      cumulative += weight[ids[i]];
+      if (cumulative >= top_p * total) return i + 1;
+    }
+    if (sorted == ids.size()) return sorted;  // rounding: the whole set
+  }
+}
+
+}  // namespace
 
 int32_t sample_token(float* logits, size_t vocab, const SamplingParams& params, std::mt19937_64& rng) {
   if (params.temperature <= 0.0) return static_cast<int32_t>(argmax(logits, vocab));
-  const float inv_t = static_cast<float>(1.0 / params.temperature);
-  // Candidates sorted by logit, best first (ties: lower id first, deterministic).
+  // Candidates: every token, or the top_k best.
   std::vector<int32_t> ids(vocab);
   std::iota(ids.begin(), ids.end(), 0);
-  size_t keep = vocab;
-  if (params.top_k > 0) keep = std::min(keep, static_cast<size_t>(params.top_k));
-  auto better = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-  std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(), better);
-  ids.resize(keep);
-  std::vector<double> probs(keep);
-  const double max = logits[ids[0]] * static_cast<double>(inv_t);
-  double sum = 0;
-  for (size_t i = 0; i < keep; ++i) {
-    probs[i] = std::exp(logits[ids[i]] * static_cast<double>(inv_t) - max);
-    sum += probs[i];
+  if (params.top_k > 0 && static_cast<size_t>(params.top_k) < vocab) {
+    sort_front(ids, static_cast<size_t>(params.top_k), logits);
+    ids.resize(static_cast<size_t>(params.top_k));
   }
-  for (double& p : probs) p /= sum;
+  // Unnormalised softmax(logits / temperature) over the candidates, in double.
+  const double inv_t = 1.0 / params.temperature;
+  float max = logits[ids[0]];
+  for (int32_t id : ids) max = std::max(max, logits[id]);
+  std::vector<double> weight(vocab, 0.0);
+  double total = 0;
+  for (int32_t id : ids) total += weight[id] = std::exp((static_cast<double>(logits[id]) - max) * inv_t);
   if (params.top_p < 1.0) {
-    double cumulative = 0;
-    size_t cut = 0;
-    while (cut < keep) {
-      cumulative += probs[cut++];
-      if (cumulative >= params.top_p) break;
-    }
-    probs.resize(cut);
-    ids.resize(cut);
+    ids.resize(nucleus_size(ids, weight, total, params.top_p, logits));
+    total = 0;
+    for (int32_t id : ids) total += weight[id];
   }
-  std::discrete_distribution<size_t> pick(probs.begin(), probs.end());
-  return ids[pick(rng)];
+  // Inverse-CDF draw over the kept candidates in their current (fixed) order.
+  const double u = std::uniform_real_distribution<double>(0.0, total)(rng);
+  double cumulative = 0;
+  for (int32_t id : ids) {
+    cumulative += weight[id];
+    if (u < cumulative) return id;
+  }
+  return ids.back();  // u == total after rounding
 }
 
 }  // namespace charm
