@@ -202,6 +202,20 @@ void reject_unsupported(const json& doc, RequestKind kind) {
     if (!bias->is_object()) reject("logit_bias", "'logit_bias' must be an object");
     if (!bias->empty()) unsupported("logit_bias", " (only {})");
   }
+  // Tool calling and structured output change what the answer must look like; charm
+  // neither parses tool calls nor constrains decoding yet, so it says so.
+  for (const char* key : {"tools", "functions"}) {
+    const json* v = field(doc, key);
+    if (v && !(v->is_array() && v->empty())) unsupported(key, " (tool calling is not implemented)");
+  }
+  for (const char* key : {"tool_choice", "function_call"}) {
+    const json* v = field(doc, key);
+    if (v && !(v->is_string() && v->get_ref<const std::string&>() == "none")) unsupported(key, " (only \"none\")");
+  }
+  if (const json* format = field(doc, "response_format")) {
+    if (!format->is_object() || format->value("type", std::string()) != "text")
+      unsupported("response_format", " (only {\"type\": \"text\"})");
+  }
 }
 
 /// Token ids given as the prompt: [int, ...] or [[int, ...]].

@@ -17,6 +17,7 @@
 
 #include "common/error.h"
 #include "coordinator/http_api.h"
+#include "coordinator/openai_request.h"
 
 using json = nlohmann::json;
 
@@ -744,4 +745,21 @@ TEST_CASE("fields asking for what charm does not do get 400; their off values an
   res = s.post(chat, chat_off);
   REQUIRE(res);
   CHECK(res->status == 200);
+}
+
+TEST_CASE("tool calling and structured output are refused by name, not ignored") {
+  for (const char* body : {
+           R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}]})",
+           R"({"messages":[{"role":"user","content":"hi"}],"tool_choice":"auto"})",
+           R"({"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_object"}})"}) {
+    CAPTURE(body);
+    try {
+      charm::parse_chat_request(body);
+      FAIL("accepted");
+    } catch (const charm::ApiError& e) {
+      CHECK(std::string(e.what()).find("is not supported") != std::string::npos);
+    }
+  }
+  CHECK_NOTHROW(charm::parse_chat_request(
+      R"({"messages":[{"role":"user","content":"hi"}],"tools":[],"tool_choice":"none","response_format":{"type":"text"}})"));
 }
