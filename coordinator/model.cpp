@@ -23,11 +23,33 @@ void check_token_ids(const int32_t* tokens, size_t n, int64_t vocab_size) {
   }
 }
 
-void embed_tokens(const std::vector<float>& embed, size_t hidden, const int32_t* tokens, size_t n, float* out) {
+DecoderModel::DecoderModel(const Checkpoint& ckpt, const ModelConfig& config, ExpertDispatcher& dispatcher)
+    : config_(config),
+      dispatcher_(dispatcher),
+      rope_(config.head_dim, config.rope_theta),
+      embed_(ckpt.load_f32("model.embed_tokens.weight", {config.vocab_size, config.hidden_size})),
+      head_(OutputHead::load(ckpt, config.hidden_size, config.vocab_size, config.rms_norm_eps,
+                             config.tie_word_embeddings)) {}
+
+KvCache DecoderModel::new_cache(size_t max_tokens) const {
+  return KvCache(config_.num_hidden_layers, max_tokens, config_.num_key_value_heads * config_.head_dim);
+}
+
+size_t DecoderModel::begin_forward(const int32_t* tokens, size_t n, KvCache& cache, float* hidden) const {
+  check_token_ids(tokens, n, config_.vocab_size);
+  const size_t pos0 = cache.length();
+  cache.advance(n);
+  const size_t h = config_.hidden_size;
   for (size_t i = 0; i < n; ++i) {
-    const float* row = embed.data() + static_cast<size_t>(tokens[i]) * hidden;
-    std::copy(row, row + hidden, out + i * hidden);
+    const float* row = embed_.data() + static_cast<size_t>(tokens[i]) * h;
+    std::copy(row, row + h, hidden + i * h);
   }
+  return pos0;
+}
+
+void DecoderModel::end_forward(const float* hidden, size_t n, float* logits) const {
+  const size_t h = config_.hidden_size;
+  head_(hidden + (n - 1) * h, embed_, config_.vocab_size, logits);  // last position only
 }
 
 }  // namespace charm

@@ -8,6 +8,7 @@
 
 #include "common/checkpoint.h"
 #include "common/model_config.h"
+#include "coordinator/blocks.h"
 #include "coordinator/expert_dispatch.h"
 #include "coordinator/kv_cache.h"
 
@@ -29,6 +30,30 @@ class Model {
   virtual const ModelConfig& config() const = 0;
 };
 
+/// What every decoder family here has besides its layers: the config, the expert
+/// dispatcher, RoPE, the token embeddings and the output head, and a GQA KV cache.
+/// Families derive from it and implement forward() and their own layer type.
+class DecoderModel : public Model {
+ public:
+  /// Loads "model.embed_tokens.weight" [vocab, hidden] and the output head.
+  DecoderModel(const Checkpoint& ckpt, const ModelConfig& config, ExpertDispatcher& dispatcher);
+  KvCache new_cache(size_t max_tokens) const override;
+  const ModelConfig& config() const override { return config_; }
+
+ protected:
+  /// Checks `tokens`, reserves n positions in `cache` (returns the first one) and writes
+  /// their embeddings to hidden [n, hidden_size].
+  size_t begin_forward(const int32_t* tokens, size_t n, KvCache& cache, float* hidden) const;
+  /// logits [vocab] of the last of n hidden rows (final norm + lm_head).
+  void end_forward(const float* hidden, size_t n, float* logits) const;
+
+  ModelConfig config_;
+  ExpertDispatcher& dispatcher_;
+  Rope rope_;
+  std::vector<float> embed_;
+  OutputHead head_;
+};
+
 /// Loads the family `config.architecture` names. Resident weights are read from
 /// `checkpoint` into f32; routed experts stay with `dispatcher`, which must outlive the
 /// model. Throws Error(kUnsupported) for an architecture without a family file.
@@ -44,7 +69,5 @@ std::unique_ptr<Model> load_olmoe(const Checkpoint& checkpoint, const ModelConfi
 /// Checks every token id of tokens[0..n) is in [0, vocab_size); throws Error(kInvalidInput).
 void check_token_ids(const int32_t* tokens, size_t n, int64_t vocab_size);
 
-/// Copies embedding rows of `tokens` from `embed` [vocab, hidden] into out [n, hidden].
-void embed_tokens(const std::vector<float>& embed, size_t hidden, const int32_t* tokens, size_t n, float* out);
 
 }  // namespace charm

@@ -20,15 +20,14 @@ struct OlmoeLayer {
   SoftmaxTopkMoe sparse_moe;
 };
 
-class Olmoe final : public Model {
+class Olmoe final : public DecoderModel {
  public:
   Olmoe(const Checkpoint& ckpt, const ModelConfig& config, ExpertDispatcher& dispatcher)
-      : config_(config), dispatcher_(dispatcher), rope_(config.head_dim, config.rope_theta) {
+      : DecoderModel(ckpt, config, dispatcher) {
     const size_t h = config.hidden_size;
     const size_t q_dim = config.num_attention_heads * config.head_dim;
     const size_t kv_dim = config.num_key_value_heads * config.head_dim;
     const double eps = config.rms_norm_eps;
-    embed_ = ckpt.load_f32("model.embed_tokens.weight", {config.vocab_size, config.hidden_size});
     for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l);
       OlmoeLayer layer;
@@ -44,16 +43,12 @@ class Olmoe final : public Model {
                                               config.norm_topk_prob);
       layers_.push_back(std::move(layer));
     }
-    head_ = OutputHead::load(ckpt, h, config.vocab_size, eps, config.tie_word_embeddings);
   }
 
   void forward(const int32_t* tokens, size_t n, KvCache& cache, float* logits) override {
-    check_token_ids(tokens, n, config_.vocab_size);
     const size_t h = config_.hidden_size;
-    const size_t pos0 = cache.length();
-    cache.advance(n);
     std::vector<float> hidden(n * h), x(n * h), delta(n * h);
-    embed_tokens(embed_, h, tokens, n, hidden.data());
+    const size_t pos0 = begin_forward(tokens, n, cache, hidden.data());
     for (size_t l = 0; l < layers_.size(); ++l) {
       const OlmoeLayer& layer = layers_[l];
       layer.input_layernorm(hidden.data(), n, x.data());
@@ -64,14 +59,8 @@ class Olmoe final : public Model {
       layer.sparse_moe(dispatcher_, static_cast<uint32_t>(l), x.data(), n, delta.data());
       add_residual(hidden.data(), delta.data(), n * h);
     }
-    head_(hidden.data() + (n - 1) * h, embed_, config_.vocab_size, logits);  // last position only
+    end_forward(hidden.data(), n, logits);
   }
-
-  KvCache new_cache(size_t max_tokens) const override {
-    return KvCache(layers_.size(), max_tokens, config_.num_key_value_heads * config_.head_dim);
-  }
-
-  const ModelConfig& config() const override { return config_; }
 
  private:
   /// OlmoeAttention: full-width q/k RMSNorm, clip_qkv clamp, RoPE, causal GQA, o_proj.
@@ -99,12 +88,7 @@ class Olmoe final : public Model {
     layer.o_proj(attn.data(), n, out);
   }
 
-  ModelConfig config_;
-  ExpertDispatcher& dispatcher_;
-  Rope rope_;
-  std::vector<float> embed_;
   std::vector<OlmoeLayer> layers_;
-  OutputHead head_;
 };
 
 }  // namespace

@@ -20,16 +20,15 @@ struct Qwen3MoeLayer {
   DenseMlp mlp;               // when !moe
 };
 
-class Qwen3Moe final : public Model {
+class Qwen3Moe final : public DecoderModel {
  public:
   Qwen3Moe(const Checkpoint& ckpt, const ModelConfig& config, ExpertDispatcher& dispatcher)
-      : config_(config), dispatcher_(dispatcher), rope_(config.head_dim, config.rope_theta) {
+      : DecoderModel(ckpt, config, dispatcher) {
     const size_t h = config.hidden_size;
     const size_t hd = config.head_dim;
     const size_t nh = config.num_attention_heads;
     const size_t nkv = config.num_key_value_heads;
     const double eps = config.rms_norm_eps;
-    embed_ = ckpt.load_f32("model.embed_tokens.weight", {config.vocab_size, config.hidden_size});
     for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l);
       Qwen3MoeLayer layer;
@@ -50,16 +49,12 @@ class Qwen3Moe final : public Model {
       }
       layers_.push_back(std::move(layer));
     }
-    head_ = OutputHead::load(ckpt, h, config.vocab_size, eps, config.tie_word_embeddings);
   }
 
   void forward(const int32_t* tokens, size_t n, KvCache& cache, float* logits) override {
-    check_token_ids(tokens, n, config_.vocab_size);
     const size_t h = config_.hidden_size;
-    const size_t pos0 = cache.length();
-    cache.advance(n);
     std::vector<float> hidden(n * h), x(n * h), delta(n * h);
-    embed_tokens(embed_, h, tokens, n, hidden.data());
+    const size_t pos0 = begin_forward(tokens, n, cache, hidden.data());
     for (size_t l = 0; l < layers_.size(); ++l) {
       const Qwen3MoeLayer& layer = layers_[l];
       // Self-attention block (pre-norm, residual).
@@ -75,14 +70,8 @@ class Qwen3Moe final : public Model {
       }
       add_residual(hidden.data(), delta.data(), n * h);
     }
-    head_(hidden.data() + (n - 1) * h, embed_, config_.vocab_size, logits);  // last position only
+    end_forward(hidden.data(), n, logits);
   }
-
-  KvCache new_cache(size_t max_tokens) const override {
-    return KvCache(layers_.size(), max_tokens, config_.num_key_value_heads * config_.head_dim);
-  }
-
-  const ModelConfig& config() const override { return config_; }
 
  private:
   /// Qwen3MoeAttention: q/k per-head RMSNorm, RoPE, causal GQA, o_proj.
@@ -104,12 +93,7 @@ class Qwen3Moe final : public Model {
     layer.o_proj(attn.data(), n, out);
   }
 
-  ModelConfig config_;
-  ExpertDispatcher& dispatcher_;
-  Rope rope_;
-  std::vector<float> embed_;
   std::vector<Qwen3MoeLayer> layers_;
-  OutputHead head_;
 };
 
 }  // namespace
