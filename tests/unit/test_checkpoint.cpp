@@ -5,8 +5,10 @@
 #include "common/checkpoint.h"
 #include "common/error.h"
 #include "safetensors_writer.h"
+#include "tests/support/expect_error.h"
 
 using namespace charm;
+using charm::test::expect_error;
 using charm::testing::TempDir;
 using charm::testing::TensorSpec;
 
@@ -16,17 +18,6 @@ constexpr int64_t kH = 4;  // hidden_size
 constexpr int64_t kI = 3;  // moe_intermediate_size
 constexpr int64_t kE = 3;  // experts
 constexpr int kLayer = 1;
-
-template <typename Fn>
-void expect_error(Fn&& fn, ErrorCategory category, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    FAIL("expected a charm::Error containing '" << parts.front() << "'");
-  } catch (const Error& e) {
-    CHECK_MESSAGE(e.category() == category, e.what());
-    for (const auto& p : parts) CHECK_MESSAGE(e.message().find(p) != std::string::npos, e.what(), " lacks ", p);
-  }
-}
 
 /// A value that identifies (expert, projection, row, col) so any mix-up of slices shows.
 /// Projections: 0 gate, 1 up, 2 down. Values are multiples of 1/4 below 32, so they need

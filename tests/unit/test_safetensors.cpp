@@ -8,25 +8,14 @@
 #include "common/error.h"
 #include "common/safetensors.h"
 #include "safetensors_writer.h"
+#include "tests/support/expect_error.h"
 
 using namespace charm;
+using charm::test::expect_error;
 using charm::testing::TempDir;
 using charm::testing::TensorSpec;
 
 namespace {
-
-/// Runs `fn`, requires it to throw charm::Error of `category` whose message contains
-/// every string in `parts`.
-template <typename Fn>
-void expect_error(Fn&& fn, ErrorCategory category, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    FAIL("expected a charm::Error containing '" << parts.front() << "'");
-  } catch (const Error& e) {
-    CHECK_MESSAGE(e.category() == category, e.what());
-    for (const auto& p : parts) CHECK_MESSAGE(e.message().find(p) != std::string::npos, e.what(), " lacks ", p);
-  }
-}
 
 /// Writes a file with the given header text and a data buffer of `data_bytes` zero bytes,
 /// then requires open() to fail with kInvalidInput naming the file and `parts`.

@@ -5,22 +5,13 @@
 #include "common/error.h"
 #include "common/topology.h"
 #include "safetensors_writer.h"
+#include "tests/support/expect_error.h"
 
 using namespace charm;
+using charm::test::expect_error;
 using charm::testing::TempDir;
 
 namespace {
-
-template <typename Fn>
-void expect_error(Fn&& fn, ErrorCategory category, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    FAIL("expected a charm::Error containing '" << parts.front() << "'");
-  } catch (const Error& e) {
-    CHECK_MESSAGE(e.category() == category, e.what());
-    for (const auto& p : parts) CHECK_MESSAGE(e.message().find(p) != std::string::npos, e.what(), " lacks ", p);
-  }
-}
 
 /// Writes `yaml` to <dir>/t.yaml and loads it.
 Topology load_text(const TempDir& dir, const std::string& yaml) {
