@@ -11,7 +11,6 @@
 #include <optional>
 #include <string>
 
-#include <pthread.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -19,6 +18,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
+#include "common/stop_signals.h"
 #include "common/topology.h"
 #include "coordinator/engine.h"
 #include "coordinator/http_api.h"
@@ -34,25 +34,6 @@ Topology load_config(const std::string& path) {
   Topology topology = Topology::load(path);
   if (topology.threads > 0) omp_set_num_threads(static_cast<int>(topology.threads));
   return topology;
-}
-
-/// Blocks SIGINT and SIGTERM in this thread and every thread it starts afterwards, so
-/// that wait_for_stop_signal() can take them synchronously.
-sigset_t block_stop_signals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  return set;
-}
-
-/// Waits for SIGINT or SIGTERM; returns its number.
-int wait_for_stop_signal(const sigset_t& set) {
-  int sig = 0;
-  while (sigwait(&set, &sig) != 0) {
-  }
-  return sig;
 }
 
 struct ServeArgs {

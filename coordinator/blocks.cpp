@@ -83,6 +83,17 @@ void causal_gqa_attention(const float* q, size_t rows, size_t pos0, const KvCach
   }
 }
 
+void rope_attention(const Rope& rope, float* q, float* k, const float* v, size_t rows, size_t pos0, KvCache& cache,
+                    size_t layer, size_t num_heads, size_t num_kv_heads, size_t head_dim, const Linear& o_proj,
+                    float* out) {
+  rope.apply(q, rows, num_heads, pos0);
+  rope.apply(k, rows, num_kv_heads, pos0);
+  store_kv(cache, layer, pos0, rows, num_kv_heads * head_dim, k, v);
+  std::vector<float> attn(rows * num_heads * head_dim);
+  causal_gqa_attention(q, rows, pos0, cache, layer, num_heads, num_kv_heads, head_dim, attn.data());
+  o_proj(attn.data(), rows, out);
+}
+
 DenseMlp DenseMlp::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden, size_t intermediate) {
   return DenseMlp{Linear::load(ckpt, prefix + ".gate_proj", intermediate, hidden),
                   Linear::load(ckpt, prefix + ".up_proj", intermediate, hidden),

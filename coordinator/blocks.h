@@ -55,6 +55,14 @@ class Rope {
 void causal_gqa_attention(const float* q, size_t rows, size_t pos0, const KvCache& cache, size_t layer,
                           size_t num_heads, size_t num_kv_heads, size_t head_dim, float* out);
 
+/// The common tail of a RoPE GQA attention block, after the family's own q/k/v
+/// projections and norms: rotates q [rows, num_heads, head_dim] and k [rows,
+/// num_kv_heads, head_dim] in place for positions pos0.., stores k and v in the cache of
+/// `layer`, attends causally and projects with o_proj into out [rows, hidden].
+void rope_attention(const Rope& rope, float* q, float* k, const float* v, size_t rows, size_t pos0, KvCache& cache,
+                    size_t layer, size_t num_heads, size_t num_kv_heads, size_t head_dim, const Linear& o_proj,
+                    float* out);
+
 /// Dense SwiGLU MLP: down(silu(gate(x)) * up(x)) (Qwen3MoeMLP).
 struct DenseMlp {
   Linear gate, up, down;

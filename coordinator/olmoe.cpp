@@ -69,7 +69,7 @@ class Olmoe final : public DecoderModel {
     const size_t hd = config_.head_dim;
     const size_t nh = config_.num_attention_heads;
     const size_t nkv = config_.num_key_value_heads;
-    std::vector<float> q(n * nh * hd), k(n * nkv * hd), v(n * nkv * hd), attn(n * nh * hd);
+    std::vector<float> q(n * nh * hd), k(n * nkv * hd), v(n * nkv * hd);
     layer.q_proj(x, n, q.data());
     layer.k_proj(x, n, k.data());
     layer.v_proj(x, n, v.data());
@@ -81,11 +81,7 @@ class Olmoe final : public DecoderModel {
         for (float& e : *t) e = std::clamp(e, -c, c);
       }
     }
-    rope_.apply(q.data(), n, nh, pos0);
-    rope_.apply(k.data(), n, nkv, pos0);
-    store_kv(cache, l, pos0, n, nkv * hd, k.data(), v.data());
-    causal_gqa_attention(q.data(), n, pos0, cache, l, nh, nkv, hd, attn.data());
-    layer.o_proj(attn.data(), n, out);
+    rope_attention(rope_, q.data(), k.data(), v.data(), n, pos0, cache, l, nh, nkv, hd, layer.o_proj, out);
   }
 
   std::vector<OlmoeLayer> layers_;

@@ -1,13 +1,13 @@
 #include "worker/worker_main.h"
 
 #include <csignal>
-#include <pthread.h>
 
 #include <spdlog/spdlog.h>
 
 #include "common/checkpoint.h"
 #include "common/error.h"
 #include "common/fingerprint.h"
+#include "common/stop_signals.h"
 #include "worker/expert_executor.h"
 #include "worker/rpc_server.h"
 
@@ -29,16 +29,6 @@ namespace {
 
 int index_of(const Topology& topology, const WorkerSpec& spec) {
   return static_cast<int>(&spec - topology.workers.data());
-}
-
-// Blocks the stop signals so they are only seen by sigwait, never by a random thread.
-sigset_t block_stop_signals() {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  return signals;
 }
 
 }  // namespace
@@ -66,8 +56,7 @@ int run_worker(const Topology& topology, const std::string& worker_name) {
   WorkerServer server(std::move(options), service);
   server.start();
 
-  int sig = 0;
-  sigwait(&signals, &sig);
+  const int sig = wait_for_stop_signal(signals);
   spdlog::info("worker {}: {} received, stopping", worker_name, sig == SIGINT ? "SIGINT" : "SIGTERM");
   server.stop();
   return 0;
