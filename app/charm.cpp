@@ -62,9 +62,9 @@ int serve(const ServeArgs& args) {
   return 0;
 }
 
-int worker(const std::string& config, const std::string& name) {
+int worker(const std::string& config, const std::string& name, int64_t debug_delay_ms) {
   Topology topology = load_config(config);
-  return run_worker(topology, name);
+  return run_worker(topology, name, debug_delay_ms);
 }
 
 /// Prints the cluster table; exit 1 when a worker did not answer.
@@ -138,6 +138,9 @@ int run_cli(int argc, char** argv) {
   CLI::App* worker_cmd = app.add_subcommand("worker", "Run one expert worker of a cluster topology");
   worker_cmd->add_option("--config", worker_config, "Topology YAML")->required();
   worker_cmd->add_option("--name", worker_name, "This worker's name in the topology")->required();
+  int64_t worker_delay_ms = 0;
+  worker_cmd->add_option("--debug-delay-ms", worker_delay_ms, "TEST ONLY: delay every layer reply (a slow worker)")
+      ->check(CLI::Range(int64_t{0}, int64_t{3600000}));
 
   std::string status_config;
   int status_timeout_ms = 2000;
@@ -167,7 +170,7 @@ int run_cli(int argc, char** argv) {
     return 2;
   }
   if (*serve_cmd) return serve(serve_args);
-  if (*worker_cmd) return worker(worker_config, worker_name);
+  if (*worker_cmd) return worker(worker_config, worker_name, worker_delay_ms);
   if (*status_cmd) return status(status_config, status_timeout_ms);
   if (*workers_cmd) return list_workers(workers_config);
   return run(run_args);
