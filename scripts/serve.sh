@@ -14,9 +14,10 @@ cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
 
 # Start every worker the config names, then the coordinator. The script lives as long as
-# the coordinator: a worker that dies leaves the cluster serving (requests that need it
-# fail with a clear error, `charm status` shows it down) until it is restarted by hand
-# with the `charm worker` line below.
+# the coordinator: a worker that dies leaves the cluster serving (its experts' replicas
+# take over; without one, requests that need it fail with a clear error; `charm status`
+# shows it down) until it is restarted by hand with the `charm worker` line below, when
+# the coordinator reconnects it by itself (configs/replicas.yaml has replicas).
 for name in $("$charm" workers --config "$config"); do
   echo "serve.sh: starting $charm worker --config $config --name $name"
   "$charm" worker --config "$config" --name "$name" &
