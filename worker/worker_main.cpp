@@ -43,7 +43,7 @@ int run_worker(const Topology& topology, const std::string& worker_name, int64_t
   const std::vector<ExpertKey> owned = owned_experts(topology, config, index_of(topology, spec));
   spdlog::info("worker {}: loading {} experts of {} from {}", worker_name, owned.size(),
                config.architecture, topology.model.string());
-  ExpertStore store(*checkpoint, ExpertTensorNames{}, owned, config.hidden_size,
+  ExpertStore store(*checkpoint, expert_tensor_names(config.architecture), owned, config.hidden_size,
                     config.moe_intermediate_size);
   ExpertExecutor executor(store);
   ExecutorService service(executor);

@@ -121,3 +121,19 @@ TEST_CASE("olmoe-tiny (fused expert tensors): single node and two workers give b
   const Outcome two = run_split("olmoe-tiny", {"\"0-2\"", "\"3-7\""});
   check_identical(single, two);
 }
+
+// --- Qwen2-MoE and Mixtral (issue 4) ---------------------------------------------------
+
+TEST_CASE("qwen2-moe-tiny (shared expert overlapping the workers): single node and two workers bit-identical") {
+  const Outcome single = run_split("qwen2-moe-tiny", {});
+  const Outcome two = run_split("qwen2-moe-tiny", {"\"0-7\"", "\"8-15\""});
+  check_identical(single, two);
+  for (const auto& w : two.status) CHECK(w.requests > 0);
+}
+
+TEST_CASE("mixtral-tiny (block_sparse_moe w1/w3/w2 experts): single node and two workers bit-identical") {
+  const Outcome single = run_split("mixtral-tiny", {});
+  const Outcome two = run_split("mixtral-tiny", {"\"0-2\"", "\"3-7\""});
+  check_identical(single, two);
+  for (const auto& w : two.status) CHECK(w.requests > 0);
+}
