@@ -7,6 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/cluster_auth.h"
 #include "common/error.h"
 
 namespace charm {
@@ -41,6 +42,7 @@ struct ClusterDispatcher::Worker {
   uint64_t bytes_out = 0;
   uint64_t bytes_in = 0;
   RttWindow rtt;
+  std::optional<Clock::time_point> last_seen;  // last handshake or reply
 };
 
 // One worker's share of a layer.
@@ -61,7 +63,8 @@ ClusterDispatcher::ClusterDispatcher(const Topology& topology,
       placement_(std::move(placement)),
       connect_timeout_(topology.connect_timeout_ms),
       request_timeout_(topology.request_timeout_ms),
-      startup_timeout_(topology.startup_timeout_ms) {
+      startup_timeout_(topology.startup_timeout_ms),
+      cluster_secret_(topology.cluster_secret) {
   for (size_t i = 0; i < topology.workers.size(); ++i) {
     auto worker = std::make_unique<Worker>();
     worker->spec = topology.workers[i];
@@ -98,9 +101,10 @@ void ClusterDispatcher::connect(Worker& worker) {
   HelloMsg hello;
   hello.model_fingerprint = model_fingerprint_;
   hello.client_name = "coordinator";
-  uint64_t out = conn->send(encode_hello(hello), connect_timeout_);
-  FrameBody body = conn->receive(connect_timeout_);
-  HelloReplyMsg reply = decode_as<HelloReplyMsg>(body);
+  // The shared-secret handshake (common/cluster_auth.h) when the topology names a secret.
+  const ClientHandshake handshake =
+      client_handshake(*conn, std::move(hello), cluster_secret_, connect_timeout_, worker.label);
+  const HelloReplyMsg& reply = handshake.reply;
   if (!reply.ok) {
     fail_protocol(worker.label + " rejected the handshake: " + reply.error);
   }
@@ -131,8 +135,9 @@ void ClusterDispatcher::connect(Worker& worker) {
   worker.conn = std::move(conn);
   worker.state = "up";
   worker.experts_held = held;
-  worker.bytes_out += out;
-  worker.bytes_in += body.bytes + 4;
+  worker.bytes_out += handshake.bytes_out;
+  worker.bytes_in += handshake.bytes_in;
+  worker.last_seen = Clock::now();
   spdlog::info("coordinator: connected to {} ({} experts)", worker.label, held);
 }
 
@@ -192,8 +197,15 @@ void ClusterDispatcher::receive_reply(Worker& worker, Batch& batch, uint32_t lay
     std::memcpy(outputs + size_t{batch.origin[j]} * hidden_size,
                 &reply.response.outputs[j * hidden_size], hidden_size * sizeof(float));
   }
+  if (metrics_) {
+    metrics_->worker_rpc(worker.spec.name, rtt_ms / 1000.0);
+    // Workers hold every expert in RAM until the tier statistics reach the wire: every
+    // expert computed was a hit, nothing was read.
+    metrics_->expert_stats(worker.spec.name, reply.response.stats.experts_computed, 0, 0);
+  }
   std::lock_guard<std::mutex> lock(stats_mutex_);
   worker.rtt.add(rtt_ms);
+  worker.last_seen = Clock::now();
 }
 
 void ClusterDispatcher::run_layer(uint32_t layer, const float* hidden, uint32_t num_rows,
@@ -231,6 +243,7 @@ void ClusterDispatcher::run_layer(uint32_t layer, const float* hidden, uint32_t 
 
   // Every request goes out before any reply is read, so the workers compute in parallel.
   auto fail = [&](size_t w, const Error& e) {
+    if (metrics_) metrics_->worker_error(workers_[w]->spec.name);
     batches[w].error = Error(e.category(), workers_[w]->label + ", layer " +
                                                std::to_string(layer) + ": " + e.message());
     mark_down(*workers_[w]);
@@ -251,6 +264,7 @@ void ClusterDispatcher::run_layer(uint32_t layer, const float* hidden, uint32_t 
       // A reply with an error field leaves the stream in step; anything else does not.
       if (e.category() == ErrorCategory::kUnavailable && workers_[w]->conn &&
           workers_[w]->conn->is_open()) {
+        if (metrics_) metrics_->worker_error(workers_[w]->spec.name);
         batches[w].error = Error(e.category(), workers_[w]->label + ", layer " +
                                                    std::to_string(layer) + ": " + e.message());
       } else {
@@ -279,6 +293,9 @@ std::vector<WorkerStatus> ClusterDispatcher::status() const {
     s.rtt_p99_ms = w->rtt.percentile(0.99);
     s.bytes_out = w->bytes_out;
     s.bytes_in = w->bytes_in;
+    if (w->last_seen) s.last_seen_s = std::chrono::duration<double>(Clock::now() - *w->last_seen).count();
+    s.failovers = metrics_ ? metrics_->failovers(w->spec.name) : 0;
+    s.experts_by_tier = {{"ram", w->experts_held}};
     out.push_back(std::move(s));
   }
   return out;

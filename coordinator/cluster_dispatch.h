@@ -15,6 +15,7 @@
 #include "common/topology.h"
 #include "common/wire.h"
 #include "coordinator/expert_dispatch.h"
+#include "coordinator/metrics.h"
 
 namespace charm {
 
@@ -29,7 +30,9 @@ class ClusterDispatcher final : public ExpertDispatcher {
   /// worker index); `model_fingerprint` is the coordinator's model_fingerprint().
   /// Throws Error(kUnavailable) naming the worker and address when one cannot be reached,
   /// and Error(kProtocol) naming the worker and both values when a worker rejects the
-  /// handshake or reports a different protocol version or model fingerprint.
+  /// handshake or reports a different protocol version or model fingerprint, and naming
+  /// the worker and "shared secret" when the topology's cluster secret and the worker's
+  /// differ or only one side has one (common/cluster_auth.h).
   ClusterDispatcher(const Topology& topology, std::map<int64_t, std::vector<int>> placement,
                     std::string model_fingerprint);
   ~ClusterDispatcher() override;
@@ -48,6 +51,10 @@ class ClusterDispatcher final : public ExpertDispatcher {
   /// One entry per worker: "up" while connected, "down" after a failure.
   std::vector<WorkerStatus> status() const override;
 
+  /// Reports every layer request's round trip, failures and expert statistics to
+  /// `metrics` (null: none). Call before the first run_layer; `metrics` must outlive this.
+  void set_metrics(Metrics* metrics) { metrics_ = metrics; }
+
  private:
   struct Worker;
   struct Batch;
@@ -65,8 +72,10 @@ class ClusterDispatcher final : public ExpertDispatcher {
   std::chrono::milliseconds connect_timeout_;
   std::chrono::milliseconds request_timeout_;
   std::chrono::milliseconds startup_timeout_;
+  std::string cluster_secret_;  // topology.cluster_secret; empty: open cluster
   std::vector<std::unique_ptr<Worker>> workers_;
   uint64_t next_request_id_ = 1;
+  Metrics* metrics_ = nullptr;
   mutable std::mutex stats_mutex_;  // guards every Worker's statistics and state
 };
 

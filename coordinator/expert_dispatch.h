@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,12 @@ struct WorkerStatus {
   double rtt_p99_ms = 0;
   uint64_t bytes_out = 0;          ///< bytes the coordinator sent to this worker
   uint64_t bytes_in = 0;           ///< bytes received from it
+  double last_seen_s = -1;         ///< seconds since the coordinator last heard from it
+                                   ///< (handshake or reply); -1: never
+  uint64_t failovers = 0;          ///< requests moved off this worker to a replica
+  /// (layer, expert) pairs held per tier ("vram", "ram", "disk"); workers report no tiers
+  /// yet, so this is {"ram": experts_held} until the tier statistics reach the wire.
+  std::map<std::string, uint64_t> experts_by_tier;
 };
 
 /// Runs routed experts for the coordinator. Implementations must return exactly the
