@@ -11,6 +11,9 @@ DEBIAN_PACKAGES=(
   build-essential cmake pkg-config python3 python3-pip
   libasio-dev libcapnp-dev capnproto libyaml-cpp-dev nlohmann-json3-dev libspdlog-dev
   doctest-dev libcpp-httplib-dev libpcre2-dev libcli11-dev libxxhash-dev libomp-dev
+  libssl-dev
+  # scripts/fuzz.sh: clang with its libFuzzer and sanitizer runtimes
+  clang libclang-rt-dev
 )
 # The integration tests drive the API with the official client and read YAML configs.
 PYTHON_PACKAGES=(openai:openai yaml:pyyaml)  # module:package
