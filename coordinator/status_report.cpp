@@ -276,7 +276,7 @@ std::string format_status(const ClusterStatus& status) {
                      w.up ? fixed(w.ping_ms, 2) : "-",
                      c ? fixed(c->rtt_p50_ms, 2) : "-",
                      c ? fixed(c->rtt_p99_ms, 2) : "-",
-                     c && c->last_seen_s >= 0 ? fixed(c->last_seen_s, 1) + "s ago" : "-",
+                     c && c->last_seen_s >= 0 ? fixed(c->last_seen_s, 1) + "s" : "-",
                      c ? std::to_string(c->failovers) : "-",
                      c ? bytes_text(c->bytes_in) : "-",
                      c ? bytes_text(c->bytes_out) : "-"});

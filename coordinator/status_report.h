@@ -82,7 +82,7 @@ std::vector<WorkerStatus> parse_cluster_status(const std::string& body);
 
 /// The table: a header line, then per worker name, address, state, experts, experts per
 /// tier ("ram:64"), requests (served, as the worker counts them), ping ms, coordinator
-/// rtt p50/p99 ms, last seen (seconds since the coordinator last heard from it),
+/// rtt p50/p99 ms, last seen ("2.5s": seconds since the coordinator last heard from it),
 /// failovers, and bytes in/out as the coordinator counts them ("-" where the coordinator is unreachable or a
 /// value is unknown); then one line per worker not "up" (why, naming both values for a
 /// mismatch), one per note, and a line on the coordinator when it is unreachable.
