@@ -135,15 +135,18 @@ void WorkerServer::serve_connection(FrameConnection& conn) {
   // Until a hello succeeds the peer is a stranger: small frames, and a deadline.
   conn.set_max_frame_bytes(std::min(kHandshakeMaxFrameBytes, options_.max_frame_bytes));
   const auto handshake_deadline = std::chrono::steady_clock::now() + options_.handshake_timeout;
+  // Settled: the peer is authenticated (always, without a secret) and has had a message
+  // answered; from then on it may stay idle as long as it likes.
+  bool settled = false;
   try {
     while (!stopping_ && conn.is_open()) {
       WireMessage message;
       try {
         auto timeout = kForever;
-        if (!session.hello_ok) {
+        if (!settled) {
           timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
               handshake_deadline - std::chrono::steady_clock::now());
-          if (timeout.count() <= 0) fail_unavailable("no hello within the handshake timeout");
+          if (timeout.count() <= 0) fail_unavailable("no completed handshake within the handshake timeout");
         }
         FrameBody body = conn.receive(timeout, &stopping_);
         bytes_in_ += body.bytes + 4;
@@ -151,8 +154,8 @@ void WorkerServer::serve_connection(FrameConnection& conn) {
       } catch (const Error& e) {
         if (e.category() != ErrorCategory::kProtocol) {
           // Peer gone, stopping, or a stranger that never completed its hello.
-          if (!session.hello_ok && !stopping_ && std::chrono::steady_clock::now() >= handshake_deadline) {
-            spdlog::warn("worker {}: dropped {}: no successful hello within {} ms", options_.worker_name,
+          if (!settled && !stopping_ && std::chrono::steady_clock::now() >= handshake_deadline) {
+            spdlog::warn("worker {}: dropped {}: no completed handshake within {} ms", options_.worker_name,
                          conn.peer(), options_.handshake_timeout.count());
           }
           break;
@@ -163,6 +166,7 @@ void WorkerServer::serve_connection(FrameConnection& conn) {
         break;
       }
       if (!handle(conn, message, session)) break;
+      settled = settled || session.authenticated;
       if (session.hello_ok) conn.set_max_frame_bytes(options_.max_frame_bytes);
     }
   } catch (const std::exception& e) {

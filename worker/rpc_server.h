@@ -60,8 +60,9 @@ struct WorkerServerOptions {
   /// The served model's shape: every layerRequest is checked against it
   /// (check_layer_request); zeros are not checked (tests without a model).
   ModelLimits limits;
-  /// How long a client may take from connecting to a successful hello (and
-  /// authentication); a peer that says nothing is dropped after it.
+  /// How long a client may take from connecting to its first answered message (with a
+  /// shared secret: to a completed authentication); a peer that says nothing, or only
+  /// starts the handshake, is dropped after it. A settled client may idle forever.
   std::chrono::milliseconds handshake_timeout{10000};
   /// Connections served at once; the next one gets an `error` frame and is closed.
   size_t max_connections = 256;
@@ -76,8 +77,8 @@ struct WorkerServerOptions {
 /// hello yet" and check_layer_request's, go in its error field and the connection stays
 /// up). `healthRequest` needs no hello, but with a shared secret it needs the
 /// authentication. A frame that does not decode, a message a client must not send, or
-/// one before authentication, gets an `error` frame and the connection is closed; so is
-/// a client that has not completed hello within handshake_timeout. Other connections
+/// one before authentication, gets an `error` frame and the connection is closed; a client
+/// that has not settled within handshake_timeout (see there) is dropped. Other connections
 /// are unaffected.
 /// Thread-safety: start/stop/port/health from any one controlling thread.
 class WorkerServer {

@@ -196,7 +196,7 @@ TEST_CASE("trailing words after a valid message are rejected") {
 }
 
 TEST_CASE("the wrong union member is rejected by decode_as, naming both") {
-  const FrameBody hello = body_of(encode_hello(HelloMsg{kProtocolVersion, "ab", "c"}));
+  const FrameBody hello = body_of(encode_hello(HelloMsg{kProtocolVersion, "ab", "c", ""}));
   require_protocol_error([&] { decode_as<ExpertRequest>(hello); }, "expected layerRequest, got hello");
   const FrameBody error = body_of(encode_error("worker exploded"));
   require_protocol_error([&] { decode_as<HelloReplyMsg>(error); }, "worker exploded");

@@ -213,10 +213,23 @@ TEST_CASE("a peer that connects and says nothing is dropped; others are served m
   auto silent = open(worker);
   still_serves(worker);  // while the silent peer holds its connection
   expect_error([&] { silent->receive(5s); }, ErrorCategory::kUnavailable, {"closed"});
-  // A greeted client may stay idle past the handshake timeout.
+  // A greeted client, or one that asked for health, may stay idle past the timeout.
   auto idle = greeted(worker);
+  auto monitor = open(worker);
+  monitor->send(encode_health_request(), 5s);
+  CHECK(decode_as<HealthReplyMsg>(monitor->receive(5s)).worker_name == "a");
   std::this_thread::sleep_for(500ms);
   CHECK(ask(*idle, echo_request(1, 3)).error.empty());
+  monitor->send(encode_health_request(), 5s);
+  CHECK(decode_as<HealthReplyMsg>(monitor->receive(5s)).worker_name == "a");
+}
+
+TEST_CASE("with a secret, a peer that never answers the challenge is dropped") {
+  EchoWorker worker("a shared secret of enough bytes", "a", 300ms);
+  auto conn = open(worker);
+  conn->send(encode_hello(HelloMsg{kProtocolVersion, kEchoFingerprint, "t", ""}), 5s);
+  CHECK(decode_as<AuthChallengeMsg>(conn->receive(5s)).worker_name == "a");
+  expect_error([&] { conn->receive(5s); }, ErrorCategory::kUnavailable, {"closed"});
 }
 
 TEST_CASE("connections over max_connections get an error frame") {
