@@ -24,6 +24,7 @@
 #include "common/topology.h"
 #include "coordinator/engine.h"
 #include "coordinator/http_api.h"
+#include "coordinator/metrics.h"
 
 #include "coordinator/status_report.h"
 #include "worker/worker_main.h"
@@ -53,9 +54,15 @@ int serve(const ServeArgs& args) {
   // start-up that is still waiting for workers at once. Engine::create starts no threads,
   // so blocking the signals afterwards still covers every thread (HTTP, OpenMP) started
   // later.
-  std::unique_ptr<Engine> engine = Engine::create(topology);
+  Metrics metrics;  // outlives the engine and the API (declared first)
+  std::unique_ptr<Engine> engine = Engine::create(topology, &metrics);
   sigset_t signals = block_stop_signals();
-  HttpApi api(*engine, host, port);
+  HttpApi api(*engine, host, port, &metrics);
+  api.set_api_key(topology.api_key);
+  if (topology.api_key.empty() && host != "127.0.0.1" && host != "localhost" && host != "::1") {
+    spdlog::warn("charm serve: no API key configured and the API listens on {}: anyone who reaches it can use it "
+                 "(set api.api_key_file; see docs/configuration.md)", host);
+  }
   api.start();
   spdlog::info("charm serve: {} listening on http://{}:{}", engine->model_name(), host, api.port());
   int sig = wait_for_stop_signal(signals);

@@ -9,6 +9,7 @@
 #include <charconv>
 #include <fstream>
 #include <set>
+#include <sstream>
 
 #include "common/error.h"
 
@@ -24,7 +25,12 @@ class Reader {
   explicit Reader(std::string file) : file_(std::move(file)) {}
 
   [[noreturn]] void fail(const std::string& path, const std::string& message) const {
-    fail_invalid(file_ + ": " + (path.empty() ? "" : path + ": ") + message);
+    fail_invalid(where(path) + message);
+  }
+
+  /// "<file>: <path>: " for messages.
+  std::string where(const std::string& path) const {
+    return file_ + ": " + (path.empty() ? "" : path + ": ");
   }
 
   /// Requires a mapping whose keys are all in `allowed`, each present once.
@@ -117,11 +123,9 @@ class Reader {
   }
 };
 
-YAML::Node load_yaml(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) fail_io(path.string() + ": cannot open");
+YAML::Node parse_yaml(const std::string& text, const std::filesystem::path& path) {
   try {
-    return YAML::Load(in);
+    return YAML::Load(text);
   } catch (const YAML::Exception& e) {
     fail_invalid(path.string() + ": YAML does not parse at line " + std::to_string(e.mark.line + 1) + ", column " +
                  std::to_string(e.mark.column + 1) + ": " + e.msg);
@@ -142,6 +146,26 @@ WorkerSpec parse_worker(const Reader& r, const YAML::Node& node, const std::stri
     w.layers = r.id_list(layers, path + ".layers");
   }
   return w;
+}
+
+/// A secret named by `<prefix>_file` (relative to the YAML's folder) or `<prefix>_env` in
+/// `node`, read with read_secret; "" when neither key is present.
+std::string parse_secret(const Reader& r, const YAML::Node& node, const std::string& path,
+                         const std::string& prefix, const std::filesystem::path& base) {
+  const std::string file_key = prefix + "_file", env_key = prefix + "_env";
+  if (node[file_key] && node[env_key]) {
+    r.fail(Reader::join(path, file_key), "give " + file_key + " or " + env_key + ", not both");
+  }
+  SecretSource source;
+  if (node[file_key]) {
+    const std::filesystem::path file(r.string_value(node[file_key], Reader::join(path, file_key)));
+    source.file = (file.is_absolute() ? file : base / file).lexically_normal();
+    source.key = r.where(Reader::join(path, file_key));
+  } else if (node[env_key]) {
+    source.env = r.string_value(node[env_key], Reader::join(path, env_key));
+    source.key = r.where(Reader::join(path, env_key));
+  }
+  return read_secret(source);
 }
 
 /// Parses `workers:`, rejecting duplicate names and duplicate host:port pairs.
@@ -168,9 +192,17 @@ std::vector<WorkerSpec> parse_workers(const Reader& r, const YAML::Node& node) {
 }  // namespace
 
 Topology Topology::load(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail_io(path.string() + ": cannot open");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse(text.str(), path);
+}
+
+Topology Topology::parse(const std::string& yaml, const std::filesystem::path& path) {
   const Reader r(path.string());
-  const YAML::Node root = load_yaml(path);
-  r.check_keys(root, "", {"model", "model_name", "mode", "api", "threads", "timeouts", "workers"});
+  const YAML::Node root = parse_yaml(yaml, path);
+  r.check_keys(root, "", {"model", "model_name", "mode", "api", "threads", "timeouts", "workers", "cluster"});
 
   Topology t;
   t.source = path;
@@ -190,9 +222,14 @@ Topology Topology::load(const std::filesystem::path& path) {
     t.single_node = mode == "single-node";
   }
   if (const auto api = root["api"]) {
-    r.check_keys(api, "api", {"host", "port"});
+    r.check_keys(api, "api", {"host", "port", "api_key_file", "api_key_env"});
     if (api["host"]) t.api_host = r.string_value(api["host"], "api.host");
     if (api["port"]) t.api_port = static_cast<uint16_t>(r.int_value(api["port"], "api.port", 1, 65535));
+    t.api_key = parse_secret(r, api, "api", "api_key", path.parent_path());
+  }
+  if (const auto cluster = root["cluster"]) {
+    r.check_keys(cluster, "cluster", {"secret_file", "secret_env"});
+    t.cluster_secret = parse_secret(r, cluster, "cluster", "secret", path.parent_path());
   }
   if (root["threads"]) t.threads = r.int_value(root["threads"], "threads", 0, 65536);
   if (const auto timeouts = root["timeouts"]) {

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "common/secret.h"
+
 namespace charm {
 
 /// One worker entry of the topology.
@@ -53,13 +55,23 @@ struct Topology {
   int64_t slow_ms = 0;                  ///< layer RTT p50 above this reports a worker "slow"
                                         ///< (0 = only the relative test: 4x the others' median)
   int64_t threads = 0;               ///< OpenMP threads; 0 = library default
+  /// The cluster's shared secret (`cluster: {secret_file | secret_env}`), read at load;
+  /// empty: workers are open to anyone who reaches their port (common/cluster_auth.h).
+  std::string cluster_secret;
+  /// The HTTP API key (`api: {api_key_file | api_key_env}`), read at load; empty: none.
+  std::string api_key;
 
   /// Loads and validates `path`. Throws Error(kInvalidInput) naming the file and the key
   /// for YAML that does not parse, unknown keys, wrong types, duplicate worker names or
   /// ports, ports out of range, bad expert ranges, and a cluster mode with no workers
-  /// (also: a missing model key, and workers listed in single-node mode). Throws
-  /// Error(kIo) when the file cannot be opened.
+  /// (also: a missing model key, and workers listed in single-node mode; a secret or API
+  /// key given both as a file and an environment variable, or that read_secret cannot
+  /// read). Throws Error(kIo) when the file cannot be opened.
   static Topology load(const std::filesystem::path& path);
+
+  /// load() on YAML text already in memory; `source` names it in messages and is the
+  /// base for relative paths (its folder).
+  static Topology parse(const std::string& yaml, const std::filesystem::path& source);
 
   /// The worker named `name`; throws Error(kInvalidInput) listing known names if absent.
   const WorkerSpec& worker(const std::string& name) const;

@@ -2,8 +2,10 @@
 // The socket side of wire.h is in wire_socket.cpp.
 #include "common/wire.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
+#include <iterator>
 #include <string>
 
 #include <capnp/serialize.h>
@@ -40,6 +42,10 @@ unsigned first_segment_words(uint64_t payload_bytes) {
   return static_cast<unsigned>(payload_bytes / sizeof(capnp::word) + 64);
 }
 
+capnp::Data::Reader as_data(const std::string& bytes) {
+  return capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(bytes.data()), bytes.size());
+}
+
 void copy_floats(const std::vector<float>& src, capnp::Data::Builder dst) {
   if (!src.empty()) std::memcpy(dst.begin(), src.data(), src.size() * sizeof(float));
 }
@@ -52,6 +58,35 @@ std::vector<float> floats_of(capnp::Data::Reader data, const char* field) {
   std::vector<float> out(data.size() / sizeof(float));
   if (!out.empty()) std::memcpy(out.data(), data.begin(), data.size());
   return out;
+}
+
+// A text field, capped at `max_bytes`; names (`printable`) must be printable ASCII because
+// they go into log lines.
+std::string text_of(capnp::Text::Reader text, const char* field, size_t max_bytes,
+                    bool printable = false) {
+  if (text.size() > max_bytes) {
+    fail_protocol(std::string(field) + " is " + std::to_string(text.size()) +
+                  " bytes, over the cap of " + std::to_string(max_bytes));
+  }
+  if (printable) {
+    for (char c : text) {
+      if (c < 0x20 || c > 0x7e) {
+        fail_protocol(std::string(field) + " holds a byte that is not printable ASCII (" +
+                      std::to_string(static_cast<unsigned char>(c)) + ")");
+      }
+    }
+  }
+  return std::string(text.cStr(), text.size());
+}
+
+// A Data field of exactly `size` bytes (or empty when `may_be_empty`).
+std::string bytes_of(capnp::Data::Reader data, const char* field, size_t size,
+                     bool may_be_empty) {
+  if (data.size() != size && !(may_be_empty && data.size() == 0)) {
+    fail_protocol(std::string(field) + " is " + std::to_string(data.size()) + " bytes, expected " +
+                  std::to_string(size) + (may_be_empty ? " or none" : ""));
+  }
+  return std::string(reinterpret_cast<const char*>(data.begin()), data.size());
 }
 
 ExpertRequest decode_layer_request(wire::LayerRequest::Reader r) {
@@ -95,50 +130,81 @@ LayerResponseMsg decode_layer_response(wire::LayerResponse::Reader r) {
   msg.response.stats.experts_computed = stats.getExpertsComputed();
   msg.response.stats.rows_computed = stats.getRowsComputed();
   msg.response.stats.compute_ns = stats.getComputeNs();
-  msg.error = r.getError();
+  msg.error = text_of(r.getError(), "layerResponse.error", kMaxWireTextBytes);
+  return msg;
+}
+
+HelloMsg decode_hello(wire::Hello::Reader h) {
+  HelloMsg msg;
+  msg.protocol_version = h.getProtocolVersion();
+  msg.model_fingerprint = text_of(h.getModelFingerprint(), "hello.modelFingerprint",
+                                  kMaxWireFingerprintBytes, true);
+  msg.client_name = text_of(h.getClientName(), "hello.clientName", kMaxWireNameBytes, true);
+  msg.client_nonce = bytes_of(h.getClientNonce(), "hello.clientNonce", kAuthNonceBytes, true);
   return msg;
 }
 
 HelloReplyMsg decode_hello_reply(wire::HelloReply::Reader r) {
   HelloReplyMsg msg;
   msg.ok = r.getOk();
-  msg.error = r.getError();
-  msg.worker_name = r.getWorkerName();
+  msg.error = text_of(r.getError(), "helloReply.error", kMaxWireTextBytes);
+  msg.worker_name = text_of(r.getWorkerName(), "helloReply.workerName", kMaxWireNameBytes, true);
   msg.protocol_version = r.getProtocolVersion();
-  msg.model_fingerprint = r.getModelFingerprint();
-  for (auto layer : r.getHeld()) {
-    auto& experts = msg.held[layer.getLayer()];
-    for (uint32_t e : layer.getExperts()) experts.push_back(e);
+  msg.model_fingerprint = text_of(r.getModelFingerprint(), "helloReply.modelFingerprint",
+                                  kMaxWireFingerprintBytes, true);
+  auto held = r.getHeld();
+  for (uint32_t i = 0; i < held.size(); ++i) {
+    const std::string at = "helloReply.held[" + std::to_string(i) + "]";
+    auto [it, fresh] = msg.held.try_emplace(held[i].getLayer());
+    if (!fresh) fail_protocol(at + ".layer " + std::to_string(it->first) + " is listed twice");
+    auto experts = held[i].getExperts();
+    it->second.reserve(experts.size());
+    for (uint32_t j = 0; j < experts.size(); ++j) {
+      // Strictly ascending: the coordinator binary-searches these lists.
+      if (j > 0 && experts[j] <= experts[j - 1]) {
+        fail_protocol(at + ".experts is not strictly ascending at index " + std::to_string(j));
+      }
+      it->second.push_back(experts[j]);
+    }
   }
+  msg.worker_proof = bytes_of(r.getWorkerProof(), "helloReply.workerProof", kAuthProofBytes, true);
   return msg;
 }
 
 HealthReplyMsg decode_health_reply(wire::HealthReply::Reader r) {
   HealthReplyMsg msg;
-  msg.worker_name = r.getWorkerName();
-  msg.state = r.getState();
+  msg.worker_name = text_of(r.getWorkerName(), "healthReply.workerName", kMaxWireNameBytes, true);
+  msg.state = text_of(r.getState(), "healthReply.state", kMaxWireNameBytes, true);
   msg.experts_held = r.getExpertsHeld();
   msg.requests_served = r.getRequestsServed();
   msg.bytes_in = r.getBytesIn();
   msg.bytes_out = r.getBytesOut();
   msg.uptime_ms = r.getUptimeMs();
   msg.protocol_version = r.getProtocolVersion();
-  msg.model_fingerprint = r.getModelFingerprint();
+  msg.model_fingerprint = text_of(r.getModelFingerprint(), "healthReply.modelFingerprint",
+                                  kMaxWireFingerprintBytes, true);
   return msg;
 }
 
 WireMessage decode_root(wire::Message::Reader m) {
   switch (m.which()) {
-    case wire::Message::HELLO: {
-      auto h = m.getHello();
-      return HelloMsg{h.getProtocolVersion(), h.getModelFingerprint(), h.getClientName()};
-    }
+    case wire::Message::HELLO: return decode_hello(m.getHello());
     case wire::Message::HELLO_REPLY: return decode_hello_reply(m.getHelloReply());
     case wire::Message::LAYER_REQUEST: return decode_layer_request(m.getLayerRequest());
     case wire::Message::LAYER_RESPONSE: return decode_layer_response(m.getLayerResponse());
     case wire::Message::HEALTH_REQUEST: return HealthRequestMsg{};
     case wire::Message::HEALTH_REPLY: return decode_health_reply(m.getHealthReply());
-    case wire::Message::ERROR: return ErrorMsg{m.getError().getMessage()};
+    case wire::Message::ERROR:
+      return ErrorMsg{text_of(m.getError().getMessage(), "error.message", kMaxWireTextBytes)};
+    case wire::Message::AUTH_CHALLENGE: {
+      auto c = m.getAuthChallenge();
+      return AuthChallengeMsg{
+          bytes_of(c.getWorkerNonce(), "authChallenge.workerNonce", kAuthNonceBytes, false),
+          text_of(c.getWorkerName(), "authChallenge.workerName", kMaxWireNameBytes, true)};
+    }
+    case wire::Message::AUTH_RESPONSE:
+      return AuthResponseMsg{
+          bytes_of(m.getAuthResponse().getProof(), "authResponse.proof", kAuthProofBytes, false)};
   }
   fail_protocol("Message union member " + std::to_string(static_cast<unsigned>(m.which())) +
                 " is unknown to protocol version " + std::to_string(kProtocolVersion));
@@ -149,7 +215,8 @@ WireMessage decode_root(wire::Message::Reader m) {
 const char* message_name(const WireMessage& message) {
   static const char* const kNames[] = {"hello",         "helloReply",    "layerRequest",
                                        "layerResponse", "healthRequest", "healthReply",
-                                       "error"};
+                                       "error",         "authChallenge", "authResponse"};
+  static_assert(std::size(kNames) == std::variant_size_v<WireMessage>);
   return kNames[message.index()];
 }
 
@@ -159,6 +226,21 @@ Frame encode_hello(const HelloMsg& hello) {
   h.setProtocolVersion(hello.protocol_version);
   h.setModelFingerprint(hello.model_fingerprint);
   h.setClientName(hello.client_name);
+  h.setClientNonce(as_data(hello.client_nonce));
+  return finish_frame(builder);
+}
+
+Frame encode_auth_challenge(const AuthChallengeMsg& challenge) {
+  capnp::MallocMessageBuilder builder;
+  auto c = builder.initRoot<wire::Message>().initAuthChallenge();
+  c.setWorkerNonce(as_data(challenge.worker_nonce));
+  c.setWorkerName(challenge.worker_name);
+  return finish_frame(builder);
+}
+
+Frame encode_auth_response(const AuthResponseMsg& response) {
+  capnp::MallocMessageBuilder builder;
+  builder.initRoot<wire::Message>().initAuthResponse().setProof(as_data(response.proof));
   return finish_frame(builder);
 }
 
@@ -178,6 +260,7 @@ Frame encode_hello_reply(const HelloReplyMsg& reply) {
     for (unsigned j = 0; j < experts.size(); ++j) list.set(j, experts[j]);
     ++i;
   }
+  r.setWorkerProof(as_data(reply.worker_proof));
   return finish_frame(builder);
 }
 
@@ -294,6 +377,39 @@ WireMessage decode_message(const FrameBody& body, uint64_t max_frame_bytes) {
     return decode_root(reader.getRoot<wire::Message>());
   } catch (const kj::Exception& e) {
     fail_protocol(std::string("malformed Cap'n Proto message: ") + e.getDescription().cStr());
+  }
+}
+
+void check_layer_request(const ExpertRequest& request, const ModelLimits& limits) {
+  const std::string at = "layerRequest (layer " + std::to_string(request.layer) + ")";
+  if (limits.num_layers && request.layer >= limits.num_layers) {
+    fail_protocol("layerRequest.layer " + std::to_string(request.layer) +
+                  " is out of range (the model has " + std::to_string(limits.num_layers) +
+                  " layers)");
+  }
+  if (!limits.moe_layers.empty() &&
+      !std::binary_search(limits.moe_layers.begin(), limits.moe_layers.end(), request.layer)) {
+    fail_protocol("layerRequest.layer " + std::to_string(request.layer) +
+                  " is not an MoE layer of the model");
+  }
+  if (limits.hidden_size && request.hidden_size != limits.hidden_size) {
+    fail_protocol(at + ": hiddenSize " + std::to_string(request.hidden_size) +
+                  " differs from the model's hidden_size " + std::to_string(limits.hidden_size));
+  }
+  if (limits.num_experts) {
+    const uint64_t cap = uint64_t{request.num_rows} * limits.num_experts;
+    if (request.assignments.size() > cap) {
+      fail_protocol(at + ": " + std::to_string(request.assignments.size()) +
+                    " assignments, more than numRows * num_experts = " + std::to_string(cap));
+    }
+    for (size_t i = 0; i < request.assignments.size(); ++i) {
+      const uint32_t expert = request.assignments[i].expert;
+      if (expert >= limits.num_experts) {
+        fail_protocol(at + ": assignments[" + std::to_string(i) + "].expert = " +
+                      std::to_string(expert) + " is out of range (num_experts = " +
+                      std::to_string(limits.num_experts) + ")");
+      }
+    }
   }
 }
 

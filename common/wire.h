@@ -27,13 +27,30 @@
 namespace charm {
 
 /// Bumped whenever a field's meaning or a frame rule changes; peers must agree exactly.
-constexpr uint32_t kProtocolVersion = 1;
+/// 2: the shared-secret handshake (authChallenge / authResponse, hello.clientNonce,
+/// helloReply.workerProof).
+constexpr uint32_t kProtocolVersion = 2;
 
 /// Default upper bound on one frame's body, in bytes (1 GiB).
 constexpr uint64_t kDefaultMaxFrameBytes = uint64_t{1} << 30;
 
 /// Upper bound on hiddenSize accepted from the wire, in floats per row.
 constexpr uint32_t kMaxWireHiddenSize = 1u << 20;
+
+/// Upper bound on the frames a worker accepts before a client's hello succeeded (hello,
+/// authResponse, healthRequest are a few hundred bytes), so an unauthenticated peer
+/// cannot make the worker allocate kDefaultMaxFrameBytes.
+constexpr uint64_t kHandshakeMaxFrameBytes = 64 * 1024;
+
+/// Upper bounds on text fields: names (clientName, workerName), fingerprints, and error
+/// or state texts, in bytes. Names reach the logs, so they are also printable ASCII.
+constexpr size_t kMaxWireNameBytes = 256;
+constexpr size_t kMaxWireFingerprintBytes = 64;
+constexpr size_t kMaxWireTextBytes = 64 * 1024;
+
+/// Size of the handshake's nonces and HMAC-SHA256 proofs, in bytes.
+constexpr size_t kAuthNonceBytes = 32;
+constexpr size_t kAuthProofBytes = 32;
 
 /// A whole encoded frame: 4-byte LE length prefix followed by the body.
 using Frame = std::vector<uint8_t>;
@@ -49,6 +66,18 @@ struct HelloMsg {
   uint32_t protocol_version = kProtocolVersion;
   std::string model_fingerprint;  ///< model_fingerprint() of the client's checkpoint
   std::string client_name;
+  std::string client_nonce;       ///< kAuthNonceBytes random bytes, or empty
+};
+
+/// `authChallenge`: a worker with a shared secret answers hello with this.
+struct AuthChallengeMsg {
+  std::string worker_nonce;       ///< kAuthNonceBytes random bytes
+  std::string worker_name;
+};
+
+/// `authResponse`: the client's proof that it holds the shared secret.
+struct AuthResponseMsg {
+  std::string proof;              ///< kAuthProofBytes bytes of HMAC-SHA256
 };
 
 /// `helloReply`.
@@ -59,6 +88,7 @@ struct HelloReplyMsg {
   uint32_t protocol_version = kProtocolVersion;
   std::string model_fingerprint;
   std::map<uint32_t, std::vector<uint32_t>> held;  ///< layer -> expert ids held
+  std::string worker_proof;       ///< kAuthProofBytes after an authChallenge, else empty
 };
 
 /// `layerResponse`: an ExpertResponse, or an error naming why the request failed.
@@ -91,7 +121,8 @@ struct ErrorMsg {
 
 /// Any decoded message; the alternative is the union member the frame carried.
 using WireMessage = std::variant<HelloMsg, HelloReplyMsg, ExpertRequest, LayerResponseMsg,
-                                 HealthRequestMsg, HealthReplyMsg, ErrorMsg>;
+                                 HealthRequestMsg, HealthReplyMsg, ErrorMsg, AuthChallengeMsg,
+                                 AuthResponseMsg>;
 
 /// The schema's name of the message held by `message` ("hello", "layerRequest", ...).
 const char* message_name(const WireMessage& message);
@@ -106,6 +137,8 @@ Frame encode_layer_response(const LayerResponseMsg& response);
 Frame encode_health_request();
 Frame encode_health_reply(const HealthReplyMsg& reply);
 Frame encode_error(const std::string& message);
+Frame encode_auth_challenge(const AuthChallengeMsg& challenge);
+Frame encode_auth_response(const AuthResponseMsg& response);
 
 // --- decoders: frame body -> charm struct ---------------------------------------------
 
@@ -118,12 +151,30 @@ FrameBody split_frame(const uint8_t* data, size_t size,
 
 /// Decodes and validates a body. Throws Error(kProtocol) naming the field for: a
 /// malformed Cap'n Proto message (bad segment table, out-of-bounds pointers, traversal
-/// limit of max_frame_bytes/8 words exceeded, trailing words), an unknown union member,
-/// and in a layerRequest: hiddenSize 0 or over kMaxWireHiddenSize, a hidden payload
-/// that is not a multiple of 4 bytes or not numRows * hiddenSize * 4 bytes, an
-/// assignment row >= numRows; in a layerResponse: outputs not a multiple of 4 bytes.
+/// limit of 2 * body words + 1024 exceeded, nesting over 16, trailing words), an unknown
+/// union member; names over kMaxWireNameBytes or not printable ASCII, fingerprints over
+/// kMaxWireFingerprintBytes, texts over kMaxWireTextBytes; a nonce or proof of the wrong
+/// size; in a helloReply: a layer listed twice or expert ids not strictly ascending; in
+/// a layerRequest: hiddenSize 0 or over kMaxWireHiddenSize, a hidden payload that is not
+/// a multiple of 4 bytes or not numRows * hiddenSize * 4 bytes, an assignment row >=
+/// numRows; in a layerResponse: outputs not a multiple of 4 bytes. What needs the
+/// model's shape (layer and expert ids) is checked by check_layer_request.
 WireMessage decode_message(const FrameBody& body,
                            uint64_t max_frame_bytes = kDefaultMaxFrameBytes);
+
+/// What a worker knows of its model, to check a decoded layerRequest against.
+struct ModelLimits {
+  uint32_t num_layers = 0;   ///< decoder layers (num_hidden_layers)
+  uint32_t num_experts = 0;  ///< routed experts per MoE layer (num_experts)
+  uint32_t hidden_size = 0;  ///< floats per hidden row
+  std::vector<uint32_t> moe_layers;  ///< ascending ids of the MoE layers
+};
+
+/// Checks a decoded layerRequest against the served model. Throws Error(kProtocol)
+/// naming the field for: layer >= num_layers or not an MoE layer, hiddenSize !=
+/// hidden_size, an expert id >= num_experts, more assignments than numRows *
+/// num_experts (each (row, expert) pair at most once). A limit of 0 is not checked.
+void check_layer_request(const ExpertRequest& request, const ModelLimits& limits);
 
 /// Throws Error(kProtocol) "expected <expected>, got <name of got>" (with the text of an
 /// `error` message when that is what came).

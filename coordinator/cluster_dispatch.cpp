@@ -7,6 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/cluster_auth.h"
 #include "common/error.h"
 
 namespace charm {
@@ -76,7 +77,7 @@ struct ClusterDispatcher::Worker {
   uint64_t bytes_in = 0;
   uint64_t failovers = 0;
   uint64_t rejoins = 0;
-  std::optional<Clock::time_point> last_seen;
+  std::optional<Clock::time_point> last_seen;  // last handshake, reply or heartbeat reply
   Clock::time_point next_retry;
   std::chrono::milliseconds backoff{0};
   std::string last_error;
@@ -119,7 +120,8 @@ ClusterDispatcher::ClusterDispatcher(const Topology& topology, Placement placeme
       heartbeat_interval_(topology.heartbeat_ms),
       rejoin_min_(topology.rejoin_min_ms),
       rejoin_max_(std::max(topology.rejoin_max_ms, topology.rejoin_min_ms)),
-      slow_ms_(static_cast<double>(topology.slow_ms)) {
+      slow_ms_(static_cast<double>(topology.slow_ms)),
+      cluster_secret_(topology.cluster_secret) {
   for (size_t i = 0; i < topology.workers.size(); ++i) {
     auto worker = std::make_unique<Worker>();
     worker->spec = topology.workers[i];
@@ -178,18 +180,15 @@ ClusterDispatcher::~ClusterDispatcher() {
 void ClusterDispatcher::connect(Worker& worker) {
   auto conn = FrameConnection::connect(worker.spec.host, worker.spec.port, connect_timeout_,
                                        "worker '" + worker.spec.name + "'");
-  // One deadline for the whole handshake (hello out, helloReply back).
-  const auto handshake_deadline = Clock::now() + handshake_timeout_;
-  const auto handshake_left = [&] {
-    return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(handshake_deadline - Clock::now()),
-                    std::chrono::milliseconds(1));
-  };
   HelloMsg hello;
   hello.model_fingerprint = model_fingerprint_;
   hello.client_name = "coordinator";
-  uint64_t out = conn->send(encode_hello(hello), handshake_left());
-  FrameBody body = conn->receive(handshake_left());
-  HelloReplyMsg reply = decode_as<HelloReplyMsg>(body);
+  // The shared-secret handshake (common/cluster_auth.h) when the topology names a secret,
+  // all of it within one handshake_timeout_; every (re)connect, the health thread's
+  // rejoins included, goes through here, so a rejoining worker proves the secret again.
+  const ClientHandshake handshake =
+      client_handshake(*conn, std::move(hello), cluster_secret_, handshake_timeout_, worker.label);
+  const HelloReplyMsg& reply = handshake.reply;
   if (!reply.ok) {
     fail_protocol(worker.label + " rejected the handshake: " + reply.error);
   }
@@ -226,8 +225,8 @@ void ClusterDispatcher::connect(Worker& worker) {
   worker.ever_up = true;
   worker.state = "up";
   worker.experts_held = held;
-  worker.bytes_out += out;
-  worker.bytes_in += body.bytes + 4;
+  worker.bytes_out += handshake.bytes_out;
+  worker.bytes_in += handshake.bytes_in;
   worker.last_seen = Clock::now();
   worker.backoff = rejoin_min_;
   spdlog::info("coordinator: connected to {} ({} experts{})", worker.label, held,
@@ -327,6 +326,12 @@ void ClusterDispatcher::receive_reply(Worker& worker, Batch& batch) {
                   &reply.response.outputs[j * p.hidden_size], p.hidden_size * sizeof(float));
     }
   }
+  if (metrics_) {
+    metrics_->worker_rpc(worker.spec.name, rtt_ms / 1000.0);
+    // Workers hold every expert in RAM until the tier statistics reach the wire: every
+    // expert computed was a hit, nothing was read.
+    metrics_->expert_stats(worker.spec.name, reply.response.stats.experts_computed, 0, 0);
+  }
   std::lock_guard<std::mutex> lock(stats_mutex_);
   worker.rtt.add(rtt_ms);
   worker.last_seen = Clock::now();
@@ -340,6 +345,12 @@ void ClusterDispatcher::fail_worker(size_t w, Batch& batch, const Error& e, std:
   {
     std::lock_guard<std::mutex> lock(stats_mutex_);
     ++worker.failovers;
+  }
+  // The same event in /metrics: one failed request, one failover (counted where
+  // worker.failovers is, so the exported counter and /cluster/status agree).
+  if (metrics_) {
+    metrics_->worker_error(worker.spec.name);
+    metrics_->failover(worker.spec.name);
   }
   p.failed[w] = true;
   p.failures.push_back(worker.label + ": " + e.message());
@@ -592,6 +603,7 @@ std::vector<WorkerStatus> ClusterDispatcher::status() const {
     s.slow = !slow[i].empty();
     s.slow_reason = slow[i];
     s.last_error = w.last_error;
+    s.experts_by_tier = {{"ram", w.experts_held}};
     out.push_back(std::move(s));
   }
   return out;

@@ -20,6 +20,7 @@
 #include "common/topology.h"
 #include "common/wire.h"
 #include "coordinator/expert_dispatch.h"
+#include "coordinator/metrics.h"
 
 namespace charm {
 
@@ -34,11 +35,15 @@ class ClusterDispatcher final : public ExpertDispatcher {
   /// hello within topology.handshake_timeout_ms), retrying refused connections for
   /// topology.startup_timeout_ms (workers still loading). Starts without a worker that is
   /// still unreachable then if every expert has another live replica (it rejoins later).
+  /// Every connection, the background rejoins' included, runs the shared-secret handshake
+  /// (common/cluster_auth.h) when topology.cluster_secret is set.
   /// `placement` is Topology::placement's map (layer -> expert -> worker indices);
   /// `model_fingerprint` is the coordinator's model_fingerprint().
   /// Throws Error(kUnavailable) naming the unreachable workers and the experts left without
   /// a replica, and Error(kProtocol) naming the worker and both values when a worker
-  /// rejects the handshake or reports a different protocol version or model fingerprint.
+  /// rejects the handshake or reports a different protocol version or model fingerprint,
+  /// and naming the worker and "shared secret" when the topology's cluster secret and the
+  /// worker's differ or only one side has one.
   ClusterDispatcher(const Topology& topology, Placement placement, std::string model_fingerprint);
   /// Stops the background thread and closes every connection.
   ~ClusterDispatcher() override;
@@ -65,6 +70,12 @@ class ClusterDispatcher final : public ExpertDispatcher {
 
   /// One entry per worker: "up" while connected, "down" after a failure until it rejoins.
   std::vector<WorkerStatus> status() const override;
+
+  /// Reports every layer request's round trip (failed-over resends included), each failed
+  /// layer request (worker_error), each failover (the same count as WorkerStatus::failovers)
+  /// and expert statistics to `metrics` (null: none). Call before the first layer;
+  /// `metrics` must outlive this.
+  void set_metrics(Metrics* metrics) { metrics_ = metrics; }
 
  private:
   struct Worker;
@@ -95,9 +106,11 @@ class ClusterDispatcher final : public ExpertDispatcher {
   std::chrono::milliseconds rejoin_min_;
   std::chrono::milliseconds rejoin_max_;
   double slow_ms_;
+  std::string cluster_secret_;  // topology.cluster_secret; empty: open cluster
   std::vector<std::unique_ptr<Worker>> workers_;
   uint64_t next_request_id_ = 1;  // engine thread only
   std::unique_ptr<PendingLayer> pending_;  // the begun layer, between begin and finish
+  Metrics* metrics_ = nullptr;  // set before the first layer; may be null
   mutable std::mutex stats_mutex_;  // guards every Worker's statistics and state
 
   // The background heartbeat / rejoin thread.

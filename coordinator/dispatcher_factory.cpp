@@ -7,10 +7,13 @@
 namespace charm {
 
 std::unique_ptr<ExpertDispatcher> make_dispatcher(const Topology& topology, const Checkpoint& checkpoint,
-                                                  const ModelConfig& config, LocalExperts& local) {
+                                                  const ModelConfig& config, LocalExperts& local,
+                                                  Metrics* metrics) {
   if (!topology.single_node) {
-    return std::make_unique<ClusterDispatcher>(topology, topology.placement(config.moe_layer_ids(), config.num_experts),
-                                               model_fingerprint(checkpoint));
+    auto cluster = std::make_unique<ClusterDispatcher>(
+        topology, topology.placement(config.moe_layer_ids(), config.num_experts), model_fingerprint(checkpoint));
+    cluster->set_metrics(metrics);
+    return cluster;
   }
   std::vector<ExpertKey> all;
   for (int64_t l : config.moe_layer_ids()) {

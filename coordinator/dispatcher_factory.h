@@ -9,6 +9,7 @@
 #include "common/model_config.h"
 #include "common/topology.h"
 #include "coordinator/expert_dispatch.h"
+#include "coordinator/metrics.h"
 #include "worker/expert_executor.h"
 #include "worker/expert_store.h"
 
@@ -22,9 +23,11 @@ struct LocalExperts {
 
 /// Single-node: loads every routed expert into `local` and returns a LocalDispatcher over
 /// it. Cluster: connects to every worker of the topology (handshake with the model
-/// fingerprint) and returns a ClusterDispatcher. Throws Error naming the worker that
-/// cannot be reached or does not match.
+/// fingerprint) and returns a ClusterDispatcher that reports to `metrics` (may be null;
+/// must outlive the dispatcher). Throws Error naming the worker that cannot be reached or
+/// does not match.
 std::unique_ptr<ExpertDispatcher> make_dispatcher(const Topology& topology, const Checkpoint& checkpoint,
-                                                  const ModelConfig& config, LocalExperts& local);
+                                                  const ModelConfig& config, LocalExperts& local,
+                                                  Metrics* metrics = nullptr);
 
 }  // namespace charm

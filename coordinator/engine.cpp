@@ -44,7 +44,7 @@ std::vector<int32_t> eos_ids(const ModelConfig& config, const nlohmann::json& ge
 
 class EngineImpl final : public Engine {
  public:
-  explicit EngineImpl(const Topology& topology) {
+  EngineImpl(const Topology& topology, Metrics* metrics) {
     checkpoint_ = Checkpoint::open(topology.model);
     config_ = ModelConfig::parse(checkpoint_->config_json(), (topology.model / "config.json").string());
     tokenizer_ = Tokenizer::load(topology.model / "tokenizer.json");
@@ -55,7 +55,7 @@ class EngineImpl final : public Engine {
     }
     eos_ids_ = eos_ids(config_, checkpoint_->generation_config_json());
     model_name_ = topology.model_name.empty() ? topology.model.filename().string() : topology.model_name;
-    dispatcher_ = make_dispatcher(topology, *checkpoint_, config_, experts_);
+    dispatcher_ = make_dispatcher(topology, *checkpoint_, config_, experts_, metrics);
     model_ = load_model(*checkpoint_, config_, *dispatcher_);
     spdlog::info("loaded {} ({}): {} layers, {} experts, top-{}, eos ids {}", model_name_, config_.architecture,
                  config_.num_hidden_layers, config_.num_experts, config_.num_experts_per_tok, eos_ids_.size());
@@ -87,13 +87,16 @@ class EngineImpl final : public Engine {
 
     const auto start = Clock::now();
     model_->forward(prompt.data(), prompt.size(), cache, logits.data());
-    Clock::time_point first_token;
+    Clock::time_point first_token, previous_token;
     result.finish_reason = "length";
     for (int64_t i = 0; i < params.max_tokens; ++i) {
       const int32_t token = sample_token(logits.data(), logits.size(), params, rng);
       if (i == 0) {
-        first_token = Clock::now();
+        first_token = previous_token = Clock::now();
         result.ttft_ms = ms_since(start);
+      } else {
+        result.token_latencies_ms.push_back(ms_since(previous_token));
+        previous_token = Clock::now();
       }
       if (std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end()) {
         result.finish_reason = "stop";
@@ -152,6 +155,8 @@ class EngineImpl final : public Engine {
 
 }  // namespace
 
-std::unique_ptr<Engine> Engine::create(const Topology& topology) { return std::make_unique<EngineImpl>(topology); }
+std::unique_ptr<Engine> Engine::create(const Topology& topology, Metrics* metrics) {
+  return std::make_unique<EngineImpl>(topology, metrics);
+}
 
 }  // namespace charm

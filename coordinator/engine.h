@@ -37,13 +37,20 @@ struct GenerationResult {
   int64_t completion_tokens = 0;
   double ttft_ms = 0;                ///< time to first token
   double decode_tokens_per_s = 0;
+  /// Per sampled token after the first: milliseconds since the previous one (for the
+  /// per-token latency histogram of /metrics).
+  std::vector<double> token_latencies_ms;
 };
+
+class Metrics;
 
 class Engine {
  public:
   /// Loads the model the topology names and connects to its workers (or builds the
-  /// in-process expert store in single-node mode). Throws Error on any failure.
-  static std::unique_ptr<Engine> create(const Topology& topology);
+  /// in-process expert store in single-node mode). `metrics`, when given, must outlive
+  /// the engine and receives the workers' RPC latencies and errors. Throws Error on any
+  /// failure.
+  static std::unique_ptr<Engine> create(const Topology& topology, Metrics* metrics = nullptr);
   virtual ~Engine() = default;
 
   virtual const Tokenizer& tokenizer() const = 0;

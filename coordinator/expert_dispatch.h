@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -23,12 +24,16 @@ struct WorkerStatus {
   uint64_t bytes_in = 0;           ///< bytes received from it
   // Resilience (cluster mode; zero / empty elsewhere).
   uint64_t failovers = 0;          ///< times it failed mid-layer and its share went to a replica
-                                   ///< (or the layer failed for want of one)
+                                   ///< (or the layer failed for want of one); the same count
+                                   ///< is exported as charm_worker_failovers_total
   uint64_t rejoins = 0;            ///< times it came back (handshake passed) after being down
   double last_seen_ms = -1;        ///< ms since its last reply (layer, heartbeat, hello); -1 never
   bool slow = false;               ///< layer RTT p50 over timeouts.slow_ms, or 4x the others' median
   std::string slow_reason;         ///< both numbers, when slow
   std::string last_error;          ///< why it last went down or failed to rejoin; empty if never
+  /// (layer, expert) pairs held per tier ("vram", "ram", "disk"); workers report no tiers
+  /// yet, so this is {"ram": experts_held} until the tier statistics reach the wire.
+  std::map<std::string, uint64_t> experts_by_tier;
 };
 
 /// Runs routed experts for the coordinator. Implementations must return exactly the

@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
+#include "common/secret.h"
 #include "coordinator/openai_request.h"
 #include "coordinator/openai_response.h"
 
@@ -33,6 +34,7 @@ const std::map<std::string, std::set<std::string>>& known_paths() {
       {"/health", {"GET", "HEAD"}},
       {"/v1/models", {"GET", "HEAD"}},
       {"/cluster/status", {"GET", "HEAD"}},
+      {"/metrics", {"GET", "HEAD"}},
       {"/v1/completions", {"POST"}},
       {"/v1/chat/completions", {"POST"}},
   };
@@ -107,7 +109,15 @@ struct StreamJob {
 
 /// Writes the SSE stream of one generation to `sink`. Returns false when the client went
 /// away (the generation is then cancelled through on_text).
-bool write_stream(Engine& engine, const std::atomic<bool>& stopping, const StreamJob& job,
+/// Records a finished generation's tokens and latencies.
+void record_generation(Metrics& metrics, const GenerationResult& result) {
+  std::vector<double> latencies_s;
+  latencies_s.reserve(result.token_latencies_ms.size());
+  for (double ms : result.token_latencies_ms) latencies_s.push_back(ms / 1000.0);
+  metrics.generation(result.prompt_tokens, result.completion_tokens, result.ttft_ms / 1000.0, latencies_s);
+}
+
+bool write_stream(Engine& engine, Metrics& metrics, const std::atomic<bool>& stopping, const StreamJob& job,
                   httplib::DataSink& sink) {
   const bool usage = job.request.include_usage;
   bool open = true;
@@ -121,6 +131,7 @@ bool write_stream(Engine& engine, const std::atomic<bool>& stopping, const Strea
       if (piece.empty()) return open && !stopping;
       return send(sse_event(text_chunk(job.meta, piece, usage))) && !stopping;
     });
+    record_generation(metrics, result);
     // A generation cut short by shutdown must not look finished: say so as an error event.
     if (stopping) throw ApiError(503, "the server is shutting down; the answer is incomplete");
     send(sse_event(finish_chunk(job.meta, result.finish_reason, usage)));
@@ -136,8 +147,8 @@ bool write_stream(Engine& engine, const std::atomic<bool>& stopping, const Strea
   return open;
 }
 
-void serve_generation(Engine& engine, const std::atomic<bool>& stopping, const httplib::Request& req,
-                      httplib::Response& res, RequestKind kind) {
+void serve_generation(Engine& engine, Metrics& metrics, const std::atomic<bool>& stopping,
+                      const httplib::Request& req, httplib::Response& res, RequestKind kind) {
   ApiRequest request = kind == RequestKind::kChat ? parse_chat_request(req.body) : parse_completion_request(req.body);
   std::vector<int32_t> prompt = prompt_tokens(engine, request);
   check_context(request, int64_t(prompt.size()), engine.max_context());
@@ -146,14 +157,16 @@ void serve_generation(Engine& engine, const std::atomic<bool>& stopping, const h
   if (!request.stream) {
     GenerationResult result =
         engine.generate(prompt, request.sampling, [&](std::string_view) { return !stopping.load(); });
+    record_generation(metrics, result);
     res.set_content(dump_json(response_body(meta, result)), kJson);
     return;
   }
   auto job = std::make_shared<StreamJob>(StreamJob{std::move(request), std::move(prompt), std::move(meta)});
   res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider("text/event-stream", [&engine, &stopping, job](size_t, httplib::DataSink& sink) {
-    return write_stream(engine, stopping, *job, sink);
-  });
+  res.set_chunked_content_provider("text/event-stream",
+                                   [&engine, &metrics, &stopping, job](size_t, httplib::DataSink& sink) {
+                                     return write_stream(engine, metrics, stopping, *job, sink);
+                                   });
 }
 
 json cluster_status_body(const Engine& engine) {
@@ -173,7 +186,8 @@ json cluster_status_body(const Engine& engine) {
                        {"last_seen_ms", w.last_seen_ms},
                        {"slow", w.slow},
                        {"slow_reason", w.slow_reason},
-                       {"last_error", w.last_error}});
+                       {"last_error", w.last_error},
+                       {"experts_by_tier", w.experts_by_tier}});
   }
   return {{"workers", workers}};
 }
@@ -235,6 +249,24 @@ httplib::Server::HandlerResponse answer_bodyless(const httplib::Request& req, ht
   return httplib::Server::HandlerResponse::Handled;
 }
 
+/// The endpoint label of /metrics: the route's path, or "other" (bounded label values).
+std::string endpoint_label(const std::string& path) {
+  return known_paths().count(path) ? path : "other";
+}
+
+/// With an API key, the 401 for a request that does not carry it; nullopt when it does
+/// (or the path is /health, which load balancers probe without credentials).
+std::optional<ApiError> check_api_key(const httplib::Request& req, const std::string& api_key) {
+  if (api_key.empty() || req.path == "/health") return std::nullopt;
+  const std::string header = req.get_header_value("Authorization");
+  const std::string scheme = "Bearer ";
+  if (header.size() < scheme.size() || header.compare(0, scheme.size(), scheme) != 0) {
+    return ApiError(401, "missing API key: send the header 'Authorization: Bearer <key>'");
+  }
+  if (!constant_time_equal(header.substr(scheme.size()), api_key)) return ApiError(401, "incorrect API key provided");
+  return std::nullopt;
+}
+
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
@@ -242,8 +274,13 @@ int64_t unix_now() {
 
 }  // namespace
 
-HttpApi::HttpApi(Engine& engine, std::string host, uint16_t port)
-    : engine_(engine), host_(std::move(host)), port_(port), server_(std::make_unique<httplib::Server>()) {}
+HttpApi::HttpApi(Engine& engine, std::string host, uint16_t port, Metrics* metrics)
+    : engine_(engine),
+      own_metrics_(metrics ? nullptr : std::make_unique<Metrics>()),
+      metrics_(metrics ? *metrics : *own_metrics_),
+      host_(std::move(host)),
+      port_(port),
+      server_(std::make_unique<httplib::Server>()) {}
 
 HttpApi::~HttpApi() { stop(); }
 
@@ -260,11 +297,16 @@ void HttpApi::install_routes() {
   s.Get("/cluster/status", [this](const httplib::Request&, httplib::Response& res) {
     guarded(res, [&] { res.set_content(dump_json(cluster_status_body(engine_)), kJson); });
   });
+  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    guarded(res, [&] {
+      res.set_content(metrics_.render(engine_.cluster_status()), "text/plain; version=0.0.4; charset=utf-8");
+    });
+  });
   s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    guarded(res, [&] { serve_generation(engine_, stopping_, req, res, RequestKind::kCompletion); });
+    guarded(res, [&] { serve_generation(engine_, metrics_, stopping_, req, res, RequestKind::kCompletion); });
   });
   s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    guarded(res, [&] { serve_generation(engine_, stopping_, req, res, RequestKind::kChat); });
+    guarded(res, [&] { serve_generation(engine_, metrics_, stopping_, req, res, RequestKind::kChat); });
   });
   // Every other method on a known path is answered 405 by fill_routing_error.
   for (const auto& [path, methods] : known_paths()) {
@@ -275,7 +317,21 @@ void HttpApi::install_routes() {
     s.Patch(path, httplib::Server::Handler(not_allowed));
     s.Delete(path, httplib::Server::Handler(not_allowed));
   }
-  s.set_pre_routing_handler(answer_bodyless);
+  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (std::optional<ApiError> error = check_api_key(req, api_key_)) {
+      res.set_header("WWW-Authenticate", "Bearer");
+      json body = error_body(*error);
+      body["error"]["code"] = "invalid_api_key";  // as OpenAI answers a bad key
+      res.status = 401;
+      res.set_content(dump_json(body), kJson);
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return answer_bodyless(req, res);
+  });
+  // Counted after the response is written (streams included), whatever answered it.
+  s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    metrics_.http_request(endpoint_label(req.path), res.status);
+  });
   s.set_error_handler(httplib::Server::HandlerWithResponse(fill_error_body));
   s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     send_error(res, to_api_error(ep));

@@ -1,7 +1,8 @@
 // The OpenAI-compatible HTTP API over an Engine (cpp-httplib): /health, /v1/models,
 // /v1/completions, /v1/chat/completions (whole or streamed as Server-Sent Events, as the
-// OpenAI API sends them) and /cluster/status. Endpoints, fields and errors are
-// documented in docs/api.md.
+// OpenAI API sends them), /cluster/status and /metrics (Prometheus text). With an API
+// key every endpoint but /health needs `Authorization: Bearer <key>`. Endpoints, fields
+// and errors are documented in docs/api.md.
 #pragma once
 
 #include <atomic>
@@ -11,6 +12,7 @@
 #include <thread>
 
 #include "coordinator/engine.h"
+#include "coordinator/metrics.h"
 
 namespace httplib {
 class Server;
@@ -22,8 +24,10 @@ namespace charm {
 /// outlive the HttpApi (it serialises generation itself). Not copyable.
 class HttpApi {
  public:
-  /// Does not bind yet. `port` 0 asks the OS for a free port (see port()).
-  HttpApi(Engine& engine, std::string host, uint16_t port);
+  /// Does not bind yet. `port` 0 asks the OS for a free port (see port()). `metrics`
+  /// (must outlive the HttpApi) receives every request and generation and is served at
+  /// /metrics; null: the HttpApi keeps its own (HTTP and token metrics only).
+  HttpApi(Engine& engine, std::string host, uint16_t port, Metrics* metrics = nullptr);
   /// Stops the server if it is running.
   ~HttpApi();
   HttpApi(const HttpApi&) = delete;
@@ -33,6 +37,11 @@ class HttpApi {
   /// socket listens. Throws Error(kIo) naming the address when it cannot bind, and
   /// Error(kInternal) when called twice.
   void start();
+
+  /// Requires `Authorization: Bearer <api_key>` on every endpoint but /health (401 with
+  /// an OpenAI-style error otherwise; compared in constant time). Empty: no key. Call
+  /// before start().
+  void set_api_key(std::string api_key) { api_key_ = std::move(api_key); }
 
   /// Stops accepting, waits for the server thread to end. Requests in flight finish
   /// their current write. Idempotent.
@@ -46,6 +55,9 @@ class HttpApi {
   void install_routes();
 
   Engine& engine_;
+  std::unique_ptr<Metrics> own_metrics_;  // when the caller gave none
+  Metrics& metrics_;
+  std::string api_key_;
   std::string host_;
   uint16_t port_;
   uint16_t bound_port_ = 0;

@@ -3,12 +3,14 @@
 #include <chrono>
 #include <cstdio>
 #include <future>
+#include <map>
 #include <memory>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
 #include "common/checkpoint.h"
+#include "common/cluster_auth.h"
 #include "common/error.h"
 #include "common/fingerprint.h"
 #include "common/model_config.h"
@@ -18,13 +20,23 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-WorkerStatusRow query_worker(const WorkerSpec& spec, int timeout_ms) {
+WorkerStatusRow query_worker(const WorkerSpec& spec, int timeout_ms, const std::string& secret,
+                             const std::string& fingerprint) {
   WorkerStatusRow row;
   row.name = spec.name;
   row.address = spec.host + ":" + std::to_string(spec.port);
   const std::chrono::milliseconds timeout(timeout_ms);
   try {
-    auto conn = FrameConnection::connect(spec.host, spec.port, timeout, "worker '" + spec.name + "'");
+    const std::string label = "worker '" + spec.name + "'";
+    auto conn = FrameConnection::connect(spec.host, spec.port, timeout, label);
+    // A worker with a shared secret answers nothing before the handshake; its helloReply
+    // may say the fingerprints differ, which the health reply then shows as wrong-model.
+    if (!secret.empty()) {
+      HelloMsg hello;
+      hello.client_name = "charm status";
+      hello.model_fingerprint = fingerprint;
+      client_handshake(*conn, hello, secret, timeout, label);
+    }
     const auto start = Clock::now();
     conn->send(encode_health_request(), timeout);
     row.health = decode_as<HealthReplyMsg>(conn->receive(timeout));
@@ -86,6 +98,28 @@ std::string bytes_text(uint64_t bytes) {
   return unit == 0 ? std::to_string(bytes) + " B" : fixed(value, 1) + " " + units[unit];
 }
 
+// How long ago, from milliseconds: "120ms" under a second, else "2.5s".
+std::string ago_text(double ms) { return ms < 1000 ? fixed(ms, 0) + "ms" : fixed(ms / 1000, 1) + "s"; }
+
+// Experts held per tier, "ram:64" or "vram:8,ram:56": the coordinator's view when it has
+// one, else the worker's own count, all in RAM (workers report no tiers on the wire yet).
+std::string tiers_text(const WorkerStatusRow& row) {
+  std::map<std::string, uint64_t> tiers;
+  if (row.coordinator && !row.coordinator->experts_by_tier.empty()) {
+    tiers = row.coordinator->experts_by_tier;
+  } else if (row.health) {
+    tiers = {{"ram", row.health->experts_held}};
+  } else {
+    return "-";
+  }
+  std::string out;
+  for (const char* tier : {"vram", "ram", "disk"}) {
+    const auto it = tiers.find(tier);
+    if (it != tiers.end()) out += (out.empty() ? "" : ",") + std::string(tier) + ":" + std::to_string(it->second);
+  }
+  return out.empty() ? "-" : out;
+}
+
 // Charm's Error carries its category in what(); the message alone reads better in a note.
 std::string message_of(const std::exception& e) {
   const auto* error = dynamic_cast<const Error*>(&e);
@@ -102,6 +136,7 @@ std::vector<WorkerStatus> query_coordinator(const Topology& topology, int timeou
   client.set_connection_timeout(seconds, micros);
   client.set_read_timeout(seconds, micros);
   client.set_write_timeout(seconds, micros);
+  if (!topology.api_key.empty()) client.set_bearer_token_auth(topology.api_key.c_str());
   status.coordinator_address = topology.api_host + ":" + std::to_string(topology.api_port);
   auto res = client.Get("/cluster/status");
   if (!res) {
@@ -205,10 +240,15 @@ std::vector<WorkerStatus> parse_cluster_status(const std::string& body) {
     s.bytes_in = field<uint64_t>(w, "bytes_in", i);
     s.failovers = optional_field<uint64_t>(w, "failovers", i, 0);
     s.rejoins = optional_field<uint64_t>(w, "rejoins", i, 0);
-    s.last_seen_ms = optional_field<double>(w, "last_seen_ms", i, -1);
+    // Seconds from a coordinator of the metrics branch before the two were merged.
+    s.last_seen_ms = w.contains("last_seen_ms") ? field<double>(w, "last_seen_ms", i)
+                                                : optional_field<double>(w, "last_seen_s", i, -1) * 1000;
+    if (s.last_seen_ms < 0) s.last_seen_ms = -1;
     s.slow = optional_field<bool>(w, "slow", i, false);
     s.slow_reason = optional_field<std::string>(w, "slow_reason", i, "");
     s.last_error = optional_field<std::string>(w, "last_error", i, "");
+    s.experts_by_tier =
+        optional_field<std::map<std::string, uint64_t>>(w, "experts_by_tier", i, {});
     out.push_back(std::move(s));
     ++i;
   }
@@ -217,13 +257,15 @@ std::vector<WorkerStatus> parse_cluster_status(const std::string& body) {
 
 ClusterStatus collect_status(const Topology& topology, int timeout_ms) {
   ClusterStatus status;
+  // The fingerprint first: an authenticated hello carries it, so a matching worker does
+  // not log a rejection (reading the checkpoint's headers takes milliseconds).
+  StatusExpectations expected = expected_status(topology);
   // Workers in parallel, so N dead workers cost one timeout, not N.
   std::vector<std::future<WorkerStatusRow>> pending;
   for (const WorkerSpec& spec : topology.workers) {
-    pending.push_back(std::async(std::launch::async, query_worker, spec, timeout_ms));
+    pending.push_back(std::async(std::launch::async, query_worker, spec, timeout_ms, topology.cluster_secret,
+                                 expected.fingerprint));
   }
-  // Reading the checkpoint's headers overlaps the workers' answers.
-  StatusExpectations expected = expected_status(topology);
   status.expected_fingerprint = expected.fingerprint;
   status.notes = std::move(expected.notes);
   const std::vector<WorkerStatus> coordinator_view = query_coordinator(topology, timeout_ms, status);
@@ -244,8 +286,8 @@ ClusterStatus collect_status(const Topology& topology, int timeout_ms) {
 
 std::string format_status(const ClusterStatus& status) {
   using Row = std::vector<std::string>;
-  std::vector<Row> table = {{"WORKER", "ADDRESS", "STATE", "COORD", "EXPERTS", "REQUESTS", "PING_MS",
-                             "RTT_P50_MS", "RTT_P99_MS", "FAILOVERS", "REJOINS", "SEEN_MS_AGO", "BYTES_IN",
+  std::vector<Row> table = {{"WORKER", "ADDRESS", "STATE", "COORD", "EXPERTS", "TIERS", "REQUESTS", "PING_MS",
+                             "RTT_P50_MS", "RTT_P99_MS", "FAILOVERS", "REJOINS", "LAST_SEEN", "BYTES_IN",
                              "BYTES_OUT"}};
   for (const WorkerStatusRow& w : status.workers) {
     const auto& h = w.health;
@@ -253,13 +295,14 @@ std::string format_status(const ClusterStatus& status) {
     table.push_back({w.name, w.address, state_of(w),
                      c ? coordinator_state(*c) : "-",
                      h ? std::to_string(h->experts_held) : "-",
+                     tiers_text(w),
                      h ? std::to_string(h->requests_served) : "-",
                      w.up ? fixed(w.ping_ms, 2) : "-",
                      c ? fixed(c->rtt_p50_ms, 2) : "-",
                      c ? fixed(c->rtt_p99_ms, 2) : "-",
                      c ? std::to_string(c->failovers) : "-",
                      c ? std::to_string(c->rejoins) : "-",
-                     c && c->last_seen_ms >= 0 ? fixed(c->last_seen_ms, 0) : "-",
+                     c && c->last_seen_ms >= 0 ? ago_text(c->last_seen_ms) : "-",
                      c ? bytes_text(c->bytes_in) : "-",
                      c ? bytes_text(c->bytes_out) : "-"});
   }

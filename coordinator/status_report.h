@@ -66,26 +66,31 @@ StatusExpectations expected_status(const Topology& topology);
 /// A row that did not answer stays "down".
 void judge_worker(WorkerStatusRow& row, const std::string& fingerprint);
 
-/// Queries every worker (in parallel, each within `timeout_ms`: connect + healthRequest)
-/// and the coordinator's /cluster/status (within `timeout_ms`), and judges each worker
+/// Queries every worker (in parallel, each within `timeout_ms`: connect, the
+/// shared-secret handshake when topology.cluster_secret is set, healthRequest) and the
+/// coordinator's /cluster/status (within `timeout_ms`, with topology.api_key as a bearer
+/// token when set), and judges each worker
 /// (expected_status, judge_worker). Never throws for an unreachable peer or an unreadable
 /// model: that is what the report is for.
 ClusterStatus collect_status(const Topology& topology, int timeout_ms);
 
 /// Parses a /cluster/status body ({"workers":[{"name","address","state","experts_held",
 /// "requests","rtt_p50_ms","rtt_p99_ms","bytes_out","bytes_in"} plus the optional
-/// "failovers","rejoins","last_seen_ms","slow","slow_reason","last_error"]}). Throws
-/// Error(kProtocol) naming the field when it is not that shape.
+/// "failovers","rejoins","last_seen_ms","slow","slow_reason","last_error","experts_by_tier"
+/// (a coordinator built before them leaves them out; "last_seen_s", seconds, is read
+/// when "last_seen_ms" is absent)]}). Throws Error(kProtocol) naming the field when it is
+/// not that shape.
 std::vector<WorkerStatus> parse_cluster_status(const std::string& body);
 
 /// The table: a header line, then per worker name, address, state, the coordinator's
-/// state of it (COORD: up, down, slow), experts, requests (served, as the worker counts
-/// them), ping ms, coordinator rtt p50/p99 ms, failovers, rejoins, ms since the coordinator
-/// last heard from it, and bytes in/out as the coordinator counts them ("-" where the
-/// coordinator is unreachable or a value is unknown); then one line per worker not "up"
-/// (why, naming both values for a mismatch), one per slow worker (both RTT numbers), one
-/// per worker the coordinator holds down (its last error), one per note, and a line on
-/// the coordinator when it is unreachable.
+/// state of it (COORD: up, down, slow), experts, experts per tier (TIERS, "vram:8,ram:56"),
+/// requests (served, as the worker counts them), ping ms, coordinator rtt p50/p99 ms,
+/// failovers, rejoins, how long ago the coordinator last heard from it (LAST_SEEN, "120ms"
+/// under a second, else "2.5s"), and bytes in/out as the coordinator counts them ("-"
+/// where the coordinator is unreachable or a value is unknown); then one line per worker
+/// not "up" (why, naming both values for a mismatch), one per slow worker (both RTT
+/// numbers), one per worker the coordinator holds down (its last error), one per note,
+/// and a line on the coordinator when it is unreachable.
 std::string format_status(const ClusterStatus& status);
 
 /// collect_status + format_status. A worker that does not answer shows state "down".

@@ -20,7 +20,21 @@ $Cxx.namespace("charm::wire");
 struct Hello {
   protocolVersion @0 :UInt32;   # the client's kProtocolVersion (unitless counter)
   modelFingerprint @1 :Text;    # model_fingerprint() of the client's checkpoint, 16 hex chars
-  clientName @2 :Text;          # free-form name of the client for the worker's log
+  clientName @2 :Text;          # free-form name of the client for the worker's log, <= 256 B
+  clientNonce @3 :Data;         # 32 random bytes (common/cluster_auth.h); the worker's
+                                # proof covers them, so a recorded proof cannot be replayed
+}
+
+# Worker -> client, answer to `hello` when the worker has a cluster shared secret: the
+# client must prove it holds the secret too (common/cluster_auth.h) before anything else.
+struct AuthChallenge {
+  workerNonce @0 :Data;         # 32 random bytes, fresh for this connection
+  workerName @1 :Text;          # the worker's name in the topology (covered by the proofs)
+}
+
+# Client -> worker, answer to `authChallenge`.
+struct AuthResponse {
+  proof @0 :Data;               # HMAC-SHA256(secret, client transcript), 32 bytes
 }
 
 # The experts a worker holds on one MoE layer.
@@ -37,6 +51,9 @@ struct HelloReply {
   protocolVersion @3 :UInt32;   # the worker's kProtocolVersion
   modelFingerprint @4 :Text;    # model_fingerprint() of the worker's checkpoint
   held @5 :List(LayerExperts);  # experts held, one entry per MoE layer with any
+  workerProof @6 :Data;         # after an authChallenge: HMAC-SHA256(secret, worker
+                                # transcript), 32 bytes, so the client authenticates the
+                                # worker too; empty when the worker has no secret
 }
 
 # One (row, expert) pair of a layer's batch-union.
@@ -105,5 +122,7 @@ struct Message {
     healthRequest @4 :HealthRequest;
     healthReply @5 :HealthReply;
     error @6 :ErrorMessage;
+    authChallenge @7 :AuthChallenge;
+    authResponse @8 :AuthResponse;
   }
 }

@@ -1,11 +1,14 @@
 #include "worker/rpc_server.h"
 
 #include <algorithm>
+#include <optional>
 #include <type_traits>
 
 #include <spdlog/spdlog.h>
 
+#include "common/cluster_auth.h"
 #include "common/error.h"
+#include "common/secret.h"
 
 namespace charm {
 namespace {
@@ -74,6 +77,11 @@ void WorkerServer::reap_finished() {
   }
 }
 
+size_t WorkerServer::connection_count() {
+  std::lock_guard<std::mutex> lock(connections_mutex_);
+  return connections_.size();
+}
+
 void WorkerServer::accept_loop() {
   while (!stopping_) {
     std::unique_ptr<FrameConnection> conn;
@@ -85,7 +93,17 @@ void WorkerServer::accept_loop() {
     }
     reap_finished();
     if (!conn) continue;
-    conn->set_max_frame_bytes(options_.max_frame_bytes);
+    if (connection_count() >= options_.max_connections) {
+      spdlog::warn("worker {}: refusing {}: already serving {} connections", options_.worker_name,
+                   conn->peer(), options_.max_connections);
+      try {
+        conn->send(encode_error("worker '" + options_.worker_name + "' is serving its maximum of " +
+                                std::to_string(options_.max_connections) + " connections"),
+                   std::chrono::milliseconds(100));
+      } catch (const Error&) {
+      }
+      continue;
+    }
     auto finished = std::make_shared<std::atomic<bool>>(false);
     std::thread thread([this, finished, c = std::shared_ptr<FrameConnection>(std::move(conn))] {
       serve_connection(*c);
@@ -102,24 +120,54 @@ void WorkerServer::send(FrameConnection& conn, const Frame& frame) {
   conn.send(frame, options_.send_timeout);
 }
 
+// One connection's progress through the handshake.
+struct WorkerServer::Session {
+  bool authenticated = false;  // no secret: true from the start
+  bool hello_ok = false;       // a hello matched (and, with a secret, was authenticated)
+  std::optional<HelloMsg> pending_hello;  // sent authChallenge, awaiting authResponse
+  std::string worker_nonce;
+};
+
 void WorkerServer::serve_connection(FrameConnection& conn) {
   spdlog::debug("worker {}: {} connected", options_.worker_name, conn.peer());
-  bool hello_ok = false;
+  Session session;
+  session.authenticated = options_.shared_secret.empty();
+  // Until a hello succeeds the peer is a stranger: small frames, and a deadline.
+  conn.set_max_frame_bytes(std::min(kHandshakeMaxFrameBytes, options_.max_frame_bytes));
+  const auto handshake_deadline = std::chrono::steady_clock::now() + options_.handshake_timeout;
+  // Settled: the peer is authenticated (always, without a secret) and has had a message
+  // answered; from then on it may stay idle as long as it likes.
+  bool settled = false;
   try {
     while (!stopping_ && conn.is_open()) {
       WireMessage message;
       try {
-        FrameBody body = conn.receive(kForever, &stopping_);
+        auto timeout = kForever;
+        if (!settled) {
+          timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
+              handshake_deadline - std::chrono::steady_clock::now());
+          if (timeout.count() <= 0) fail_unavailable("no completed handshake within the handshake timeout");
+        }
+        FrameBody body = conn.receive(timeout, &stopping_);
         bytes_in_ += body.bytes + 4;
-        message = decode_message(body, options_.max_frame_bytes);
+        message = decode_message(body, conn.max_frame_bytes());
       } catch (const Error& e) {
-        if (e.category() != ErrorCategory::kProtocol) break;  // peer gone or stopping
+        if (e.category() != ErrorCategory::kProtocol) {
+          // Peer gone, stopping, or a stranger that never completed its hello.
+          if (!settled && !stopping_ && std::chrono::steady_clock::now() >= handshake_deadline) {
+            spdlog::warn("worker {}: dropped {}: no completed handshake within {} ms", options_.worker_name,
+                         conn.peer(), options_.handshake_timeout.count());
+          }
+          break;
+        }
         spdlog::warn("worker {}: malformed frame from {}: {}; closing that connection",
                      options_.worker_name, conn.peer(), e.message());
         if (conn.is_open()) send(conn, encode_error(e.message()));
         break;
       }
-      if (!handle(conn, message, hello_ok)) break;
+      if (!handle(conn, message, session)) break;
+      settled = settled || session.authenticated;
+      if (session.hello_ok) conn.set_max_frame_bytes(options_.max_frame_bytes);
     }
   } catch (const std::exception& e) {
     // A send that failed or anything unforeseen: this connection ends, the worker lives.
@@ -163,32 +211,80 @@ bool WorkerServer::debug_delay_elapsed() const {
   return !stopping_ || options_.debug_delay.count() == 0;
 }
 
-bool WorkerServer::handle(FrameConnection& conn, WireMessage& message, bool& hello_ok) {
+bool WorkerServer::refuse(FrameConnection& conn, const std::string& text) {
+  send(conn, encode_error(text));
+  return false;
+}
+
+bool WorkerServer::handle_auth(FrameConnection& conn, const AuthResponseMsg& response, Session& session) {
+  if (!session.pending_hello) {
+    spdlog::warn("worker {}: {} sent authResponse without a challenge; closing that connection",
+                 options_.worker_name, conn.peer());
+    return refuse(conn, "worker '" + options_.worker_name + "' sent no authChallenge to answer");
+  }
+  const HelloMsg hello = std::move(*session.pending_hello);
+  session.pending_hello.reset();
+  const AuthTranscript transcript{session.worker_nonce, hello.client_nonce, hello.client_name,
+                                  options_.worker_name};
+  if (!constant_time_equal(response.proof, auth_proof(options_.shared_secret, AuthRole::kClient, transcript))) {
+    spdlog::error("worker {}: REJECTED {} ({}): wrong proof of the cluster's shared secret; dropping the peer",
+                  options_.worker_name, hello.client_name, conn.peer());
+    return refuse(conn, "authentication failed: the proof does not match worker '" + options_.worker_name +
+                            "''s shared secret");
+  }
+  session.authenticated = true;
+  HelloReplyMsg reply = answer_hello(hello, conn.peer());
+  reply.worker_proof = auth_proof(options_.shared_secret, AuthRole::kWorker, transcript);
+  session.hello_ok = reply.ok;
+  send(conn, encode_hello_reply(reply));
+  return true;
+}
+
+LayerResponseMsg WorkerServer::answer_layer(const ExpertRequest& request, const Session& session) {
+  LayerResponseMsg response;
+  response.response.request_id = request.request_id;
+  if (!session.hello_ok) {
+    response.error = "worker '" + options_.worker_name + "' needs a successful hello before layer requests";
+    return response;
+  }
+  try {
+    check_layer_request(request, options_.limits);
+    response.response = service_.run(request);
+    response.response.request_id = request.request_id;
+  } catch (const std::exception& e) {
+    response.error = "worker '" + options_.worker_name + "', layer " + std::to_string(request.layer) + ": " + e.what();
+    response.response.outputs.clear();
+    response.response.stats = {};
+    spdlog::warn("worker {}: request {} failed: {}", options_.worker_name, request.request_id, response.error);
+  }
+  return response;
+}
+
+bool WorkerServer::handle(FrameConnection& conn, WireMessage& message, Session& session) {
   if (auto* hello = std::get_if<HelloMsg>(&message)) {
+    if (!options_.shared_secret.empty() && !session.authenticated) {
+      if (session.pending_hello) return refuse(conn, "a second hello before answering the authChallenge");
+      session.worker_nonce = random_nonce();
+      session.pending_hello = std::move(*hello);
+      send(conn, encode_auth_challenge({session.worker_nonce, options_.worker_name}));
+      return true;
+    }
     HelloReplyMsg reply = answer_hello(*hello, conn.peer());
-    hello_ok = reply.ok;
+    session.hello_ok = reply.ok;
     send(conn, encode_hello_reply(reply));
     return true;
   }
+  if (auto* response = std::get_if<AuthResponseMsg>(&message)) return handle_auth(conn, *response, session);
+  if (!session.authenticated) {
+    // With a secret, nothing but the handshake is answered to a stranger.
+    spdlog::warn("worker {}: {} sent {} before authenticating; dropping the peer", options_.worker_name,
+                 conn.peer(), message_name(message));
+    return refuse(conn, "worker '" + options_.worker_name + "' requires the cluster's shared secret: send hello "
+                        "and answer its authChallenge first");
+  }
   if (auto* request = std::get_if<ExpertRequest>(&message)) {
     if (!debug_delay_elapsed()) return false;  // stopped while "computing": no reply
-    LayerResponseMsg response;
-    response.response.request_id = request->request_id;
-    if (!hello_ok) {
-      response.error = "worker '" + options_.worker_name +
-                       "' needs a successful hello before layer requests";
-    } else {
-      try {
-        response.response = service_.run(*request);
-        response.response.request_id = request->request_id;
-      } catch (const std::exception& e) {
-        response.error = "worker '" + options_.worker_name + "', layer " +
-                         std::to_string(request->layer) + ": " + e.what();
-        response.response.outputs.clear();
-        spdlog::warn("worker {}: request {} failed: {}", options_.worker_name,
-                     request->request_id, response.error);
-      }
-    }
+    LayerResponseMsg response = answer_layer(*request, session);
     ++requests_served_;  // before the reply, for the same reason as in send()
     send(conn, encode_layer_response(response));
     return true;
@@ -201,8 +297,7 @@ bool WorkerServer::handle(FrameConnection& conn, WireMessage& message, bool& hel
                            message_name(message) + " messages from clients";
   spdlog::warn("worker {}: {} sent {}; closing that connection", options_.worker_name,
                conn.peer(), message_name(message));
-  send(conn, encode_error(text));
-  return false;
+  return refuse(conn, text);
 }
 
 }  // namespace charm

@@ -51,21 +51,39 @@ struct WorkerServerOptions {
   uint16_t port = 0;               ///< 0 = ephemeral (tests); see WorkerServer::port()
   std::string model_fingerprint;   ///< model_fingerprint() of the served checkpoint; checked
                                    ///< at hello, reported in healthReply
-  uint64_t max_frame_bytes = kDefaultMaxFrameBytes;
+  uint64_t max_frame_bytes = kDefaultMaxFrameBytes;  ///< once a client's hello succeeded;
+                                                    ///< kHandshakeMaxFrameBytes before
   std::chrono::milliseconds send_timeout{60000};  ///< per reply frame
+  /// The cluster's shared secret (common/cluster_auth.h); empty: the worker is open to
+  /// anyone who can reach its port (a trusted LAN).
+  std::string shared_secret;
+  /// The served model's shape: every layerRequest is checked against it
+  /// (check_layer_request); zeros are not checked (tests without a model).
+  ModelLimits limits;
+  /// How long a client may take from connecting to its first answered message (with a
+  /// shared secret: to a completed authentication); a peer that says nothing, or only
+  /// starts the handshake, is dropped after it. A settled client may idle forever.
+  std::chrono::milliseconds handshake_timeout{10000};
+  /// Connections served at once; the next one gets an `error` frame and is closed.
+  size_t max_connections = 256;
   /// TEST ONLY (`charm worker --debug-delay-ms`): wait this long before answering each
   /// layerRequest, to stand in for a slow or hung worker. A stop() during the wait closes
   /// the connection without a reply, as a killed worker would.
   std::chrono::milliseconds debug_delay{0};
 };
 
-/// The server. Protocol per connection: the client sends `hello`; the server answers
-/// `helloReply` (ok=false, naming both values, when the protocol version or the model
-/// fingerprint differ — and logs it at error level). `layerRequest` is answered with a
-/// `layerResponse` (errors, including "no successful hello yet", go in its error field and
-/// the connection stays up). `healthRequest` needs no hello. A frame that does not
-/// decode, or a message a client must not send, gets an `error` frame and the connection
-/// is closed; other connections are unaffected.
+/// The server. Protocol per connection: the client sends `hello`; with a shared secret
+/// the server first sends `authChallenge` and checks the client's `authResponse` (a wrong
+/// proof: logged at error level, an `error` frame naming the shared secret, connection
+/// closed), then answers `helloReply` (ok=false, naming both values, when the protocol
+/// version or the model fingerprint differ — and logs it at error level).
+/// `layerRequest` is answered with a `layerResponse` (errors, including "no successful
+/// hello yet" and check_layer_request's, go in its error field and the connection stays
+/// up). `healthRequest` needs no hello, but with a shared secret it needs the
+/// authentication. A frame that does not decode, a message a client must not send, or
+/// one before authentication, gets an `error` frame and the connection is closed; a client
+/// that has not settled within handshake_timeout (see there) is dropped. Other connections
+/// are unaffected.
 /// Thread-safety: start/stop/port/health from any one controlling thread.
 class WorkerServer {
  public:
@@ -92,12 +110,17 @@ class WorkerServer {
 
  private:
   void accept_loop();
+  struct Session;  // one connection's handshake state
   void serve_connection(FrameConnection& conn);
   // Handles one decoded message; false when the connection must close.
-  bool handle(FrameConnection& conn, WireMessage& message, bool& hello_ok);
+  bool handle(FrameConnection& conn, WireMessage& message, Session& session);
+  bool handle_auth(FrameConnection& conn, const AuthResponseMsg& response, Session& session);
+  bool refuse(FrameConnection& conn, const std::string& text);
+  LayerResponseMsg answer_layer(const ExpertRequest& request, const Session& session);
   void send(FrameConnection& conn, const Frame& frame);
   HelloReplyMsg answer_hello(const HelloMsg& hello, const std::string& peer);
   void reap_finished();
+  size_t connection_count();
   // Waits options_.debug_delay; false when stop() came first.
   bool debug_delay_elapsed() const;
 

@@ -32,6 +32,16 @@ int index_of(const Topology& topology, const WorkerSpec& spec) {
   return static_cast<int>(&spec - topology.workers.data());
 }
 
+// What every layerRequest is checked against (check_layer_request).
+ModelLimits model_limits(const ModelConfig& config) {
+  ModelLimits limits;
+  limits.num_layers = static_cast<uint32_t>(config.num_hidden_layers);
+  limits.num_experts = static_cast<uint32_t>(config.num_experts);
+  limits.hidden_size = static_cast<uint32_t>(config.hidden_size);
+  for (int64_t layer : config.moe_layer_ids()) limits.moe_layers.push_back(static_cast<uint32_t>(layer));
+  return limits;
+}
+
 }  // namespace
 
 int run_worker(const Topology& topology, const std::string& worker_name, int64_t debug_delay_ms) {
@@ -54,6 +64,15 @@ int run_worker(const Topology& topology, const std::string& worker_name, int64_t
   options.port = spec.port;
   options.model_fingerprint = model_fingerprint(*checkpoint);
   options.send_timeout = std::chrono::milliseconds(topology.request_timeout_ms);
+  // A client gets its connect and its whole handshake before the worker drops it unsettled.
+  options.handshake_timeout = std::chrono::milliseconds(topology.connect_timeout_ms + topology.handshake_timeout_ms);
+  options.shared_secret = topology.cluster_secret;
+  options.limits = model_limits(config);
+  if (options.shared_secret.empty()) {
+    spdlog::warn("worker {}: no cluster shared secret configured: anyone who reaches {}:{} can use this worker "
+                 "(set cluster.secret_file; see docs/configuration.md)",
+                 worker_name, spec.host, spec.port);
+  }
   options.debug_delay = std::chrono::milliseconds(debug_delay_ms);
   if (debug_delay_ms > 0) spdlog::warn("worker {}: test-only delay of {} ms before every layer reply", worker_name, debug_delay_ms);
   WorkerServer server(std::move(options), service);

@@ -18,14 +18,21 @@ REPLICA_WORKERS = [("w0", "0-10"), ("w1", "5-15"), ("w2", ["0-4", "11-15"])]
 
 
 def write_replica_topology(source_dir, out_dir, hosts, api_port, timeouts):
-    """A topology of REPLICA_WORKERS on `hosts` (one per worker), the tiny fixture model."""
+    """A topology of REPLICA_WORKERS on `hosts` (one per worker), the tiny fixture model,
+    and a cluster shared secret (a 0600 file in `out_dir`), so every connect, the
+    coordinator's rejoins after a kill included, runs the authenticated handshake. The API
+    has no key: the tests read /cluster/status and stream without one."""
     model = Path(source_dir) / "tests/fixtures/models/qwen3-moe-tiny"
+    secret = Path(out_dir) / "cluster.secret"
+    secret.write_text(os.urandom(32).hex() + "\n")
+    secret.chmod(0o600)
     doc = {
         "model": str(model.resolve()),
         "model_name": "qwen3-moe-tiny",
         "mode": "cluster",
         "api": {"host": "127.0.0.1", "port": api_port},
         "timeouts": timeouts,
+        "cluster": {"secret_file": str(secret)},
         "workers": [{"name": n, "host": h, "port": free_port(), "experts": e}
                     for (n, e), h in zip(REPLICA_WORKERS, hosts)],
     }

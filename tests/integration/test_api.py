@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """End-to-end test of `charm serve` + two `charm worker`s over loopback, driven by the
-official `openai` Python client, then `charm status` and `charm run`.
+official `openai` Python client, then /metrics, `charm status` and `charm run`. The
+cluster runs with a shared secret and the API with a key (both from 0600 files), so the
+handshake, the bearer check and the authenticated `charm status` are exercised too.
 
 Copies the given topology (configs/local-cluster.yaml) to a temporary YAML with free
 loopback ports and an absolute model path, starts the workers and the server, and always
@@ -21,6 +23,7 @@ from pathlib import Path
 import yaml
 
 SKIP = 77
+API_KEY = "sk-charm-integration-0123456789"
 STARTUP_TIMEOUT_S = 180
 REQUEST_TIMEOUT_S = 120
 
@@ -37,7 +40,12 @@ def write_topology(config_path, out_dir):
     model = Path(doc["model"])
     if not model.is_absolute():
         doc["model"] = str((Path(config_path).parent / model).resolve())
-    doc["api"] = {"host": "127.0.0.1", "port": free_port()}
+    secret, key = Path(out_dir) / "cluster.secret", Path(out_dir) / "api.key"
+    for path, text in ((secret, os.urandom(32).hex() + "\n"), (key, API_KEY + "\n")):
+        path.write_text(text)
+        path.chmod(0o600)
+    doc["api"] = {"host": "127.0.0.1", "port": free_port(), "api_key_file": str(key)}
+    doc["cluster"] = {"secret_file": str(secret)}
     for w in doc["workers"]:
         w["host"] = "127.0.0.1"
         w["port"] = free_port()
@@ -113,7 +121,13 @@ def check_usage(usage, what):
 def test_openai_client(base, model_name):
     import openai
 
-    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", timeout=REQUEST_TIMEOUT_S, max_retries=0)
+    wrong = openai.OpenAI(base_url=base + "/v1", api_key="wrong", timeout=REQUEST_TIMEOUT_S, max_retries=0)
+    try:
+        wrong.models.list()
+        raise AssertionError("a wrong API key was accepted")
+    except openai.AuthenticationError as e:
+        check(e.status_code == 401, "a wrong API key gets 401")
+    client = openai.OpenAI(base_url=base + "/v1", api_key=API_KEY, timeout=REQUEST_TIMEOUT_S, max_retries=0)
 
     ids = [m.id for m in client.models.list()]
     check(ids == [model_name], f"models.list is [{model_name}]: {ids}")
@@ -166,6 +180,28 @@ def test_openai_client(base, model_name):
         check(e.status_code == 400 and body.get("param") == "temperature", f"400 naming temperature: {body}")
 
 
+def test_metrics(base, doc):
+    """GET /metrics after the generations above: tokens, TTFT and per-worker RPC moved."""
+    request = urllib.request.Request(base + "/metrics", headers={"Authorization": "Bearer " + API_KEY})
+    with urllib.request.urlopen(request, timeout=10) as r:
+        text = r.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            series, value = line.rsplit(" ", 1)
+            samples[series] = float(value)
+    check(samples.get("charm_completion_tokens_total", 0) > 0, "metrics count completion tokens")
+    check(samples.get("charm_prompt_tokens_total", 0) > 0, "metrics count prompt tokens")
+    check(samples.get("charm_time_to_first_token_seconds_count", 0) >= 4, "metrics observe TTFT per generation")
+    check(samples.get("charm_time_per_output_token_seconds_count", 0) > 0, "metrics observe per-token latency")
+    for w in doc["workers"]:
+        name = w["name"]
+        check(samples.get(f'charm_worker_rpc_seconds_count{{worker="{name}"}}', 0) > 0, f"RPC latency of {name}")
+        check(samples.get(f'charm_worker_up{{worker="{name}"}}') == 1, f"{name} is up in /metrics")
+    check(samples.get('charm_http_requests_total{endpoint="/v1/completions",status="200"}', 0) >= 2,
+          "metrics count HTTP requests by endpoint and status")
+
+
 def test_status(charm, topology, doc):
     r = subprocess.run([charm, "status", "--config", str(topology), "--timeout-ms", "5000"],
                        capture_output=True, text=True, timeout=60)
@@ -180,6 +216,8 @@ def test_status(charm, topology, doc):
         row = dict(zip(header, rows[0]))
         check(row["STATE"] == "up", f"worker {w['name']} is up")
         check(row["EXPERTS"].isdigit() and int(row["EXPERTS"]) > 0, f"worker {w['name']} holds {row['EXPERTS']} experts")
+        check(row["TIERS"] == "ram:" + row["EXPERTS"], f"worker {w['name']} holds its experts in RAM")
+        check(row["LAST_SEEN"] != "-" and row["FAILOVERS"] == "0", f"worker {w['name']}: last seen, no failovers")
 
 
 def test_run(charm, topology):
@@ -216,6 +254,7 @@ def main():
             base = f"http://127.0.0.1:{doc['api']['port']}"
             wait_health(base, procs)
             test_openai_client(base, doc.get("model_name") or Path(doc["model"]).name)
+            test_metrics(base, doc)
             test_status(a.charm, topology, doc)
             test_run(a.charm, topology)
             ok = True

@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "coordinator/cluster_dispatch.h"
+#include "coordinator/metrics.h"
 #include "coordinator/status_report.h"
 #include "rpc_cluster.h"
 #include "tests/support/expect_error.h"
@@ -232,6 +233,74 @@ TEST_CASE("heartbeats find an idle worker gone; it rejoins when back") {
   CHECK(named(d.status(), "b").last_seen_ms >= 0);
 }
 
+TEST_CASE("with a shared secret: failover, a refused and an authenticated rejoin; /metrics counts what status does") {
+  const std::string secret = "failover secret 0123456789abcdef";
+  Replicas r(300ms);
+  for (TestWorker* w : {&r.a, &r.b}) {
+    w->server->stop();
+    w->options.shared_secret = secret;
+  }
+  r.a.restart();
+  r.b.restart(300ms);
+  r.topology.cluster_secret = secret;
+  ClusterDispatcher d(r.topology, r.placement, r.model.fingerprint);
+  Metrics metrics;
+  d.set_metrics(&metrics);
+  const uint32_t rows = 5;
+  const std::vector<float> hidden = noise(rows * kHidden, 11);
+  const auto assignments = routing(rows);
+  const auto want = expected(r.model, 0, hidden, rows, assignments);
+
+  std::vector<float> got(want.size(), -7.0f);
+  d.begin_layer(0, hidden.data(), rows, kHidden, assignments, got.data());
+  r.b.server->stop();
+  d.finish_layer();
+  CHECK(same_bytes(want, got));
+  CHECK(named(d.status(), "b").failovers == 1);
+  CHECK(metrics.failovers("b") == 1);  // one count, two views
+  CHECK(metrics.failovers("a") == 0);
+  const std::string text = metrics.render(d.status());
+  CAPTURE(text);
+  CHECK(text.find("charm_worker_errors_total{worker=\"b\"} 1\n") != std::string::npos);
+  CHECK(text.find("charm_worker_failovers_total{worker=\"b\"} 1\n") != std::string::npos);
+  // a answered its own share and then b's: both round trips are recorded.
+  CHECK(text.find("charm_worker_rpc_seconds_count{worker=\"a\"} 2\n") != std::string::npos);
+
+  // Back with another secret: the rejoin's handshake fails and b stays down, saying why.
+  r.b.options.shared_secret = "not the cluster's secret 0000000";
+  r.b.restart();
+  REQUIRE(eventually([&] { return named(d.status(), "b").last_error.find("shared secret") != std::string::npos; }));
+  CHECK(named(d.status(), "b").state == "down");
+  CHECK(named(d.status(), "b").rejoins == 0);
+
+  // Back with the right one: it rejoins.
+  r.b.server->stop();
+  r.b.options.shared_secret = secret;
+  r.b.restart();
+  REQUIRE(eventually([&] { return named(d.status(), "b").state == "up"; }));
+  CHECK(named(d.status(), "b").rejoins == 1);
+}
+
+TEST_CASE("heartbeats over an authenticated connection keep a worker up") {
+  const std::string secret = "heartbeat secret 0123456789abcdef";
+  Replicas r;
+  for (TestWorker* w : {&r.a, &r.b}) {
+    w->server->stop();
+    w->options.shared_secret = secret;
+    w->restart();
+  }
+  r.topology.cluster_secret = secret;
+  r.topology.heartbeat_ms = 20;
+  ClusterDispatcher d(r.topology, r.placement, r.model.fingerprint);
+  const uint64_t before = r.b.server->health().bytes_in;
+  // Several heartbeats answered (the worker counts their bytes); b never went down, as it
+  // would if one went out unauthenticated (the worker drops such a peer).
+  REQUIRE(eventually([&] { return r.b.server->health().bytes_in > before + 100; }));
+  CHECK(named(d.status(), "b").state == "up");
+  CHECK(named(d.status(), "b").rejoins == 0);
+  CHECK(named(d.status(), "b").last_error.empty());
+}
+
 TEST_CASE("startup: an unreachable replica is left to rejoin; an unreachable sole owner is an error") {
   Replicas r;
   r.b.server->stop();
@@ -269,12 +338,12 @@ TEST_CASE("charm status shows the coordinator's view: slow, down with its error,
   fast.up = true;
   fast.state = "up";
   fast.coordinator = WorkerStatus{"w0", "h:1", "down", 8, 3, 1.0, 2.0, 10, 20, 4, 2, 1500.0, false, "",
-                                  "heartbeat: timed out"};
+                                  "heartbeat: timed out", {{"ram", 8}}};
   slow.name = "w1";
   slow.up = true;
   slow.state = "up";
   slow.coordinator = WorkerStatus{"w1", "h:2", "up", 8, 30, 9.0, 12.0, 10, 20, 0, 0, 3.0, true,
-                                  "layer RTT p50 9.00 ms is over 4x the other workers' median 1.00 ms", ""};
+                                  "layer RTT p50 9.00 ms is over 4x the other workers' median 1.00 ms", "", {{"ram", 8}}};
   status.workers = {fast, slow};
   const std::string table = format_status(status);
   CAPTURE(table);

@@ -12,6 +12,8 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <optional>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -124,6 +126,9 @@ class FakeEngine : public charm::Engine {
         if ((r.text + piece).ends_with(s)) hit_stop = true;
       r.tokens.push_back(piece[0]);
       r.completion_tokens++;
+      // Made-up latencies for /metrics: 5 ms to the first token, 2 ms each after.
+      if (r.completion_tokens == 1) r.ttft_ms = 5;
+      else r.token_latencies_ms.push_back(2);
       if (hit_stop) {  // the fake's stop strings are one character
         r.finish_reason = "stop";
         break;
@@ -144,8 +149,10 @@ class FakeEngine : public charm::Engine {
   std::vector<float> prompt_logits(const std::vector<int32_t>&) override { return {}; }
 
   std::vector<charm::WorkerStatus> cluster_status() const override {
-    charm::WorkerStatus a{"w0", "127.0.0.1:7001", "up", 64, 10, 1.5, 3.0, 1000, 2000, 0, 0, 12.5, false, "", ""};
-    charm::WorkerStatus b{"w1", "127.0.0.1:7002", "down", 0, 0, 0, 0, 0, 0, 2, 1, 800.0, false, "", "heartbeat: timed out"};
+    charm::WorkerStatus a{"w0", "127.0.0.1:7001", "up", 64, 10, 1.5, 3.0, 1000, 2000, 0, 0, 12.5, false, "", "",
+                          {{"ram", 64}}};
+    charm::WorkerStatus b{"w1", "127.0.0.1:7002", "down", 0, 0, 0, 0, 0, 0, 2, 1, 800.0, false, "",
+                          "heartbeat: timed out", {}};
     return {a, b};
   }
 
@@ -282,7 +289,8 @@ TEST_CASE("health, models and cluster status") {
                                 {"experts_held", 64}, {"requests", 10}, {"rtt_p50_ms", 1.5},
                                 {"rtt_p99_ms", 3.0}, {"bytes_out", 1000}, {"bytes_in", 2000},
                                 {"failovers", 0}, {"rejoins", 0}, {"last_seen_ms", 12.5},
-                                {"slow", false}, {"slow_reason", ""}, {"last_error", ""}});
+                                {"slow", false}, {"slow_reason", ""}, {"last_error", ""},
+                                {"experts_by_tier", {{"ram", 64}}}});
   CHECK(c["workers"][1]["state"] == "down");
   CHECK(c["workers"][1]["failovers"] == 2);
   CHECK(c["workers"][1]["rejoins"] == 1);
@@ -773,4 +781,166 @@ TEST_CASE("tool calling and structured output are refused by name, not ignored")
   }
   CHECK_NOTHROW(charm::parse_chat_request(
       R"({"messages":[{"role":"user","content":"hi"}],"tools":[],"tool_choice":"none","response_format":{"type":"text"}})"));
+}
+
+// --- API key and /metrics ------------------------------------------------------------
+
+namespace {
+
+/// A FakeEngine served with an API key and a Metrics the test can read.
+struct ServedWithKey {
+  static constexpr const char* kKey = "sk-test-0123456789abcdef";
+  FakeEngine engine;
+  charm::Metrics metrics;
+  charm::HttpApi api{engine, "127.0.0.1", 0, &metrics};
+  std::unique_ptr<httplib::Client> client;
+  ServedWithKey() {
+    api.set_api_key(kKey);
+    api.start();
+    client = std::make_unique<httplib::Client>("127.0.0.1", api.port());
+    client->set_read_timeout(30, 0);
+  }
+};
+
+/// Checks a 401 with OpenAI's invalid_api_key error body.
+void check_unauthorized(const httplib::Result& res) {
+  REQUIRE(res);
+  CHECK(res->status == 401);
+  CHECK(res->get_header_value("WWW-Authenticate") == "Bearer");
+  json body = json::parse(res->body);
+  CHECK(body["error"]["code"] == "invalid_api_key");
+  CHECK(body["error"]["type"] == "invalid_request_error");
+  CHECK(body["error"]["message"].get<std::string>().find("API key") != std::string::npos);
+}
+
+/// The value of the sample `series` (name with labels, exactly as rendered) in a
+/// Prometheus text body; every line is checked to be a comment or "series value".
+double sample(const std::string& text, const std::string& series) {
+  std::istringstream lines(text);
+  std::optional<double> found;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] == '#') {
+      CHECK((line.rfind("# HELP ", 0) == 0 || line.rfind("# TYPE ", 0) == 0));
+      continue;
+    }
+    const size_t space = line.rfind(' ');
+    REQUIRE(space != std::string::npos);
+    const std::string value = line.substr(space + 1);
+    char* end = nullptr;
+    const double v = std::strtod(value.c_str(), &end);
+    CHECK_MESSAGE((end == value.c_str() + value.size() || value == "+Inf"), line);
+    if (line.substr(0, space) == series) found = v;
+  }
+  if (!found) FAIL("no sample " << series);
+  return found.value_or(0);
+}
+
+}  // namespace
+
+TEST_CASE("an API key is required on every endpoint but /health") {
+  ServedWithKey s;
+  auto health = s.client->Get("/health");
+  REQUIRE(health);
+  CHECK(health->status == 200);
+
+  for (const char* path : {"/v1/models", "/cluster/status", "/metrics", "/no/such/path"}) {
+    INFO(path);
+    check_unauthorized(s.client->Get(path));
+  }
+  check_unauthorized(s.client->Post("/v1/completions", json{{"prompt", "hi"}}.dump(), "application/json"));
+  // A wrong key, a key of another length, another scheme: all 401.
+  for (const char* header : {"Bearer sk-test-0123456789abcdeX", "Bearer short", "Basic c2stdGVzdA==",
+                             "bearer sk-test-0123456789abcdef"}) {
+    INFO(header);
+    check_unauthorized(s.client->Get("/v1/models", {{"Authorization", header}}));
+  }
+
+  s.client->set_bearer_token_auth(ServedWithKey::kKey);
+  auto models = s.client->Get("/v1/models");
+  REQUIRE(models);
+  CHECK(models->status == 200);
+  auto res = s.client->Post("/v1/completions", json{{"prompt", "hi"}, {"max_tokens", 3}}.dump(), "application/json");
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  // With the key, an unknown path is an ordinary 404 again.
+  auto missing = s.client->Get("/no/such/path");
+  REQUIRE(missing);
+  CHECK(missing->status == 404);
+}
+
+TEST_CASE("/metrics: Prometheus text whose counters move with requests") {
+  ServedWithKey s;
+  s.client->set_bearer_token_auth(ServedWithKey::kKey);
+  auto before = s.client->Get("/metrics");
+  REQUIRE(before);
+  REQUIRE(before->status == 200);
+  CHECK(before->get_header_value("Content-Type").find("text/plain; version=0.0.4") == 0);
+  CHECK(sample(before->body, "charm_prompt_tokens_total") == 0);
+  CHECK(sample(before->body, "charm_completion_tokens_total") == 0);
+  CHECK(sample(before->body, "charm_time_to_first_token_seconds_count") == 0);
+  // The engine's workers appear as gauges.
+  CHECK(sample(before->body, "charm_worker_up{worker=\"w0\"}") == 1);
+  CHECK(sample(before->body, "charm_worker_up{worker=\"w1\"}") == 0);
+  CHECK(sample(before->body, "charm_worker_experts_held{worker=\"w0\"}") == 64);
+
+  // "hi" is 2 byte-tokens; 5 tokens generated, whole and streamed.
+  auto whole = s.client->Post("/v1/completions", json{{"prompt", "hi"}, {"max_tokens", 5}}.dump(), "application/json");
+  REQUIRE(whole);
+  REQUIRE(whole->status == 200);
+  auto streamed = s.client->Post("/v1/completions", json{{"prompt", "hi"}, {"max_tokens", 5}, {"stream", true}}.dump(),
+                                 "application/json");
+  REQUIRE(streamed);
+  REQUIRE(streamed->status == 200);
+  auto bad = s.client->Post("/v1/completions", json{{"prompt", 7}}.dump(), "application/json");
+  REQUIRE(bad);
+  REQUIRE(bad->status == 400);
+
+  auto after = s.client->Get("/metrics");
+  REQUIRE(after);
+  const std::string& m = after->body;
+  INFO(m);
+  CHECK(sample(m, "charm_prompt_tokens_total") == 4);
+  CHECK(sample(m, "charm_completion_tokens_total") == 10);
+  CHECK(sample(m, "charm_http_requests_total{endpoint=\"/v1/completions\",status=\"200\"}") == 2);
+  CHECK(sample(m, "charm_http_requests_total{endpoint=\"/v1/completions\",status=\"400\"}") == 1);
+  CHECK(sample(m, "charm_http_requests_total{endpoint=\"/metrics\",status=\"200\"}") == 1);
+  // TTFT 5 ms per generation: in the 0.01 s bucket, not in the 0.0025 one it does not reach.
+  CHECK(sample(m, "charm_time_to_first_token_seconds_count") == 2);
+  CHECK(sample(m, "charm_time_to_first_token_seconds_bucket{le=\"0.01\"}") == 2);
+  CHECK(sample(m, "charm_time_to_first_token_seconds_sum") == doctest::Approx(0.010));
+  // 4 later tokens per generation at 2 ms: le=0.0025 holds all 8, le=0.001 none.
+  CHECK(sample(m, "charm_time_per_output_token_seconds_count") == 8);
+  CHECK(sample(m, "charm_time_per_output_token_seconds_bucket{le=\"0.001\"}") == 0);
+  CHECK(sample(m, "charm_time_per_output_token_seconds_bucket{le=\"0.0025\"}") == 8);
+  CHECK(sample(m, "charm_time_per_output_token_seconds_bucket{le=\"+Inf\"}") == 8);
+}
+
+TEST_CASE("Metrics: histogram buckets are cumulative and label values escaped") {
+  charm::Metrics metrics;
+  metrics.worker_rpc("w\"1\n", 0.0003);
+  metrics.worker_rpc("w\"1\n", 0.004);
+  metrics.worker_rpc("w\"1\n", 100);  // beyond the last bound: only +Inf
+  metrics.worker_error("w2");
+  metrics.failover("w2");
+  metrics.failover("w2");
+  metrics.expert_stats("w2", 6, 1, 4096);
+  const std::string m = metrics.render();
+  INFO(m);
+  const std::string w = "worker=\"w\\\"1\\n\"";
+  CHECK(sample(m, "charm_worker_rpc_seconds_bucket{" + w + ",le=\"0.00025\"}") == 0);
+  CHECK(sample(m, "charm_worker_rpc_seconds_bucket{" + w + ",le=\"0.0005\"}") == 1);
+  CHECK(sample(m, "charm_worker_rpc_seconds_bucket{" + w + ",le=\"0.005\"}") == 2);
+  CHECK(sample(m, "charm_worker_rpc_seconds_bucket{" + w + ",le=\"10\"}") == 2);
+  CHECK(sample(m, "charm_worker_rpc_seconds_bucket{" + w + ",le=\"+Inf\"}") == 3);
+  CHECK(sample(m, "charm_worker_rpc_seconds_count{" + w + "}") == 3);
+  CHECK(sample(m, "charm_worker_errors_total{worker=\"w2\"}") == 1);
+  CHECK(sample(m, "charm_worker_failovers_total{worker=\"w2\"}") == 2);
+  CHECK(metrics.failovers("w2") == 2);
+  CHECK(metrics.failovers("nobody") == 0);
+  CHECK(sample(m, "charm_expert_hits_total{worker=\"w2\"}") == 6);
+  CHECK(sample(m, "charm_expert_misses_total{worker=\"w2\"}") == 1);
+  CHECK(sample(m, "charm_expert_bytes_read_total{worker=\"w2\"}") == 4096);
+  // Every family is declared once, with its type.
+  CHECK(m.find("# TYPE charm_worker_rpc_seconds histogram\n") != std::string::npos);
+  CHECK(m.find("# TYPE charm_http_requests_total counter\n") != std::string::npos);
 }

@@ -149,13 +149,13 @@ TEST_CASE("a model fingerprint mismatch is rejected naming both fingerprints") {
                 ErrorCategory::kProtocol, {"worker 'a'", wrong, cluster.model.fingerprint});
   // And the raw reply says ok=false with both values.
   auto conn = FrameConnection::connect("127.0.0.1", cluster.a.server->port(), 5s, "a");
-  conn->send(encode_hello(HelloMsg{kProtocolVersion, wrong, "test"}), 5s);
+  conn->send(encode_hello(HelloMsg{kProtocolVersion, wrong, "test", ""}), 5s);
   const auto reply = decode_as<HelloReplyMsg>(conn->receive(5s));
   CHECK_FALSE(reply.ok);
   CHECK(reply.error.find(wrong) != std::string::npos);
   CHECK(reply.error.find(cluster.model.fingerprint) != std::string::npos);
   // A wrong protocol version names both versions.
-  conn->send(encode_hello(HelloMsg{kProtocolVersion + 41, cluster.model.fingerprint, "test"}), 5s);
+  conn->send(encode_hello(HelloMsg{kProtocolVersion + 41, cluster.model.fingerprint, "test", ""}), 5s);
   const auto reply2 = decode_as<HelloReplyMsg>(conn->receive(5s));
   CHECK_FALSE(reply2.ok);
   CHECK(reply2.error.find(std::to_string(kProtocolVersion + 41)) != std::string::npos);
@@ -192,7 +192,7 @@ TEST_CASE("malformed frames get an error and a close; the server keeps serving")
   }
   SUBCASE("a bad layerRequest (row out of range)") {
     auto conn = FrameConnection::connect("127.0.0.1", port, 5s, "a");
-    conn->send(encode_hello(HelloMsg{kProtocolVersion, cluster.model.fingerprint, "t"}), 5s);
+    conn->send(encode_hello(HelloMsg{kProtocolVersion, cluster.model.fingerprint, "t", ""}), 5s);
     CHECK(decode_as<HelloReplyMsg>(conn->receive(5s)).ok);
     ExpertRequest req;
     req.hidden_size = kHidden;
@@ -245,7 +245,7 @@ TEST_CASE("errors inside a request come back as layerResponse.error; the connect
   CHECK(r1.response.request_id == 41);
   CHECK(r1.error.find("hello") != std::string::npos);
 
-  conn->send(encode_hello(HelloMsg{kProtocolVersion, cluster.model.fingerprint, "t"}), 5s);
+  conn->send(encode_hello(HelloMsg{kProtocolVersion, cluster.model.fingerprint, "t", ""}), 5s);
   CHECK(decode_as<HelloReplyMsg>(conn->receive(5s)).ok);
   conn->send(encode_layer_request(req), 5s);
   auto r2 = decode_as<LayerResponseMsg>(conn->receive(5s));

@@ -109,11 +109,12 @@ TEST_CASE("layerResponse, hello, helloReply, health and error round trip") {
   resp.response.outputs.clear();
   CHECK(decode_as<LayerResponseMsg>(body_of(encode_layer_response(resp))).error == resp.error);
 
-  HelloMsg hello{kProtocolVersion, "00112233aabbccdd", "coordinator"};
+  HelloMsg hello{kProtocolVersion, "00112233aabbccdd", "coordinator", std::string(kAuthNonceBytes, 7)};
   auto h = decode_as<HelloMsg>(body_of(encode_hello(hello)));
   CHECK(h.protocol_version == kProtocolVersion);
   CHECK(h.model_fingerprint == "00112233aabbccdd");
   CHECK(h.client_name == "coordinator");
+  CHECK(h.client_nonce == hello.client_nonce);
 
   HelloReplyMsg reply;
   reply.ok = true;
@@ -196,7 +197,7 @@ TEST_CASE("trailing words after a valid message are rejected") {
 }
 
 TEST_CASE("the wrong union member is rejected by decode_as, naming both") {
-  const FrameBody hello = body_of(encode_hello(HelloMsg{kProtocolVersion, "ab", "c"}));
+  const FrameBody hello = body_of(encode_hello(HelloMsg{kProtocolVersion, "ab", "c", ""}));
   require_protocol_error([&] { decode_as<ExpertRequest>(hello); }, "expected layerRequest, got hello");
   const FrameBody error = body_of(encode_error("worker exploded"));
   require_protocol_error([&] { decode_as<HelloReplyMsg>(error); }, "worker exploded");

@@ -1,0 +1,50 @@
+// libFuzzer target: one frame as received from a peer (4-byte length prefix + Cap'n Proto
+// body) through split_frame, decode_message and check_layer_request, then re-encoded and
+// decoded again. Any exception other than charm::Error, any sanitizer report, or a
+// re-encoded message that decodes differently is a bug.
+#include <cstdint>
+#include <cstdlib>
+#include <variant>
+
+#include "common/error.h"
+#include "common/wire.h"
+
+namespace {
+
+constexpr uint64_t kMaxFrame = 1 << 20;
+
+// Re-encodes what was decoded; the decode of that must succeed and give the same message.
+charm::Frame encode(const charm::WireMessage& m) {
+  using namespace charm;
+  if (auto* v = std::get_if<HelloMsg>(&m)) return encode_hello(*v);
+  if (auto* v = std::get_if<HelloReplyMsg>(&m)) return encode_hello_reply(*v);
+  if (auto* v = std::get_if<ExpertRequest>(&m)) return encode_layer_request(*v);
+  if (auto* v = std::get_if<LayerResponseMsg>(&m)) return encode_layer_response(*v);
+  if (std::holds_alternative<HealthRequestMsg>(m)) return encode_health_request();
+  if (auto* v = std::get_if<HealthReplyMsg>(&m)) return encode_health_reply(*v);
+  if (auto* v = std::get_if<ErrorMsg>(&m)) return encode_error(v->message);
+  if (auto* v = std::get_if<AuthChallengeMsg>(&m)) return encode_auth_challenge(*v);
+  return encode_auth_response(std::get<AuthResponseMsg>(m));
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  charm::WireMessage message;
+  try {
+    const charm::FrameBody body = charm::split_frame(data, size, kMaxFrame);
+    message = charm::decode_message(body, kMaxFrame);
+  } catch (const charm::Error&) {
+    return 0;
+  }
+  if (auto* request = std::get_if<charm::ExpertRequest>(&message)) {
+    try {
+      charm::check_layer_request(*request, charm::ModelLimits{48, 128, 64, {1, 3, 5}});
+    } catch (const charm::Error&) {
+    }
+  }
+  const charm::Frame again = encode(message);
+  const charm::WireMessage round = charm::decode_message(charm::split_frame(again.data(), again.size()));
+  if (round.index() != message.index() || encode(round) != again) std::abort();
+  return 0;
+}
