@@ -3,6 +3,7 @@
 //   worker  an expert worker of a cluster topology
 //   status  the health of every worker of a topology
 //   run     one generation without HTTP, streamed to stdout, stats to stderr
+//   convert write an expert container (one worker's shard or every expert) from a checkpoint
 // Exit status: 0 success, 1 failure, 2 invalid input (bad flags, config or prompt).
 #include <csignal>
 #include <cstdio>
@@ -23,7 +24,10 @@
 #include "coordinator/engine.h"
 #include "coordinator/http_api.h"
 
+#include "common/checkpoint.h"
+#include "common/model_config.h"
 #include "coordinator/status_report.h"
+#include "worker/expert_convert.h"
 #include "worker/worker_main.h"
 
 namespace charm {
@@ -36,14 +40,25 @@ Topology load_config(const std::string& path) {
   return topology;
 }
 
+/// `--ram-gb` on the command line overrides the YAML's budget for the process it starts.
+void override_ram(StoreSpec& store, const std::optional<double>& ram_gb) {
+  if (ram_gb) store.ram_gb = *ram_gb;
+}
+
 struct ServeArgs {
   std::string config;
+  std::optional<double> ram_gb;
   std::optional<std::string> host;
   std::optional<uint16_t> port;
 };
 
 int serve(const ServeArgs& args) {
   Topology topology = load_config(args.config);
+  if (args.ram_gb && !topology.single_node) {
+    fail_invalid("--ram-gb applies to the in-process experts of mode: single-node; set ram_gb on each worker entry, "
+                 "or pass --ram-gb to charm worker");
+  }
+  override_ram(topology.store, args.ram_gb);
   std::string host = args.host.value_or(topology.api_host);
   uint16_t port = args.port.value_or(topology.api_port);
   spdlog::info("charm serve: loading {} from {}", topology.model_name, topology.model.string());
@@ -62,9 +77,54 @@ int serve(const ServeArgs& args) {
   return 0;
 }
 
-int worker(const std::string& config, const std::string& name) {
+int worker(const std::string& config, const std::string& name, const std::optional<double>& ram_gb) {
   Topology topology = load_config(config);
+  topology.worker(name);  // an unknown name fails here, naming the known ones
+  for (WorkerSpec& w : topology.workers) {
+    if (w.name == name) override_ram(w.store, ram_gb);
+  }
   return run_worker(topology, name);
+}
+
+struct ConvertArgs {
+  std::string checkpoint;
+  std::string out;
+  std::string config;
+  std::string worker;
+  std::string quant = "none";
+  int64_t group_size = 0;
+};
+
+/// `charm convert`: every MoE layer's experts, or only those the topology gives --worker.
+int convert(const ConvertArgs& args) {
+  std::optional<Topology> topology;
+  if (!args.config.empty()) topology = load_config(args.config);
+  if (!args.worker.empty() && !topology) fail_invalid("--worker needs --config (the topology that places the experts)");
+  if (args.checkpoint.empty() && !topology) fail_invalid("give --checkpoint DIR (or --config, whose model is used)");
+  const std::filesystem::path model = args.checkpoint.empty() ? topology->model : std::filesystem::path(args.checkpoint);
+  std::unique_ptr<Checkpoint> checkpoint = Checkpoint::open(model);
+  const ModelConfig config = ModelConfig::parse(checkpoint->config_json(), (model / "config.json").string());
+  std::vector<ExpertKey> experts;
+  if (!args.worker.empty()) {
+    const WorkerSpec& spec = topology->worker(args.worker);
+    experts = owned_experts(*topology, config, static_cast<int>(&spec - topology->workers.data()));
+  } else {
+    for (int64_t layer : config.moe_layer_ids()) {
+      for (int64_t e = 0; e < config.num_experts; ++e) experts.emplace_back(layer, e);
+    }
+  }
+  ConvertOptions options;
+  options.out = args.out;
+  options.quant = args.quant;
+  options.group_size = args.group_size;
+  options.worker = args.worker;
+  const ConvertResult result =
+      convert_experts(*checkpoint, ExpertTensorNames{}, experts, config.hidden_size, config.moe_intermediate_size, options);
+  if (result.already_complete) {
+    std::fprintf(stderr, "charm convert: %s is already a complete container of these %llu experts; nothing to do\n",
+                 args.out.c_str(), static_cast<unsigned long long>(result.experts));
+  }
+  return 0;
 }
 
 /// Prints the cluster table; exit 1 when a worker did not answer.
@@ -133,11 +193,27 @@ int run_cli(int argc, char** argv) {
   serve_cmd->add_option("--config", serve_args.config, "Topology YAML")->required();
   serve_cmd->add_option("--host", serve_args.host, "Listen address (default: the config's api host)");
   serve_cmd->add_option("--port", serve_args.port, "Listen port (default: the config's api port; 0 = any free)");
+  serve_cmd->add_option("--ram-gb", serve_args.ram_gb, "Single-node: GiB of RAM for expert slots (default: every expert resident)")
+      ->check(CLI::PositiveNumber);
 
   std::string worker_config, worker_name;
   CLI::App* worker_cmd = app.add_subcommand("worker", "Run one expert worker of a cluster topology");
   worker_cmd->add_option("--config", worker_config, "Topology YAML")->required();
   worker_cmd->add_option("--name", worker_name, "This worker's name in the topology")->required();
+  std::optional<double> worker_ram_gb;
+  worker_cmd->add_option("--ram-gb", worker_ram_gb, "GiB of RAM for expert slots (overrides the worker's ram_gb)")
+      ->check(CLI::PositiveNumber);
+
+  ConvertArgs convert_args;
+  CLI::App* convert_cmd = app.add_subcommand("convert", "Write an expert container from a checkpoint");
+  convert_cmd->add_option("--checkpoint", convert_args.checkpoint, "HF checkpoint directory (default: the config's model)");
+  convert_cmd->add_option("--out", convert_args.out, "Container directory to write (resumed if interrupted)")->required();
+  convert_cmd->add_option("--config", convert_args.config, "Topology YAML (for --worker)");
+  convert_cmd->add_option("--worker", convert_args.worker, "Write only this worker's experts");
+  convert_cmd->add_option("--quant", convert_args.quant, "LOSSY: int8 or int4 with f32 group scales (default: keep the checkpoint's precision)")
+      ->check(CLI::IsMember({"none", "int8", "int4"}));
+  convert_cmd->add_option("--group-size", convert_args.group_size, "Elements per scale with --quant (default 32)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
 
   std::string status_config;
   int status_timeout_ms = 2000;
@@ -167,7 +243,8 @@ int run_cli(int argc, char** argv) {
     return 2;
   }
   if (*serve_cmd) return serve(serve_args);
-  if (*worker_cmd) return worker(worker_config, worker_name);
+  if (*worker_cmd) return worker(worker_config, worker_name, worker_ram_gb);
+  if (*convert_cmd) return convert(convert_args);
   if (*status_cmd) return status(status_config, status_timeout_ms);
   if (*workers_cmd) return list_workers(workers_config);
   return run(run_args);

@@ -245,9 +245,13 @@ ConvertResult convert_experts(const Checkpoint& checkpoint, const ExpertTensorNa
 
   json j = header.to_json();
   j["data_bytes"] = cursor;
-  j["experts"] = json::array();
-  for (const auto& r : records) j["experts"].push_back(r.to_json());
-  publish(index, j.dump(1) + "\n");  // published last: only now is it a container
+  // One expert per line: readable, and diffable between two conversions.
+  std::string text = j.dump();
+  text.pop_back();
+  text += ",\n\"experts\": [\n";
+  for (size_t i = 0; i < records.size(); ++i) text += records[i].to_json().dump() + (i + 1 < records.size() ? ",\n" : "\n");
+  text += "]}\n";
+  publish(index, text);  // published last: only now is it a container
   fs::remove(journal);
   result.experts = records.size();
   result.data_bytes = cursor;
