@@ -75,13 +75,15 @@ void publish(const fs::path& path, const std::string& text) {
   dir.sync();
 }
 
+/// Every header field that differs, "quant (\"int8\" there, \"none\" now), ...".
 std::string differing_field(const ContainerHeader& a, const ContainerHeader& b) {
   const json ja = a.to_json();
   const json jb = b.to_json();
+  std::string out;
   for (const auto& [key, value] : ja.items()) {
-    if (jb[key] != value) return key + " (" + value.dump() + " there, " + jb[key].dump() + " now)";
+    if (jb[key] != value) out += (out.empty() ? "" : ", ") + key + " (" + value.dump() + " there, " + jb[key].dump() + " now)";
   }
-  return "?";
+  return out;
 }
 
 /// The layout an expert gets in the container: the checkpoint's dtypes, or quantised.
