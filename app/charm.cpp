@@ -128,10 +128,10 @@ int convert(const ConvertArgs& args) {
 }
 
 /// Prints the cluster table; exit 1 when a worker did not answer.
-int status(const std::string& config, int timeout_ms) {
+int status(const std::string& config, int timeout_ms, bool layers) {
   Topology topology = load_config(config);
   ClusterStatus report = collect_status(topology, timeout_ms);
-  std::cout << format_status(report) << std::flush;
+  std::cout << format_status(report, layers) << std::flush;
   return report.all_up ? 0 : 1;
 }
 
@@ -220,6 +220,8 @@ int run_cli(int argc, char** argv) {
   CLI::App* status_cmd = app.add_subcommand("status", "Show the health of every worker; exit 1 if one is down");
   status_cmd->add_option("--config", status_config, "Topology YAML")->required();
   status_cmd->add_option("--timeout-ms", status_timeout_ms, "Per-worker timeout")->check(CLI::Range(1, 3600000));
+  bool status_layers = false;
+  status_cmd->add_flag("--layers", status_layers, "Also show each worker's expert-tier counters per MoE layer");
 
   RunArgs run_args;
   CLI::App* run_cmd = app.add_subcommand("run", "Generate one continuation without HTTP");
@@ -245,7 +247,7 @@ int run_cli(int argc, char** argv) {
   if (*serve_cmd) return serve(serve_args);
   if (*worker_cmd) return worker(worker_config, worker_name, worker_ram_gb);
   if (*convert_cmd) return convert(convert_args);
-  if (*status_cmd) return status(status_config, status_timeout_ms);
+  if (*status_cmd) return status(status_config, status_timeout_ms, status_layers);
   if (*workers_cmd) return list_workers(workers_config);
   return run(run_args);
 }

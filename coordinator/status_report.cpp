@@ -110,6 +110,19 @@ std::vector<WorkerStatus> query_coordinator(const Topology& topology, int timeou
   }
 }
 
+// "87.5%", or "-" when nothing was looked up yet.
+std::string hit_rate(const TierStats& t) {
+  const uint64_t lookups = t.hits + t.misses;
+  return lookups == 0 ? "-" : fixed(100.0 * static_cast<double>(t.hits) / static_cast<double>(lookups), 1) + "%";
+}
+
+std::string tier_line(const std::string& worker, uint32_t layer, const TierStats& t) {
+  return worker + " layer " + std::to_string(layer) + ": hits " + std::to_string(t.hits) + ", misses " +
+         std::to_string(t.misses) + " (" + hit_rate(t) + " hit), read " + bytes_text(t.bytes_read) + ", io wait " +
+         fixed(static_cast<double>(t.io_wait_ns) / 1e6, 2) + " ms, disk " + fixed(static_cast<double>(t.disk_ns) / 1e6, 2) +
+         " ms, prefetch used " + std::to_string(t.prefetch_hits) + "/" + std::to_string(t.prefetch_issued) + "\n";
+}
+
 }  // namespace
 
 StatusExpectations expected_status(const Topology& topology) {
@@ -222,16 +235,18 @@ ClusterStatus collect_status(const Topology& topology, int timeout_ms) {
   return status;
 }
 
-std::string format_status(const ClusterStatus& status) {
+std::string format_status(const ClusterStatus& status, bool layers) {
   using Row = std::vector<std::string>;
-  std::vector<Row> table = {{"WORKER", "ADDRESS", "STATE", "EXPERTS", "REQUESTS", "PING_MS",
-                             "RTT_P50_MS", "RTT_P99_MS", "BYTES_IN", "BYTES_OUT"}};
+  std::vector<Row> table = {{"WORKER", "ADDRESS", "STATE", "EXPERTS", "REQUESTS", "HIT_RATE", "DISK_READ",
+                             "PING_MS", "RTT_P50_MS", "RTT_P99_MS", "BYTES_IN", "BYTES_OUT"}};
   for (const WorkerStatusRow& w : status.workers) {
     const auto& h = w.health;
     const auto& c = w.coordinator;
     table.push_back({w.name, w.address, state_of(w),
                      h ? std::to_string(h->experts_held) : "-",
                      h ? std::to_string(h->requests_served) : "-",
+                     h ? hit_rate(h->tier) : "-",
+                     h ? bytes_text(h->tier.bytes_read) : "-",
                      w.up ? fixed(w.ping_ms, 2) : "-",
                      c ? fixed(c->rtt_p50_ms, 2) : "-",
                      c ? fixed(c->rtt_p99_ms, 2) : "-",
@@ -257,6 +272,12 @@ std::string format_status(const ClusterStatus& status) {
     if (state != "up") out += w.name + " is " + state + ": " + w.error + "\n";
   }
   for (const std::string& note : status.notes) out += note + "\n";
+  if (layers) {
+    for (const WorkerStatusRow& w : status.workers) {
+      if (!w.health) continue;
+      for (const auto& [layer, t] : w.health->tier_layers) out += tier_line(w.name, layer, t);
+    }
+  }
   if (!status.coordinator_reachable) {
     out += "coordinator at " + status.coordinator_address + " is unreachable (" +
            status.coordinator_error + "): RTT and byte columns are \"-\"\n";
