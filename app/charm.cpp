@@ -102,9 +102,11 @@ int run(const RunArgs& args) {
   std::fputc('\n', stdout);
   std::fflush(stdout);  // the stats line goes to stderr after the text, not inside it
   std::fprintf(stderr,
-               "prompt tokens: %lld, generated tokens: %lld, finish: %s, TTFT: %.1f ms, decode: %.2f tok/s\n",
+               "prompt tokens: %lld, generated tokens: %lld, finish: %s, TTFT: %.1f ms, decode: %.2f tok/s, "
+               "KV cache: %lld bytes/token\n",
                static_cast<long long>(result.prompt_tokens), static_cast<long long>(result.completion_tokens),
-               result.finish_reason.c_str(), result.ttft_ms, result.decode_tokens_per_s);
+               result.finish_reason.c_str(), result.ttft_ms, result.decode_tokens_per_s,
+               static_cast<long long>(result.kv_bytes_per_token));
   return 0;
 }
 

@@ -78,6 +78,27 @@ std::string with_layer(const std::string& pattern, int layer) {
   return pattern.substr(0, pos) + std::to_string(layer) + pattern.substr(pos + 2);
 }
 
+/// quantization_config of config.json: nullopt without one; the fp8 block size for
+/// quant_method "fp8" (DeepSeek-V3); throws naming the field for anything else.
+std::optional<std::pair<int64_t, int64_t>> read_fp8_block(const nlohmann::json& config, const std::string& where) {
+  if (!config.contains("quantization_config") || config["quantization_config"].is_null()) return std::nullopt;
+  const auto& q = config["quantization_config"];
+  if (!q.is_object()) fail_invalid(where + ": field 'quantization_config' is not a JSON object");
+  const std::string method = q.value("quant_method", std::string());
+  if (method != "fp8") {
+    fail_unsupported(where + ": quantization_config.quant_method '" + method + "' is not supported (supported: fp8)");
+  }
+  if (q.contains("fmt") && q["fmt"] != "e4m3") {
+    fail_unsupported(where + ": quantization_config.fmt " + q["fmt"].dump() + " is not supported (supported: e4m3)");
+  }
+  const auto& b = q.contains("weight_block_size") ? q["weight_block_size"] : nlohmann::json();
+  if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer() ||
+      b[0].get<int64_t>() <= 0 || b[1].get<int64_t>() <= 0) {
+    fail_invalid(where + ": quantization_config.weight_block_size must be two positive integers, got " + b.dump());
+  }
+  return std::pair{b[0].get<int64_t>(), b[1].get<int64_t>()};
+}
+
 }  // namespace
 
 std::unique_ptr<Checkpoint> Checkpoint::open(const std::filesystem::path& dir) {
@@ -85,6 +106,7 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::filesystem::path& dir) {
   self->dir_ = dir;
   if (!std::filesystem::is_directory(dir)) fail_invalid(dir.string() + ": not a checkpoint directory");
   self->config_ = read_json(dir / "config.json");
+  self->fp8_block_ = read_fp8_block(self->config_, (dir / "config.json").string());
   const auto gen_path = dir / "generation_config.json";
   self->generation_config_ =
       std::filesystem::exists(gen_path) ? read_json(gen_path) : nlohmann::json::object();
@@ -154,7 +176,34 @@ std::vector<float> Checkpoint::load_f32(const std::string& name, const std::vect
   }
   std::vector<float> out(info->numel());
   convert_to_f32(info->dtype, file_of(*info).mapped(*info), out.data(), out.size());
+  if (info->dtype == DType::kF8E4M3) dequantise_fp8(*info, out);
   return out;
+}
+
+void Checkpoint::dequantise_fp8(const TensorInfo& info, std::vector<float>& weight) const {
+  const std::string where = info.file.string() + ": F8_E4M3 tensor '" + info.name + "'";
+  if (info.shape.size() != 2) fail_invalid(where + " has shape " + shape_text(info.shape) + ", expected 2-D");
+  if (!fp8_block_) fail_invalid(where + " needs quantization_config.weight_block_size in config.json");
+  const std::string scale_name = info.name + "_scale_inv";
+  const TensorInfo* scale_info = find(scale_name);
+  if (scale_info == nullptr) fail_invalid(where + " has no scale tensor '" + scale_name + "'");
+  if (scale_info->dtype == DType::kF8E4M3) fail_invalid(info.file.string() + ": scale tensor '" + scale_name + "' is F8_E4M3");
+  const auto [br, bc] = *fp8_block_;
+  const int64_t rows = info.shape[0], cols = info.shape[1];
+  const int64_t srows = (rows + br - 1) / br, scols = (cols + bc - 1) / bc;
+  if (scale_info->shape != std::vector<int64_t>{srows, scols}) {
+    fail_invalid(scale_info->file.string() + ": scale tensor '" + scale_name + "' has shape " +
+                 shape_text(scale_info->shape) + ", expected " + shape_text({srows, scols}) + " for '" + info.name +
+                 "' " + shape_text(info.shape) + " in blocks of [" + std::to_string(br) + ", " + std::to_string(bc) +
+                 "]");
+  }
+  std::vector<float> scale(scale_info->numel());
+  convert_to_f32(scale_info->dtype, file_of(*scale_info).mapped(*scale_info), scale.data(), scale.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* s = scale.data() + (r / br) * scols;
+    float* w = weight.data() + r * cols;
+    for (int64_t c = 0; c < cols; ++c) w[c] *= s[c / bc];
+  }
 }
 
 namespace {
@@ -199,6 +248,10 @@ ExpertWeights Checkpoint::load_expert(const ExpertTensorNames& names, int layer,
   };
   // Checks [E, rows, cols] with expert < E; returns the element offset of the expert's slice.
   auto expert_slice = [&](const TensorInfo& t, int64_t rows, int64_t cols, const std::string& what) {
+    if (t.dtype == DType::kF8E4M3) {
+      fail_unsupported(t.file.string() + ": tensor '" + t.name + "' is a fused 3-D F8_E4M3 expert tensor; only " +
+                       "per-expert fp8 tensors with block scales are read");
+    }
     if (t.shape.size() != 3 || t.shape[1] != rows || t.shape[2] != cols) {
       expect_shape(t, {t.shape.empty() ? 0 : t.shape[0], rows, cols}, what);
     }
@@ -223,6 +276,9 @@ ExpertWeights Checkpoint::load_expert(const ExpertTensorNames& names, int layer,
     w.gate = read_elements(file_of(*gate), *gate, 0, slice);
     w.up = read_elements(file_of(*up), *up, 0, slice);
     w.down = read_elements(file_of(*down), *down, 0, slice);
+    for (auto [info, values] : {std::pair{gate, &w.gate}, {up, &w.up}, {down, &w.down}}) {
+      if (info->dtype == DType::kF8E4M3) dequantise_fp8(*info, *values);
+    }
     return w;
   }
 
