@@ -108,3 +108,18 @@ TEST_CASE("olmoe-tiny (fused expert tensors): single node and two workers give b
   const Outcome two = run_split("olmoe-tiny", {"\"0-2\"", "\"3-7\""});
   check_identical(single, two);
 }
+
+TEST_CASE("deepseek-v3-tiny (shared experts on the coordinator): single node and two workers give bit-identical logits") {
+  const Outcome single = run_split("deepseek-v3-tiny", {});
+  const Outcome two = run_split("deepseek-v3-tiny", {"\"0-7\"", "\"8-15\""});
+  check_identical(single, two);
+  REQUIRE(two.status.size() == 2);
+  CHECK(two.status[0].experts_held == 8 * 3);  // 3 MoE layers: first_k_dense_replace = 1
+  CHECK(two.status[1].experts_held == 8 * 3);
+}
+
+TEST_CASE("deepseek-v3-tiny-fp8 (workers dequantise fp8 experts): single node and two workers give bit-identical logits") {
+  const Outcome single = run_split("deepseek-v3-tiny-fp8", {});
+  const Outcome two = run_split("deepseek-v3-tiny-fp8", {"\"0-5\"", "\"6-15\""});
+  check_identical(single, two);
+}
