@@ -144,28 +144,39 @@ Routing softmax_topk(const float* router_logits, size_t rows, size_t num_experts
   return routing;
 }
 
+RoutedExpertsCall::RoutedExpertsCall(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows,
+                                     size_t hidden, Routing routing)
+    : dispatcher_(dispatcher), rows_(rows), hidden_(hidden), routing_(std::move(routing)) {
+  const size_t k = routing_.top_k;
+  assignments_.resize(rows * k);
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t j = 0; j < k; ++j) {
+      assignments_[r * k + j] = ExpertAssignment{static_cast<uint32_t>(r), routing_.experts[r * k + j]};
+    }
+  }
+  outputs_.resize(assignments_.size() * hidden);
+  dispatcher_.begin_layer(layer, x, static_cast<uint32_t>(rows), static_cast<uint32_t>(hidden), assignments_,
+                          outputs_.data());
+}
+
+void RoutedExpertsCall::finish(float* out) {
+  dispatcher_.finish_layer();
+  // Combine in rank order: the one place routed outputs are summed (placement invariant).
+  const size_t k = routing_.top_k;
+  for (size_t r = 0; r < rows_; ++r) {
+    float* o = out + r * hidden_;
+    std::fill(o, o + hidden_, 0.0f);
+    for (size_t j = 0; j < k; ++j) {
+      const float w = routing_.weights[r * k + j];
+      const float* y = outputs_.data() + (r * k + j) * hidden_;
+      for (size_t d = 0; d < hidden_; ++d) o[d] += w * y[d];
+    }
+  }
+}
+
 void routed_experts(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows, size_t hidden,
                     const Routing& routing, float* out) {
-  const size_t k = routing.top_k;
-  std::vector<ExpertAssignment> assignments(rows * k);
-  for (size_t r = 0; r < rows; ++r) {
-    for (size_t j = 0; j < k; ++j) {
-      assignments[r * k + j] = ExpertAssignment{static_cast<uint32_t>(r), routing.experts[r * k + j]};
-    }
-  }
-  std::vector<float> outputs(assignments.size() * hidden);
-  dispatcher.run_layer(layer, x, static_cast<uint32_t>(rows), static_cast<uint32_t>(hidden), assignments,
-                       outputs.data());
-  // Combine in rank order: the one place routed outputs are summed (placement invariant).
-  for (size_t r = 0; r < rows; ++r) {
-    float* o = out + r * hidden;
-    std::fill(o, o + hidden, 0.0f);
-    for (size_t j = 0; j < k; ++j) {
-      const float w = routing.weights[r * k + j];
-      const float* y = outputs.data() + (r * k + j) * hidden;
-      for (size_t d = 0; d < hidden; ++d) o[d] += w * y[d];
-    }
-  }
+  RoutedExpertsCall(dispatcher, layer, x, rows, hidden, routing).finish(out);
 }
 
 }  // namespace charm

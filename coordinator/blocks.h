@@ -113,9 +113,31 @@ struct Routing {
 /// first), renormalised to sum 1 when `norm_topk_prob` (Qwen3MoeTopKRouter, OlmoeTopKRouter).
 Routing softmax_topk(const float* router_logits, size_t rows, size_t num_experts, size_t top_k, bool norm_topk_prob);
 
-/// Runs the routed experts of `layer` for x [rows, hidden] through `dispatcher` and writes
-/// out[r] = sum over ranks k (in rank order) of weights[r,k] * expert_k(x[r]). The sum
-/// happens here, in one fixed order, so it is the same whatever the placement.
+/// The routed-expert step of one MoE layer while it is in flight: the constructor sends
+/// x [rows, hidden]'s assignments through `dispatcher` (begin_layer) and returns, so the
+/// caller can run a shared expert meanwhile; finish() waits and writes out[r] = sum over
+/// ranks k (in rank order) of weights[r,k] * expert_k(x[r]). The sum happens here, in one
+/// fixed order, so it is the same whatever the placement. `x` must stay unchanged and the
+/// dispatcher must see no other layer until finish() returns. Errors as
+/// ExpertDispatcher::begin_layer / finish_layer.
+class RoutedExpertsCall {
+ public:
+  RoutedExpertsCall(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows, size_t hidden,
+                    Routing routing);
+  /// out [rows, hidden]: the weighted rank-order sum.
+  void finish(float* out);
+
+ private:
+  ExpertDispatcher& dispatcher_;
+  size_t rows_;
+  size_t hidden_;
+  Routing routing_;
+  std::vector<ExpertAssignment> assignments_;
+  std::vector<float> outputs_;  // [rows * top_k, hidden], unweighted, rank order per row
+};
+
+/// Runs the routed experts of `layer` for x [rows, hidden] to completion (a
+/// RoutedExpertsCall begun and finished at once): out [rows, hidden].
 void routed_experts(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows, size_t hidden,
                     const Routing& routing, float* out);
 

@@ -196,10 +196,25 @@ void ClusterDispatcher::receive_reply(Worker& worker, Batch& batch, uint32_t lay
   worker.rtt.add(rtt_ms);
 }
 
-void ClusterDispatcher::run_layer(uint32_t layer, const float* hidden, uint32_t num_rows,
-                                  uint32_t hidden_size,
-                                  const std::vector<ExpertAssignment>& assignments,
-                                  float* outputs) {
+void ClusterDispatcher::fail_batch(size_t w, Batch& batch, const Error& e) {
+  batch.error = Error(e.category(),
+                      workers_[w]->label + ", layer " + std::to_string(pending_layer_) + ": " + e.message());
+  mark_down(*workers_[w]);
+}
+
+void ClusterDispatcher::begin_layer(uint32_t layer, const float* hidden, uint32_t num_rows,
+                                    uint32_t hidden_size,
+                                    const std::vector<ExpertAssignment>& assignments,
+                                    float* outputs) {
+  if (has_pending_) {
+    // The caller threw between begin and finish: read the stale replies so every
+    // connection is back in step, and drop them.
+    try {
+      finish_layer();
+    } catch (const Error& e) {
+      spdlog::warn("coordinator: dropped an unfinished layer: {}", e.message());
+    }
+  }
   const auto found = placement_.find(layer);
   if (found == placement_.end()) {
     fail_invalid("layer " + std::to_string(layer) + " is not a MoE layer of the placement map");
@@ -229,32 +244,39 @@ void ClusterDispatcher::run_layer(uint32_t layer, const float* hidden, uint32_t 
     b.origin.push_back(static_cast<uint32_t>(i));
   }
 
+  pending_ = std::move(batches);
+  pending_layer_ = layer;
+  pending_hidden_size_ = hidden_size;
+  pending_outputs_ = outputs;
+  has_pending_ = true;
   // Every request goes out before any reply is read, so the workers compute in parallel.
-  auto fail = [&](size_t w, const Error& e) {
-    batches[w].error = Error(e.category(), workers_[w]->label + ", layer " +
-                                               std::to_string(layer) + ": " + e.message());
-    mark_down(*workers_[w]);
-  };
   for (size_t w = 0; w < workers_.size(); ++w) {
-    if (batches[w].origin.empty()) continue;
+    if (pending_[w].origin.empty()) continue;
     try {
-      send_request(*workers_[w], batches[w], layer, hidden_size, hidden);
+      send_request(*workers_[w], pending_[w], layer, hidden_size, hidden);
     } catch (const Error& e) {
-      fail(w, e);
+      fail_batch(w, pending_[w], e);
     }
   }
+}
+
+void ClusterDispatcher::finish_layer() {
+  if (!has_pending_) fail_internal("finish_layer without begin_layer");
+  has_pending_ = false;
+  std::vector<Batch> batches = std::move(pending_);
+  pending_.clear();
   for (size_t w = 0; w < workers_.size(); ++w) {
     if (!batches[w].in_flight || batches[w].error) continue;
     try {
-      receive_reply(*workers_[w], batches[w], layer, hidden_size, outputs);
+      receive_reply(*workers_[w], batches[w], pending_layer_, pending_hidden_size_, pending_outputs_);
     } catch (const Error& e) {
       // A reply with an error field leaves the stream in step; anything else does not.
       if (e.category() == ErrorCategory::kUnavailable && workers_[w]->conn &&
           workers_[w]->conn->is_open()) {
         batches[w].error = Error(e.category(), workers_[w]->label + ", layer " +
-                                                   std::to_string(layer) + ": " + e.message());
+                                                   std::to_string(pending_layer_) + ": " + e.message());
       } else {
-        fail(w, e);
+        fail_batch(w, batches[w], e);
       }
     }
   }

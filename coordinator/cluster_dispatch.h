@@ -19,8 +19,8 @@
 namespace charm {
 
 /// ExpertDispatcher over remote workers.
-/// Thread-safety: one run_layer at a time (as ExpertDispatcher says); status() may be
-/// called concurrently with run_layer from another thread.
+/// Thread-safety: one layer at a time (as ExpertDispatcher says); status() may be
+/// called concurrently from another thread.
 class ClusterDispatcher final : public ExpertDispatcher {
  public:
   /// Connects to every worker of `topology` within topology.connect_timeout_ms and does
@@ -34,16 +34,20 @@ class ClusterDispatcher final : public ExpertDispatcher {
                     std::string model_fingerprint);
   ~ClusterDispatcher() override;
 
-  /// Groups `assignments` by owning worker, sends each worker one layerRequest holding
-  /// only the rows its assignments use (row ids remapped), sends every request before
-  /// reading any reply, then reads the replies within topology.request_timeout_ms and
-  /// scatters them into `outputs` in the original assignment order. Outputs are the
-  /// workers' bytes unchanged. Throws Error(kInvalidInput) for a layer absent from the
-  /// placement or an expert id out of range, Error(kUnavailable) naming the worker and
-  /// layer when a worker fails, times out or returns an error (its connection is closed
-  /// and re-established on the next call), Error(kProtocol) for a malformed reply.
-  void run_layer(uint32_t layer, const float* hidden, uint32_t num_rows, uint32_t hidden_size,
-                 const std::vector<ExpertAssignment>& assignments, float* outputs) override;
+  /// Groups `assignments` by owning worker and sends each worker one layerRequest holding
+  /// only the rows its assignments use (row ids remapped); every request goes out before
+  /// any reply is read, so the workers compute in parallel. Throws Error(kInvalidInput)
+  /// for a layer absent from the placement or an expert id out of range. A worker that
+  /// cannot be sent to is reported by finish_layer.
+  void begin_layer(uint32_t layer, const float* hidden, uint32_t num_rows, uint32_t hidden_size,
+                   const std::vector<ExpertAssignment>& assignments, float* outputs) override;
+
+  /// Reads the replies of the begun layer within topology.request_timeout_ms of each send
+  /// and scatters them into `outputs` in the original assignment order, the workers'
+  /// bytes unchanged. Throws Error(kUnavailable) naming the worker and layer when a
+  /// worker fails, times out or returns an error (its connection is closed and
+  /// re-established on the next call), Error(kProtocol) for a malformed reply.
+  void finish_layer() override;
 
   /// One entry per worker: "up" while connected, "down" after a failure.
   std::vector<WorkerStatus> status() const override;
@@ -59,6 +63,7 @@ class ClusterDispatcher final : public ExpertDispatcher {
   void receive_reply(Worker& worker, Batch& batch, uint32_t layer, uint32_t hidden_size,
                      float* outputs);
   void mark_down(Worker& worker);
+  void fail_batch(size_t w, Batch& batch, const Error& e);
 
   std::string model_fingerprint_;
   std::map<int64_t, std::vector<int>> placement_;
@@ -67,6 +72,12 @@ class ClusterDispatcher final : public ExpertDispatcher {
   std::chrono::milliseconds startup_timeout_;
   std::vector<std::unique_ptr<Worker>> workers_;
   uint64_t next_request_id_ = 1;
+  // The begun layer, between begin_layer and finish_layer.
+  std::vector<Batch> pending_;
+  uint32_t pending_layer_ = 0;
+  uint32_t pending_hidden_size_ = 0;
+  float* pending_outputs_ = nullptr;
+  bool has_pending_ = false;
   mutable std::mutex stats_mutex_;  // guards every Worker's statistics and state
 };
 

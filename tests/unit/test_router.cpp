@@ -46,9 +46,18 @@ namespace {
 class RecordingDispatcher : public ExpertDispatcher {
  public:
   std::vector<ExpertAssignment> seen;
-  void run_layer(uint32_t, const float* hidden, uint32_t, uint32_t hidden_size,
-                 const std::vector<ExpertAssignment>& assignments, float* outputs) override {
+  const float* hidden = nullptr;
+  uint32_t hidden_size = 0;
+  float* outputs = nullptr;
+  void begin_layer(uint32_t, const float* x, uint32_t, uint32_t width,
+                   const std::vector<ExpertAssignment>& assignments, float* out) override {
     seen = assignments;
+    hidden = x;
+    hidden_size = width;
+    outputs = out;
+  }
+  void finish_layer() override {
+    const std::vector<ExpertAssignment>& assignments = seen;
     for (size_t i = 0; i < assignments.size(); ++i) {
       for (size_t d = 0; d < hidden_size; ++d) {
         outputs[i * hidden_size + d] = static_cast<float>(assignments[i].expert + 1) *

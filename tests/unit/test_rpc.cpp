@@ -211,6 +211,28 @@ TEST_CASE("two remote workers produce the bytes the local executor produces") {
   CHECK(health.bytes_out == status[0].bytes_in);
 }
 
+TEST_CASE("begin_layer returns with requests in flight; an abandoned layer is drained") {
+  Cluster cluster;
+  auto local_store = cluster.model.store({0, 1, 2, 3});
+  ExpertExecutor local(*local_store);
+  ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint);
+  const std::vector<float> hidden = noise(5 * kHidden, 21);
+  const auto assignments = routing(5);
+  std::vector<float> want(assignments.size() * kHidden);
+  local.run_into(2, hidden.data(), 5, assignments, want.data());
+
+  // Begun and never finished (the caller threw): its replies are still on the wire.
+  std::vector<float> abandoned(assignments.size() * kHidden);
+  dispatcher.begin_layer(2, hidden.data(), 5, kHidden, assignments, abandoned.data());
+
+  std::vector<float> got(assignments.size() * kHidden, -7.0f);
+  dispatcher.begin_layer(2, hidden.data(), 5, kHidden, assignments, got.data());
+  dispatcher.finish_layer();
+  CHECK(cluster.a.server->health().requests_served == 2);  // the abandoned one was answered and dropped
+  CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
+  require_error([&] { dispatcher.finish_layer(); }, ErrorCategory::kInternal, {"begin_layer"});
+}
+
 TEST_CASE("bytes on the wire per token per layer") {
   // Request: per row hidden_size*4 bytes + 8 bytes per assignment (composite list
   // element: one data word) + a fixed envelope; response: hidden_size*4 bytes per
