@@ -4,7 +4,7 @@
 // the interleaved layout), a dense SwiGLU MLP in the first first_k_dense_replace layers
 // and, after them, DeepseekV3MoE: the group-limited sigmoid router
 // (coordinator/routers.h), the routed experts through the ExpertDispatcher, plus the
-// shared experts computed here on the coordinator.
+// shared experts computed here on the coordinator while the routed requests are out.
 #include <string>
 #include <vector>
 
@@ -36,15 +36,15 @@ struct DeepseekV3Moe {
     return moe;
   }
 
-  /// out [rows, hidden] = routed(x) + shared_experts(x).
+  /// out [rows, hidden] = routed(x) + shared_experts(x). The shared experts run here
+  /// while the routed requests are in flight.
   void operator()(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows, float* out) const {
     const size_t hidden = gate.gate.in;
-    const Routing routing = gate(x, rows);
-    routed_experts(dispatcher, layer, x, rows, hidden, routing, out);
-    if (!has_shared) return;
-    std::vector<float> shared(rows * hidden);
-    shared_experts(x, rows, shared.data());
-    add_residual(out, shared.data(), rows * hidden);
+    RoutedExpertsCall routed(dispatcher, layer, x, rows, hidden, gate(x, rows));
+    std::vector<float> shared(has_shared ? rows * hidden : 0);
+    if (has_shared) shared_experts(x, rows, shared.data());
+    routed.finish(out);
+    if (has_shared) add_residual(out, shared.data(), rows * hidden);
   }
 };
 
