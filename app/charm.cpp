@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <omp.h>
 #include <spdlog/spdlog.h>
 
@@ -62,9 +64,9 @@ int serve(const ServeArgs& args) {
   return 0;
 }
 
-int worker(const std::string& config, const std::string& name) {
+int worker(const std::string& config, const std::string& name, int64_t debug_delay_ms) {
   Topology topology = load_config(config);
-  return run_worker(topology, name);
+  return run_worker(topology, name, debug_delay_ms);
 }
 
 /// Prints the cluster table; exit 1 when a worker did not answer.
@@ -82,7 +84,16 @@ struct RunArgs {
   double temperature = 1.0;
   std::optional<uint64_t> seed;
   bool chat = false;
+  std::string logits_out;  // first-step logits, raw little-endian f32 [vocab_size]
+  std::string ids_out;     // {"prompt_ids": [...], "new_ids": [...]} as JSON
 };
+
+/// Writes `data` to `path`, throwing Error(kIo) naming the path on failure.
+void write_file(const std::string& path, const void* data, size_t size) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(size));
+  if (!out) charm::fail_io(path + ": cannot write");
+}
 
 int run(const RunArgs& args) {
   Topology topology = load_config(args.config);
@@ -101,6 +112,15 @@ int run(const RunArgs& args) {
   });
   std::fputc('\n', stdout);
   std::fflush(stdout);  // the stats line goes to stderr after the text, not inside it
+  // For comparisons with a reference implementation (scripts/check_demo.py).
+  if (!args.logits_out.empty()) {
+    const std::vector<float> logits = engine->prompt_logits(prompt);
+    write_file(args.logits_out, logits.data(), logits.size() * sizeof(float));
+  }
+  if (!args.ids_out.empty()) {
+    const std::string ids = nlohmann::json{{"prompt_ids", prompt}, {"new_ids", result.tokens}}.dump() + "\n";
+    write_file(args.ids_out, ids.data(), ids.size());
+  }
   std::fprintf(stderr,
                "prompt tokens: %lld, generated tokens: %lld, finish: %s, TTFT: %.1f ms, decode: %.2f tok/s, "
                "KV cache: %lld bytes/token\n",
@@ -140,6 +160,9 @@ int run_cli(int argc, char** argv) {
   CLI::App* worker_cmd = app.add_subcommand("worker", "Run one expert worker of a cluster topology");
   worker_cmd->add_option("--config", worker_config, "Topology YAML")->required();
   worker_cmd->add_option("--name", worker_name, "This worker's name in the topology")->required();
+  int64_t worker_delay_ms = 0;
+  worker_cmd->add_option("--debug-delay-ms", worker_delay_ms, "TEST ONLY: delay every layer reply (a slow worker)")
+      ->check(CLI::Range(int64_t{0}, int64_t{3600000}));
 
   std::string status_config;
   int status_timeout_ms = 2000;
@@ -154,6 +177,9 @@ int run_cli(int argc, char** argv) {
   run_cmd->add_option("--temperature", run_args.temperature, "0 = greedy")->check(CLI::Range(0.0, 100.0));
   run_cmd->add_option("--seed", run_args.seed, "Sampling seed");
   run_cmd->add_flag("--chat", run_args.chat, "Wrap the prompt as one user message in the chat template");
+  run_cmd->add_option("--logits-out", run_args.logits_out,
+                      "Also write the logits after the prompt (raw little-endian f32, [vocab_size])");
+  run_cmd->add_option("--ids-out", run_args.ids_out, "Also write the prompt and generated token ids (JSON)");
   run_cmd->add_option("prompt", run_args.prompt, "Prompt text")->required();
 
   std::string workers_config;
@@ -169,7 +195,7 @@ int run_cli(int argc, char** argv) {
     return 2;
   }
   if (*serve_cmd) return serve(serve_args);
-  if (*worker_cmd) return worker(worker_config, worker_name);
+  if (*worker_cmd) return worker(worker_config, worker_name, worker_delay_ms);
   if (*status_cmd) return status(status_config, status_timeout_ms);
   if (*workers_cmd) return list_workers(workers_config);
   return run(run_args);

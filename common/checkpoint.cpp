@@ -229,6 +229,17 @@ void expect_shape(const TensorInfo& info, const std::vector<int64_t>& want, cons
 
 }  // namespace
 
+ExpertTensorNames expert_tensor_names(const std::string& architecture) {
+  ExpertTensorNames names;
+  if (architecture == "MixtralForCausalLM") {
+    names.prefix = "model.layers.{}.block_sparse_moe.experts";
+    names.gate = "w1";
+    names.up = "w3";
+    names.down = "w2";
+  }
+  return names;
+}
+
 ExpertWeights Checkpoint::load_expert(const ExpertTensorNames& names, int layer, int expert,
                                       int64_t hidden_size, int64_t intermediate_size) const {
   const std::string prefix = with_layer(names.prefix, layer);

@@ -37,6 +37,11 @@ struct ExpertTensorNames {
   std::string gate_up = "gate_up_proj";  ///< fused gate+up name in the fused 3-D layout
 };
 
+/// The routed-expert tensor names the hub checkpoints of `architecture` (config.json's
+/// architectures[0]) use: MixtralForCausalLM's "model.layers.{}.block_sparse_moe.experts"
+/// with w1 (gate), w3 (up), w2 (down); every other family the defaults above.
+ExpertTensorNames expert_tensor_names(const std::string& architecture);
+
 /// One routed expert's SwiGLU weights in f32, row-major.
 struct ExpertWeights {
   std::vector<float> gate;  ///< [moe_intermediate_size, hidden_size]

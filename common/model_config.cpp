@@ -53,6 +53,37 @@ void require_positive(const std::string& source, const char* key, int64_t value)
   if (value <= 0) fail_invalid(source + ": field '" + key + "' must be positive, got " + std::to_string(value));
 }
 
+// --- Qwen2-MoE and Mixtral -------------------------------------------------------------
+
+/// Qwen2MoeConfig's own fields (transformers models/qwen2_moe/configuration_qwen2_moe.py):
+/// the gated shared expert's width, qkv_bias (default true), and the sliding window,
+/// which charm does not implement: use_sliding_window true is refused.
+void parse_qwen2_moe_fields(const json& j, const std::string& source, ModelConfig& c) {
+  c.shared_expert_intermediate_size = get_int(j, source, "shared_expert_intermediate_size", std::nullopt);
+  require_positive(source, "shared_expert_intermediate_size", c.shared_expert_intermediate_size);
+  c.qkv_bias = get_bool(j, source, "qkv_bias", true);
+  if (get_bool(j, source, "use_sliding_window", false)) {
+    fail_unsupported(source + ": field 'use_sliding_window' is true; sliding-window attention is not "
+                     "implemented for Qwen2MoeForCausalLM");
+  }
+}
+
+/// MixtralConfig's own rule: every layer is a sparse MoE block (norm_topk_prob is
+/// implied: MixtralTopKRouter always renormalises the top-k), no shared expert, and a
+/// sliding window that charm accepts only when it can never bite, i.e. when it is null
+/// or at least max_position_embeddings (the context charm allows).
+void parse_mixtral_fields(const json& j, const std::string& source, ModelConfig& c) {
+  c.norm_topk_prob = true;
+  c.mlp_only_layers.clear();
+  c.decoder_sparse_step = 1;
+  const int64_t window = get_int(j, source, "sliding_window", 0);
+  if (window != 0 && window < c.max_position_embeddings) {
+    fail_unsupported(source + ": field 'sliding_window' is " + std::to_string(window) +
+                     ", below max_position_embeddings (" + std::to_string(c.max_position_embeddings) +
+                     "); sliding-window attention is not implemented for MixtralForCausalLM");
+  }
+}
+
 // ---- DeepSeek-V3 ----------------------------------------------------------------------
 
 /// Reads the "yarn" or "default" rope scaling of a DeepSeek-V3 config (hub spelling
@@ -194,12 +225,18 @@ ModelConfig ModelConfig::parse(const json& j, const std::string& source) {
   }
   c.architecture = j["architectures"][0].get<std::string>();
   if (c.architecture != "Qwen3MoeForCausalLM" && c.architecture != "OlmoeForCausalLM" &&
+      c.architecture != "Qwen2MoeForCausalLM" && c.architecture != "MixtralForCausalLM" &&
       c.architecture != "DeepseekV3ForCausalLM") {
     fail_unsupported(source + ": architecture '" + c.architecture +
-                     "' is not supported (supported: Qwen3MoeForCausalLM, OlmoeForCausalLM, DeepseekV3ForCausalLM)");
+                     "' is not supported (supported: Qwen3MoeForCausalLM, OlmoeForCausalLM, "
+                     "Qwen2MoeForCausalLM, MixtralForCausalLM, DeepseekV3ForCausalLM)");
   }
   const bool olmoe = c.architecture == "OlmoeForCausalLM";
+  const bool mixtral = c.architecture == "MixtralForCausalLM";
   const bool deepseek = c.architecture == "DeepseekV3ForCausalLM";
+  // MixtralConfig names the routed-expert count num_local_experts (attribute_map),
+  // DeepseekV3Config n_routed_experts.
+  const char* num_experts_key = mixtral ? "num_local_experts" : deepseek ? "n_routed_experts" : "num_experts";
   if (j.contains("model_type") && j["model_type"].is_string()) c.model_type = j["model_type"].get<std::string>();
 
   c.vocab_size = get_int(j, source, "vocab_size", std::nullopt);
@@ -208,29 +245,30 @@ ModelConfig ModelConfig::parse(const json& j, const std::string& source) {
   c.num_hidden_layers = get_int(j, source, "num_hidden_layers", std::nullopt);
   c.num_attention_heads = get_int(j, source, "num_attention_heads", std::nullopt);
   c.num_key_value_heads = get_int(j, source, "num_key_value_heads", c.num_attention_heads);
-  c.num_experts = get_int(j, source, deepseek ? "n_routed_experts" : "num_experts", std::nullopt);
+  c.num_experts = get_int(j, source, num_experts_key, std::nullopt);
   c.num_experts_per_tok = get_int(j, source, "num_experts_per_tok", std::nullopt);
   for (auto [key, value] : {std::pair{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
                             {"intermediate_size", c.intermediate_size}, {"num_hidden_layers", c.num_hidden_layers},
                             {"num_attention_heads", c.num_attention_heads},
-                            {"num_key_value_heads", c.num_key_value_heads}, {"num_experts", c.num_experts},
+                            {"num_key_value_heads", c.num_key_value_heads}, {num_experts_key, c.num_experts},
                             {"num_experts_per_tok", c.num_experts_per_tok}}) {
     require_positive(source, key, value);
   }
   c.head_dim = get_int(j, source, "head_dim", c.hidden_size / c.num_attention_heads);
   require_positive(source, "head_dim", c.head_dim);
   if (c.num_experts_per_tok > c.num_experts) {
-    fail_invalid(source + ": num_experts_per_tok (" + std::to_string(c.num_experts_per_tok) +
-                 ") exceeds num_experts (" + std::to_string(c.num_experts) + ")");
+    fail_invalid(source + ": num_experts_per_tok (" + std::to_string(c.num_experts_per_tok) + ") exceeds " +
+                 num_experts_key + " (" + std::to_string(c.num_experts) + ")");
   }
   if (c.num_attention_heads % c.num_key_value_heads != 0) {
     fail_invalid(source + ": num_attention_heads must be a multiple of num_key_value_heads");
   }
-  // OLMoE's routed experts use intermediate_size and it has no dense layers.
-  c.moe_intermediate_size = olmoe ? c.intermediate_size : get_int(j, source, "moe_intermediate_size", std::nullopt);
+  // OLMoE's and Mixtral's routed experts use intermediate_size and they have no dense layers.
+  c.moe_intermediate_size = (olmoe || mixtral) ? c.intermediate_size
+                                               : get_int(j, source, "moe_intermediate_size", std::nullopt);
   require_positive(source, "moe_intermediate_size", c.moe_intermediate_size);
   c.norm_topk_prob = get_bool(j, source, "norm_topk_prob", false);
-  if (!olmoe) {
+  if (!olmoe && !mixtral) {
     c.decoder_sparse_step = get_int(j, source, "decoder_sparse_step", 1);
     require_positive(source, "decoder_sparse_step", c.decoder_sparse_step);
     c.mlp_only_layers = get_id_list(j, source, "mlp_only_layers");
@@ -259,6 +297,8 @@ ModelConfig ModelConfig::parse(const json& j, const std::string& source) {
   c.bos_token_id = bos.empty() ? -1 : bos.front();
   if (c.rms_norm_eps <= 0) fail_invalid(source + ": field 'rms_norm_eps' must be positive");
   if (c.rope_theta <= 0) fail_invalid(source + ": field 'rope_theta' must be positive");
+  if (c.architecture == "Qwen2MoeForCausalLM") parse_qwen2_moe_fields(j, source, c);
+  if (mixtral) parse_mixtral_fields(j, source, c);
   if (deepseek) parse_deepseek_v3(j, source, c);
   return c;
 }

@@ -52,6 +52,14 @@ struct ModelConfig {
   std::vector<int64_t> eos_token_ids;  ///< from config.json; generation_config adds more
   int64_t bos_token_id = -1;
 
+  // --- Qwen2-MoE and Mixtral (coordinator/qwen2_moe.cpp, coordinator/mixtral.cpp) ---
+  /// Qwen2-MoE: width of the gated shared expert (`mlp.shared_expert`); 0 for families
+  /// without one.
+  int64_t shared_expert_intermediate_size = 0;
+  /// Qwen2-MoE: biases on q_proj, k_proj and v_proj (not o_proj); transformers' default
+  /// is true, and the hub configs (Qwen1.5-MoE, Qwen2-57B-A14B) do not spell it out.
+  bool qkv_bias = false;
+
   // ---- DeepSeek-V3 (DeepseekV3Config, transformers' configuration_deepseek_v3.py). ----
   // num_experts holds n_routed_experts and head_dim holds qk_rope_head_dim (as
   // DeepseekV3Config sets it). Zero / empty for the other families.
@@ -76,13 +84,16 @@ struct ModelConfig {
   /// The ids of every MoE layer, ascending.
   std::vector<int64_t> moe_layer_ids() const;
 
-  /// Parses `config` (the contents of `source`, used in messages). Throws
+  /// Parses `config` (the contents of `source`, used in messages). Supported
+  /// architectures: Qwen3MoeForCausalLM, OlmoeForCausalLM, Qwen2MoeForCausalLM,
+  /// MixtralForCausalLM (routed experts: `num_local_experts` of width
+  /// `intermediate_size`). Throws
   /// Error(kInvalidInput) naming `source` and the field for a missing required field or
   /// a field of the wrong JSON type or out of range; Error(kUnsupported) naming the
-  /// architecture when it is not one charm implements, and naming the field and value for
-  /// a setting charm does not implement (a rope scaling type other than "yarn" for
-  /// DeepSeek-V3 or any for the others, scoring_func other than "sigmoid", topk_method
-  /// other than "noaux_tc", moe_layer_freq other than 1).
+  /// architecture when it is not one charm implements, and naming the field (and value)
+  /// for a feature charm does not implement: scaled RoPE (DeepSeek-V3: a rope type other
+  /// than "yarn"), a sliding window that would bite, scoring_func other than "sigmoid",
+  /// topk_method other than "noaux_tc", moe_layer_freq other than 1.
   static ModelConfig parse(const nlohmann::json& config, const std::string& source);
 };
 

@@ -105,6 +105,29 @@ void rope_attention(const Rope& rope, float* q, float* k, const float* v, size_t
   o_proj(attn.data(), rows, out);
 }
 
+RopeGqaAttention RopeGqaAttention::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,
+                                        size_t num_heads, size_t num_kv_heads, size_t head_dim, bool qkv_bias) {
+  RopeGqaAttention a;
+  a.num_heads = num_heads;
+  a.num_kv_heads = num_kv_heads;
+  a.head_dim = head_dim;
+  a.q_proj = Linear::load(ckpt, prefix + ".q_proj", num_heads * head_dim, hidden, qkv_bias);
+  a.k_proj = Linear::load(ckpt, prefix + ".k_proj", num_kv_heads * head_dim, hidden, qkv_bias);
+  a.v_proj = Linear::load(ckpt, prefix + ".v_proj", num_kv_heads * head_dim, hidden, qkv_bias);
+  a.o_proj = Linear::load(ckpt, prefix + ".o_proj", hidden, num_heads * head_dim);
+  return a;
+}
+
+void RopeGqaAttention::operator()(const Rope& rope, const float* x, size_t rows, size_t pos0, KvCache& cache,
+                                  size_t layer, float* out) const {
+  std::vector<float> q(rows * q_proj.out), k(rows * k_proj.out), v(rows * v_proj.out);
+  q_proj(x, rows, q.data());
+  k_proj(x, rows, k.data());
+  v_proj(x, rows, v.data());
+  rope_attention(rope, q.data(), k.data(), v.data(), rows, pos0, cache, layer, num_heads, num_kv_heads, head_dim,
+                 o_proj, out);
+}
+
 DenseMlp DenseMlp::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden, size_t intermediate) {
   return DenseMlp{Linear::load(ckpt, prefix + ".gate_proj", intermediate, hidden),
                   Linear::load(ckpt, prefix + ".up_proj", intermediate, hidden),
@@ -217,10 +240,32 @@ SoftmaxTopkMoe SoftmaxTopkMoe::load(const Checkpoint& ckpt, const std::string& p
 
 void SoftmaxTopkMoe::operator()(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows,
                                 float* out) const {
+  begin(dispatcher, layer, x, rows).finish(out);
+}
+
+RoutedExpertsCall SoftmaxTopkMoe::begin(ExpertDispatcher& dispatcher, uint32_t layer, const float* x,
+                                        size_t rows) const {
   std::vector<float> router_logits(rows * router.out);
   router(x, rows, router_logits.data());
-  const Routing routing = softmax_topk(router_logits.data(), rows, router.out, top_k, norm_topk_prob);
-  routed_experts(dispatcher, layer, x, rows, router.in, routing, out);
+  return RoutedExpertsCall(dispatcher, layer, x, rows, router.in,
+                           softmax_topk(router_logits.data(), rows, router.out, top_k, norm_topk_prob));
+}
+
+GatedSharedExpert GatedSharedExpert::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,
+                                          size_t intermediate) {
+  return GatedSharedExpert{DenseMlp::load(ckpt, prefix + ".shared_expert", hidden, intermediate),
+                           Linear::load(ckpt, prefix + ".shared_expert_gate", 1, hidden)};
+}
+
+void GatedSharedExpert::operator()(const float* x, size_t rows, float* out) const {
+  const size_t hidden = gate.in;
+  std::vector<float> g(rows);
+  gate(x, rows, g.data());
+  mlp(x, rows, out);
+  for (size_t r = 0; r < rows; ++r) {
+    const float scale = 1.0f / (1.0f + std::exp(-g[r]));  // sigmoid
+    for (size_t d = 0; d < hidden; ++d) out[r * hidden + d] *= scale;
+  }
 }
 
 }  // namespace charm

@@ -77,6 +77,20 @@ void rope_attention(const Rope& rope, float* q, float* k, const float* v, size_t
                     size_t layer, size_t num_heads, size_t num_kv_heads, size_t head_dim, const Linear& o_proj,
                     float* out);
 
+/// The plain Llama-style attention block (MixtralAttention, Qwen2MoeAttention): q/k/v
+/// projections (biased when `qkv_bias`), no q/k norm, then rope_attention; o_proj has no
+/// bias. Weights "<prefix>.{q,k,v,o}_proj.weight" (+ ".bias" for q/k/v).
+struct RopeGqaAttention {
+  Linear q_proj, k_proj, v_proj, o_proj;
+  size_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
+  static RopeGqaAttention load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden, size_t num_heads,
+                               size_t num_kv_heads, size_t head_dim, bool qkv_bias);
+  /// out [rows, hidden] for x [rows, hidden] (normed) at positions pos0..; stores the
+  /// positions' K/V in the cache of `layer`.
+  void operator()(const Rope& rope, const float* x, size_t rows, size_t pos0, KvCache& cache, size_t layer,
+                  float* out) const;
+};
+
 /// Dense SwiGLU MLP: down(silu(gate(x)) * up(x)) (Qwen3MoeMLP).
 struct DenseMlp {
   Linear gate, up, down;
@@ -124,6 +138,10 @@ class RoutedExpertsCall {
  public:
   RoutedExpertsCall(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows, size_t hidden,
                     Routing routing);
+  // The dispatcher holds the addresses of assignments_ and outputs_ until finish():
+  // the call must not move.
+  RoutedExpertsCall(const RoutedExpertsCall&) = delete;
+  RoutedExpertsCall& operator=(const RoutedExpertsCall&) = delete;
   /// out [rows, hidden]: the weighted rank-order sum.
   void finish(float* out);
 
@@ -153,6 +171,22 @@ struct SoftmaxTopkMoe {
                              size_t top_k, bool norm_topk_prob);
   /// out [rows, hidden] = the block's output for x [rows, hidden] on MoE layer `layer`.
   void operator()(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows, float* out) const;
+  /// Routes x [rows, hidden] and sends its experts (the first half of operator()): the
+  /// caller may compute a shared expert before calling finish(out) on the result.
+  /// `x` must stay unchanged until then.
+  RoutedExpertsCall begin(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows) const;
+};
+
+/// A shared expert scaled by a learned sigmoid gate per position (Qwen2MoeSparseMoeBlock's
+/// shared_expert and shared_expert_gate): out[r] = sigmoid(gate . x[r]) * mlp(x[r]).
+/// Runs on the coordinator, between the routed experts' begin and finish.
+struct GatedSharedExpert {
+  DenseMlp mlp;  ///< "<prefix>.shared_expert.{gate,up,down}_proj", width `intermediate`
+  Linear gate;   ///< "<prefix>.shared_expert_gate" [1, hidden], no bias
+  static GatedSharedExpert load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,
+                                size_t intermediate);
+  /// out [rows, hidden] for x [rows, hidden].
+  void operator()(const float* x, size_t rows, float* out) const;
 };
 
 }  // namespace charm

@@ -16,8 +16,8 @@ std::unique_ptr<ExpertDispatcher> make_dispatcher(const Topology& topology, cons
   for (int64_t l : config.moe_layer_ids()) {
     for (int64_t e = 0; e < config.num_experts; ++e) all.emplace_back(l, e);
   }
-  local.store = std::make_unique<ExpertStore>(checkpoint, ExpertTensorNames{}, all, config.hidden_size,
-                                              config.moe_intermediate_size);
+  local.store = std::make_unique<ExpertStore>(checkpoint, expert_tensor_names(config.architecture), all,
+                                              config.hidden_size, config.moe_intermediate_size);
   local.executor = std::make_unique<ExpertExecutor>(*local.store);
   return std::make_unique<LocalDispatcher>(*local.executor);
 }

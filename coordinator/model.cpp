@@ -12,6 +12,8 @@ std::unique_ptr<Model> load_model(const Checkpoint& checkpoint, const ModelConfi
                                   ExpertDispatcher& dispatcher) {
   if (config.architecture == "Qwen3MoeForCausalLM") return load_qwen3_moe(checkpoint, config, dispatcher);
   if (config.architecture == "OlmoeForCausalLM") return load_olmoe(checkpoint, config, dispatcher);
+  if (config.architecture == "Qwen2MoeForCausalLM") return load_qwen2_moe(checkpoint, config, dispatcher);
+  if (config.architecture == "MixtralForCausalLM") return load_mixtral(checkpoint, config, dispatcher);
   if (config.architecture == "DeepseekV3ForCausalLM") return load_deepseek_v3(checkpoint, config, dispatcher);
   fail_unsupported("architecture '" + config.architecture + "' has no model family in charm");
 }

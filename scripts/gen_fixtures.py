@@ -10,6 +10,12 @@ Writes, under tests/fixtures/models/:
                    (model.layers.L.mlp.experts.gate_up_proj [E, 2I, H], gate rows first,
                    and model.layers.L.mlp.experts.down_proj [E, H, I]) in one
                    model.safetensors.
+  qwen2-moe-tiny/  Qwen2MoeForCausalLM: per-expert hub layout as qwen3-moe-tiny, plus the
+                   gated shared expert (mlp.shared_expert.{gate,up,down}_proj.weight,
+                   mlp.shared_expert_gate.weight [1, H]) and q/k/v biases.
+  mixtral-tiny/    MixtralForCausalLM in Mixtral's hub names:
+                   model.layers.L.block_sparse_moe.gate.weight and
+                   model.layers.L.block_sparse_moe.experts.E.{w1,w3,w2}.weight (gate, up, down).
 
 Each directory gets config.json (hub layout, as the published checkpoints spell it),
 generation_config.json, tokenizer.json (relative symlink to the shared tokenizer fixture),
@@ -28,9 +34,9 @@ torch runs on one thread. If a candidate seed gives a greedy step whose top-1/to
 gap is below MIN_TOP_GAP, a router choice whose k-th/(k+1)-th logit margin is below
 MIN_ROUTER_MARGIN, or too few distinct experts, the next seed is tried (and printed).
 
-Usage: python3 scripts/gen_fixtures.py [DIR ...]   (CPU, a few minutes; needs torch,
-       transformers; DIRs limit it to those models, deepseek-v3-tiny meaning both DeepSeek
-       directories)
+Usage: python3 scripts/gen_fixtures.py [FIXTURE ...]   (default: every fixture; CPU, a few
+       minutes; needs torch, transformers). Naming fixtures regenerates only those;
+       deepseek-v3-tiny stands for both DeepSeek directories (bf16 and fp8).
 """
 
 from __future__ import annotations
@@ -135,6 +141,74 @@ OLMOE_CONFIG = {
     "vocab_size": 151936,
 }
 
+# --- Qwen2-MoE and Mixtral (issue 4) ---------------------------------------------------
+# Hub layout of Qwen/Qwen1.5-MoE-A2.7B: no qkv_bias key (transformers' default true: q/k/v
+# biased), use_sliding_window false with a sliding_window value present, no head_dim.
+QWEN2_MOE_CONFIG = {
+    "architectures": ["Qwen2MoeForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "decoder_sparse_step": 1,
+    "eos_token_id": 151643,
+    "hidden_act": "silu",
+    "hidden_size": 32,
+    "initializer_range": 0.3,
+    "intermediate_size": 96,
+    "max_position_embeddings": 8192,
+    "max_window_layers": 2,
+    "mlp_only_layers": [1],
+    "model_type": "qwen2_moe",
+    "moe_intermediate_size": 16,
+    "norm_topk_prob": False,
+    "num_attention_heads": 4,
+    "num_experts": 16,
+    "num_experts_per_tok": 4,
+    "num_hidden_layers": 4,
+    "num_key_value_heads": 2,
+    "output_router_logits": False,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.001,
+    "shared_expert_intermediate_size": 48,
+    "sliding_window": 32768,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "transformers_version": transformers.__version__,
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
+# Hub layout of mistralai/Mixtral-8x7B-v0.1: num_local_experts, experts of width
+# intermediate_size, sliding_window null, rope_theta 1e6. Qwen token ids (shared tokenizer).
+MIXTRAL_CONFIG = {
+    "architectures": ["MixtralForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151643,
+    "hidden_act": "silu",
+    "hidden_size": 32,
+    "initializer_range": 0.3,
+    "intermediate_size": 24,
+    "max_position_embeddings": 32768,
+    "model_type": "mixtral",
+    "num_attention_heads": 4,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 3,
+    "num_key_value_heads": 2,
+    "num_local_experts": 8,
+    "output_router_logits": False,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.02,
+    "sliding_window": None,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "transformers_version": transformers.__version__,
+    "use_cache": True,
+    "vocab_size": 151936,
+}
+
 PROMPTS = [
     {"name": "english", "text": "The quick brown fox jumps over the lazy dog. In 2024, "
                                 "the village by the sea held its 17th annual festival, and"},
@@ -156,6 +230,10 @@ MODELS = [
      "expert_layout": "per_expert", "shards": 2, "template": "qwen3"},
     {"dir": "olmoe-tiny", "config": OLMOE_CONFIG, "eos": OLMOE_EOS, "seed": 2000,
      "expert_layout": "fused", "shards": 1, "template": "qwen2.5"},
+    {"dir": "qwen2-moe-tiny", "config": QWEN2_MOE_CONFIG, "eos": 151643, "seed": 3000,
+     "expert_layout": "per_expert", "shards": 1, "template": "qwen2.5"},
+    {"dir": "mixtral-tiny", "config": MIXTRAL_CONFIG, "eos": 151643, "seed": 4000,
+     "expert_layout": "mixtral", "shards": 1, "template": "qwen3"},
 ]
 
 LOAD_KW = {"dtype": torch.float32, "attn_implementation": "eager",
@@ -211,9 +289,28 @@ def hub_state_dict(model: torch.nn.Module, layout: str) -> dict[str, torch.Tenso
             prefix = name[: -len("down_proj")]
             for e in range(t.shape[0]):
                 out[f"{prefix}{e}.down_proj.weight"] = t[e].clone()
+        elif layout == "mixtral" and ".mlp." in name:
+            out.update(mixtral_hub_tensors(name, t))
         else:
             out[name] = t
     return out
+
+
+def mixtral_hub_tensors(name: str, t: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Mixtral's hub names for one in-memory MoE tensor: transformers 5 renames
+    .block_sparse_moe. to .mlp. and fuses experts.{e}.w1/w3 (gate/up) into
+    experts.gate_up_proj and experts.{e}.w2 (down) into experts.down_proj on load
+    (conversion_mapping.py, "mixtral"); this undoes both."""
+    hub = name.replace(".mlp.", ".block_sparse_moe.")
+    if hub.endswith("experts.gate_up_proj"):
+        prefix = hub[: -len("gate_up_proj")]
+        inter = t.shape[1] // 2
+        return {**{f"{prefix}{e}.w1.weight": t[e, :inter].clone() for e in range(t.shape[0])},
+                **{f"{prefix}{e}.w3.weight": t[e, inter:].clone() for e in range(t.shape[0])}}
+    if hub.endswith("experts.down_proj"):
+        prefix = hub[: -len("down_proj")]
+        return {f"{prefix}{e}.w2.weight": t[e].clone() for e in range(t.shape[0])}
+    return {hub: t}  # the router, block_sparse_moe.gate.weight
 
 
 def layer_of(name: str) -> int:
@@ -459,6 +556,15 @@ def acceptable(ref: dict, num_experts: int) -> str | None:
 
 # ----------------------------------------------------------------------------- per model
 
+def num_experts_of(cfg: dict) -> int:
+    """Routed experts per layer: num_experts, Mixtral's num_local_experts or DeepSeek-V3's
+    n_routed_experts."""
+    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
+        if key in cfg:
+            return cfg[key]
+    raise KeyError("no expert count in the config")
+
+
 def check_config(config, cfg: dict) -> None:
     """transformers must read config.json (hub layout) into the intended values."""
     rope = config.rope_parameters
@@ -466,12 +572,15 @@ def check_config(config, cfg: dict) -> None:
     assert rope["rope_theta"] == cfg["rope_theta"] and rope["rope_type"] == scaling["type"], rope
     for key, want in scaling.items():
         assert key == "type" or rope[key] == want, f"rope {key}: read {rope.get(key)!r}, wrote {want!r}"
-    num_experts = cfg.get("num_experts", cfg.get("n_routed_experts"))
-    assert config.num_local_experts == num_experts if "n_routed_experts" in cfg else \
-        config.num_experts == num_experts, "number of experts not read"
+    read = config.num_local_experts if "n_routed_experts" in cfg else config.num_experts
+    assert read == num_experts_of(cfg), "number of experts not read"
     for key, want in cfg.items():
         if key in ("rope_theta", "rope_scaling", "torch_dtype", "transformers_version",
                    "architectures", "model_type", "num_experts", "quantization_config"):
+            continue
+        if key == "sliding_window" and cfg.get("use_sliding_window") is False:
+            # Qwen2MoeConfig.__post_init__ sets it to 0 when use_sliding_window is false.
+            assert config.sliding_window == 0, config.sliding_window
             continue
         got = getattr(config, key)
         assert got == want, f"config {key}: transformers read {got!r}, wrote {want!r}"
@@ -587,7 +696,7 @@ def generate_model(spec: dict, base_tok) -> dict:
         model = build_model(model_dir, seed, std, len(tok))
         with torch.no_grad():
             ref = compute_reference(model, prompts, eos)
-        why = acceptable(ref, cfg["num_experts"])
+        why = acceptable(ref, num_experts_of(cfg))
         if why is None:
             break
         print(f"  seed {seed} rejected: {why}; trying seed {seed + 1}")
@@ -961,9 +1070,13 @@ def main() -> None:
     if not QWEN25_TEMPLATE.exists():
         sys.exit(f"missing {QWEN25_TEMPLATE}")
     base_tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
-    only = set(sys.argv[1:])  # optional: directory names to regenerate
-    summary = [generate_model(spec, base_tok) for spec in MODELS if not only or spec["dir"] in only]
-    if not only or DEEPSEEK["dir"] in only:
+    known = [spec["dir"] for spec in MODELS] + [DEEPSEEK["dir"]]
+    wanted = sys.argv[1:] or known
+    unknown = set(wanted) - set(known)
+    if unknown:
+        sys.exit(f"unknown fixture(s) {sorted(unknown)}; known: {known}")
+    summary = [generate_model(spec, base_tok) for spec in MODELS if spec["dir"] in wanted]
+    if DEEPSEEK["dir"] in wanted:
         summary += generate_deepseek(DEEPSEEK, base_tok)
     total = sum(s["size"] for s in summary)
     print(f"total {total / 1e6:.2f} MB; min gaps "

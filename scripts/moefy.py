@@ -19,7 +19,7 @@ Subcommands
              with a progress display, and verifies every file's sha256 against the manifest.
 
 Usage
-  scripts/moefy.py build [--cache DIR] [--gguf FILE] [--out DIR] [--no-verify]
+  scripts/moefy.py build [--cache DIR] [--gguf FILE] [--out DIR] [--no-verify] [--reuse]
   scripts/moefy.py calibrate [--gguf FILE] [--experts 16] [--shared 512] [--seqs 48]
   scripts/moefy.py fetch [--cache DIR]
 """
@@ -592,6 +592,21 @@ def write_checkpoint(tensor_iter, out: Path) -> list[str]:
     return names + ["model.safetensors.index.json"]
 
 
+def verified_before(out: Path, manifest: dict) -> bool:
+    """True when out/SHA256SUMS (written by a finished build) lists exactly the manifest's
+    checkpoint checksums and every file it names exists with a plausible size. Cheap: the
+    1.26 GB are not re-hashed; `build` without --reuse re-creates and re-verifies them."""
+    want = manifest.get("checkpoint_sha256", {})
+    sums = out / "SHA256SUMS"
+    if not want or not sums.is_file():
+        return False
+    got = {}
+    for line in sums.read_text().splitlines():
+        digest, _, name = line.partition("  ")
+        got[name] = digest
+    return got == want and all((out / f).is_file() and (out / f).stat().st_size > 0 for f in got)
+
+
 def build(args) -> Path:
     """Fast path: GGUF + artefacts -> checkpoint directory; verifies checksums. Returns it."""
     import gguf
@@ -601,7 +616,13 @@ def build(args) -> Path:
     choice = manifest.get("choices", {})
     gguf_path = args.gguf or fetch_gguf(args.cache)
     out = args.out or (args.cache / "checkpoint")
+    if args.reuse and verified_before(out, manifest):
+        print(f"[moefy] reusing {out} (its SHA256SUMS match {MANIFEST})", file=sys.stderr)
+        print(out)
+        return out
     out.mkdir(parents=True, exist_ok=True)
+    # SHA256SUMS is written last: an interrupted build leaves none, so --reuse rebuilds.
+    (out / "SHA256SUMS").unlink(missing_ok=True)
     want_art = manifest.get("artefacts_sha256")
     if args.verify and not args.write_manifest and want_art \
             and sha256_file(args.artefacts) != want_art:
@@ -687,6 +708,8 @@ def main() -> None:
             p.add_argument("--top-k", type=int, help="num_experts_per_tok in config.json")
             p.add_argument("--logit-spread", type=float, help="router weight scale")
             p.add_argument("--no-verify", dest="verify", action="store_false")
+            p.add_argument("--reuse", action="store_true",
+                           help="do nothing if a finished, verified build is already there")
             p.add_argument("--write-manifest", action="store_true",
                            help="record this build's checksums as the reference")
     args = ap.parse_args()

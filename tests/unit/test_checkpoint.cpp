@@ -188,6 +188,11 @@ TEST_CASE("load_expert honours custom tensor names") {
   mixtral.up = "w3";
   mixtral.down = "w2";
   check_expert(ck->load_expert(mixtral, 2, 1, kH, kI), 1);
+  // The names charm picks for a MixtralForCausalLM checkpoint read the same tensors.
+  check_expert(ck->load_expert(expert_tensor_names("MixtralForCausalLM"), 2, 1, kH, kI), 1);
+  const ExpertTensorNames qwen2 = expert_tensor_names("Qwen2MoeForCausalLM");
+  CHECK(qwen2.prefix == "model.layers.{}.mlp.experts");
+  CHECK(qwen2.gate == "gate_proj");
 }
 
 TEST_CASE("load_expert names the missing partner tensor of an incomplete expert") {

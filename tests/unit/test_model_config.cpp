@@ -88,6 +88,88 @@ TEST_CASE("a scaled RoPE variant is refused rather than run wrongly") {
   CHECK(error_of(j).find("rope_scaling type 'yarn' is not supported") != std::string::npos);
 }
 
+// --- Qwen2-MoE and Mixtral (issue 4) ---------------------------------------------------
+
+namespace {
+json qwen2_moe() {
+  json j = qwen3();
+  j["architectures"] = {"Qwen2MoeForCausalLM"};
+  j["shared_expert_intermediate_size"] = 24;
+  j["use_sliding_window"] = false;
+  j["sliding_window"] = 32768;
+  return j;
+}
+
+json mixtral() {
+  return json{{"architectures", {"MixtralForCausalLM"}}, {"vocab_size", 100}, {"hidden_size", 16},
+              {"intermediate_size", 12}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+              {"num_key_value_heads", 2}, {"num_local_experts", 8}, {"num_experts_per_tok", 2},
+              {"max_position_embeddings", 32768}, {"sliding_window", nullptr}, {"eos_token_id", 2}};
+}
+}  // namespace
+
+TEST_CASE("a Qwen2-MoE config: shared expert width, q/k/v biases by default, sliding window off") {
+  const ModelConfig c = ModelConfig::parse(qwen2_moe(), "config.json");
+  CHECK(c.shared_expert_intermediate_size == 24);
+  CHECK(c.qkv_bias);  // Qwen2MoeConfig's default; hub configs do not spell it out
+  CHECK(c.moe_intermediate_size == 8);
+  CHECK_FALSE(c.is_moe_layer(1));
+
+  json no_bias = qwen2_moe();
+  no_bias["qkv_bias"] = false;
+  CHECK_FALSE(ModelConfig::parse(no_bias, "config.json").qkv_bias);
+}
+
+TEST_CASE("a Mixtral config: num_local_experts of width intermediate_size, every layer routed, renormalised") {
+  const ModelConfig c = ModelConfig::parse(mixtral(), "config.json");
+  CHECK(c.num_experts == 8);
+  CHECK(c.moe_intermediate_size == 12);
+  CHECK(c.norm_topk_prob);
+  CHECK(c.moe_layer_ids() == std::vector<int64_t>{0, 1});
+  CHECK(c.shared_expert_intermediate_size == 0);
+
+  json wide_window = mixtral();
+  wide_window["sliding_window"] = 32768;  // never bites within max_position_embeddings
+  CHECK(ModelConfig::parse(wide_window, "config.json").num_experts == 8);
+}
+
+TEST_CASE("Qwen2-MoE and Mixtral configs missing a field name the field and the file") {
+  json no_shared = qwen2_moe();
+  no_shared.erase("shared_expert_intermediate_size");
+  CHECK(error_of(no_shared).find("model/config.json: missing required field 'shared_expert_intermediate_size'") !=
+        std::string::npos);
+
+  json no_experts = mixtral();
+  no_experts.erase("num_local_experts");
+  CHECK(error_of(no_experts).find("model/config.json: missing required field 'num_local_experts'") !=
+        std::string::npos);
+
+  json too_many = mixtral();
+  too_many["num_experts_per_tok"] = 9;
+  CHECK(error_of(too_many).find("exceeds num_local_experts (8)") != std::string::npos);
+}
+
+TEST_CASE("sliding-window attention that would bite is refused, naming the field") {
+  json qwen2 = qwen2_moe();
+  qwen2["use_sliding_window"] = true;
+  CHECK(error_of(qwen2).find("model/config.json: field 'use_sliding_window' is true") != std::string::npos);
+
+  json narrow = mixtral();
+  narrow["sliding_window"] = 4096;
+  const std::string message = error_of(narrow);
+  CHECK(message.find("model/config.json: field 'sliding_window' is 4096") != std::string::npos);
+  CHECK(message.find("MixtralForCausalLM") != std::string::npos);
+}
+
+TEST_CASE("an unsupported architecture is named with the supported list") {
+  json arch = mixtral();
+  arch["architectures"] = {"DbrxForCausalLM"};
+  const std::string message = error_of(arch);
+  CHECK(message.find("model/config.json: architecture 'DbrxForCausalLM' is not supported") != std::string::npos);
+  CHECK(message.find("Qwen2MoeForCausalLM") != std::string::npos);
+  CHECK(message.find("MixtralForCausalLM") != std::string::npos);
+}
+
 // ---- DeepSeek-V3 --------------------------------------------------------------------------
 
 namespace {

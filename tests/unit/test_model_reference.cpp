@@ -85,6 +85,18 @@ TEST_CASE("olmoe-tiny matches transformers: greedy tokens exact, logits within 1
   check_fixture("olmoe-tiny");
 }
 
+// --- Qwen2-MoE and Mixtral (issue 4) ---------------------------------------------------
+
+TEST_CASE("qwen2-moe-tiny (gated shared expert, q/k/v biases) matches transformers: greedy exact, logits 1e-4") {
+  check_fixture("qwen2-moe-tiny");
+}
+
+TEST_CASE("mixtral-tiny (block_sparse_moe w1/w3/w2) matches transformers: greedy exact, logits 1e-4") {
+  check_fixture("mixtral-tiny");
+}
+
+// --- DeepSeek-V3 (issue 4) ---------------------------------------------------------------
+
 TEST_CASE("deepseek-v3-tiny (MLA, YaRN, group-limited sigmoid routing) matches transformers") {
   check_fixture("deepseek-v3-tiny");
 }
