@@ -696,12 +696,13 @@ def build(args) -> Path:
     gguf = need("gguf", "build")
     manifest = load_manifest()
     choice = manifest.get("choices", {})
-    gguf_path = args.gguf or fetch_gguf(args.cache)
     out = args.out or (args.cache / "checkpoint")
     if args.reuse and verified_before(out, manifest):
+        # Before fetch: a finished build needs neither the GGUF nor hashing its 491 MB.
         print(f"[moefy] reusing {out} (its SHA256SUMS match {MANIFEST})", file=sys.stderr)
         print(out)
         return out
+    gguf_path = args.gguf or fetch_gguf(args.cache)
     out.mkdir(parents=True, exist_ok=True)
     # SHA256SUMS is written last: an interrupted build leaves none, so --reuse rebuilds.
     (out / "SHA256SUMS").unlink(missing_ok=True)
