@@ -778,9 +778,8 @@ def main() -> None:
         p = sub.add_parser(name)
         p.add_argument("--cache", type=Path, default=default_cache())
         p.add_argument("--gguf", type=Path, help="use this GGUF instead of fetching")
-        p.add_argument("--threads", type=int, default=2,
-                       help="torch threads (calibrate; build and fetch ignore it)")
         if name == "calibrate":
+            p.add_argument("--threads", type=int, default=2, help="torch threads")
             p.add_argument("--experts", type=int, default=16)
             p.add_argument("--shared", type=int, default=512)
             p.add_argument("--seqs", type=int, default=48)
