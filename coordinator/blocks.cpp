@@ -33,7 +33,8 @@ void RmsNorm::operator()(const float* x, size_t rows, float* y) const {
   rms_norm(x, weight.data(), rows, weight.size(), eps, y);
 }
 
-Rope::Rope(size_t head_dim, double theta) : head_dim_(head_dim), inv_freq_(head_dim / 2) {
+Rope::Rope(size_t head_dim, double theta, RopeLayout layout)
+    : head_dim_(head_dim), inv_freq_(head_dim / 2), layout_(layout) {
   // Computed in f32 as transformers does: 1 / base ** (arange(0, d, 2) / d).
   for (size_t i = 0; i < head_dim / 2; ++i) {
     const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
@@ -41,20 +42,30 @@ Rope::Rope(size_t head_dim, double theta) : head_dim_(head_dim), inv_freq_(head_
   }
 }
 
+Rope::Rope(std::vector<float> inv_freq, float attention_factor, RopeLayout layout)
+    : head_dim_(2 * inv_freq.size()), inv_freq_(std::move(inv_freq)), attention_factor_(attention_factor),
+      layout_(layout) {}
+
 void Rope::apply(float* x, size_t rows, size_t heads, size_t pos0) const {
   const size_t half = head_dim_ / 2;
+  // The interleaved layout reads pair i from dims (2i, 2i+1) and writes it to (i, i+half).
+  const bool interleaved = layout_ == RopeLayout::kInterleaved;
+  std::vector<float> cos(half), sin(half), in(head_dim_);
   for (size_t r = 0; r < rows; ++r) {
     const float pos = static_cast<float>(pos0 + r);
     for (size_t i = 0; i < half; ++i) {
       const float angle = pos * inv_freq_[i];
-      const float c = std::cos(angle);
-      const float s = std::sin(angle);
-      for (size_t h = 0; h < heads; ++h) {
-        float* v = x + (r * heads + h) * head_dim_;
-        const float a = v[i];
-        const float b = v[i + half];
-        v[i] = a * c - b * s;
-        v[i + half] = b * c + a * s;
+      cos[i] = std::cos(angle) * attention_factor_;
+      sin[i] = std::sin(angle) * attention_factor_;
+    }
+    for (size_t h = 0; h < heads; ++h) {
+      float* v = x + (r * heads + h) * head_dim_;
+      std::copy(v, v + head_dim_, in.begin());
+      for (size_t i = 0; i < half; ++i) {
+        const float a = interleaved ? in[2 * i] : in[i];
+        const float b = interleaved ? in[2 * i + 1] : in[i + half];
+        v[i] = a * cos[i] - b * sin[i];
+        v[i + half] = b * cos[i] + a * sin[i];
       }
     }
   }
@@ -92,6 +103,29 @@ void rope_attention(const Rope& rope, float* q, float* k, const float* v, size_t
   std::vector<float> attn(rows * num_heads * head_dim);
   causal_gqa_attention(q, rows, pos0, cache, layer, num_heads, num_kv_heads, head_dim, attn.data());
   o_proj(attn.data(), rows, out);
+}
+
+RopeGqaAttention RopeGqaAttention::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,
+                                        size_t num_heads, size_t num_kv_heads, size_t head_dim, bool qkv_bias) {
+  RopeGqaAttention a;
+  a.num_heads = num_heads;
+  a.num_kv_heads = num_kv_heads;
+  a.head_dim = head_dim;
+  a.q_proj = Linear::load(ckpt, prefix + ".q_proj", num_heads * head_dim, hidden, qkv_bias);
+  a.k_proj = Linear::load(ckpt, prefix + ".k_proj", num_kv_heads * head_dim, hidden, qkv_bias);
+  a.v_proj = Linear::load(ckpt, prefix + ".v_proj", num_kv_heads * head_dim, hidden, qkv_bias);
+  a.o_proj = Linear::load(ckpt, prefix + ".o_proj", hidden, num_heads * head_dim);
+  return a;
+}
+
+void RopeGqaAttention::operator()(const Rope& rope, const float* x, size_t rows, size_t pos0, KvCache& cache,
+                                  size_t layer, float* out) const {
+  std::vector<float> q(rows * q_proj.out), k(rows * k_proj.out), v(rows * v_proj.out);
+  q_proj(x, rows, q.data());
+  k_proj(x, rows, k.data());
+  v_proj(x, rows, v.data());
+  rope_attention(rope, q.data(), k.data(), v.data(), rows, pos0, cache, layer, num_heads, num_kv_heads, head_dim,
+                 o_proj, out);
 }
 
 DenseMlp DenseMlp::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden, size_t intermediate) {
@@ -133,28 +167,39 @@ Routing softmax_topk(const float* router_logits, size_t rows, size_t num_experts
   return routing;
 }
 
+RoutedExpertsCall::RoutedExpertsCall(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows,
+                                     size_t hidden, Routing routing)
+    : dispatcher_(dispatcher), rows_(rows), hidden_(hidden), routing_(std::move(routing)) {
+  const size_t k = routing_.top_k;
+  assignments_.resize(rows * k);
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t j = 0; j < k; ++j) {
+      assignments_[r * k + j] = ExpertAssignment{static_cast<uint32_t>(r), routing_.experts[r * k + j]};
+    }
+  }
+  outputs_.resize(assignments_.size() * hidden);
+  dispatcher_.begin_layer(layer, x, static_cast<uint32_t>(rows), static_cast<uint32_t>(hidden), assignments_,
+                          outputs_.data());
+}
+
+void RoutedExpertsCall::finish(float* out) {
+  dispatcher_.finish_layer();
+  // Combine in rank order: the one place routed outputs are summed (placement invariant).
+  const size_t k = routing_.top_k;
+  for (size_t r = 0; r < rows_; ++r) {
+    float* o = out + r * hidden_;
+    std::fill(o, o + hidden_, 0.0f);
+    for (size_t j = 0; j < k; ++j) {
+      const float w = routing_.weights[r * k + j];
+      const float* y = outputs_.data() + (r * k + j) * hidden_;
+      for (size_t d = 0; d < hidden_; ++d) o[d] += w * y[d];
+    }
+  }
+}
+
 void routed_experts(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows, size_t hidden,
                     const Routing& routing, float* out) {
-  const size_t k = routing.top_k;
-  std::vector<ExpertAssignment> assignments(rows * k);
-  for (size_t r = 0; r < rows; ++r) {
-    for (size_t j = 0; j < k; ++j) {
-      assignments[r * k + j] = ExpertAssignment{static_cast<uint32_t>(r), routing.experts[r * k + j]};
-    }
-  }
-  std::vector<float> outputs(assignments.size() * hidden);
-  dispatcher.run_layer(layer, x, static_cast<uint32_t>(rows), static_cast<uint32_t>(hidden), assignments,
-                       outputs.data());
-  // Combine in rank order: the one place routed outputs are summed (placement invariant).
-  for (size_t r = 0; r < rows; ++r) {
-    float* o = out + r * hidden;
-    std::fill(o, o + hidden, 0.0f);
-    for (size_t j = 0; j < k; ++j) {
-      const float w = routing.weights[r * k + j];
-      const float* y = outputs.data() + (r * k + j) * hidden;
-      for (size_t d = 0; d < hidden; ++d) o[d] += w * y[d];
-    }
-  }
+  RoutedExpertsCall(dispatcher, layer, x, rows, hidden, routing).finish(out);
 }
 
 }  // namespace charm
@@ -195,10 +240,32 @@ SoftmaxTopkMoe SoftmaxTopkMoe::load(const Checkpoint& ckpt, const std::string& p
 
 void SoftmaxTopkMoe::operator()(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows,
                                 float* out) const {
+  begin(dispatcher, layer, x, rows).finish(out);
+}
+
+RoutedExpertsCall SoftmaxTopkMoe::begin(ExpertDispatcher& dispatcher, uint32_t layer, const float* x,
+                                        size_t rows) const {
   std::vector<float> router_logits(rows * router.out);
   router(x, rows, router_logits.data());
-  const Routing routing = softmax_topk(router_logits.data(), rows, router.out, top_k, norm_topk_prob);
-  routed_experts(dispatcher, layer, x, rows, router.in, routing, out);
+  return RoutedExpertsCall(dispatcher, layer, x, rows, router.in,
+                           softmax_topk(router_logits.data(), rows, router.out, top_k, norm_topk_prob));
+}
+
+GatedSharedExpert GatedSharedExpert::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,
+                                          size_t intermediate) {
+  return GatedSharedExpert{DenseMlp::load(ckpt, prefix + ".shared_expert", hidden, intermediate),
+                           Linear::load(ckpt, prefix + ".shared_expert_gate", 1, hidden)};
+}
+
+void GatedSharedExpert::operator()(const float* x, size_t rows, float* out) const {
+  const size_t hidden = gate.in;
+  std::vector<float> g(rows);
+  gate(x, rows, g.data());
+  mlp(x, rows, out);
+  for (size_t r = 0; r < rows; ++r) {
+    const float scale = 1.0f / (1.0f + std::exp(-g[r]));  // sigmoid
+    for (size_t d = 0; d < hidden; ++d) out[r * hidden + d] *= scale;
+  }
 }
 
 }  // namespace charm

@@ -21,22 +21,48 @@ struct WorkerStatus {
   double rtt_p99_ms = 0;
   uint64_t bytes_out = 0;          ///< bytes the coordinator sent to this worker
   uint64_t bytes_in = 0;           ///< bytes received from it
+  // Resilience (cluster mode; zero / empty elsewhere).
+  uint64_t failovers = 0;          ///< times it failed mid-layer and its share went to a replica
+                                   ///< (or the layer failed for want of one)
+  uint64_t rejoins = 0;            ///< times it came back (handshake passed) after being down
+  double last_seen_ms = -1;        ///< ms since its last reply (layer, heartbeat, hello); -1 never
+  bool slow = false;               ///< layer RTT p50 over timeouts.slow_ms, or 4x the others' median
+  std::string slow_reason;         ///< both numbers, when slow
+  std::string last_error;          ///< why it last went down or failed to rejoin; empty if never
 };
 
 /// Runs routed experts for the coordinator. Implementations must return exactly the
 /// bytes ExpertExecutor::run_into produces for each assignment.
-/// Thread-safety: one run_layer at a time (the engine serialises generation).
+/// A layer is started with begin_layer and completed with finish_layer, so the caller can
+/// compute something else (a shared expert) while remote workers are busy.
+/// Thread-safety: one layer at a time (the engine serialises generation).
 class ExpertDispatcher {
  public:
   virtual ~ExpertDispatcher() = default;
 
-  /// For each assignments[i] = (row, expert), writes expert(hidden[row]) to
-  /// outputs[i * hidden_size .. +hidden_size). hidden: [num_rows, hidden_size] f32.
-  /// Throws Error(kUnavailable) naming the worker when one fails or times out, and
-  /// Error(kProtocol) on a malformed reply.
-  virtual void run_layer(uint32_t layer, const float* hidden, uint32_t num_rows,
-                         uint32_t hidden_size, const std::vector<ExpertAssignment>& assignments,
-                         float* outputs) = 0;
+  /// Starts the routed experts of one MoE layer: for each assignments[i] = (row, expert),
+  /// expert(hidden[row]) is to be written to outputs[i * hidden_size .. +hidden_size).
+  /// hidden: [num_rows, hidden_size] f32. Cluster mode sends the requests and returns;
+  /// in-process mode may defer the work to finish_layer. `hidden`, `assignments` and
+  /// `outputs` must stay valid and unchanged until finish_layer returns. A begin_layer
+  /// while another layer is unfinished (its caller threw) first drains that layer and
+  /// drops its results. Throws Error(kInvalidInput) for a layer or expert the placement
+  /// does not have; worker failures may surface here or in finish_layer.
+  virtual void begin_layer(uint32_t layer, const float* hidden, uint32_t num_rows, uint32_t hidden_size,
+                           const std::vector<ExpertAssignment>& assignments, float* outputs) = 0;
+
+  /// Waits for the layer started by the last begin_layer; `outputs` is complete on
+  /// return. Throws Error(kUnavailable) naming the layer, experts and workers when a
+  /// failed or timed-out worker's share cannot be served by a replica,
+  /// Error(kInternal) without a begun layer.
+  virtual void finish_layer() = 0;
+
+  /// begin_layer then finish_layer.
+  void run_layer(uint32_t layer, const float* hidden, uint32_t num_rows, uint32_t hidden_size,
+                 const std::vector<ExpertAssignment>& assignments, float* outputs) {
+    begin_layer(layer, hidden, num_rows, hidden_size, assignments, outputs);
+    finish_layer();
+  }
 
   /// Per-worker view for status; in-process mode reports one "in-process" entry.
   virtual std::vector<WorkerStatus> status() const = 0;

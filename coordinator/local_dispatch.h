@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <optional>
 
 #include "coordinator/expert_dispatch.h"
 #include "worker/expert_executor.h"
@@ -14,12 +15,24 @@ class LocalDispatcher final : public ExpertDispatcher {
   /// `executor` must outlive the dispatcher.
   explicit LocalDispatcher(const ExpertExecutor& executor) : executor_(executor) {}
 
-  void run_layer(uint32_t layer, const float* hidden, uint32_t num_rows, uint32_t hidden_size,
-                 const std::vector<ExpertAssignment>& assignments, float* outputs) override;
+  /// Records the layer; the experts run in finish_layer, on the same cores a shared
+  /// expert would use, so deferring loses nothing.
+  void begin_layer(uint32_t layer, const float* hidden, uint32_t num_rows, uint32_t hidden_size,
+                   const std::vector<ExpertAssignment>& assignments, float* outputs) override;
+  void finish_layer() override;
   std::vector<WorkerStatus> status() const override;
 
  private:
+  struct Pending {
+    uint32_t layer = 0;
+    const float* hidden = nullptr;
+    uint32_t num_rows = 0;
+    const std::vector<ExpertAssignment>* assignments = nullptr;
+    float* outputs = nullptr;
+  };
+
   const ExpertExecutor& executor_;
+  std::optional<Pending> pending_;
   std::atomic<uint64_t> requests_{0};
 };
 

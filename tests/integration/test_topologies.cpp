@@ -109,6 +109,19 @@ TEST_CASE("qwen3-moe-tiny: single node, two workers and three uneven workers giv
   CHECK(three.status[2].experts_held == 5 * 3);
 }
 
+TEST_CASE("qwen3-moe-tiny: replicated experts (spread over live replicas) give bit-identical logits") {
+  const Outcome single = run_split("qwen3-moe-tiny", {});
+  // configs/replicas.yaml's split (every expert on two of three workers), and two full copies.
+  const Outcome pairs = run_split("qwen3-moe-tiny", {"\"0-10\"", "\"5-15\"", "[\"0-4\", \"11-15\"]"});
+  const Outcome copies = run_split("qwen3-moe-tiny", {"\"0-15\"", "\"0-15\""});
+  check_identical(single, pairs);
+  check_identical(single, copies);
+  for (const auto& w : pairs.status) CHECK(w.requests > 0);  // every replica got work
+  for (const auto& w : copies.status) CHECK(w.requests > 0);
+  CHECK(pairs.status[0].experts_held == 11 * 3);
+  CHECK(pairs.status[2].experts_held == 10 * 3);
+}
+
 TEST_CASE("olmoe-tiny (fused expert tensors): single node and two workers give bit-identical logits") {
   const Outcome single = run_split("olmoe-tiny", {});
   const Outcome two = run_split("olmoe-tiny", {"\"0-2\"", "\"3-7\""});
@@ -179,4 +192,37 @@ TEST_CASE("qwen3-moe-tiny: one expert slot per layer gives the logits of full re
                  << health.tier.bytes_read << ", io wait " << health.tier.io_wait_ns / 1000 << " us");
   }
   fs::remove_all(dir);
+}
+
+// --- Qwen2-MoE and Mixtral (issue 4) ---------------------------------------------------
+
+TEST_CASE("qwen2-moe-tiny (shared expert overlapping the workers): single node and two workers bit-identical") {
+  const Outcome single = run_split("qwen2-moe-tiny", {});
+  const Outcome two = run_split("qwen2-moe-tiny", {"\"0-7\"", "\"8-15\""});
+  check_identical(single, two);
+  for (const auto& w : two.status) CHECK(w.requests > 0);
+}
+
+TEST_CASE("mixtral-tiny (block_sparse_moe w1/w3/w2 experts): single node and two workers bit-identical") {
+  const Outcome single = run_split("mixtral-tiny", {});
+  const Outcome two = run_split("mixtral-tiny", {"\"0-2\"", "\"3-7\""});
+  check_identical(single, two);
+  for (const auto& w : two.status) CHECK(w.requests > 0);
+}
+
+// --- DeepSeek-V3 (issue 4) ---------------------------------------------------------------
+
+TEST_CASE("deepseek-v3-tiny (shared experts on the coordinator): single node and two workers give bit-identical logits") {
+  const Outcome single = run_split("deepseek-v3-tiny", {});
+  const Outcome two = run_split("deepseek-v3-tiny", {"\"0-7\"", "\"8-15\""});
+  check_identical(single, two);
+  REQUIRE(two.status.size() == 2);
+  CHECK(two.status[0].experts_held == 8 * 3);  // 3 MoE layers: first_k_dense_replace = 1
+  CHECK(two.status[1].experts_held == 8 * 3);
+}
+
+TEST_CASE("deepseek-v3-tiny-fp8 (workers dequantise fp8 experts): single node and two workers give bit-identical logits") {
+  const Outcome single = run_split("deepseek-v3-tiny-fp8", {});
+  const Outcome two = run_split("deepseek-v3-tiny-fp8", {"\"0-5\"", "\"6-15\""});
+  check_identical(single, two);
 }

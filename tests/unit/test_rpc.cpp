@@ -18,6 +18,7 @@
 #include "common/wire.h"
 #include "coordinator/cluster_dispatch.h"
 #include "coordinator/status_report.h"
+#include "rpc_cluster.h"
 #include "safetensors_writer.h"
 #include "worker/expert_executor.h"
 #include "worker/expert_store.h"
@@ -29,128 +30,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-constexpr int64_t kHidden = 8;
-constexpr int64_t kInter = 4;
-constexpr uint32_t kExperts = 4;
-const std::vector<uint32_t> kLayers = {0, 2};
-
-// Deterministic values in [-1, 1) with full f32 mantissas (not just bf16-exact ones), so a
-// reordered sum would show.
-std::vector<float> noise(size_t count, uint32_t seed) {
-  std::vector<float> v(count);
-  uint64_t state = seed * 0x9e3779b97f4a7c15ull + 1;
-  for (auto& x : v) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    x = static_cast<float>(static_cast<int64_t>(state >> 11) % 2000003) / 1000001.5f;
-  }
-  return v;
-}
-
-// A checkpoint directory with per-expert SwiGLU tensors for layers 0 and 2.
-struct TinyModel {
-  TempDir dir{"charm-rpc"};
-  std::unique_ptr<Checkpoint> checkpoint;
-  std::string fingerprint;
-
-  TinyModel() {
-    // A whole config.json (ModelConfig::parse accepts it), so `charm status` can work out
-    // the placement: 3 layers, layer 1 dense, layers 0 and 2 MoE.
-    nlohmann::json config = {{"architectures", {"Qwen3MoeForCausalLM"}},
-                             {"model_type", "qwen3_moe"},
-                             {"vocab_size", 16},
-                             {"hidden_size", kHidden},
-                             {"intermediate_size", 2 * kInter},
-                             {"moe_intermediate_size", kInter},
-                             {"num_hidden_layers", 3},
-                             {"num_attention_heads", 2},
-                             {"num_experts", kExperts},
-                             {"num_experts_per_tok", 2},
-                             {"mlp_only_layers", {1}}};
-    write_bytes(dir / "config.json", config.dump());
-    std::vector<TensorSpec> tensors;
-    uint32_t seed = 1;
-    for (uint32_t layer : kLayers) {
-      for (uint32_t e = 0; e < kExperts; ++e) {
-        const std::string p = "model.layers." + std::to_string(layer) + ".mlp.experts." +
-                              std::to_string(e) + ".";
-        tensors.push_back({p + "gate_proj.weight", DType::kF32, {kInter, kHidden},
-                           noise(kInter * kHidden, seed++)});
-        tensors.push_back({p + "up_proj.weight", DType::kF32, {kInter, kHidden},
-                           noise(kInter * kHidden, seed++)});
-        tensors.push_back({p + "down_proj.weight", DType::kF32, {kHidden, kInter},
-                           noise(kHidden * kInter, seed++)});
-      }
-    }
-    write_safetensors(dir / "model.safetensors", tensors);
-    checkpoint = Checkpoint::open(dir.path());
-    fingerprint = model_fingerprint(*checkpoint);
-  }
-
-  std::unique_ptr<ExpertStore> store(const std::vector<uint32_t>& experts) const {
-    std::vector<ExpertKey> owned;
-    for (uint32_t layer : kLayers) {
-      for (uint32_t e : experts) owned.emplace_back(layer, e);
-    }
-    return std::make_unique<ExpertStore>(*checkpoint, ExpertTensorNames{}, owned, kHidden, kInter);
-  }
-};
-
-// One in-process worker: its store, executor, service and server.
-struct TestWorker {
-  std::unique_ptr<ExpertStore> store;
-  std::unique_ptr<ExpertExecutor> executor;
-  std::unique_ptr<ExecutorService> service;
-  std::unique_ptr<WorkerServer> server;
-
-  TestWorker(const TinyModel& model, const std::string& name, const std::vector<uint32_t>& experts) {
-    store = model.store(experts);
-    executor = std::make_unique<ExpertExecutor>(*store);
-    service = std::make_unique<ExecutorService>(*executor);
-    WorkerServerOptions options;
-    options.worker_name = name;
-    options.host = "127.0.0.1";
-    options.port = 0;
-    options.model_fingerprint = model.fingerprint;
-    server = std::make_unique<WorkerServer>(options, *service);
-    server->start();
-  }
-};
-
-// Workers "a" (experts 0, 2) and "b" (experts 1, 3), a topology naming them, and the
-// placement that matches.
-struct Cluster {
-  TinyModel model;
-  TestWorker a{model, "a", {0, 2}};
-  TestWorker b{model, "b", {1, 3}};
-  Topology topology;
-  std::map<int64_t, std::vector<int>> placement;
-
-  Cluster() {
-    topology.model = model.dir.path();
-    topology.workers = {WorkerSpec{"a", "127.0.0.1", a.server->port(), {0, 2}, {}},
-                        WorkerSpec{"b", "127.0.0.1", b.server->port(), {1, 3}, {}}};
-    topology.connect_timeout_ms = 5000;
-    topology.request_timeout_ms = 30000;
-    topology.api_host = "127.0.0.1";
-    topology.api_port = unused_port();
-    for (uint32_t layer : kLayers) placement[layer] = {0, 1, 0, 1};
-  }
-
-  static uint16_t unused_port() {
-    auto listener = FrameListener::listen("127.0.0.1", 0);
-    return listener->port();  // closed on return: nothing listens there now
-  }
-};
-
-// Each row routes to 2 distinct experts; some rows use only one worker, some both.
-std::vector<ExpertAssignment> routing(uint32_t num_rows) {
-  std::vector<ExpertAssignment> out;
-  for (uint32_t r = 0; r < num_rows; ++r) {
-    out.push_back({r, (r * 3) % kExperts});
-    out.push_back({r, (r * 3 + 2) % kExperts});
-  }
-  return out;
-}
+using namespace charm::rpc_test;
 
 void require_error(const std::function<void()>& fn, ErrorCategory category,
                    const std::vector<std::string>& needles) {
@@ -211,6 +91,28 @@ TEST_CASE("two remote workers produce the bytes the local executor produces") {
   CHECK(health.bytes_out == status[0].bytes_in);
 }
 
+TEST_CASE("begin_layer returns with requests in flight; an abandoned layer is drained") {
+  Cluster cluster;
+  auto local_store = cluster.model.store({0, 1, 2, 3});
+  ExpertExecutor local(*local_store);
+  ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint);
+  const std::vector<float> hidden = noise(5 * kHidden, 21);
+  const auto assignments = routing(5);
+  std::vector<float> want(assignments.size() * kHidden);
+  local.run_into(2, hidden.data(), 5, assignments, want.data());
+
+  // Begun and never finished (the caller threw): its replies are still on the wire.
+  std::vector<float> abandoned(assignments.size() * kHidden);
+  dispatcher.begin_layer(2, hidden.data(), 5, kHidden, assignments, abandoned.data());
+
+  std::vector<float> got(assignments.size() * kHidden, -7.0f);
+  dispatcher.begin_layer(2, hidden.data(), 5, kHidden, assignments, got.data());
+  dispatcher.finish_layer();
+  CHECK(cluster.a.server->health().requests_served == 2);  // the abandoned one was answered and dropped
+  CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
+  require_error([&] { dispatcher.finish_layer(); }, ErrorCategory::kInternal, {"begin_layer"});
+}
+
 TEST_CASE("bytes on the wire per token per layer") {
   // Request: per row hidden_size*4 bytes + 8 bytes per assignment (composite list
   // element: one data word) + a fixed envelope; response: hidden_size*4 bytes per
@@ -263,7 +165,7 @@ TEST_CASE("a model fingerprint mismatch is rejected naming both fingerprints") {
 TEST_CASE("a placement the worker does not hold is rejected at the handshake") {
   Cluster cluster;
   auto placement = cluster.placement;
-  placement[0] = {1, 0, 0, 1};  // claims "a" holds expert 1
+  placement[0] = {{1}, {0}, {0}, {1}};  // claims "a" holds expert 1
   require_error([&] { ClusterDispatcher(cluster.topology, placement, cluster.model.fingerprint); },
                 ErrorCategory::kProtocol, {"worker 'a'", "expert 1 of layer 0"});
 }
@@ -364,7 +266,7 @@ TEST_CASE("errors inside a request come back as layerResponse.error; the connect
   CHECK(health.requests_served == 3);
 }
 
-TEST_CASE("a worker that goes away fails run_layer naming the worker and the layer") {
+TEST_CASE("a worker without a replica that goes away fails run_layer naming the worker, layer and experts") {
   Cluster cluster;
   ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint);
   cluster.b.server->stop();
@@ -372,10 +274,15 @@ TEST_CASE("a worker that goes away fails run_layer naming the worker and the lay
   const auto assignments = routing(4);
   std::vector<float> got(assignments.size() * kHidden);
   require_error([&] { dispatcher.run_layer(2, hidden.data(), 4, kHidden, assignments, got.data()); },
-                ErrorCategory::kUnavailable, {"worker 'b'", "layer 2"});
+                ErrorCategory::kUnavailable, {"worker 'b'", "layer 2", "experts 1, 3"});
   const auto status = dispatcher.status();
   CHECK(status[0].state == "up");
   CHECK(status[1].state == "down");
+  CHECK(status[1].failovers == 1);
+  // The dispatcher is still usable: a layer that needs only "a" is served.
+  const std::vector<ExpertAssignment> only_a = {{0, 0}, {1, 2}};
+  dispatcher.run_layer(2, hidden.data(), 4, kHidden, only_a, got.data());
+  CHECK(dispatcher.status()[0].state == "up");
 }
 
 // A stand-in coordinator: serves GET /cluster/status on an ephemeral loopback port with
