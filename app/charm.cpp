@@ -3,6 +3,7 @@
 //   worker  an expert worker of a cluster topology
 //   status  the health of every worker of a topology
 //   run     one generation without HTTP, streamed to stdout, stats to stderr
+//   convert write an expert container (one worker's shard or every expert) from a checkpoint
 // Exit status: 0 success, 1 failure, 2 invalid input (bad flags, config or prompt).
 #include <csignal>
 #include <cstdio>
@@ -26,7 +27,10 @@
 #include "coordinator/http_api.h"
 #include "coordinator/metrics.h"
 
+#include "common/checkpoint.h"
+#include "common/model_config.h"
 #include "coordinator/status_report.h"
+#include "worker/expert_convert.h"
 #include "worker/worker_main.h"
 
 namespace charm {
@@ -39,14 +43,25 @@ Topology load_config(const std::string& path) {
   return topology;
 }
 
+/// `--ram-gb` on the command line overrides the YAML's budget for the process it starts.
+void override_ram(StoreSpec& store, const std::optional<double>& ram_gb) {
+  if (ram_gb) store.ram_gb = *ram_gb;
+}
+
 struct ServeArgs {
   std::string config;
+  std::optional<double> ram_gb;
   std::optional<std::string> host;
   std::optional<uint16_t> port;
 };
 
 int serve(const ServeArgs& args) {
   Topology topology = load_config(args.config);
+  if (args.ram_gb && !topology.single_node) {
+    fail_invalid("--ram-gb applies to the in-process experts of mode: single-node; set ram_gb on each worker entry, "
+                 "or pass --ram-gb to charm worker");
+  }
+  override_ram(topology.store, args.ram_gb);
   std::string host = args.host.value_or(topology.api_host);
   uint16_t port = args.port.value_or(topology.api_port);
   spdlog::info("charm serve: loading {} from {}", topology.model_name, topology.model.string());
@@ -71,16 +86,63 @@ int serve(const ServeArgs& args) {
   return 0;
 }
 
-int worker(const std::string& config, const std::string& name, int64_t debug_delay_ms) {
+int worker(const std::string& config, const std::string& name, const std::optional<double>& ram_gb,
+           int64_t debug_delay_ms) {
   Topology topology = load_config(config);
+  topology.worker(name);  // an unknown name fails here, naming the known ones
+  for (WorkerSpec& w : topology.workers) {
+    if (w.name == name) override_ram(w.store, ram_gb);
+  }
   return run_worker(topology, name, debug_delay_ms);
 }
 
+struct ConvertArgs {
+  std::string checkpoint;
+  std::string out;
+  std::string config;
+  std::string worker;
+  std::string quant = "none";
+  int64_t group_size = 0;
+};
+
+/// `charm convert`: every MoE layer's experts, or only those the topology gives --worker.
+int convert(const ConvertArgs& args) {
+  std::optional<Topology> topology;
+  if (!args.config.empty()) topology = load_config(args.config);
+  if (!args.worker.empty() && !topology) fail_invalid("--worker needs --config (the topology that places the experts)");
+  if (args.checkpoint.empty() && !topology) fail_invalid("give --checkpoint DIR (or --config, whose model is used)");
+  const std::filesystem::path model = args.checkpoint.empty() ? topology->model : std::filesystem::path(args.checkpoint);
+  std::unique_ptr<Checkpoint> checkpoint = Checkpoint::open(model);
+  const ModelConfig config = ModelConfig::parse(checkpoint->config_json(), (model / "config.json").string());
+  std::vector<ExpertKey> experts;
+  if (!args.worker.empty()) {
+    const WorkerSpec& spec = topology->worker(args.worker);
+    experts = owned_experts(*topology, config, static_cast<int>(&spec - topology->workers.data()));
+  } else {
+    for (int64_t layer : config.moe_layer_ids()) {
+      for (int64_t e = 0; e < config.num_experts; ++e) experts.emplace_back(layer, e);
+    }
+  }
+  ConvertOptions options;
+  options.out = args.out;
+  options.quant = args.quant;
+  options.group_size = args.group_size;
+  options.worker = args.worker;
+  const ConvertResult result =
+      convert_experts(*checkpoint, expert_tensor_names(config.architecture), experts, config.hidden_size,
+                      config.moe_intermediate_size, options);
+  if (result.already_complete) {
+    std::fprintf(stderr, "charm convert: %s is already a complete container of these %llu experts; nothing to do\n",
+                 args.out.c_str(), static_cast<unsigned long long>(result.experts));
+  }
+  return 0;
+}
+
 /// Prints the cluster table; exit 1 when a worker did not answer.
-int status(const std::string& config, int timeout_ms) {
+int status(const std::string& config, int timeout_ms, bool layers) {
   Topology topology = load_config(config);
   ClusterStatus report = collect_status(topology, timeout_ms);
-  std::cout << format_status(report) << std::flush;
+  std::cout << format_status(report, layers) << std::flush;
   return report.all_up ? 0 : 1;
 }
 
@@ -129,9 +191,11 @@ int run(const RunArgs& args) {
     write_file(args.ids_out, ids.data(), ids.size());
   }
   std::fprintf(stderr,
-               "prompt tokens: %lld, generated tokens: %lld, finish: %s, TTFT: %.1f ms, decode: %.2f tok/s\n",
+               "prompt tokens: %lld, generated tokens: %lld, finish: %s, TTFT: %.1f ms, decode: %.2f tok/s, "
+               "KV cache: %lld bytes/token\n",
                static_cast<long long>(result.prompt_tokens), static_cast<long long>(result.completion_tokens),
-               result.finish_reason.c_str(), result.ttft_ms, result.decode_tokens_per_s);
+               result.finish_reason.c_str(), result.ttft_ms, result.decode_tokens_per_s,
+               static_cast<long long>(result.kv_bytes_per_token));
   return 0;
 }
 
@@ -160,20 +224,38 @@ int run_cli(int argc, char** argv) {
   serve_cmd->add_option("--config", serve_args.config, "Topology YAML")->required();
   serve_cmd->add_option("--host", serve_args.host, "Listen address (default: the config's api host)");
   serve_cmd->add_option("--port", serve_args.port, "Listen port (default: the config's api port; 0 = any free)");
+  serve_cmd->add_option("--ram-gb", serve_args.ram_gb, "Single-node: GiB of RAM for expert slots (default: every expert resident)")
+      ->check(CLI::PositiveNumber);
 
   std::string worker_config, worker_name;
   CLI::App* worker_cmd = app.add_subcommand("worker", "Run one expert worker of a cluster topology");
   worker_cmd->add_option("--config", worker_config, "Topology YAML")->required();
   worker_cmd->add_option("--name", worker_name, "This worker's name in the topology")->required();
+  std::optional<double> worker_ram_gb;
+  worker_cmd->add_option("--ram-gb", worker_ram_gb, "GiB of RAM for expert slots (overrides the worker's ram_gb)")
+      ->check(CLI::PositiveNumber);
   int64_t worker_delay_ms = 0;
   worker_cmd->add_option("--debug-delay-ms", worker_delay_ms, "TEST ONLY: delay every layer reply (a slow worker)")
       ->check(CLI::Range(int64_t{0}, int64_t{3600000}));
+
+  ConvertArgs convert_args;
+  CLI::App* convert_cmd = app.add_subcommand("convert", "Write an expert container from a checkpoint");
+  convert_cmd->add_option("--checkpoint", convert_args.checkpoint, "HF checkpoint directory (default: the config's model)");
+  convert_cmd->add_option("--out", convert_args.out, "Container directory to write (resumed if interrupted)")->required();
+  convert_cmd->add_option("--config", convert_args.config, "Topology YAML (for --worker)");
+  convert_cmd->add_option("--worker", convert_args.worker, "Write only this worker's experts");
+  convert_cmd->add_option("--quant", convert_args.quant, "LOSSY: int8 or int4 with f32 group scales (default: keep the checkpoint's precision)")
+      ->check(CLI::IsMember({"none", "int8", "int4"}));
+  convert_cmd->add_option("--group-size", convert_args.group_size, "Elements per scale with --quant (default 32)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
 
   std::string status_config;
   int status_timeout_ms = 2000;
   CLI::App* status_cmd = app.add_subcommand("status", "Show the health of every worker; exit 1 if one is down");
   status_cmd->add_option("--config", status_config, "Topology YAML")->required();
   status_cmd->add_option("--timeout-ms", status_timeout_ms, "Per-worker timeout")->check(CLI::Range(1, 3600000));
+  bool status_layers = false;
+  status_cmd->add_flag("--layers", status_layers, "Also show each worker's expert-tier counters per MoE layer");
 
   RunArgs run_args;
   CLI::App* run_cmd = app.add_subcommand("run", "Generate one continuation without HTTP");
@@ -200,8 +282,9 @@ int run_cli(int argc, char** argv) {
     return 2;
   }
   if (*serve_cmd) return serve(serve_args);
-  if (*worker_cmd) return worker(worker_config, worker_name, worker_delay_ms);
-  if (*status_cmd) return status(status_config, status_timeout_ms);
+  if (*worker_cmd) return worker(worker_config, worker_name, worker_ram_gb, worker_delay_ms);
+  if (*convert_cmd) return convert(convert_args);
+  if (*status_cmd) return status(status_config, status_timeout_ms, status_layers);
   if (*workers_cmd) return list_workers(workers_config);
   return run(run_args);
 }

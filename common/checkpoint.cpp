@@ -78,6 +78,27 @@ std::string with_layer(const std::string& pattern, int layer) {
   return pattern.substr(0, pos) + std::to_string(layer) + pattern.substr(pos + 2);
 }
 
+/// quantization_config of config.json: nullopt without one; the fp8 block size for
+/// quant_method "fp8" (DeepSeek-V3); throws naming the field for anything else.
+std::optional<std::pair<int64_t, int64_t>> read_fp8_block(const nlohmann::json& config, const std::string& where) {
+  if (!config.contains("quantization_config") || config["quantization_config"].is_null()) return std::nullopt;
+  const auto& q = config["quantization_config"];
+  if (!q.is_object()) fail_invalid(where + ": field 'quantization_config' is not a JSON object");
+  const std::string method = q.value("quant_method", std::string());
+  if (method != "fp8") {
+    fail_unsupported(where + ": quantization_config.quant_method '" + method + "' is not supported (supported: fp8)");
+  }
+  if (q.contains("fmt") && q["fmt"] != "e4m3") {
+    fail_unsupported(where + ": quantization_config.fmt " + q["fmt"].dump() + " is not supported (supported: e4m3)");
+  }
+  const auto& b = q.contains("weight_block_size") ? q["weight_block_size"] : nlohmann::json();
+  if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer() ||
+      b[0].get<int64_t>() <= 0 || b[1].get<int64_t>() <= 0) {
+    fail_invalid(where + ": quantization_config.weight_block_size must be two positive integers, got " + b.dump());
+  }
+  return std::pair{b[0].get<int64_t>(), b[1].get<int64_t>()};
+}
+
 }  // namespace
 
 std::unique_ptr<Checkpoint> Checkpoint::open(const std::filesystem::path& dir) {
@@ -85,6 +106,7 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::filesystem::path& dir) {
   self->dir_ = dir;
   if (!std::filesystem::is_directory(dir)) fail_invalid(dir.string() + ": not a checkpoint directory");
   self->config_ = read_json(dir / "config.json");
+  self->fp8_block_ = read_fp8_block(self->config_, (dir / "config.json").string());
   const auto gen_path = dir / "generation_config.json";
   self->generation_config_ =
       std::filesystem::exists(gen_path) ? read_json(gen_path) : nlohmann::json::object();
@@ -154,21 +176,61 @@ std::vector<float> Checkpoint::load_f32(const std::string& name, const std::vect
   }
   std::vector<float> out(info->numel());
   convert_to_f32(info->dtype, file_of(*info).mapped(*info), out.data(), out.size());
+  if (info->dtype == DType::kF8E4M3) dequantise_fp8(*info, out);
+  return out;
+}
+
+const TensorInfo& Checkpoint::fp8_scale_of(const TensorInfo& info) const {
+  const std::string where = info.file.string() + ": F8_E4M3 tensor '" + info.name + "'";
+  if (info.shape.size() != 2) fail_invalid(where + " has shape " + shape_text(info.shape) + ", expected 2-D");
+  if (!fp8_block_) fail_invalid(where + " needs quantization_config.weight_block_size in config.json");
+  const std::string scale_name = info.name + "_scale_inv";
+  const TensorInfo* scale_info = find(scale_name);
+  if (scale_info == nullptr) fail_invalid(where + " has no scale tensor '" + scale_name + "'");
+  if (scale_info->dtype == DType::kF8E4M3) fail_invalid(info.file.string() + ": scale tensor '" + scale_name + "' is F8_E4M3");
+  const auto [br, bc] = *fp8_block_;
+  const int64_t rows = info.shape[0], cols = info.shape[1];
+  const int64_t srows = (rows + br - 1) / br, scols = (cols + bc - 1) / bc;
+  if (scale_info->shape != std::vector<int64_t>{srows, scols}) {
+    fail_invalid(scale_info->file.string() + ": scale tensor '" + scale_name + "' has shape " +
+                 shape_text(scale_info->shape) + ", expected " + shape_text({srows, scols}) + " for '" + info.name +
+                 "' " + shape_text(info.shape) + " in blocks of [" + std::to_string(br) + ", " + std::to_string(bc) +
+                 "]");
+  }
+  return *scale_info;
+}
+
+void Checkpoint::dequantise_fp8(const TensorInfo& info, std::vector<float>& weight) const {
+  const TensorInfo& scale_info = fp8_scale_of(info);
+  const auto [br, bc] = *fp8_block_;
+  const int64_t rows = info.shape[0], cols = info.shape[1];
+  const int64_t scols = scale_info.shape[1];
+  std::vector<float> scale(scale_info.numel());
+  convert_to_f32(scale_info.dtype, file_of(scale_info).mapped(scale_info), scale.data(), scale.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* s = scale.data() + (r / br) * scols;
+    float* w = weight.data() + r * cols;
+    for (int64_t c = 0; c < cols; ++c) w[c] *= s[c / bc];
+  }
+}
+
+void Checkpoint::read_slice_scales(const ExpertSlice& slice, float* dst) const {
+  const TensorInfo& s = *slice.scale;
+  std::vector<uint8_t> raw(s.nbytes);
+  file_of(s).read(s, 0, s.nbytes, raw.data());
+  convert_to_f32(s.dtype, raw.data(), dst, s.numel());
+}
+
+std::vector<float> Checkpoint::slice_f32(const ExpertSlice& slice) const {
+  std::vector<uint8_t> raw(slice.bytes);
+  read_slice(slice, raw.data());
+  std::vector<float> out(static_cast<size_t>(slice.rows * slice.cols));
+  convert_to_f32(slice.tensor->dtype, raw.data(), out.data(), out.size());
+  if (slice.scale) dequantise_fp8(*slice.tensor, out);
   return out;
 }
 
 namespace {
-
-/// Reads `count` elements starting at element `first` of `info` with pread, as f32.
-std::vector<float> read_elements(const SafetensorsFile& file, const TensorInfo& info, uint64_t first,
-                                 uint64_t count) {
-  const size_t esize = dtype_size(info.dtype);
-  std::vector<uint8_t> raw(count * esize);
-  file.read(info, first * esize, raw.size(), raw.data());
-  std::vector<float> out(count);
-  convert_to_f32(info.dtype, raw.data(), out.data(), count);
-  return out;
-}
 
 /// Throws naming the tensor unless its shape is `want`.
 void expect_shape(const TensorInfo& info, const std::vector<int64_t>& want, const std::string& what) {
@@ -176,6 +238,12 @@ void expect_shape(const TensorInfo& info, const std::vector<int64_t>& want, cons
     fail_invalid(info.file.string() + ": tensor '" + info.name + "' has shape " + shape_text(info.shape) +
                  ", expected " + shape_text(want) + " (" + what + ")");
   }
+}
+
+/// A [rows, cols] slice starting at element `first` of `info`.
+ExpertSlice slice_of(const TensorInfo& info, uint64_t first, int64_t rows, int64_t cols) {
+  const uint64_t esize = dtype_size(info.dtype);
+  return ExpertSlice{&info, first * esize, static_cast<uint64_t>(rows * cols) * esize, rows, cols};
 }
 
 }  // namespace
@@ -191,8 +259,18 @@ ExpertTensorNames expert_tensor_names(const std::string& architecture) {
   return names;
 }
 
+void Checkpoint::read_slice(const ExpertSlice& slice, void* dst) const {
+  file_of(*slice.tensor).read(*slice.tensor, slice.offset, slice.bytes, dst);
+}
+
 ExpertWeights Checkpoint::load_expert(const ExpertTensorNames& names, int layer, int expert,
                                       int64_t hidden_size, int64_t intermediate_size) const {
+  const ExpertSlices slices = locate_expert(names, layer, expert, hidden_size, intermediate_size);
+  return ExpertWeights{slice_f32(slices.gate), slice_f32(slices.up), slice_f32(slices.down)};
+}
+
+ExpertSlices Checkpoint::locate_expert(const ExpertTensorNames& names, int layer, int expert,
+                                       int64_t hidden_size, int64_t intermediate_size) const {
   const std::string prefix = with_layer(names.prefix, layer);
   const int64_t H = hidden_size;
   const int64_t I = intermediate_size;
@@ -210,6 +288,10 @@ ExpertWeights Checkpoint::load_expert(const ExpertTensorNames& names, int layer,
   };
   // Checks [E, rows, cols] with expert < E; returns the element offset of the expert's slice.
   auto expert_slice = [&](const TensorInfo& t, int64_t rows, int64_t cols, const std::string& what) {
+    if (t.dtype == DType::kF8E4M3) {
+      fail_unsupported(t.file.string() + ": tensor '" + t.name + "' is a fused 3-D F8_E4M3 expert tensor; only " +
+                       "per-expert fp8 tensors with block scales are read");
+    }
     if (t.shape.size() != 3 || t.shape[1] != rows || t.shape[2] != cols) {
       expect_shape(t, {t.shape.empty() ? 0 : t.shape[0], rows, cols}, what);
     }
@@ -220,7 +302,7 @@ ExpertWeights Checkpoint::load_expert(const ExpertTensorNames& names, int layer,
     return static_cast<uint64_t>(expert) * static_cast<uint64_t>(rows * cols);
   };
 
-  ExpertWeights w;
+  ExpertSlices out;
   // Layout 1: one 2-D tensor per expert and projection.
   const std::string per = prefix + "." + std::to_string(expert) + ".";
   if (const TensorInfo* gate = find(per + names.gate + ".weight")) {
@@ -231,10 +313,14 @@ ExpertWeights Checkpoint::load_expert(const ExpertTensorNames& names, int layer,
     expect_shape(*gate, {I, H}, "moe_intermediate_size, hidden_size");
     expect_shape(*up, {I, H}, "moe_intermediate_size, hidden_size");
     expect_shape(*down, {H, I}, "hidden_size, moe_intermediate_size");
-    w.gate = read_elements(file_of(*gate), *gate, 0, slice);
-    w.up = read_elements(file_of(*up), *up, 0, slice);
-    w.down = read_elements(file_of(*down), *down, 0, slice);
-    return w;
+    ExpertSlices out{slice_of(*gate, 0, I, H), slice_of(*up, 0, I, H), slice_of(*down, 0, H, I)};
+    for (ExpertSlice* sl : {&out.gate, &out.up, &out.down}) {
+      if (sl->tensor->dtype != DType::kF8E4M3) continue;
+      sl->scale = &fp8_scale_of(*sl->tensor);
+      sl->block_rows = fp8_block_->first;
+      sl->block_cols = fp8_block_->second;
+    }
+    return out;
   }
 
   const TensorInfo* down = find_3d(prefix + "." + names.down);
@@ -242,25 +328,22 @@ ExpertWeights Checkpoint::load_expert(const ExpertTensorNames& names, int layer,
   if (const TensorInfo* gate_up = find_3d(prefix + "." + names.gate_up)) {
     if (down == nullptr) fail_invalid(dir_.string() + ": tensor '" + prefix + "." + names.down + "' not found");
     const uint64_t first = expert_slice(*gate_up, 2 * I, H, "experts, 2 * moe_intermediate_size, hidden_size");
-    w.gate = read_elements(file_of(*gate_up), *gate_up, first, slice);
-    w.up = read_elements(file_of(*gate_up), *gate_up, first + slice, slice);
+    out.gate = slice_of(*gate_up, first, I, H);
+    out.up = slice_of(*gate_up, first + slice, I, H);
   } else if (const TensorInfo* gate = find_3d(prefix + "." + names.gate)) {
     // Layout 3: separate 3-D gate and up [E, I, H].
     const TensorInfo* up = find_3d(prefix + "." + names.up);
     if (up == nullptr) fail_invalid(dir_.string() + ": tensor '" + prefix + "." + names.up + "' not found");
     if (down == nullptr) fail_invalid(dir_.string() + ": tensor '" + prefix + "." + names.down + "' not found");
-    w.gate = read_elements(file_of(*gate), *gate,
-                           expert_slice(*gate, I, H, "experts, moe_intermediate_size, hidden_size"), slice);
-    w.up = read_elements(file_of(*up), *up, expert_slice(*up, I, H, "experts, moe_intermediate_size, hidden_size"),
-                         slice);
+    out.gate = slice_of(*gate, expert_slice(*gate, I, H, "experts, moe_intermediate_size, hidden_size"), I, H);
+    out.up = slice_of(*up, expert_slice(*up, I, H, "experts, moe_intermediate_size, hidden_size"), I, H);
   } else {
     fail_invalid(dir_.string() + ": no weights for layer " + std::to_string(layer) + " expert " +
                  std::to_string(expert) + ": neither '" + per + names.gate + ".weight' nor '" + prefix + "." +
                  names.gate_up + "' nor '" + prefix + "." + names.gate + "' exists");
   }
-  w.down = read_elements(file_of(*down), *down,
-                         expert_slice(*down, H, I, "experts, hidden_size, moe_intermediate_size"), slice);
-  return w;
+  out.down = slice_of(*down, expert_slice(*down, H, I, "experts, hidden_size, moe_intermediate_size"), H, I);
+  return out;
 }
 
 }  // namespace charm

@@ -112,6 +112,10 @@ struct HealthReplyMsg {
   uint32_t protocol_version = kProtocolVersion;
   std::string model_fingerprint;  ///< model_fingerprint() of the served checkpoint; empty
                                   ///< from a worker that predates the field
+  TierStats tier;                 ///< expert-tier counters summed over layers
+  std::map<uint32_t, TierStats> tier_layers;  ///< per MoE layer
+  uint64_t slot_bytes = 0;        ///< bytes of one RAM expert slot
+  uint64_t slots = 0;             ///< RAM expert slots (pinned + LRU)
 };
 
 /// `error`: the peer's last frame was rejected; the sender closes the connection after.
@@ -157,8 +161,10 @@ FrameBody split_frame(const uint8_t* data, size_t size,
 /// size; in a helloReply: a layer listed twice or expert ids not strictly ascending; in
 /// a layerRequest: hiddenSize 0 or over kMaxWireHiddenSize, a hidden payload that is not
 /// a multiple of 4 bytes or not numRows * hiddenSize * 4 bytes, an assignment row >=
-/// numRows; in a layerResponse: outputs not a multiple of 4 bytes. What needs the
-/// model's shape (layer and expert ids) is checked by check_layer_request.
+/// numRows; in a layerResponse: outputs not a multiple of 4 bytes, stats.hits +
+/// stats.misses other than 0 or expertsComputed, prefetchHits > hits; in a healthReply:
+/// tierLayers not ascending / a layer twice, prefetchHits > prefetchIssued. What needs
+/// the model's shape (layer and expert ids) is checked by check_layer_request.
 WireMessage decode_message(const FrameBody& body,
                            uint64_t max_frame_bytes = kDefaultMaxFrameBytes);
 

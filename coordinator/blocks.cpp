@@ -33,7 +33,8 @@ void RmsNorm::operator()(const float* x, size_t rows, float* y) const {
   rms_norm(x, weight.data(), rows, weight.size(), eps, y);
 }
 
-Rope::Rope(size_t head_dim, double theta) : head_dim_(head_dim), inv_freq_(head_dim / 2) {
+Rope::Rope(size_t head_dim, double theta, RopeLayout layout)
+    : head_dim_(head_dim), inv_freq_(head_dim / 2), layout_(layout) {
   // Computed in f32 as transformers does: 1 / base ** (arange(0, d, 2) / d).
   for (size_t i = 0; i < head_dim / 2; ++i) {
     const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
@@ -41,20 +42,30 @@ Rope::Rope(size_t head_dim, double theta) : head_dim_(head_dim), inv_freq_(head_
   }
 }
 
+Rope::Rope(std::vector<float> inv_freq, float attention_factor, RopeLayout layout)
+    : head_dim_(2 * inv_freq.size()), inv_freq_(std::move(inv_freq)), attention_factor_(attention_factor),
+      layout_(layout) {}
+
 void Rope::apply(float* x, size_t rows, size_t heads, size_t pos0) const {
   const size_t half = head_dim_ / 2;
+  // The interleaved layout reads pair i from dims (2i, 2i+1) and writes it to (i, i+half).
+  const bool interleaved = layout_ == RopeLayout::kInterleaved;
+  std::vector<float> cos(half), sin(half), in(head_dim_);
   for (size_t r = 0; r < rows; ++r) {
     const float pos = static_cast<float>(pos0 + r);
     for (size_t i = 0; i < half; ++i) {
       const float angle = pos * inv_freq_[i];
-      const float c = std::cos(angle);
-      const float s = std::sin(angle);
-      for (size_t h = 0; h < heads; ++h) {
-        float* v = x + (r * heads + h) * head_dim_;
-        const float a = v[i];
-        const float b = v[i + half];
-        v[i] = a * c - b * s;
-        v[i + half] = b * c + a * s;
+      cos[i] = std::cos(angle) * attention_factor_;
+      sin[i] = std::sin(angle) * attention_factor_;
+    }
+    for (size_t h = 0; h < heads; ++h) {
+      float* v = x + (r * heads + h) * head_dim_;
+      std::copy(v, v + head_dim_, in.begin());
+      for (size_t i = 0; i < half; ++i) {
+        const float a = interleaved ? in[2 * i] : in[i];
+        const float b = interleaved ? in[2 * i + 1] : in[i + half];
+        v[i] = a * cos[i] - b * sin[i];
+        v[i + half] = b * cos[i] + a * sin[i];
       }
     }
   }

@@ -36,17 +36,31 @@ struct RmsNorm {
   void operator()(const float* x, size_t rows, float* y) const;
 };
 
-/// Rotary position embedding in the "rotate_half" (GPT-NeoX) layout that Llama, Qwen3-MoE
-/// and OLMoE use: dims i and i + head_dim/2 form a pair, inv_freq = theta^(-2i/head_dim).
+/// Which dims of a head form a rotation pair.
+enum class RopeLayout {
+  kHalves,       ///< "rotate_half" (GPT-NeoX): dims i and i + head_dim/2 (Llama, Qwen3-MoE, OLMoE)
+  kInterleaved,  ///< dims 2i and 2i+1, written back de-interleaved: out[i], out[i + head_dim/2]
+                 ///< (DeepSeek-V3's apply_rotary_pos_emb_interleave, rope_interleave = true)
+};
+
+/// Rotary position embedding: pair i turns by angle pos * inv_freq[i]; cos and sin are
+/// multiplied by attention_factor (1 for plain RoPE; YaRN's cos/sin scale, see
+/// coordinator/rope_scaling.h).
 class Rope {
  public:
-  Rope(size_t head_dim, double theta);
+  /// Plain RoPE: inv_freq = theta^(-2i/head_dim), computed in f32.
+  Rope(size_t head_dim, double theta, RopeLayout layout = RopeLayout::kHalves);
+  /// Given inverse frequencies [head_dim / 2], cos/sin scale and layout.
+  Rope(std::vector<float> inv_freq, float attention_factor, RopeLayout layout);
   /// Rotates x [rows, heads, head_dim] in place; row r is at position pos0 + r.
   void apply(float* x, size_t rows, size_t heads, size_t pos0) const;
+  size_t head_dim() const { return head_dim_; }
 
  private:
   size_t head_dim_;
   std::vector<float> inv_freq_;
+  float attention_factor_ = 1.0f;
+  RopeLayout layout_ = RopeLayout::kHalves;
 };
 
 /// Causal scaled-dot-product attention with grouped KV heads over the cache of `layer`.

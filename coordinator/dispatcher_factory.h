@@ -21,11 +21,11 @@ struct LocalExperts {
   std::unique_ptr<ExpertExecutor> executor;
 };
 
-/// Single-node: loads every routed expert into `local` and returns a LocalDispatcher over
-/// it. Cluster: connects to every worker of the topology (handshake with the model
-/// fingerprint) and returns a ClusterDispatcher that reports to `metrics` (may be null;
-/// must outlive the dispatcher). Throws Error naming the worker that cannot be reached or
-/// does not match.
+/// Single-node: opens every routed expert in `local` with topology.store's tier settings
+/// (worker/store_factory.h) and returns a LocalDispatcher over it. Cluster: connects to
+/// every worker of the topology (handshake with the model fingerprint) and returns a
+/// ClusterDispatcher. Either reports to `metrics` (may be null; must outlive the
+/// dispatcher). Throws Error naming the worker that cannot be reached or does not match.
 std::unique_ptr<ExpertDispatcher> make_dispatcher(const Topology& topology, const Checkpoint& checkpoint,
                                                   const ModelConfig& config, LocalExperts& local,
                                                   Metrics* metrics = nullptr);

@@ -57,8 +57,9 @@ class EngineImpl final : public Engine {
     model_name_ = topology.model_name.empty() ? topology.model.filename().string() : topology.model_name;
     dispatcher_ = make_dispatcher(topology, *checkpoint_, config_, experts_, metrics);
     model_ = load_model(*checkpoint_, config_, *dispatcher_);
-    spdlog::info("loaded {} ({}): {} layers, {} experts, top-{}, eos ids {}", model_name_, config_.architecture,
-                 config_.num_hidden_layers, config_.num_experts, config_.num_experts_per_tok, eos_ids_.size());
+    spdlog::info("loaded {} ({}): {} layers, {} experts, top-{}, eos ids {}, KV cache {} bytes per token", model_name_,
+                 config_.architecture, config_.num_hidden_layers, config_.num_experts, config_.num_experts_per_tok,
+                 eos_ids_.size(), model_->new_cache(0).bytes_per_token());
   }
 
   const Tokenizer& tokenizer() const override { return *tokenizer_; }
@@ -77,6 +78,7 @@ class EngineImpl final : public Engine {
     result.prompt_tokens = static_cast<int64_t>(prompt.size());
     std::mt19937_64 rng(params.seed ? *params.seed : std::random_device{}());
     KvCache cache = model_->new_cache(prompt.size() + static_cast<size_t>(params.max_tokens));
+    result.kv_bytes_per_token = static_cast<int64_t>(cache.bytes_per_token());
     std::vector<float> logits(config_.vocab_size);
     StreamDecoder decoder(*tokenizer_, /*skip_special=*/true);
     StopMatcher stops(params.stop);

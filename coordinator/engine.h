@@ -40,6 +40,7 @@ struct GenerationResult {
   /// Per sampled token after the first: milliseconds since the previous one (for the
   /// per-token latency histogram of /metrics).
   std::vector<double> token_latencies_ms;
+  int64_t kv_bytes_per_token = 0;    ///< KV cache bytes per token over all layers (KvCache::bytes_per_token)
 };
 
 class Metrics;

@@ -1,5 +1,6 @@
 #include "coordinator/status_report.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <future>
@@ -98,6 +99,14 @@ std::string bytes_text(uint64_t bytes) {
   return unit == 0 ? std::to_string(bytes) + " B" : fixed(value, 1) + " " + units[unit];
 }
 
+// A table cell: bytes_text without its space ("1.0MiB", "512B"), so every cell is one
+// word and the table splits on whitespace (scripts, tests) despite its many columns.
+std::string bytes_cell(uint64_t bytes) {
+  std::string text = bytes_text(bytes);
+  text.erase(std::remove(text.begin(), text.end(), ' '), text.end());
+  return text;
+}
+
 // How long ago, from milliseconds: "120ms" under a second, else "2.5s".
 std::string ago_text(double ms) { return ms < 1000 ? fixed(ms, 0) + "ms" : fixed(ms / 1000, 1) + "s"; }
 
@@ -155,6 +164,19 @@ std::vector<WorkerStatus> query_coordinator(const Topology& topology, int timeou
     status.coordinator_error = e.message();
     return {};
   }
+}
+
+// "87.5%", or "-" when nothing was looked up yet.
+std::string hit_rate(const TierStats& t) {
+  const uint64_t lookups = t.hits + t.misses;
+  return lookups == 0 ? "-" : fixed(100.0 * static_cast<double>(t.hits) / static_cast<double>(lookups), 1) + "%";
+}
+
+std::string tier_line(const std::string& worker, uint32_t layer, const TierStats& t) {
+  return worker + " layer " + std::to_string(layer) + ": hits " + std::to_string(t.hits) + ", misses " +
+         std::to_string(t.misses) + " (" + hit_rate(t) + " hit), read " + bytes_text(t.bytes_read) + ", io wait " +
+         fixed(static_cast<double>(t.io_wait_ns) / 1e6, 2) + " ms, disk " + fixed(static_cast<double>(t.disk_ns) / 1e6, 2) +
+         " ms, prefetch used " + std::to_string(t.prefetch_hits) + "/" + std::to_string(t.prefetch_issued) + "\n";
 }
 
 }  // namespace
@@ -284,11 +306,11 @@ ClusterStatus collect_status(const Topology& topology, int timeout_ms) {
   return status;
 }
 
-std::string format_status(const ClusterStatus& status) {
+std::string format_status(const ClusterStatus& status, bool layers) {
   using Row = std::vector<std::string>;
   std::vector<Row> table = {{"WORKER", "ADDRESS", "STATE", "COORD", "EXPERTS", "TIERS", "REQUESTS", "PING_MS",
-                             "RTT_P50_MS", "RTT_P99_MS", "FAILOVERS", "REJOINS", "LAST_SEEN", "BYTES_IN",
-                             "BYTES_OUT"}};
+                             "RTT_P50_MS", "RTT_P99_MS", "HIT_RATE", "DISK_READ", "FAILOVERS", "REJOINS",
+                             "LAST_SEEN", "BYTES_IN", "BYTES_OUT"}};
   for (const WorkerStatusRow& w : status.workers) {
     const auto& h = w.health;
     const auto& c = w.coordinator;
@@ -300,11 +322,13 @@ std::string format_status(const ClusterStatus& status) {
                      w.up ? fixed(w.ping_ms, 2) : "-",
                      c ? fixed(c->rtt_p50_ms, 2) : "-",
                      c ? fixed(c->rtt_p99_ms, 2) : "-",
+                     h ? hit_rate(h->tier) : "-",
+                     h ? bytes_cell(h->tier.bytes_read) : "-",
                      c ? std::to_string(c->failovers) : "-",
                      c ? std::to_string(c->rejoins) : "-",
                      c && c->last_seen_ms >= 0 ? ago_text(c->last_seen_ms) : "-",
-                     c ? bytes_text(c->bytes_in) : "-",
-                     c ? bytes_text(c->bytes_out) : "-"});
+                     c ? bytes_cell(c->bytes_in) : "-",
+                     c ? bytes_cell(c->bytes_out) : "-"});
   }
   std::vector<size_t> width(table[0].size(), 0);
   for (const Row& row : table) {
@@ -331,6 +355,12 @@ std::string format_status(const ClusterStatus& status) {
     }
   }
   for (const std::string& note : status.notes) out += note + "\n";
+  if (layers) {
+    for (const WorkerStatusRow& w : status.workers) {
+      if (!w.health) continue;
+      for (const auto& [layer, t] : w.health->tier_layers) out += tier_line(w.name, layer, t);
+    }
+  }
   if (!status.coordinator_reachable) {
     out += "coordinator at " + status.coordinator_address + " is unreachable (" +
            status.coordinator_error + "): RTT and byte columns are \"-\"\n";

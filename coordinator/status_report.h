@@ -83,15 +83,19 @@ ClusterStatus collect_status(const Topology& topology, int timeout_ms);
 std::vector<WorkerStatus> parse_cluster_status(const std::string& body);
 
 /// The table: a header line, then per worker name, address, state, the coordinator's
-/// state of it (COORD: up, down, slow), experts, experts per tier (TIERS, "vram:8,ram:56"),
+/// state of it (COORD: up, down, slow), experts, experts per tier (TIERS, "ram:56,disk:8"),
 /// requests (served, as the worker counts them), ping ms, coordinator rtt p50/p99 ms,
-/// failovers, rejoins, how long ago the coordinator last heard from it (LAST_SEEN, "120ms"
-/// under a second, else "2.5s"), and bytes in/out as the coordinator counts them ("-"
-/// where the coordinator is unreachable or a value is unknown); then one line per worker
-/// not "up" (why, naming both values for a mismatch), one per slow worker (both RTT
-/// numbers), one per worker the coordinator holds down (its last error), one per note,
-/// and a line on the coordinator when it is unreachable.
-std::string format_status(const ClusterStatus& status);
+/// RAM-tier hit rate (HIT_RATE: hits / (hits + misses) of its experts, "-" before any
+/// lookup), bytes read from disk (DISK_READ, as the worker counts them), failovers,
+/// rejoins, how long ago the coordinator last heard from it (LAST_SEEN, "120ms" under a
+/// second, else "2.5s"), and bytes in/out as the coordinator counts them ("-" where the
+/// coordinator is unreachable or a value is unknown); then one line per worker not "up"
+/// (why, naming both values for a mismatch), one per slow worker (both RTT numbers), one
+/// per worker the coordinator holds down (its last error), one per note, and a line on
+/// the coordinator when it is unreachable. With `layers`, then one line per worker and
+/// MoE layer: hits, misses, hit rate, bytes read, I/O wait seen by requests, disk time,
+/// prefetches used / issued.
+std::string format_status(const ClusterStatus& status, bool layers = false);
 
 /// collect_status + format_status. A worker that does not answer shows state "down".
 std::string render_status(const Topology& topology, int timeout_ms);

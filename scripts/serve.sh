@@ -19,16 +19,13 @@ charm="${CHARM_BUILD_DIR:-build}/charm"
 # The demo configs point at models/qwen2.5-0.5b-moe/checkpoint, a link into the cache.
 demo_link=models/qwen2.5-0.5b-moe/checkpoint
 if grep -q "$demo_link" "$config"; then
-  # moefy.py build needs these (torch only for its bf16 conversion; the CPU wheel is
-  # enough): installed on first use, not by setup.sh, since the tests do not need them.
-  for entry in numpy:numpy gguf:gguf safetensors:safetensors torch:torch; do
-    module="${entry%%:*}" package="${entry##*:}"
-    python3 -c "import $module" 2>/dev/null && continue
+  # moefy.py build needs only numpy and gguf (it rounds to bf16 and writes the safetensors
+  # files itself; no torch): installed on first use, not by setup.sh, since the tests do
+  # not need them.
+  for package in numpy gguf; do
+    python3 -c "import $package" 2>/dev/null && continue
     echo "serve.sh: installing Python package $package (for scripts/moefy.py build)"
-    extra=()
-    [[ $package == torch ]] && extra=(--index-url https://download.pytorch.org/whl/cpu)
-    python3 -m pip install -q "${extra[@]}" "$package" 2>/dev/null ||
-      python3 -m pip install -q --break-system-packages "${extra[@]}" "$package" 2>/dev/null ||
+    python3 -m pip install -q "$package" 2>/dev/null ||
       python3 -m pip install -q --break-system-packages "$package"
   done
   checkpoint=$(python3 scripts/moefy.py build --reuse | tail -n 1)

@@ -17,7 +17,8 @@ DEBIAN_PACKAGES=(
   clang libclang-rt-dev
 )
 # The integration tests drive the API with the official client and read YAML configs.
-PYTHON_PACKAGES=(openai:openai yaml:pyyaml)  # module:package
+# numpy: the moefy writer test (tests/unit/test_moefy_writer.py) and scripts/moefy.py build.
+PYTHON_PACKAGES=(openai:openai yaml:pyyaml numpy:numpy)  # module:package
 
 missing=()
 for p in "${DEBIAN_PACKAGES[@]}"; do

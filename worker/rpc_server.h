@@ -30,6 +30,8 @@ class LayerService {
   virtual ExpertResponse run(const ExpertRequest& request) = 0;
   /// Experts held: layer -> expert ids, ascending.
   virtual std::map<uint32_t, std::vector<uint32_t>> held() const = 0;
+  /// Adds the expert-tier counters to a health reply (default: none).
+  virtual void add_tier_stats(HealthReplyMsg& health) const {}
 };
 
 /// LayerService over a worker's ExpertExecutor (which must outlive it).
@@ -39,6 +41,14 @@ class ExecutorService final : public LayerService {
   ExpertResponse run(const ExpertRequest& request) override { return executor_.run(request); }
   std::map<uint32_t, std::vector<uint32_t>> held() const override {
     return executor_.store().held();
+  }
+  void add_tier_stats(HealthReplyMsg& health) const override {
+    const ExpertStore& store = executor_.store();
+    health.tier_layers = store.layer_stats();
+    health.tier = TierStats{};
+    for (const auto& [layer, t] : health.tier_layers) health.tier += t;
+    health.slot_bytes = store.cache().slot_bytes();
+    health.slots = store.cache().slot_count();
   }
 
  private:

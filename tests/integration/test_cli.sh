@@ -37,6 +37,12 @@ expect 2 "bogus_key" -- run --config "$tmp/unknown-key.yaml" hello
 expect 2 "charm: " -- status --config "$tmp/bad.yaml"
 expect 1 "charm: " -- serve --config "$tmp/missing.yaml"
 expect 0 "" -- --help
+expect 2 "--out" -- convert --checkpoint "$tmp"
+expect 2 "quant" -- convert --checkpoint "$tmp" --out "$tmp/c" --quant fp8
+expect 2 "--worker needs --config" -- convert --checkpoint "$tmp" --out "$tmp/c" --worker w0
+expect 2 "not a checkpoint directory" -- convert --checkpoint "$tmp/absent" --out "$tmp/c"
+expect 2 "ram-gb" -- worker --config "$tmp/bad.yaml" --name a --ram-gb -1
+expect 2 "ram-gb" -- serve --config "$tmp/bad.yaml" --ram-gb 0
 
 # A checkpoint whose config.json names an unsupported architecture, or a supported one
 # with a required field missing: `charm run` names the architecture / the field and the

@@ -138,7 +138,7 @@ TEST_CASE("bytes on the wire per token per layer") {
     CHECK(up >= up_payload);
     CHECK(up - up_payload < 128);  // the envelope is a handful of words
     CHECK(down >= down_payload);
-    CHECK(down - down_payload < 128);
+    CHECK(down - down_payload < 160);  // + LayerStats with the tier counters: 6 words
   }
 }
 
@@ -457,8 +457,8 @@ TEST_CASE("charm status table joins the coordinator's /cluster/status view") {
   INFO(table);
   CHECK(table.find("1.50") != std::string::npos);
   CHECK(table.find("3.25") != std::string::npos);
-  CHECK(table.find("1.0 MiB") != std::string::npos);
-  CHECK(table.find("2.0 KiB") != std::string::npos);
+  CHECK(table.find("1.0MiB") != std::string::npos);  // table cells are one word each
+  CHECK(table.find("2.0KiB") != std::string::npos);
   // Columns line up: every line has the ADDRESS column at the same offset.
   const size_t header_col = table.find("ADDRESS");
   CHECK(table.find("127.0.0.1:5001") - table.find('\n') - 1 == header_col);
@@ -466,4 +466,41 @@ TEST_CASE("charm status table joins the coordinator's /cluster/status view") {
   require_error([] { parse_cluster_status("{\"workers\":[{\"name\":\"w1\"}]}"); },
                 ErrorCategory::kProtocol, {"workers[0].address"});
   require_error([] { parse_cluster_status("not json"); }, ErrorCategory::kProtocol, {"not JSON"});
+}
+
+TEST_CASE("health carries the worker's tier counters; charm status shows hit rate, bytes read and layers") {
+  Cluster cluster;
+  ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint);
+  const std::vector<float> hidden = noise(3 * kHidden, 9);
+  const auto assignments = routing(3);
+  std::vector<float> got(assignments.size() * kHidden);
+  for (uint32_t layer : kLayers) dispatcher.run_layer(layer, hidden.data(), 3, kHidden, assignments, got.data());
+  // Everything resident (no budget): every lookup is a hit, nothing read after start.
+  const HealthReplyMsg health = cluster.a.server->health();
+  CHECK(health.tier.hits > 0);
+  CHECK(health.tier.misses == 0);
+  CHECK(health.tier.bytes_read == 0);
+  CHECK(health.slots == 4);
+  CHECK(health.slot_bytes == 4096);
+  REQUIRE(health.tier_layers.size() == 2);
+  CHECK(health.tier_layers.at(0).hits + health.tier_layers.at(2).hits == health.tier.hits);
+
+  ClusterStatus status;
+  WorkerStatusRow row;
+  row.name = "a";
+  row.address = "127.0.0.1:1";
+  row.up = true;
+  row.health = health;
+  row.health->tier = {3, 1, 3 << 20, 2000000, 5000000, 4, 2};
+  row.health->tier_layers = {{0, {3, 1, 3 << 20, 2000000, 5000000, 4, 2}}};
+  status.workers.push_back(row);
+  status.coordinator_reachable = true;
+  const std::string table = format_status(status, /*layers=*/true);
+  INFO(table);
+  CHECK(table.find("HIT_RATE") != std::string::npos);
+  CHECK(table.find("75.0%") != std::string::npos);
+  CHECK(table.find("3.0MiB") != std::string::npos);  // DISK_READ
+  CHECK(table.find("a layer 0: hits 3, misses 1 (75.0% hit), read 3.0 MiB, io wait 2.00 ms, disk 5.00 ms, "
+                   "prefetch used 2/4") != std::string::npos);
+  CHECK(format_status(status).find("a layer 0") == std::string::npos);
 }

@@ -275,3 +275,42 @@ TEST_CASE("placement names every uncovered expert and the workers") {
   expect_error([&] { one_layer.placement({1, 2}, 1); }, ErrorCategory::kInvalidInput,
                {"no worker holds layer 2 expert 0 (workers: a)"});
 }
+
+TEST_CASE("expert tier keys: defaults, values, paths resolved against the YAML folder") {
+  TempDir dir("topo");
+  const Topology t = load_text(dir, kModel +
+                                        "workers:\n"
+                                        "  - {name: a, port: 7701, experts: \"0-3\"}\n"
+                                        "  - {name: b, port: 7702, experts: \"4-7\", ram_gb: 1.5, pin: hot.json,\n"
+                                        "     container: ../experts-b, io: odirect, io_threads: 2, usage_file: none}\n");
+  const StoreSpec& a = t.workers[0].store;
+  CHECK_FALSE(a.ram_gb.has_value());
+  CHECK(a.pin == "auto");
+  CHECK(a.container.empty());
+  CHECK(a.io == "pread");
+  CHECK(a.io_threads == 4);
+  CHECK(a.usage_file.empty());
+  const StoreSpec& b = t.workers[1].store;
+  CHECK(*b.ram_gb == 1.5);
+  CHECK(b.pin_file == (dir.path() / "hot.json").lexically_normal());
+  CHECK(b.container == (dir.path() / "../experts-b").lexically_normal());
+  CHECK(b.io == "odirect");
+  CHECK(b.io_threads == 2);
+  CHECK(b.usage_file == "none");
+
+  const Topology single = load_text(dir, kModel + "mode: single-node\nstore: {ram_gb: 0.25, pin: none}\n");
+  CHECK(*single.store.ram_gb == 0.25);
+  CHECK(single.store.pin == "none");
+}
+
+TEST_CASE("expert tier keys: bad values are rejected naming the key") {
+  const std::string w = kModel + "workers:\n  - {name: a, port: 7701, experts: 0, ";
+  expect_invalid(w + "ram_gb: 0}\n", "workers[0].ram_gb", "expected a positive number of GiB, got '0'");
+  expect_invalid(w + "ram_gb: lots}\n", "workers[0].ram_gb", "positive number of GiB");
+  expect_invalid(w + "io: uring}\n", "workers[0].io", "expected 'pread' or 'odirect', got 'uring'");
+  expect_invalid(w + "io_threads: 0}\n", "workers[0].io_threads", "expected an integer 1-256");
+  expect_invalid(w + "ram: 4}\n", "workers[0].ram", "unknown key");
+  expect_invalid(kModel + "store: {ram_gb: 1}\nworkers:\n  - {name: a, port: 7701, experts: 0}\n", "store",
+                 "only with mode: single-node");
+  expect_invalid(kModel + "mode: single-node\nstore: {experts: 3}\n", "store.experts", "unknown key");
+}
