@@ -78,6 +78,7 @@ struct ClusterDispatcher::Worker {
   uint64_t failovers = 0;
   uint64_t rejoins = 0;
   std::optional<Clock::time_point> last_seen;  // last handshake, reply or heartbeat reply
+  std::optional<uint64_t> ram_slots;  // HealthReply.slots of its last heartbeat since connecting
   Clock::time_point next_retry;
   std::chrono::milliseconds backoff{0};
   std::string last_error;
@@ -225,6 +226,7 @@ void ClusterDispatcher::connect(Worker& worker) {
   worker.ever_up = true;
   worker.state = "up";
   worker.experts_held = held;
+  worker.ram_slots.reset();  // maybe another process, another budget: learnt at the next heartbeat
   worker.bytes_out += handshake.bytes_out;
   worker.bytes_in += handshake.bytes_in;
   worker.last_seen = Clock::now();
@@ -328,9 +330,10 @@ void ClusterDispatcher::receive_reply(Worker& worker, Batch& batch) {
   }
   if (metrics_) {
     metrics_->worker_rpc(worker.spec.name, rtt_ms / 1000.0);
-    // Workers hold every expert in RAM until the tier statistics reach the wire: every
-    // expert computed was a hit, nothing was read.
-    metrics_->expert_stats(worker.spec.name, reply.response.stats.experts_computed, 0, 0);
+    // The worker's own tier counts for this request (hits + misses = experts computed,
+    // checked by the decoder); a failed-over resend counts on the replica that served it.
+    const ExpertStats& st = reply.response.stats;
+    metrics_->expert_stats(worker.spec.name, st.hits, st.misses, st.bytes_read);
   }
   std::lock_guard<std::mutex> lock(stats_mutex_);
   worker.rtt.add(rtt_ms);
@@ -564,9 +567,10 @@ void ClusterDispatcher::heartbeat_if_due(Worker& worker) {
   try {
     const uint64_t out = worker.conn->send(encode_health_request(), heartbeat_interval_);
     const FrameBody body = worker.conn->receive(heartbeat_interval_);
-    decode_as<HealthReplyMsg>(body);
+    const HealthReplyMsg health = decode_as<HealthReplyMsg>(body);
     std::lock_guard<std::mutex> lock(stats_mutex_);
     worker.last_seen = Clock::now();
+    worker.ram_slots = health.slots;
     worker.bytes_out += out;
     worker.bytes_in += body.bytes + 4;
   } catch (const Error& e) {
@@ -603,7 +607,7 @@ std::vector<WorkerStatus> ClusterDispatcher::status() const {
     s.slow = !slow[i].empty();
     s.slow_reason = slow[i];
     s.last_error = w.last_error;
-    s.experts_by_tier = {{"ram", w.experts_held}};
+    if (w.ram_slots) s.experts_by_tier = split_by_tier(w.experts_held, *w.ram_slots);
     out.push_back(std::move(s));
   }
   return out;

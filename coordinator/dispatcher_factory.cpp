@@ -22,7 +22,7 @@ std::unique_ptr<ExpertDispatcher> make_dispatcher(const Topology& topology, cons
   }
   local.store = open_store(topology.store, checkpoint, config, all, "local", model_fingerprint(checkpoint));
   local.executor = std::make_unique<ExpertExecutor>(*local.store);
-  return std::make_unique<LocalDispatcher>(*local.executor);
+  return std::make_unique<LocalDispatcher>(*local.executor, metrics);
 }
 
 }  // namespace charm

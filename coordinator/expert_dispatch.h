@@ -31,10 +31,23 @@ struct WorkerStatus {
   bool slow = false;               ///< layer RTT p50 over timeouts.slow_ms, or 4x the others' median
   std::string slow_reason;         ///< both numbers, when slow
   std::string last_error;          ///< why it last went down or failed to rejoin; empty if never
-  /// (layer, expert) pairs held per tier ("vram", "ram", "disk"); workers report no tiers
-  /// yet, so this is {"ram": experts_held} until the tier statistics reach the wire.
+  /// (layer, expert) pairs held per tier ("ram", "disk"; "vram" reserved), from the
+  /// worker's tier counters (split_by_tier); empty while the coordinator has not had a
+  /// health reply from this worker since it (re)connected.
   std::map<std::string, uint64_t> experts_by_tier;
 };
+
+/// Experts per tier from a worker's counts: `experts_held` (layer, expert) pairs and
+/// `ram_slots` RAM expert slots (HealthReply.slots: pinned + LRU over all layers).
+/// {"ram": experts_held} when every held expert has a slot of its own (no budget, or one
+/// that holds them all), and when ram_slots is 0 (a service that keeps no tiers holds
+/// everything in RAM); else {"ram": ram_slots, "disk": experts_held - ram_slots}: at most
+/// ram_slots are resident at once and the rest is read from disk on a miss. "ram" counts
+/// the slots, not which of them are filled at this moment (workers do not send that).
+inline std::map<std::string, uint64_t> split_by_tier(uint64_t experts_held, uint64_t ram_slots) {
+  if (ram_slots == 0 || ram_slots >= experts_held) return {{"ram", experts_held}};
+  return {{"ram", ram_slots}, {"disk", experts_held - ram_slots}};
+}
 
 /// Runs routed experts for the coordinator. Implementations must return exactly the
 /// bytes ExpertExecutor::run_into produces for each assignment.

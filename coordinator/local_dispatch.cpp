@@ -3,6 +3,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "coordinator/metrics.h"
 
 namespace charm {
 
@@ -18,8 +19,9 @@ void LocalDispatcher::finish_layer() {
   if (!pending_) fail_internal("finish_layer without begin_layer");
   const Pending p = *pending_;
   pending_.reset();
-  executor_.run_into(p.layer, p.hidden, p.num_rows, *p.assignments, p.outputs);
+  const ExpertStats stats = executor_.run_into(p.layer, p.hidden, p.num_rows, *p.assignments, p.outputs);
   ++requests_;
+  if (metrics_) metrics_->expert_stats("local", stats.hits, stats.misses, stats.bytes_read);
 }
 
 std::vector<WorkerStatus> LocalDispatcher::status() const {
@@ -29,6 +31,7 @@ std::vector<WorkerStatus> LocalDispatcher::status() const {
   s.state = "in-process";
   s.experts_held = executor_.store().size();
   s.requests = requests_.load();
+  s.experts_by_tier = split_by_tier(s.experts_held, executor_.store().cache().slot_count());
   return {s};
 }
 

@@ -10,10 +10,14 @@
 
 namespace charm {
 
+class Metrics;
+
 class LocalDispatcher final : public ExpertDispatcher {
  public:
-  /// `executor` must outlive the dispatcher.
-  explicit LocalDispatcher(const ExpertExecutor& executor) : executor_(executor) {}
+  /// `executor` must outlive the dispatcher, and so must `metrics` (may be null), which
+  /// gets the in-process store's tier counts of every layer as worker "local".
+  explicit LocalDispatcher(const ExpertExecutor& executor, Metrics* metrics = nullptr)
+      : executor_(executor), metrics_(metrics) {}
 
   /// Records the layer; the experts run in finish_layer, on the same cores a shared
   /// expert would use, so deferring loses nothing.
@@ -32,6 +36,7 @@ class LocalDispatcher final : public ExpertDispatcher {
   };
 
   const ExpertExecutor& executor_;
+  Metrics* metrics_;
   std::optional<Pending> pending_;
   std::atomic<uint64_t> requests_{0};
 };

@@ -5,9 +5,11 @@
 //
 // Who records what:
 //   HttpApi            http_request, generation (tokens, TTFT, per-token latency)
-//   ClusterDispatcher  worker_rpc (per-worker round trip, every reply), expert_stats, and
-//                      worker_error + failover(worker) where it fails a worker over
-//                      (the same event WorkerStatus::failovers counts)
+//   ClusterDispatcher  worker_rpc (per-worker round trip, every reply), expert_stats (the
+//                      reply's LayerStats hits, misses, bytesRead), and worker_error +
+//                      failover(worker) where it fails a worker over (the same event
+//                      WorkerStatus::failovers counts)
+//   LocalDispatcher    expert_stats as worker "local" (the in-process store's counts)
 // Thread-safety: every method may be called from any thread (one mutex).
 #pragma once
 
@@ -51,8 +53,9 @@ class Metrics {
   /// `worker` failed mid-layer and its share went to replicas (or the layer failed for
   /// want of one): ClusterDispatcher calls it where it counts WorkerStatus::failovers.
   void failover(const std::string& worker);
-  /// Expert cache statistics a worker reported for one layer request: experts found in
-  /// memory (hits), experts that had to be read (misses) and the bytes read for them.
+  /// Expert tier statistics a worker reported for one layer request (LayerStats): distinct
+  /// experts found in RAM (hits, prefetched ones included), experts the request read from
+  /// disk (misses) and the bytes those reads fetched.
   void expert_stats(const std::string& worker, uint64_t hits, uint64_t misses, uint64_t bytes_read);
 
   /// Failovers counted so far per worker (for /cluster/status and `charm status`).

@@ -1,0 +1,149 @@
+// The workers' expert-tier counters as the coordinator exports them: /metrics'
+// charm_expert_{hits,misses,bytes_read}_total from each layer reply's LayerStats
+// (ClusterDispatcher) or the in-process store (LocalDispatcher), and experts_by_tier
+// from the RAM slot count (split_by_tier). Worker "a" runs with one RAM slot per layer
+// for two experts per layer, so misses and disk reads really happen.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "coordinator/cluster_dispatch.h"
+#include "coordinator/local_dispatch.h"
+#include "coordinator/metrics.h"
+#include "coordinator/status_report.h"
+#include "rpc_cluster.h"
+#include "worker/expert_executor.h"
+#include "worker/expert_source.h"
+#include "worker/expert_store.h"
+
+using namespace charm;
+using namespace charm::rpc_test;
+using namespace std::chrono_literals;
+
+namespace {
+
+// The value of the sample named exactly `series` ("name{labels}") in a /metrics text; -1
+// when absent.
+double sample(const std::string& text, const std::string& series) {
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
+  }
+  return -1;
+}
+
+// A store over `experts` of both MoE layers with one RAM slot per layer (no pins), read
+// from the checkpoint: every other distinct expert of a layer is a miss.
+std::unique_ptr<ExpertStore> one_slot_per_layer(const TinyModel& model, const std::vector<uint32_t>& experts) {
+  std::vector<ExpertKey> owned;
+  for (uint32_t layer : kLayers) {
+    for (uint32_t e : experts) owned.emplace_back(layer, e);
+  }
+  StoreOptions o;
+  o.worker_name = "a";
+  o.ram_bytes = kLayers.size() * 4096;  // the tiny model's slot: 4 KiB
+  o.pin = PinMode::kNone;
+  auto source = std::make_unique<CheckpointSource>(*model.checkpoint, ExpertTensorNames{}, owned, kHidden, kInter);
+  return std::make_unique<ExpertStore>(std::move(source), owned, kHidden, kInter, o);
+}
+
+// Runs every layer for batches of 1..4 rows through `dispatcher`.
+void run_some_layers(ExpertDispatcher& dispatcher) {
+  for (uint32_t rows = 1; rows <= 4; ++rows) {
+    const std::vector<float> hidden = noise(rows * kHidden, 40 + rows);
+    const auto assignments = routing(rows);
+    std::vector<float> out(assignments.size() * kHidden);
+    for (uint32_t layer : kLayers) {
+      dispatcher.begin_layer(layer, hidden.data(), rows, kHidden, assignments, out.data());
+      dispatcher.finish_layer();
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("split_by_tier: all in RAM when every expert has a slot, else RAM slots and the rest on disk") {
+  CHECK(split_by_tier(64, 64) == std::map<std::string, uint64_t>{{"ram", 64}});
+  CHECK(split_by_tier(64, 0) == std::map<std::string, uint64_t>{{"ram", 64}});  // keeps no tiers
+  CHECK(split_by_tier(64, 16) == std::map<std::string, uint64_t>{{"ram", 16}, {"disk", 48}});
+  CHECK(split_by_tier(0, 0) == std::map<std::string, uint64_t>{{"ram", 0}});
+}
+
+TEST_CASE("cluster: /metrics counts the hits, misses and bytes the workers report; tiers from heartbeats") {
+  Cluster cluster;
+  // Worker "a" again on the same port, now with a RAM budget of one slot per layer.
+  cluster.a.server.reset();
+  cluster.a.store = one_slot_per_layer(cluster.model, {0, 2});
+  cluster.a.executor = std::make_unique<ExpertExecutor>(*cluster.a.store);
+  cluster.a.service = std::make_unique<ExecutorService>(*cluster.a.executor);
+  cluster.a.restart();
+  // Heartbeats on (the fixture turns them off); the reply deadline is the same interval,
+  // so keep it generous for a busy CI machine.
+  cluster.topology.heartbeat_ms = 300;
+
+  ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint);
+  Metrics metrics;
+  dispatcher.set_metrics(&metrics);
+  run_some_layers(dispatcher);
+
+  // The coordinator's sums equal the workers' own totals (nothing but these requests ran;
+  // no prefetches, so every byte read was a miss's).
+  const std::string text = metrics.render();
+  INFO(text);
+  for (TestWorker* w : {&cluster.a, &cluster.b}) {
+    const HealthReplyMsg h = w->server->health();
+    const std::string label = "{worker=\"" + h.worker_name + "\"}";
+    CHECK(sample(text, "charm_expert_hits_total" + label) == static_cast<double>(h.tier.hits));
+    CHECK(sample(text, "charm_expert_misses_total" + label) == static_cast<double>(h.tier.misses));
+    CHECK(sample(text, "charm_expert_bytes_read_total" + label) == static_cast<double>(h.tier.bytes_read));
+  }
+  const HealthReplyMsg a = cluster.a.server->health();
+  CHECK(a.tier.misses > 0);  // one slot, two experts per layer: the budget really bites
+  CHECK(a.tier.bytes_read > 0);
+  CHECK(cluster.b.server->health().tier.misses == 0);  // "b" holds everything
+
+  // experts_by_tier: known once an idle worker has answered a heartbeat. Waiting is
+  // bounded; nothing here asserts how long it took.
+  std::vector<WorkerStatus> status = dispatcher.status();
+  for (int i = 0; i < 1000 && (status[0].experts_by_tier.empty() || status[1].experts_by_tier.empty()); ++i) {
+    std::this_thread::sleep_for(10ms);
+    status = dispatcher.status();
+  }
+  CHECK(status[0].experts_by_tier == std::map<std::string, uint64_t>{{"ram", 2}, {"disk", 2}});
+  CHECK(status[1].experts_by_tier == std::map<std::string, uint64_t>{{"ram", 4}});
+
+  // charm status shows the same split from its own health query when the coordinator's
+  // view has none.
+  ClusterStatus table;
+  WorkerStatusRow row;
+  row.name = "a";
+  row.address = "127.0.0.1:1";
+  row.up = true;
+  row.health = a;
+  table.workers.push_back(row);
+  table.coordinator_reachable = true;
+  CHECK(format_status(table).find("ram:2,disk:2") != std::string::npos);
+}
+
+TEST_CASE("single node: the in-process store's counts reach /metrics as worker \"local\"") {
+  TinyModel model;
+  auto store = one_slot_per_layer(model, {0, 1, 2, 3});
+  ExpertExecutor executor(*store);
+  Metrics metrics;
+  LocalDispatcher dispatcher(executor, &metrics);
+  run_some_layers(dispatcher);
+
+  TierStats total;
+  for (const auto& [layer, t] : store->layer_stats()) total += t;
+  CHECK(total.misses > 0);
+  const std::string text = metrics.render();
+  INFO(text);
+  CHECK(sample(text, "charm_expert_hits_total{worker=\"local\"}") == static_cast<double>(total.hits));
+  CHECK(sample(text, "charm_expert_misses_total{worker=\"local\"}") == static_cast<double>(total.misses));
+  CHECK(sample(text, "charm_expert_bytes_read_total{worker=\"local\"}") == static_cast<double>(total.bytes_read));
+  CHECK(dispatcher.status()[0].experts_by_tier == std::map<std::string, uint64_t>{{"ram", 2}, {"disk", 6}});
+}
