@@ -36,14 +36,39 @@ Topology load_config(const std::string& path) {
   return topology;
 }
 
+/// --prefetch / --no-prefetch: overrides the topology's `prefetch` key when given.
+void apply_prefetch_flag(Topology& topology, const std::optional<bool>& prefetch) {
+  if (prefetch) topology.prefetch = *prefetch;
+}
+
+/// Prints how well the prefetch hints predicted each layer's experts (stderr).
+void print_prefetch_stats(const Engine& engine) {
+  const auto stats = engine.prefetch_stats();
+  if (stats.empty()) return;
+  PrefetchLayerStats total;
+  std::string per_layer;
+  for (const auto& [layer, s] : stats) {
+    total.steps += s.steps;
+    total.actual += s.actual;
+    total.predicted += s.predicted;
+    total.correct += s.correct;
+    per_layer += " " + std::to_string(layer) + ":" + std::to_string(static_cast<int>(100 * s.recall() + 0.5));
+  }
+  std::fprintf(stderr, "prefetch recall: %.1f%% (%llu of %llu experts), precision %.1f%%; per layer %%:%s\n",
+               100 * total.recall(), static_cast<unsigned long long>(total.correct),
+               static_cast<unsigned long long>(total.actual), 100 * total.precision(), per_layer.c_str());
+}
+
 struct ServeArgs {
   std::string config;
   std::optional<std::string> host;
   std::optional<uint16_t> port;
+  std::optional<bool> prefetch;
 };
 
 int serve(const ServeArgs& args) {
   Topology topology = load_config(args.config);
+  apply_prefetch_flag(topology, args.prefetch);
   std::string host = args.host.value_or(topology.api_host);
   uint16_t port = args.port.value_or(topology.api_port);
   spdlog::info("charm serve: loading {} from {}", topology.model_name, topology.model.string());
@@ -82,11 +107,16 @@ struct RunArgs {
   double temperature = 1.0;
   std::optional<uint64_t> seed;
   bool chat = false;
+  std::optional<bool> prefetch;
+  std::string routing_trace;
 };
 
 int run(const RunArgs& args) {
   Topology topology = load_config(args.config);
-  std::unique_ptr<Engine> engine = Engine::create(topology);
+  apply_prefetch_flag(topology, args.prefetch);
+  EngineOptions options;
+  options.routing_trace = args.routing_trace;
+  std::unique_ptr<Engine> engine = Engine::create(topology, options);
   std::string text = args.prompt;
   if (args.chat) text = engine->chat_template().render({{"user", args.prompt}}, /*add_generation_prompt=*/true);
   std::vector<int32_t> prompt = engine->tokenizer().encode(text, /*parse_special=*/true);
@@ -105,6 +135,7 @@ int run(const RunArgs& args) {
                "prompt tokens: %lld, generated tokens: %lld, finish: %s, TTFT: %.1f ms, decode: %.2f tok/s\n",
                static_cast<long long>(result.prompt_tokens), static_cast<long long>(result.completion_tokens),
                result.finish_reason.c_str(), result.ttft_ms, result.decode_tokens_per_s);
+  print_prefetch_stats(*engine);
   return 0;
 }
 
@@ -133,6 +164,8 @@ int run_cli(int argc, char** argv) {
   serve_cmd->add_option("--config", serve_args.config, "Topology YAML")->required();
   serve_cmd->add_option("--host", serve_args.host, "Listen address (default: the config's api host)");
   serve_cmd->add_option("--port", serve_args.port, "Listen port (default: the config's api port; 0 = any free)");
+  serve_cmd->add_flag("--prefetch,!--no-prefetch", serve_args.prefetch,
+                      "Send prefetch hints (overrides the config's prefetch key)");
 
   std::string worker_config, worker_name;
   CLI::App* worker_cmd = app.add_subcommand("worker", "Run one expert worker of a cluster topology");
@@ -152,6 +185,10 @@ int run_cli(int argc, char** argv) {
   run_cmd->add_option("--temperature", run_args.temperature, "0 = greedy")->check(CLI::Range(0.0, 100.0));
   run_cmd->add_option("--seed", run_args.seed, "Sampling seed");
   run_cmd->add_flag("--chat", run_args.chat, "Wrap the prompt as one user message in the chat template");
+  run_cmd->add_flag("--prefetch,!--no-prefetch", run_args.prefetch,
+                    "Send prefetch hints (overrides the config's prefetch key); prints their recall");
+  run_cmd->add_option("--routing-trace", run_args.routing_trace,
+                      "Write every MoE layer's routing to this file (JSON lines; docs/benchmarks.md)");
   run_cmd->add_option("prompt", run_args.prompt, "Prompt text")->required();
 
   std::string workers_config;

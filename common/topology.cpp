@@ -49,6 +49,15 @@ class Reader {
     return node.Scalar();
   }
 
+  bool bool_value(const YAML::Node& node, const std::string& path) const {
+    if (node.IsScalar()) {
+      const std::string& v = node.Scalar();
+      if (v == "true") return true;
+      if (v == "false") return false;
+    }
+    fail(path, "expected true or false, got " + describe(node));
+  }
+
   int64_t int_value(const YAML::Node& node, const std::string& path, int64_t lo, int64_t hi) const {
     const std::string range = "expected an integer " + std::to_string(lo) + "-" + std::to_string(hi);
     if (!node.IsScalar()) fail(path, range + ", got " + describe(node));
@@ -170,7 +179,7 @@ std::vector<WorkerSpec> parse_workers(const Reader& r, const YAML::Node& node) {
 Topology Topology::load(const std::filesystem::path& path) {
   const Reader r(path.string());
   const YAML::Node root = load_yaml(path);
-  r.check_keys(root, "", {"model", "model_name", "mode", "api", "threads", "timeouts", "workers"});
+  r.check_keys(root, "", {"model", "model_name", "mode", "api", "threads", "timeouts", "workers", "prefetch"});
 
   Topology t;
   t.source = path;
@@ -195,6 +204,7 @@ Topology Topology::load(const std::filesystem::path& path) {
     if (api["port"]) t.api_port = static_cast<uint16_t>(r.int_value(api["port"], "api.port", 1, 65535));
   }
   if (root["threads"]) t.threads = r.int_value(root["threads"], "threads", 0, 65536);
+  if (root["prefetch"]) t.prefetch = r.bool_value(root["prefetch"], "prefetch");
   if (const auto timeouts = root["timeouts"]) {
     r.check_keys(timeouts, "timeouts", {"connect_ms", "request_ms", "startup_ms"});
     constexpr int64_t kDayMs = 86'400'000;

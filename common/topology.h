@@ -38,6 +38,8 @@ struct Topology {
   int64_t startup_timeout_ms = 120000;  ///< how long `charm serve` waits for workers that are
                                         ///< not listening yet (still loading) at start
   int64_t threads = 0;               ///< OpenMP threads; 0 = library default
+  bool prefetch = false;             ///< send prefetch hints (next layer's router applied to
+                                     ///< this layer's state) to the expert store / workers
 
   /// Loads and validates `path`. Throws Error(kInvalidInput) naming the file and the key
   /// for YAML that does not parse, unknown keys, wrong types, duplicate worker names or

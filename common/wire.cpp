@@ -127,6 +127,19 @@ HealthReplyMsg decode_health_reply(wire::HealthReply::Reader r) {
   return msg;
 }
 
+PrefetchHintMsg decode_prefetch_hint(wire::PrefetchHint::Reader r) {
+  PrefetchHintMsg msg;
+  msg.layer = r.getLayer();
+  auto experts = r.getExperts();
+  if (experts.size() > kMaxHintExperts) {
+    fail_protocol("prefetchHint.experts has " + std::to_string(experts.size()) + " entries, over the cap " +
+                  std::to_string(kMaxHintExperts));
+  }
+  msg.experts.reserve(experts.size());
+  for (uint32_t e : experts) msg.experts.push_back(e);
+  return msg;
+}
+
 WireMessage decode_root(wire::Message::Reader m) {
   switch (m.which()) {
     case wire::Message::HELLO: {
@@ -139,6 +152,7 @@ WireMessage decode_root(wire::Message::Reader m) {
     case wire::Message::HEALTH_REQUEST: return HealthRequestMsg{};
     case wire::Message::HEALTH_REPLY: return decode_health_reply(m.getHealthReply());
     case wire::Message::ERROR: return ErrorMsg{m.getError().getMessage()};
+    case wire::Message::PREFETCH_HINT: return decode_prefetch_hint(m.getPrefetchHint());
   }
   fail_protocol("Message union member " + std::to_string(static_cast<unsigned>(m.which())) +
                 " is unknown to protocol version " + std::to_string(kProtocolVersion));
@@ -149,7 +163,7 @@ WireMessage decode_root(wire::Message::Reader m) {
 const char* message_name(const WireMessage& message) {
   static const char* const kNames[] = {"hello",         "helloReply",    "layerRequest",
                                        "layerResponse", "healthRequest", "healthReply",
-                                       "error"};
+                                       "error",         "prefetchHint"};
   return kNames[message.index()];
 }
 
@@ -243,6 +257,19 @@ Frame encode_health_reply(const HealthReplyMsg& reply) {
 Frame encode_error(const std::string& message) {
   capnp::MallocMessageBuilder builder;
   builder.initRoot<wire::Message>().initError().setMessage(message);
+  return finish_frame(builder);
+}
+
+Frame encode_prefetch_hint(const PrefetchHintMsg& hint) {
+  if (hint.experts.size() > kMaxHintExperts) {
+    fail_invalid("prefetch hint for layer " + std::to_string(hint.layer) + " names " +
+                 std::to_string(hint.experts.size()) + " experts, over the cap " + std::to_string(kMaxHintExperts));
+  }
+  capnp::MallocMessageBuilder builder;
+  auto r = builder.initRoot<wire::Message>().initPrefetchHint();
+  r.setLayer(hint.layer);
+  auto list = r.initExperts(static_cast<unsigned>(hint.experts.size()));
+  for (unsigned i = 0; i < hint.experts.size(); ++i) list.set(i, hint.experts[i]);
   return finish_frame(builder);
 }
 

@@ -27,7 +27,11 @@
 namespace charm {
 
 /// Bumped whenever a field's meaning or a frame rule changes; peers must agree exactly.
-constexpr uint32_t kProtocolVersion = 1;
+/// 2: `prefetchHint` (a message that gets no reply).
+constexpr uint32_t kProtocolVersion = 2;
+
+/// Upper bound on the experts one prefetchHint may name (no layer has more experts).
+constexpr uint32_t kMaxHintExperts = 1u << 16;
 
 /// Default upper bound on one frame's body, in bytes (1 GiB).
 constexpr uint64_t kDefaultMaxFrameBytes = uint64_t{1} << 30;
@@ -89,9 +93,15 @@ struct ErrorMsg {
   std::string message;
 };
 
+/// `prefetchHint`: experts a coming layerRequest is predicted to use. Gets no reply.
+struct PrefetchHintMsg {
+  uint32_t layer = 0;             ///< decoder layer index of the predicted request
+  std::vector<uint32_t> experts;  ///< predicted expert ids held by the receiving worker
+};
+
 /// Any decoded message; the alternative is the union member the frame carried.
 using WireMessage = std::variant<HelloMsg, HelloReplyMsg, ExpertRequest, LayerResponseMsg,
-                                 HealthRequestMsg, HealthReplyMsg, ErrorMsg>;
+                                 HealthRequestMsg, HealthReplyMsg, ErrorMsg, PrefetchHintMsg>;
 
 /// The schema's name of the message held by `message` ("hello", "layerRequest", ...).
 const char* message_name(const WireMessage& message);
@@ -106,6 +116,8 @@ Frame encode_layer_response(const LayerResponseMsg& response);
 Frame encode_health_request();
 Frame encode_health_reply(const HealthReplyMsg& reply);
 Frame encode_error(const std::string& message);
+/// Throws Error(kInvalidInput) for more than kMaxHintExperts experts.
+Frame encode_prefetch_hint(const PrefetchHintMsg& hint);
 
 // --- decoders: frame body -> charm struct ---------------------------------------------
 
@@ -121,7 +133,8 @@ FrameBody split_frame(const uint8_t* data, size_t size,
 /// limit of max_frame_bytes/8 words exceeded, trailing words), an unknown union member,
 /// and in a layerRequest: hiddenSize 0 or over kMaxWireHiddenSize, a hidden payload
 /// that is not a multiple of 4 bytes or not numRows * hiddenSize * 4 bytes, an
-/// assignment row >= numRows; in a layerResponse: outputs not a multiple of 4 bytes.
+/// assignment row >= numRows; in a layerResponse: outputs not a multiple of 4 bytes; in
+/// a prefetchHint: more than kMaxHintExperts experts.
 WireMessage decode_message(const FrameBody& body,
                            uint64_t max_frame_bytes = kDefaultMaxFrameBytes);
 

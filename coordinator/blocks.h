@@ -110,6 +110,9 @@ class RoutedExpertsCall {
  public:
   RoutedExpertsCall(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows, size_t hidden,
                     Routing routing);
+  // The dispatcher holds pointers into this object until finish(): it must not move.
+  RoutedExpertsCall(const RoutedExpertsCall&) = delete;
+  RoutedExpertsCall& operator=(const RoutedExpertsCall&) = delete;
   /// out [rows, hidden]: the weighted rank-order sum.
   void finish(float* out);
 
@@ -139,6 +142,20 @@ struct SoftmaxTopkMoe {
                              size_t top_k, bool norm_topk_prob);
   /// out [rows, hidden] = the block's output for x [rows, hidden] on MoE layer `layer`.
   void operator()(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows, float* out) const;
+  /// Routes x and starts its experts; the caller finishes the returned call (and may do
+  /// other work, such as a prefetch hint, in between). `x` must stay unchanged until then.
+  RoutedExpertsCall begin(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows) const;
+  /// The batch-union (ascending) of the experts this router picks for x [rows, hidden].
+  std::vector<uint32_t> predict(const float* x, size_t rows) const;
 };
+
+/// Speculative expert loading ("apply layer L+1's router to layer L's state", Eliseev &
+/// Mazur 2023, "Fast Inference of Mixture-of-Experts Language Models with Offloading",
+/// sec. 3.2): normalises the residual stream `hidden` [rows, hidden_size] as the next MoE
+/// layer's post_attention_layernorm would, applies that layer's router, and, when
+/// dispatcher.wants_hints(), sends the predicted batch-union with hint_layer(next_layer).
+/// Reads only; nothing the model computes depends on it.
+void hint_next_moe_layer(ExpertDispatcher& dispatcher, uint32_t next_layer, const RmsNorm& next_norm,
+                         const SoftmaxTopkMoe& next_moe, const float* hidden, size_t rows);
 
 }  // namespace charm

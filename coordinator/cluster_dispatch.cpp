@@ -287,6 +287,29 @@ void ClusterDispatcher::finish_layer() {
   }
 }
 
+void ClusterDispatcher::hint_layer(uint32_t layer, const std::vector<uint32_t>& experts) {
+  const auto found = placement_.find(layer);
+  if (found == placement_.end()) return;
+  const std::vector<int>& owners = found->second;
+  std::vector<PrefetchHintMsg> hints(workers_.size());
+  for (uint32_t e : experts) {
+    if (e < owners.size()) hints.at(static_cast<size_t>(owners[e])).experts.push_back(e);
+  }
+  for (size_t w = 0; w < workers_.size(); ++w) {
+    Worker& worker = *workers_[w];
+    // No reconnect for a hint: a broken connection is the next request's to report.
+    if (hints[w].experts.empty() || !worker.conn || !worker.conn->is_open()) continue;
+    hints[w].layer = layer;
+    try {
+      const uint64_t out = worker.conn->send(encode_prefetch_hint(hints[w]), request_timeout_);
+      std::lock_guard<std::mutex> lock(stats_mutex_);
+      worker.bytes_out += out;
+    } catch (const Error& e) {
+      spdlog::debug("coordinator: prefetch hint to {} dropped: {}", worker.label, e.message());
+    }
+  }
+}
+
 std::vector<WorkerStatus> ClusterDispatcher::status() const {
   std::lock_guard<std::mutex> lock(stats_mutex_);
   std::vector<WorkerStatus> out;

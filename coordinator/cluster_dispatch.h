@@ -49,6 +49,12 @@ class ClusterDispatcher final : public ExpertDispatcher {
   /// re-established on the next call), Error(kProtocol) for a malformed reply.
   void finish_layer() override;
 
+  /// Splits `experts` by owning worker and sends each owner one prefetchHint (no reply is
+  /// read: the protocol's one fire-and-forget message). Workers that are down, and a
+  /// layer absent from the placement, get nothing; a send that fails is logged and left
+  /// for the next request on that connection to report.
+  void hint_layer(uint32_t layer, const std::vector<uint32_t>& experts) override;
+
   /// One entry per worker: "up" while connected, "down" after a failure.
   std::vector<WorkerStatus> status() const override;
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,6 +14,7 @@
 #include "common/topology.h"
 #include "coordinator/chat_template.h"
 #include "coordinator/expert_dispatch.h"
+#include "coordinator/routing_observer.h"
 #include "coordinator/tokenizer.h"
 
 namespace charm {
@@ -39,11 +41,17 @@ struct GenerationResult {
   double decode_tokens_per_s = 0;
 };
 
+/// Per-run choices that are not part of the cluster description.
+struct EngineOptions {
+  std::string routing_trace;  ///< write every MoE layer's routing here (JSON lines, see
+                              ///< coordinator/routing_observer.h); empty = no trace
+};
+
 class Engine {
  public:
   /// Loads the model the topology names and connects to its workers (or builds the
   /// in-process expert store in single-node mode). Throws Error on any failure.
-  static std::unique_ptr<Engine> create(const Topology& topology);
+  static std::unique_ptr<Engine> create(const Topology& topology, const EngineOptions& options = {});
   virtual ~Engine() = default;
 
   virtual const Tokenizer& tokenizer() const = 0;
@@ -64,6 +72,10 @@ class Engine {
 
   /// Per-worker status, as the coordinator sees it.
   virtual std::vector<WorkerStatus> cluster_status() const = 0;
+
+  /// How well the prefetch hints predicted each MoE layer (empty unless prefetch is on or
+  /// a routing trace is written). Call between generations.
+  virtual std::map<uint32_t, PrefetchLayerStats> prefetch_stats() const { return {}; }
 };
 
 }  // namespace charm

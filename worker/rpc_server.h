@@ -30,6 +30,10 @@ class LayerService {
   virtual ExpertResponse run(const ExpertRequest& request) = 0;
   /// Experts held: layer -> expert ids, ascending.
   virtual std::map<uint32_t, std::vector<uint32_t>> held() const = 0;
+  /// A prefetchHint: starts loading `experts` of `layer` if that helps, without waiting
+  /// for the loads and without changing any later result. The default ignores hints (a
+  /// store that holds everything in RAM has nothing to load). Must not block on I/O.
+  virtual void prefetch(uint32_t /*layer*/, const std::vector<uint32_t>& /*experts*/) {}
 };
 
 /// LayerService over a worker's ExpertExecutor (which must outlive it).
@@ -61,7 +65,9 @@ struct WorkerServerOptions {
 /// `layerResponse` (errors, including "no successful hello yet", go in its error field and
 /// the connection stays up). `healthRequest` needs no hello. A frame that does not
 /// decode, or a message a client must not send, gets an `error` frame and the connection
-/// is closed; other connections are unaffected.
+/// is closed; other connections are unaffected. `prefetchHint` gets no reply (the one
+/// exception to one-reply-per-request): it is passed to LayerService::prefetch after a
+/// successful hello and dropped before one; a prefetch that throws is logged and dropped.
 /// Thread-safety: start/stop/port/health from any one controlling thread.
 class WorkerServer {
  public:
@@ -85,6 +91,8 @@ class WorkerServer {
   /// and options.model_fingerprint (so `charm status` can spot a worker serving another
   /// model).
   HealthReplyMsg health() const;
+  /// prefetchHint messages received since start (all connections, dropped ones too).
+  uint64_t hints_received() const { return hints_received_.load(); }
 
  private:
   void accept_loop();
@@ -110,6 +118,7 @@ class WorkerServer {
   std::vector<ConnectionThread> connections_;
   std::chrono::steady_clock::time_point started_;
   std::atomic<uint64_t> requests_served_{0};
+  std::atomic<uint64_t> hints_received_{0};
   std::atomic<uint64_t> bytes_in_{0};
   std::atomic<uint64_t> bytes_out_{0};
   uint64_t experts_held_ = 0;

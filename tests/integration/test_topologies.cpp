@@ -24,11 +24,12 @@ const std::string kCharm = std::string(CHARM_BINARY_DIR) + "/charm";
 /// Writes a topology YAML for the fixture model with the given expert split, one worker
 /// per entry on a free loopback port. An empty split means single-node mode.
 fs::path write_topology(const fs::path& dir, const std::string& model, const std::vector<std::string>& split,
-                        std::vector<std::pair<std::string, uint16_t>>& workers) {
+                        std::vector<std::pair<std::string, uint16_t>>& workers, bool prefetch) {
   fs::create_directories(dir);
-  const fs::path path = dir / ("topology-" + std::to_string(split.size()) + ".yaml");
+  const fs::path path = dir / ("topology-" + std::to_string(split.size()) + (prefetch ? "-prefetch" : "") + ".yaml");
   std::ofstream out(path);
   out << "model: " << (kSource / "tests/fixtures/models" / model).string() << "\n";
+  out << "prefetch: " << (prefetch ? "true" : "false") << "\n";
   out << "mode: " << (split.empty() ? "single-node" : "cluster") << "\n";
   if (!split.empty()) out << "workers:\n";
   for (size_t i = 0; i < split.size(); ++i) {
@@ -43,13 +44,14 @@ struct Outcome {
   std::vector<std::vector<float>> logits;  // first-step logits per prompt
   std::vector<int32_t> greedy;             // greedy continuation of the first prompt
   std::vector<WorkerStatus> status;
+  std::map<uint32_t, PrefetchLayerStats> prefetch;
 };
 
 /// Starts the workers of a split (if any), builds an Engine and runs every reference prompt.
-Outcome run_split(const std::string& model, const std::vector<std::string>& split) {
+Outcome run_split(const std::string& model, const std::vector<std::string>& split, bool prefetch = false) {
   std::vector<std::pair<std::string, uint16_t>> workers;
   const fs::path yaml = write_topology(fs::temp_directory_path() / ("charm-topo-" + std::to_string(getpid())), model,
-                                       split, workers);
+                                       split, workers, prefetch);
   std::vector<std::unique_ptr<test::ChildProcess>> children;
   for (const auto& [name, port] : workers) {
     children.push_back(std::make_unique<test::ChildProcess>(
@@ -70,6 +72,7 @@ Outcome run_split(const std::string& model, const std::vector<std::string>& spli
   outcome.greedy = engine->generate(reference["prompts"][0]["prompt_ids"].get<std::vector<int32_t>>(), greedy, nullptr)
                        .tokens;
   outcome.status = engine->cluster_status();
+  outcome.prefetch = engine->prefetch_stats();
   return outcome;
 }
 
@@ -107,4 +110,27 @@ TEST_CASE("olmoe-tiny (fused expert tensors): single node and two workers give b
   const Outcome single = run_split("olmoe-tiny", {});
   const Outcome two = run_split("olmoe-tiny", {"\"0-2\"", "\"3-7\""});
   check_identical(single, two);
+}
+
+TEST_CASE("prefetch hints never change a bit: single node and two workers, hints on and off") {
+  for (const std::string model : {"olmoe-tiny", "qwen3-moe-tiny"}) {
+    INFO("model " << model);
+    const std::vector<std::string> split =
+        model == "olmoe-tiny" ? std::vector<std::string>{"\"0-2\"", "\"3-7\""}
+                              : std::vector<std::string>{"\"0-7\"", "\"8-15\""};
+    const Outcome off = run_split(model, {});
+    const Outcome single = run_split(model, {}, /*prefetch=*/true);
+    const Outcome two = run_split(model, split, /*prefetch=*/true);
+    check_identical(off, single);
+    check_identical(off, two);
+    CHECK(off.prefetch.empty());
+    // Every MoE layer but the first got hints, and some were right.
+    REQUIRE_FALSE(two.prefetch.empty());
+    for (const auto& [layer, s] : two.prefetch) {
+      CHECK(s.steps > 0);
+      CHECK(s.correct <= s.actual);
+      MESSAGE(model << " layer " << layer << ": recall " << s.recall() << ", precision " << s.precision());
+    }
+    CHECK(two.prefetch.count(0) == 0);
+  }
 }
