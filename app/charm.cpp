@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <omp.h>
 #include <spdlog/spdlog.h>
 
@@ -109,7 +111,44 @@ struct RunArgs {
   bool chat = false;
   std::optional<bool> prefetch;
   std::string routing_trace;
+  std::string stats_json;
 };
+
+/// The prefetch counters of one layer (or all) as JSON.
+nlohmann::json prefetch_json(const PrefetchLayerStats& s) {
+  return {{"steps", s.steps}, {"actual", s.actual}, {"predicted", s.predicted}, {"correct", s.correct}};
+}
+
+/// `charm run --stats-json`: the run's numbers for scripts (scripts/bench_tiers.py):
+/// tokens, timings, prefetch recall per layer and each worker's view.
+void write_run_stats(const std::string& path, const Topology& topology, const Engine& engine,
+                     const GenerationResult& result) {
+  nlohmann::json j = {{"prompt_tokens", result.prompt_tokens},
+                      {"completion_tokens", result.completion_tokens},
+                      {"finish_reason", result.finish_reason},
+                      {"ttft_ms", result.ttft_ms},
+                      {"decode_tokens_per_s", result.decode_tokens_per_s},
+                      {"prefetch_enabled", topology.prefetch}};
+  PrefetchLayerStats total;
+  nlohmann::json layers = nlohmann::json::object();
+  for (const auto& [layer, s] : engine.prefetch_stats()) {
+    layers[std::to_string(layer)] = prefetch_json(s);
+    total.steps += s.steps;
+    total.actual += s.actual;
+    total.predicted += s.predicted;
+    total.correct += s.correct;
+  }
+  j["prefetch"] = prefetch_json(total);
+  j["prefetch"]["layers"] = layers;
+  j["workers"] = nlohmann::json::array();
+  for (const WorkerStatus& w : engine.cluster_status()) {
+    j["workers"].push_back({{"name", w.name}, {"state", w.state}, {"requests", w.requests},
+                            {"bytes_out", w.bytes_out}, {"bytes_in", w.bytes_in}});
+  }
+  std::ofstream out(path, std::ios::trunc);
+  out << j.dump(1) << '\n';
+  if (!out) fail_io("cannot write run statistics to " + path);
+}
 
 int run(const RunArgs& args) {
   Topology topology = load_config(args.config);
@@ -136,6 +175,7 @@ int run(const RunArgs& args) {
                static_cast<long long>(result.prompt_tokens), static_cast<long long>(result.completion_tokens),
                result.finish_reason.c_str(), result.ttft_ms, result.decode_tokens_per_s);
   print_prefetch_stats(*engine);
+  if (!args.stats_json.empty()) write_run_stats(args.stats_json, topology, *engine, result);
   return 0;
 }
 
@@ -189,6 +229,8 @@ int run_cli(int argc, char** argv) {
                     "Send prefetch hints (overrides the config's prefetch key); prints their recall");
   run_cmd->add_option("--routing-trace", run_args.routing_trace,
                       "Write every MoE layer's routing to this file (JSON lines; docs/benchmarks.md)");
+  run_cmd->add_option("--stats-json", run_args.stats_json,
+                      "Write the run's numbers (tok/s, prefetch recall, expert-tier counters) to this JSON file");
   run_cmd->add_option("prompt", run_args.prompt, "Prompt text")->required();
 
   std::string workers_config;

@@ -19,7 +19,8 @@ cache is full:
 Pins are not modelled; a pinned set is a cache that never evicts, which Belady bounds too.
 
 Usage:
-  scripts/replay_routing.py TRACE [--slots 64,32,16,1] [--experts 64] [--decode-only] [--json]
+  scripts/replay_routing.py TRACE [--slots 64,32,16,1] [--experts 64] [--decode-only]
+                            [--workers N] [--json]
 --slots takes counts, or percentages of --experts such as 100%,50%,25% (default: 100%,
 50%, 25% and 1 slot). --decode-only counts hits only on single-row calls (decode steps),
 after simulating every call so the cache state is the real one.
@@ -58,13 +59,17 @@ def read_trace(path: Path) -> list[dict]:
     return calls
 
 
-def layer_visits(calls: list[dict]) -> dict[int, list[tuple[int, int]]]:
-    """Per layer, the visit sequence in call order, each call's batch-union ascending:
-    (expert, index of the call in `calls`)."""
-    out: dict[int, list[tuple[int, int]]] = defaultdict(list)
+def layer_visits(calls: list[dict], partitions: int = 1, experts: int = 1) -> dict[tuple, list[tuple[int, int]]]:
+    """Per cache, the visit sequence in call order, each call's batch-union ascending:
+    (expert, index of the call in `calls`). A cache is (layer, worker): with `partitions`
+    workers, worker w owns the contiguous experts [w * ceil(experts / partitions), ...)
+    (as a topology's "0-31", "32-63" split does) and has its own cache per layer."""
+    width = -(-experts // partitions)
+    out: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
     for i, c in enumerate(calls):
         union = sorted({e for row in c["experts"] for e in row})
-        out[c["layer"]].extend((e, i) for e in union)
+        for e in union:
+            out[(c["layer"], min(e // width, partitions - 1))].append((e, i))
     return out
 
 
@@ -121,15 +126,20 @@ def parse_slots(text: str, experts: int) -> list[int]:
     return out
 
 
-def replay(calls: list[dict], slots_list: list[int], decode_only: bool = False) -> list[dict]:
-    """One result per slot count: hits, visits and hit rates of LRU and Belady (all
-    layers summed), with per-layer rates."""
+def replay(calls: list[dict], slots_list: list[int], decode_only: bool = False, partitions: int = 1,
+           experts: int | None = None) -> list[dict]:
+    """One result per slot count (slots per layer per worker): hits, visits and hit rates
+    of LRU and Belady (all caches summed), with per-layer counts. `partitions` splits the
+    experts among that many workers (see layer_visits); `experts` defaults to the largest
+    id + 1."""
+    if experts is None:
+        experts = 1 + max((e for c in calls for row in c["experts"] for e in row), default=0)
     counted_call = [(not decode_only) or c["rows"] == 1 for c in calls]
-    per_layer = layer_visits(calls)
+    per_cache = layer_visits(calls, partitions, experts)
     results = []
     for slots in slots_list:
-        r = {"slots": slots, "visits": 0, "lru_hits": 0, "belady_hits": 0, "layers": {}}
-        for layer, seq in sorted(per_layer.items()):
+        r = {"slots": slots, "partitions": partitions, "visits": 0, "lru_hits": 0, "belady_hits": 0, "layers": {}}
+        for (layer, _), seq in sorted(per_cache.items()):
             experts = [e for e, _ in seq]
             mask = [counted_call[i] for _, i in seq]
             lru = simulate_lru(experts, slots)
@@ -137,7 +147,10 @@ def replay(calls: list[dict], slots_list: list[int], decode_only: bool = False) 
             v = sum(mask)
             lh = sum(h for h, m in zip(lru, mask) if m)
             oh = sum(h for h, m in zip(opt, mask) if m)
-            r["layers"][layer] = {"visits": v, "lru_hits": lh, "belady_hits": oh}
+            counts = r["layers"].setdefault(layer, {"visits": 0, "lru_hits": 0, "belady_hits": 0})
+            counts["visits"] += v
+            counts["lru_hits"] += lh
+            counts["belady_hits"] += oh
             r["visits"] += v
             r["lru_hits"] += lh
             r["belady_hits"] += oh
@@ -153,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--experts", type=int, default=None, help="experts per layer (default: largest id + 1)")
     ap.add_argument("--slots", default=None, help="slot counts or percentages, comma-separated")
     ap.add_argument("--decode-only", action="store_true")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="split the experts into this many contiguous ranges, one cache per layer each")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = ap.parse_args(argv)
     try:
@@ -162,12 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"replay_routing: {e}", file=sys.stderr)
         return 2
-    results = replay(calls, slots, args.decode_only)
+    results = replay(calls, slots, args.decode_only, args.workers, experts)
     if args.json:
         print(json.dumps(results))
         return 0
     steps = len({c["step"] for c in calls})
     print(f"{args.trace}: {len(calls)} layer calls, {steps} steps, {experts} experts per layer"
+          + (f", {args.workers} workers" if args.workers > 1 else "")
           + (", decode steps counted" if args.decode_only else ""))
     print(f"{'slots/layer':>11} {'visits':>8} {'LRU hit':>8} {'Belady hit':>10} {'LRU/Belady':>10}")
     for r in results:

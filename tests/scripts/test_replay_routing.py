@@ -78,6 +78,18 @@ class ReplayTest(unittest.TestCase):
         self.assertEqual(d["layers"][0], {"visits": 4, "lru_hits": 1, "belady_hits": 2})
         self.assertEqual(d["layers"][5], {"visits": 2, "lru_hits": 2, "belady_hits": 2})
 
+    def test_workers_have_their_own_caches(self):
+        # 4 experts, 2 workers: {0, 1} and {2, 3}. One slot per worker-layer.
+        # Visits: 0 2 | 0 2 | 1 3 | 0 2. One shared cache of 1 slot would hit nothing;
+        # per worker: w0 sees 0 0 1 0 (LRU: M H M M; Belady: same, 1 hit),
+        # w1 sees 2 2 3 2 (1 hit).
+        path = trace(self.tmp / "t.jsonl", [(0, 0, [[0, 2]]), (1, 0, [[2, 0]]), (2, 0, [[1, 3]]), (3, 0, [[0, 2]])])
+        calls = rr.read_trace(path)
+        [shared] = rr.replay(calls, [1], experts=4)
+        self.assertEqual((shared["visits"], shared["lru_hits"]), (8, 0))
+        [split] = rr.replay(calls, [1], partitions=2, experts=4)
+        self.assertEqual(split["layers"][0], {"visits": 8, "lru_hits": 2, "belady_hits": 2})
+
     def test_slots_as_percentages(self):
         self.assertEqual(rr.parse_slots("100%,50%,25%,1", 64), [64, 32, 16, 1])
         with self.assertRaises(ValueError):
