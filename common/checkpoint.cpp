@@ -159,17 +159,6 @@ std::vector<float> Checkpoint::load_f32(const std::string& name, const std::vect
 
 namespace {
 
-/// Reads `count` elements starting at element `first` of `info` with pread, as f32.
-std::vector<float> read_elements(const SafetensorsFile& file, const TensorInfo& info, uint64_t first,
-                                 uint64_t count) {
-  const size_t esize = dtype_size(info.dtype);
-  std::vector<uint8_t> raw(count * esize);
-  file.read(info, first * esize, raw.size(), raw.data());
-  std::vector<float> out(count);
-  convert_to_f32(info.dtype, raw.data(), out.data(), count);
-  return out;
-}
-
 /// Throws naming the tensor unless its shape is `want`.
 void expect_shape(const TensorInfo& info, const std::vector<int64_t>& want, const std::string& what) {
   if (info.shape != want) {
@@ -178,10 +167,33 @@ void expect_shape(const TensorInfo& info, const std::vector<int64_t>& want, cons
   }
 }
 
+/// A [rows, cols] slice starting at element `first` of `info`.
+ExpertSlice slice_of(const TensorInfo& info, uint64_t first, int64_t rows, int64_t cols) {
+  const uint64_t esize = dtype_size(info.dtype);
+  return ExpertSlice{&info, first * esize, static_cast<uint64_t>(rows * cols) * esize, rows, cols};
+}
+
 }  // namespace
+
+void Checkpoint::read_slice(const ExpertSlice& slice, void* dst) const {
+  file_of(*slice.tensor).read(*slice.tensor, slice.offset, slice.bytes, dst);
+}
 
 ExpertWeights Checkpoint::load_expert(const ExpertTensorNames& names, int layer, int expert,
                                       int64_t hidden_size, int64_t intermediate_size) const {
+  const ExpertSlices slices = locate_expert(names, layer, expert, hidden_size, intermediate_size);
+  auto read_f32 = [&](const ExpertSlice& s) {
+    std::vector<uint8_t> raw(s.bytes);
+    read_slice(s, raw.data());
+    std::vector<float> out(static_cast<size_t>(s.rows * s.cols));
+    convert_to_f32(s.tensor->dtype, raw.data(), out.data(), out.size());
+    return out;
+  };
+  return ExpertWeights{read_f32(slices.gate), read_f32(slices.up), read_f32(slices.down)};
+}
+
+ExpertSlices Checkpoint::locate_expert(const ExpertTensorNames& names, int layer, int expert,
+                                       int64_t hidden_size, int64_t intermediate_size) const {
   const std::string prefix = with_layer(names.prefix, layer);
   const int64_t H = hidden_size;
   const int64_t I = intermediate_size;
@@ -209,7 +221,7 @@ ExpertWeights Checkpoint::load_expert(const ExpertTensorNames& names, int layer,
     return static_cast<uint64_t>(expert) * static_cast<uint64_t>(rows * cols);
   };
 
-  ExpertWeights w;
+  ExpertSlices out;
   // Layout 1: one 2-D tensor per expert and projection.
   const std::string per = prefix + "." + std::to_string(expert) + ".";
   if (const TensorInfo* gate = find(per + names.gate + ".weight")) {
@@ -220,10 +232,7 @@ ExpertWeights Checkpoint::load_expert(const ExpertTensorNames& names, int layer,
     expect_shape(*gate, {I, H}, "moe_intermediate_size, hidden_size");
     expect_shape(*up, {I, H}, "moe_intermediate_size, hidden_size");
     expect_shape(*down, {H, I}, "hidden_size, moe_intermediate_size");
-    w.gate = read_elements(file_of(*gate), *gate, 0, slice);
-    w.up = read_elements(file_of(*up), *up, 0, slice);
-    w.down = read_elements(file_of(*down), *down, 0, slice);
-    return w;
+    return ExpertSlices{slice_of(*gate, 0, I, H), slice_of(*up, 0, I, H), slice_of(*down, 0, H, I)};
   }
 
   const TensorInfo* down = find_3d(prefix + "." + names.down);
@@ -231,25 +240,22 @@ ExpertWeights Checkpoint::load_expert(const ExpertTensorNames& names, int layer,
   if (const TensorInfo* gate_up = find_3d(prefix + "." + names.gate_up)) {
     if (down == nullptr) fail_invalid(dir_.string() + ": tensor '" + prefix + "." + names.down + "' not found");
     const uint64_t first = expert_slice(*gate_up, 2 * I, H, "experts, 2 * moe_intermediate_size, hidden_size");
-    w.gate = read_elements(file_of(*gate_up), *gate_up, first, slice);
-    w.up = read_elements(file_of(*gate_up), *gate_up, first + slice, slice);
+    out.gate = slice_of(*gate_up, first, I, H);
+    out.up = slice_of(*gate_up, first + slice, I, H);
   } else if (const TensorInfo* gate = find_3d(prefix + "." + names.gate)) {
     // Layout 3: separate 3-D gate and up [E, I, H].
     const TensorInfo* up = find_3d(prefix + "." + names.up);
     if (up == nullptr) fail_invalid(dir_.string() + ": tensor '" + prefix + "." + names.up + "' not found");
     if (down == nullptr) fail_invalid(dir_.string() + ": tensor '" + prefix + "." + names.down + "' not found");
-    w.gate = read_elements(file_of(*gate), *gate,
-                           expert_slice(*gate, I, H, "experts, moe_intermediate_size, hidden_size"), slice);
-    w.up = read_elements(file_of(*up), *up, expert_slice(*up, I, H, "experts, moe_intermediate_size, hidden_size"),
-                         slice);
+    out.gate = slice_of(*gate, expert_slice(*gate, I, H, "experts, moe_intermediate_size, hidden_size"), I, H);
+    out.up = slice_of(*up, expert_slice(*up, I, H, "experts, moe_intermediate_size, hidden_size"), I, H);
   } else {
     fail_invalid(dir_.string() + ": no weights for layer " + std::to_string(layer) + " expert " +
                  std::to_string(expert) + ": neither '" + per + names.gate + ".weight' nor '" + prefix + "." +
                  names.gate_up + "' nor '" + prefix + "." + names.gate + "' exists");
   }
-  w.down = read_elements(file_of(*down), *down,
-                         expert_slice(*down, H, I, "experts, hidden_size, moe_intermediate_size"), slice);
-  return w;
+  out.down = slice_of(*down, expert_slice(*down, H, I, "experts, hidden_size, moe_intermediate_size"), H, I);
+  return out;
 }
 
 }  // namespace charm

@@ -41,6 +41,21 @@ struct ExpertWeights {
   std::vector<float> down;  ///< [hidden_size, moe_intermediate_size]
 };
 
+/// Where one projection of one routed expert lives: `bytes` bytes starting `offset` bytes
+/// into `tensor`, holding a [rows, cols] row-major matrix of tensor->dtype.
+struct ExpertSlice {
+  const TensorInfo* tensor = nullptr;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+/// The three projections of one routed expert: gate and up [I, H], down [H, I].
+struct ExpertSlices {
+  ExpertSlice gate, up, down;
+};
+
 /// An open checkpoint directory. Thread-safety: const methods are safe concurrently.
 class Checkpoint {
  public:
@@ -71,6 +86,14 @@ class Checkpoint {
   /// Throws Error(kInvalidInput) naming the tensor if missing or mis-shaped.
   ExpertWeights load_expert(const ExpertTensorNames& names, int layer, int expert,
                             int64_t hidden_size, int64_t intermediate_size) const;
+
+  /// Finds where load_expert would read from, without reading: same checks, same errors.
+  ExpertSlices locate_expert(const ExpertTensorNames& names, int layer, int expert, int64_t hidden_size,
+                             int64_t intermediate_size) const;
+
+  /// Reads a slice's raw bytes (its tensor's dtype, no conversion) into `dst` [slice.bytes]
+  /// with one pread. Throws Error(kIo) on a short or failed read.
+  void read_slice(const ExpertSlice& slice, void* dst) const;
 
  private:
   Checkpoint() = default;

@@ -30,6 +30,13 @@ struct ExpertStats {
   uint32_t experts_computed = 0;  ///< distinct experts run (the union's size on this worker)
   uint32_t rows_computed = 0;     ///< assignments computed
   uint64_t compute_ns = 0;        ///< wall time spent in expert kernels
+  // The worker's tiers while serving this request (worker/expert_cache.h: TierStats).
+  uint32_t hits = 0;              ///< distinct experts found resident (or being prefetched)
+  uint32_t misses = 0;            ///< distinct experts this request read from disk
+  uint64_t bytes_read = 0;        ///< bytes this request's misses read
+  uint64_t io_wait_ns = 0;        ///< time the request blocked on reads or slots
+  uint64_t disk_ns = 0;           ///< time the I/O threads spent on this request's reads
+  uint32_t prefetch_hits = 0;     ///< experts served by an earlier prefetch
 };
 
 /// A worker's answer: one unweighted expert output per assignment, in the request's

@@ -1,25 +1,28 @@
 #include "worker/expert_executor.h"
 
+#include <algorithm>
 #include <chrono>
-#include <set>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "common/error.h"
 #include "common/kernels.h"
+#include "common/weight_format.h"
 
 namespace charm {
 namespace {
 
-/// y [H] = down(silu(gate(x)) * up(x)) for one row; scratch [2 * I].
-void swiglu_expert(const ExpertWeights& w, const float* x, int64_t hidden, int64_t inter, float* scratch,
-                   float* y) {
+/// y [H] = down(silu(gate(x)) * up(x)) for one row; scratch [2 * I + max(H, I)].
+void swiglu_expert(const ExpertView& w, const float* x, int64_t hidden, int64_t inter, float* scratch, float* y) {
   float* g = scratch;
   float* u = scratch + inter;
-  linear_serial(x, 1, w.gate.data(), hidden, inter, g);
-  linear_serial(x, 1, w.up.data(), hidden, inter, u);
+  float* row = scratch + 2 * inter;
+  matvec_stored(w.gate, x, g, row);
+  matvec_stored(w.up, x, u, row);
   for (int64_t i = 0; i < inter; ++i) g[i] = silu(g[i]) * u[i];
-  linear_serial(g, 1, w.down.data(), inter, hidden, y);
+  matvec_stored(w.down, g, y, row);
 }
 
 }  // namespace
@@ -29,39 +32,57 @@ ExpertStats ExpertExecutor::run_into(uint32_t layer, const float* hidden, uint32
   const auto start = std::chrono::steady_clock::now();
   const int64_t h = store_.hidden_size();
   const int64_t inter = store_.intermediate_size();
-  std::vector<const ExpertWeights*> weights(assignments.size());
-  std::set<uint32_t> distinct;
+  std::map<uint32_t, std::vector<size_t>> rows_of;  // expert -> assignment indices
   for (size_t i = 0; i < assignments.size(); ++i) {
     const auto& a = assignments[i];
     if (a.row >= num_rows) {
       fail_invalid("layer " + std::to_string(layer) + ": assignment row " + std::to_string(a.row) +
                    " out of range (rows: " + std::to_string(num_rows) + ")");
     }
-    weights[i] = store_.find(layer, a.expert);
-    if (!weights[i]) {
+    if (!store_.holds(layer, a.expert)) {
       fail_invalid("layer " + std::to_string(layer) + " expert " + std::to_string(a.expert) +
                    " is not held by this worker");
     }
-    distinct.insert(a.expert);
+    rows_of[a.expert].push_back(i);
   }
-  // Each assignment is independent and computed by the same serial code, so the result
-  // of one row never depends on the others or on the thread that ran it.
-  // Threads only pay off past a few hundred thousand multiply-adds; below that, waking
-  // them costs more than the work (measured: 28 tiny assignments, 0.35 ms serial).
-  const bool parallel = assignments.size() > 1 && assignments.size() * 3 * h * inter > (1u << 18);
+  std::vector<uint32_t> distinct;
+  for (const auto& [expert, rows] : rows_of) distinct.push_back(expert);
+  std::unique_ptr<ExpertFetch> fetch = store_.fetch(layer, distinct);
+  // Resident experts come first, missing ones as their reads land. Each assignment is
+  // independent and computed by the same serial code, so the result of one row never
+  // depends on the batch it was in or on the thread that ran it.
+  for (std::vector<ExpertLease> batch = fetch->next(); !batch.empty(); batch = fetch->next()) {
+    std::vector<std::pair<size_t, const ExpertView*>> work;  // (assignment, weights)
+    for (const ExpertLease& lease : batch) {
+      for (size_t i : rows_of[lease.expert()]) work.emplace_back(i, &lease.view());
+    }
+    // Threads only pay off past a few hundred thousand multiply-adds; below that, waking
+    // them costs more than the work (measured: 28 tiny assignments, 0.35 ms serial).
+    const bool parallel = work.size() > 1 && work.size() * 3 * h * inter > (1u << 18);
 #pragma omp parallel if (parallel)
-  {
-    std::vector<float> scratch(2 * inter);
+    {
+      std::vector<float> scratch(2 * inter + std::max(h, inter));
 #pragma omp for schedule(dynamic)
-    for (size_t i = 0; i < assignments.size(); ++i) {
-      swiglu_expert(*weights[i], hidden + assignments[i].row * h, h, inter, scratch.data(), outputs + i * h);
+      for (size_t j = 0; j < work.size(); ++j) {
+        const size_t i = work[j].first;
+        swiglu_expert(*work[j].second, hidden + assignments[i].row * h, h, inter, scratch.data(), outputs + i * h);
+      }
     }
   }
+  const TierStats& tier = fetch->stats();
   ExpertStats stats;
   stats.experts_computed = static_cast<uint32_t>(distinct.size());
   stats.rows_computed = static_cast<uint32_t>(assignments.size());
-  stats.compute_ns = static_cast<uint64_t>(
+  stats.hits = static_cast<uint32_t>(tier.hits);
+  stats.misses = static_cast<uint32_t>(tier.misses);
+  stats.bytes_read = tier.bytes_read;
+  stats.io_wait_ns = tier.io_wait_ns;
+  stats.disk_ns = tier.disk_ns;
+  stats.prefetch_hits = static_cast<uint32_t>(tier.prefetch_hits);
+  // compute_ns is the request's time minus what it spent waiting for the disk.
+  const auto elapsed = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
+  stats.compute_ns = elapsed > tier.io_wait_ns ? elapsed - tier.io_wait_ns : 0;
   return stats;
 }
 

@@ -1,8 +1,9 @@
 // Runs a layer's batch-union on the experts a worker holds: for every assignment
 // (row, expert), y = down_proj(silu(gate_proj(x)) * up_proj(x)) (SwiGLU, as
-// Qwen3MoeMLP / OlmoeMLP), unweighted. Each output row is computed by the same code in
-// the same order whatever else is in the batch, so results are bit-identical across
-// topologies.
+// Qwen3MoeMLP / OlmoeMLP), unweighted. Experts already resident are computed first while
+// the missing ones are read (worker/expert_store.h). Each output row is computed by the
+// same code in the same order whatever else is in the batch and whichever tier held the
+// expert, so results are bit-identical across topologies and budgets.
 #pragma once
 
 #include "common/moe_types.h"
@@ -16,7 +17,8 @@ class ExpertExecutor {
 
   /// Computes every assignment of `request`. Throws Error(kInvalidInput) naming the
   /// layer and expert when an assignment names an expert this store does not hold, a row
-  /// out of range, or when hidden_size / hidden.size() disagree with the store.
+  /// out of range, or when hidden_size / hidden.size() disagree with the store; Error(kIo)
+  /// when an expert cannot be read from disk.
   ExpertResponse run(const ExpertRequest& request) const;
 
   /// Same, writing outputs into `outputs` ([assignments.size(), hidden] f32) directly,

@@ -1,0 +1,140 @@
+#include "common/weight_format.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/error.h"
+#include "common/kernels.h"
+
+namespace charm {
+
+const char* weight_format_name(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kF32: return "F32";
+    case WeightFormat::kF16: return "F16";
+    case WeightFormat::kBF16: return "BF16";
+    case WeightFormat::kInt8: return "I8G";
+    case WeightFormat::kInt4: return "I4G";
+  }
+  return "?";
+}
+
+std::optional<WeightFormat> parse_weight_format(std::string_view name) {
+  for (WeightFormat f : {WeightFormat::kF32, WeightFormat::kF16, WeightFormat::kBF16, WeightFormat::kInt8,
+                         WeightFormat::kInt4}) {
+    if (name == weight_format_name(f)) return f;
+  }
+  return std::nullopt;
+}
+
+WeightFormat weight_format_of(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return WeightFormat::kF32;
+    case DType::kF16: return WeightFormat::kF16;
+    case DType::kBF16: return WeightFormat::kBF16;
+  }
+  return WeightFormat::kF32;
+}
+
+bool is_quantized(WeightFormat format) { return format == WeightFormat::kInt8 || format == WeightFormat::kInt4; }
+
+namespace {
+
+uint64_t row_bytes(const MatrixShape& s) {
+  const auto cols = static_cast<uint64_t>(s.cols);
+  switch (s.format) {
+    case WeightFormat::kF32: return cols * 4;
+    case WeightFormat::kF16:
+    case WeightFormat::kBF16: return cols * 2;
+    case WeightFormat::kInt8: return cols;
+    case WeightFormat::kInt4: return (cols + 1) / 2;
+  }
+  return 0;
+}
+
+}  // namespace
+
+uint64_t MatrixShape::data_bytes() const { return static_cast<uint64_t>(rows) * row_bytes(*this); }
+
+int64_t MatrixShape::groups_per_row() const {
+  if (!is_quantized(format) || group_size <= 0) return 0;
+  return (cols + group_size - 1) / group_size;
+}
+
+uint64_t MatrixShape::scale_bytes() const {
+  return static_cast<uint64_t>(rows) * static_cast<uint64_t>(groups_per_row()) * sizeof(float);
+}
+
+void matrix_row_to_f32(const MatrixView& m, int64_t row, float* out) {
+  const MatrixShape& s = m.shape;
+  const uint8_t* src = m.data + static_cast<uint64_t>(row) * row_bytes(s);
+  switch (s.format) {
+    case WeightFormat::kF32: std::memcpy(out, src, static_cast<size_t>(s.cols) * 4); return;
+    case WeightFormat::kF16: convert_to_f32(DType::kF16, src, out, static_cast<size_t>(s.cols)); return;
+    case WeightFormat::kBF16: convert_to_f32(DType::kBF16, src, out, static_cast<size_t>(s.cols)); return;
+    case WeightFormat::kInt8: {
+      const float* scales = m.scales + row * s.groups_per_row();
+      for (int64_t i = 0; i < s.cols; ++i) out[i] = static_cast<float>(static_cast<int8_t>(src[i])) * scales[i / s.group_size];
+      return;
+    }
+    case WeightFormat::kInt4: {
+      const float* scales = m.scales + row * s.groups_per_row();
+      for (int64_t i = 0; i < s.cols; ++i) {
+        const int nibble = (i & 1) ? (src[i / 2] >> 4) : (src[i / 2] & 0x0f);
+        out[i] = static_cast<float>(nibble - 8) * scales[i / s.group_size];
+      }
+      return;
+    }
+  }
+}
+
+void matvec_stored(const MatrixView& m, const float* x, float* y, float* scratch) {
+  const MatrixShape& s = m.shape;
+  const auto cols = static_cast<size_t>(s.cols);
+  if (s.format == WeightFormat::kF32) {
+    const auto* w = reinterpret_cast<const float*>(m.data);
+    for (int64_t o = 0; o < s.rows; ++o) y[o] = dot(x, w + o * s.cols, cols);
+    return;
+  }
+  // Other forms: widen one row at a time, then the same dot, so a bf16 expert gives the
+  // bits of its f32 conversion (the tier invariant) without holding f32 copies.
+  for (int64_t o = 0; o < s.rows; ++o) {
+    matrix_row_to_f32(m, o, scratch);
+    y[o] = dot(x, scratch, cols);
+  }
+}
+
+void quantize_matrix(const float* src, const MatrixShape& shape, uint8_t* data, float* scales) {
+  if (!is_quantized(shape.format)) {
+    fail_invalid(std::string("quantize_matrix: ") + weight_format_name(shape.format) + " is not a quantised format");
+  }
+  if (shape.group_size < 1) fail_invalid("quantize_matrix: group_size must be >= 1, got " + std::to_string(shape.group_size));
+  const bool int4 = shape.format == WeightFormat::kInt4;
+  const float qmax = int4 ? 7.0f : 127.0f;
+  const int64_t groups = shape.groups_per_row();
+  const uint64_t rb = row_bytes(shape);
+  std::memset(data, 0, shape.data_bytes());
+  for (int64_t r = 0; r < shape.rows; ++r) {
+    const float* row = src + r * shape.cols;
+    uint8_t* out = data + static_cast<uint64_t>(r) * rb;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t begin = g * shape.group_size;
+      const int64_t end = std::min(shape.cols, begin + shape.group_size);
+      float absmax = 0;
+      for (int64_t i = begin; i < end; ++i) absmax = std::max(absmax, std::fabs(row[i]));
+      const float scale = absmax > 0 ? absmax / qmax : 1.0f;
+      scales[r * groups + g] = scale;
+      for (int64_t i = begin; i < end; ++i) {
+        const int q = static_cast<int>(std::clamp(std::nearbyint(row[i] / scale), -qmax, qmax));
+        if (int4) {
+          out[i / 2] |= static_cast<uint8_t>((q + 8) << ((i & 1) ? 4 : 0));
+        } else {
+          out[i] = static_cast<uint8_t>(static_cast<int8_t>(q));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace charm

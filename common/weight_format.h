@@ -1,0 +1,70 @@
+// How a routed expert's weight matrix is stored in memory and on disk, and the one
+// matrix-vector kernel that computes from any of those forms in f32.
+//
+// Stored forms: the checkpoint's own f32 / f16 / bf16 (lossless: charm's default), or
+// int8 / int4 with one f32 scale per group of `group_size` consecutive elements of a row
+// (lossy, opt-in by name at `charm convert`). Quantisation is symmetric absmax per group
+// (q = round(w / scale), scale = absmax / 127 for int8, absmax / 7 for int4; int4 packs
+// two values per byte, low nibble first, each stored as q + 8). A row's last group may
+// be shorter. Rows start on a byte boundary (an odd-width int4 row pads half a byte).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "common/dtype.h"
+
+namespace charm {
+
+/// Element form of a stored weight matrix.
+enum class WeightFormat : uint8_t { kF32, kF16, kBF16, kInt8, kInt4 };
+
+/// The index spelling: "F32", "F16", "BF16" (as safetensors), "I8G", "I4G" (grouped).
+const char* weight_format_name(WeightFormat format);
+/// Parses weight_format_name's spelling; nullopt for anything else.
+std::optional<WeightFormat> parse_weight_format(std::string_view name);
+/// The lossless form of a safetensors dtype.
+WeightFormat weight_format_of(DType dtype);
+/// True for int8 / int4 (they carry group scales).
+bool is_quantized(WeightFormat format);
+
+/// Shape and storage of one [rows, cols] row-major matrix.
+struct MatrixShape {
+  WeightFormat format = WeightFormat::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t group_size = 0;  ///< elements per scale; 0 unless quantised
+
+  /// Bytes of the element data (rows * bytes per row).
+  uint64_t data_bytes() const;
+  /// Scales per row (ceil(cols / group_size)); 0 unless quantised.
+  int64_t groups_per_row() const;
+  /// Bytes of the f32 scales ([rows, groups_per_row]); 0 unless quantised.
+  uint64_t scale_bytes() const;
+};
+
+/// A stored matrix in memory: `data` holds data_bytes(), `scales` scale_bytes() (null
+/// unless quantised). Non-owning. f32 data must be 4-byte aligned.
+struct MatrixView {
+  MatrixShape shape;
+  const uint8_t* data = nullptr;
+  const float* scales = nullptr;
+};
+
+/// Writes row `row` of `m` as f32 into `out` [m.shape.cols]. Exact for f32/f16/bf16.
+void matrix_row_to_f32(const MatrixView& m, int64_t row, float* out);
+
+/// y [rows] = m x, x [cols]: y[o] = dot(x, row o as f32) with common/kernels.h `dot`, so
+/// for f32/f16/bf16 the bits equal linear_serial over the same weights converted to f32
+/// beforehand. Single-threaded. `scratch` holds cols floats (unused for f32).
+void matvec_stored(const MatrixView& m, const float* x, float* y, float* scratch);
+
+/// Quantises `src` [rows, cols] f32 into `shape` (format kInt8 or kInt4, rows/cols/
+/// group_size set): `data` receives data_bytes(), `scales` scale_bytes(). Throws
+/// Error(kInvalidInput) for a non-quantised format or group_size < 1.
+void quantize_matrix(const float* src, const MatrixShape& shape, uint8_t* data, float* scales);
+
+}  // namespace charm
