@@ -19,7 +19,10 @@ std::unique_ptr<ExpertDispatcher> make_dispatcher(const Topology& topology, cons
   local.store = std::make_unique<ExpertStore>(checkpoint, ExpertTensorNames{}, all, config.hidden_size,
                                               config.moe_intermediate_size);
   local.executor = std::make_unique<ExpertExecutor>(*local.store);
-  return std::make_unique<LocalDispatcher>(*local.executor);
+  // Prefetch hints go straight to the in-process store (async reads, no waiting).
+  const ExpertStore* store = local.store.get();
+  return std::make_unique<LocalDispatcher>(
+      *local.executor, [store](uint32_t layer, const std::vector<uint32_t>& experts) { store->prefetch(layer, experts); });
 }
 
 }  // namespace charm

@@ -44,6 +44,10 @@ class ExecutorService final : public LayerService {
   std::map<uint32_t, std::vector<uint32_t>> held() const override {
     return executor_.store().held();
   }
+  /// Starts async reads of the hinted experts the store owns (ExpertStore::prefetch).
+  void prefetch(uint32_t layer, const std::vector<uint32_t>& experts) override {
+    executor_.store().prefetch(layer, experts);
+  }
 
  private:
   const ExpertExecutor& executor_;
