@@ -37,6 +37,16 @@ expect 2 "bogus_key" -- run --config "$tmp/unknown-key.yaml" hello
 expect 2 "charm: " -- status --config "$tmp/bad.yaml"
 expect 1 "charm: " -- serve --config "$tmp/missing.yaml"
 expect 0 "" -- --help
+# Prefetch and trace flags: a bad prefetch value in YAML, an unwritable trace file.
+printf 'model: %s\nmode: single-node\nprefetch: maybe\n' "$(dirname "$0")/../fixtures/models/olmoe-tiny" >"$tmp/bad-prefetch.yaml"
+printf 'model: %s\nmode: single-node\n' "$(cd "$(dirname "$0")/../fixtures/models/olmoe-tiny" && pwd)" >"$tmp/olmoe.yaml"
+expect 2 "prefetch: expected true or false" -- run --config "$tmp/bad-prefetch.yaml" hello
+expect 1 "cannot create routing trace file /nonexistent/t.jsonl" -- run --config "$tmp/olmoe.yaml" --routing-trace /nonexistent/t.jsonl hello
+expect 0 "prefetch recall" -- run --config "$tmp/olmoe.yaml" --prefetch --max-tokens 3 --temperature 0 --routing-trace "$tmp/t.jsonl" --stats-json "$tmp/s.json" hello
+if [[ $(wc -l <"$tmp/t.jsonl") -ne $((3 * 3)) ]] || ! grep -q '"decode_tokens_per_s"' "$tmp/s.json"; then
+  echo "FAIL: routing trace should have 3 layers x 3 steps (prefill + 2 decodes) lines; stats JSON its fields"
+  failures=$((failures + 1))
+fi
 
 [[ $failures -eq 0 ]] && echo PASS
 exit $((failures > 0))
