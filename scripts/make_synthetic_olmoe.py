@@ -15,12 +15,14 @@ Deviations from the real checkpoint (all stated in docs/benchmarks.md):
     64 Mi values at random offsets instead of drawn afresh per tensor (writing 13 GB of
     fresh normals would take far longer on a 2-core machine; nothing measured depends on
     the values being independent).
-  * Routing structure: trained LMs have anisotropic residual streams (a shared mean
-    direction) and skewed expert popularity. The embeddings get a common component
-    `m` (RMS 1 noise + 1.0 * m, |m| = sqrt(hidden)), and router row e gets a component
-    b_e * m_hat with b_e Zipf-like over a random expert order, so that some experts
-    are picked far more often than others, stably over tokens, as in real MoEs. Without
-    it, random routers pick near-uniformly and an LRU cache has nothing to exploit.
+  * Routing structure: random weights with RMS-1 embeddings make every token's deep
+    hidden state alike (random attention averages over positions, and that shared part
+    compounds), so deep layers picked the same ~18 experts for every token: an LRU would
+    look perfect. Two knobs, both measured in docs/benchmarks.md: the embeddings' token
+    part has RMS --embed-rms (4) so tokens stay distinct through 16 layers, plus a shared
+    direction m_hat of RMS 1 (the anisotropy of trained LMs); router row e gets
+    --router-bias (0.03) * b_e * m_hat with b_e Zipf-like (1.5/sqrt(rank)) over a random
+    expert order, a mild popularity skew that is stable over tokens, as real MoEs have.
 
 Memory: one tensor at a time (at most vocab x hidden f32, 412 MB); never the whole model.
 Disk: about 13.5 GB (experts 12.9 GB). Run time: a few minutes, mostly disk writes.
@@ -48,6 +50,8 @@ HEADS = 16
 VOCAB = 50304
 STD = 0.02
 POOL = 1 << 26
+ROUTER_BIAS = 0.03  # see --router-bias and docs/benchmarks.md
+EMBED_RMS = 4.0     # see --embed-rms
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -104,41 +108,56 @@ def shard_of(name: str, layers_per_shard: int) -> int:
     return 0 if name.startswith("model.embed_tokens") else -1
 
 
+def mean_direction(seed: int) -> np.ndarray:
+    """The unit vector m_hat shared by the embeddings and the routers."""
+    m = np.random.default_rng([seed, 7]).standard_normal(HIDDEN, dtype=np.float32)
+    return m / np.linalg.norm(m)
+
+
 class Writer:
     """Produces each tensor's bf16 bytes on demand, one tensor in memory at a time."""
 
-    def __init__(self, rng: np.random.Generator, layers: int, vocab: int):
+    def __init__(self, rng: np.random.Generator, vocab: int, seed: int, router_bias: float, embed_rms: float):
         self.rng = rng
+        self.embed_rms = embed_rms
+        self.seed = seed
+        self.router_bias = router_bias
         self.pool = Pool(rng)
         self.vocab = vocab
-        mean = rng.standard_normal(HIDDEN, dtype=np.float32)
-        self.mean_dir = mean / np.linalg.norm(mean)
-        # Zipf-like popularity bias per expert, over a random order, per layer.
-        self.bias = {}
-        for l in range(layers):
-            order = rng.permutation(EXPERTS)
-            b = np.empty(EXPERTS, dtype=np.float32)
-            b[order] = 1.5 / np.sqrt(np.arange(1, EXPERTS + 1, dtype=np.float32))
-            self.bias[l] = b - b.mean()
+        self.mean_dir = mean_direction(seed)
+
+    def embeddings(self, vocab: int) -> bytes:
+        """[vocab, HIDDEN]: noise of RMS embed_rms plus sqrt(HIDDEN) * m_hat (a shared
+        direction of RMS 1, the anisotropy of trained LMs). Its own seeded stream, so --rewrite-routers can redo it."""
+        rng = np.random.default_rng([self.seed, 5])
+        out = bytearray()
+        for start in range(0, vocab, 4096):
+            x = rng.standard_normal((min(4096, vocab - start), HIDDEN), dtype=np.float32) * self.embed_rms
+            x += self.mean_dir * np.sqrt(HIDDEN)
+            out += bf16_bytes(x)
+        return bytes(out)
+
+    def router(self, layer: int) -> bytes:
+        """Layer `layer`'s router [EXPERTS, HIDDEN]: N(0, STD^2) plus router_bias * b_e * m_hat,
+        with b_e = 1.5 / sqrt(rank) (centred) over a random expert order: a Zipf-like
+        popularity that is stable over tokens. Its own seeded stream, like embeddings()."""
+        rng = np.random.default_rng([self.seed, 1000 + layer])
+        order = rng.permutation(EXPERTS)
+        b = np.empty(EXPERTS, dtype=np.float32)
+        b[order] = 1.5 / np.sqrt(np.arange(1, EXPERTS + 1, dtype=np.float32))
+        b -= b.mean()
+        w = rng.standard_normal((EXPERTS, HIDDEN), dtype=np.float32) * STD
+        w += b[:, None] * self.mean_dir[None, :] * self.router_bias
+        return bf16_bytes(w)
 
     def bytes_of(self, name: str, shape: list[int]) -> bytes:
         count = int(np.prod(shape))
         if name.endswith("norm.weight"):
             return bf16_bytes(np.ones(count, dtype=np.float32))
         if name == "model.embed_tokens.weight":
-            # RMS-1 noise plus a shared direction (anisotropy), row by row chunks.
-            out = bytearray()
-            for start in range(0, shape[0], 4096):
-                rows = min(4096, shape[0] - start)
-                x = self.rng.standard_normal((rows, HIDDEN), dtype=np.float32)
-                x += self.mean_dir * np.sqrt(HIDDEN)
-                out += bf16_bytes(x)
-            return bytes(out)
+            return self.embeddings(shape[0])
         if name.endswith("mlp.gate.weight"):
-            layer = int(name.split(".")[2])
-            w = self.rng.standard_normal((EXPERTS, HIDDEN), dtype=np.float32) * STD
-            w += self.bias[layer][:, None] * self.mean_dir[None, :] * 0.1
-            return bf16_bytes(w)
+            return self.router(int(name.split(".")[2]))
         if count > POOL:  # lm_head: fresh normals, in chunks
             out = bytearray()
             for start in range(0, shape[0], 4096):
@@ -146,6 +165,26 @@ class Writer:
                 out += bf16_bytes(self.rng.standard_normal((rows, shape[1]), dtype=np.float32) * STD)
             return bytes(out)
         return self.pool.window(count)
+
+
+def rewrite_routers(folder: Path, writer: Writer) -> None:
+    """Overwrites the embeddings and every mlp.gate.weight in place (same shapes and
+    dtype), to tune the routing structure without rewriting 13 GB."""
+    for shard in sorted(folder.glob("model-*.safetensors")):
+        with open(shard, "r+b") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(n))
+            for name, info in header.items():
+                if name.endswith("mlp.gate.weight"):
+                    data = writer.router(int(name.split(".")[2]))
+                elif name == "model.embed_tokens.weight":
+                    data = writer.embeddings(info["shape"][0])
+                else:
+                    continue
+                f.seek(8 + n + info["data_offsets"][0])
+                f.write(data)
+    print(f"rewrote the embeddings and routers of {folder} (router bias {writer.router_bias})")
+
 
 
 def write_shard(path: Path, entries: list[tuple[str, list[int]]], writer: Writer) -> None:
@@ -192,7 +231,17 @@ def main() -> int:
     ap.add_argument("--vocab", type=int, default=VOCAB)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers-per-shard", type=int, default=2)
+    ap.add_argument("--router-bias", type=float, default=ROUTER_BIAS,
+                    help="strength of the routers' shared popularity component (0: unstructured)")
+    ap.add_argument("--embed-rms", type=float, default=EMBED_RMS,
+                    help="RMS of the token-specific part of the embeddings (the shared part has RMS 1)")
+    ap.add_argument("--rewrite-routers", action="store_true",
+                    help="only overwrite the embeddings and routers of an existing checkpoint")
     args = ap.parse_args()
+    if args.rewrite_routers:
+        rewrite_routers(args.out, Writer(np.random.default_rng(args.seed), args.vocab, args.seed, args.router_bias,
+                                         args.embed_rms))
+        return 0
 
     plan = tensor_plan(args.layers, args.vocab)
     need = sum(int(np.prod(s)) * 2 for _, s in plan)
@@ -206,7 +255,7 @@ def main() -> int:
         return 1
 
     rng = np.random.default_rng(args.seed)
-    writer = Writer(rng, args.layers, args.vocab)
+    writer = Writer(rng, args.vocab, args.seed, args.router_bias, args.embed_rms)
     shards: dict[int, list] = {}
     for name, shape in plan:
         shards.setdefault(shard_of(name, args.layers_per_shard), []).append((name, shape))
