@@ -16,8 +16,8 @@ Steps:
      may, instead of dropping every cache on a shared machine);
   3. fio (or dd when fio is missing) on a container file: sequential and random reads
      of expert-sized blocks with O_DIRECT, 1 job and io_threads jobs;
-  4. per (mode, budget, prefetch, repeat): `charm run` greedy for --tokens tokens on a
-     fixed prompt, fresh processes each time (a cold cache: `pin: none`, no usage file),
+  4. per (mode, budget, prefetch, repeat): `charm run` for --tokens tokens on a fixed
+     prompt (temperature 1, seed 7), fresh processes each time (a cold cache: `pin: none`, no usage file),
      with --stats-json for tok/s, recall and the tier counters; the first run also writes
      the routing trace;
   5. scripts/replay_routing.py on that trace: LRU and Belady hit rates for the same slots.
@@ -148,8 +148,11 @@ def run_once(charm: Path, cfg: Path, workers: list[tuple[str, int]], tokens: int
         for (name, port), p in zip(workers, procs):
             wait_port(port, p, timeout)
         stats = cfg.with_suffix(".stats.json")
-        cmd = [str(charm), "run", "--config", str(cfg), "--max-tokens", str(tokens), "--temperature", "0",
-               "--stats-json", str(stats)]
+        # Sampled (fixed seed), not greedy: greedy decoding of a random model repeats one
+        # token, and so one routing, which flatters every cache. Logits are bit-identical
+        # across budgets and topologies, so every run generates the same tokens.
+        cmd = [str(charm), "run", "--config", str(cfg), "--max-tokens", str(tokens), "--temperature", "1",
+               "--seed", "7", "--stats-json", str(stats)]
         if trace:
             cmd += ["--routing-trace", str(trace)]
         started = time.time()
