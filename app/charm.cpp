@@ -3,6 +3,7 @@
 //   worker  an expert worker of a cluster topology
 //   status  the health of every worker of a topology
 //   run     one generation without HTTP, streamed to stdout, stats to stderr
+//   convert write an expert container (one worker's shard or every expert) from a checkpoint
 // Exit status: 0 success, 1 failure, 2 invalid input (bad flags, config or prompt).
 #include <csignal>
 #include <cstdio>
@@ -22,10 +23,14 @@
 #include "common/error.h"
 #include "common/stop_signals.h"
 #include "common/topology.h"
+#include "common/wire.h"
 #include "coordinator/engine.h"
 #include "coordinator/http_api.h"
 
+#include "common/checkpoint.h"
+#include "common/model_config.h"
 #include "coordinator/status_report.h"
+#include "worker/expert_convert.h"
 #include "worker/worker_main.h"
 
 namespace charm {
@@ -36,6 +41,11 @@ Topology load_config(const std::string& path) {
   Topology topology = Topology::load(path);
   if (topology.threads > 0) omp_set_num_threads(static_cast<int>(topology.threads));
   return topology;
+}
+
+/// `--ram-gb` on the command line overrides the YAML's budget for the process it starts.
+void override_ram(StoreSpec& store, const std::optional<double>& ram_gb) {
+  if (ram_gb) store.ram_gb = *ram_gb;
 }
 
 /// --prefetch / --no-prefetch: overrides the topology's `prefetch` key when given.
@@ -63,6 +73,7 @@ void print_prefetch_stats(const Engine& engine) {
 
 struct ServeArgs {
   std::string config;
+  std::optional<double> ram_gb;
   std::optional<std::string> host;
   std::optional<uint16_t> port;
   std::optional<bool> prefetch;
@@ -70,6 +81,11 @@ struct ServeArgs {
 
 int serve(const ServeArgs& args) {
   Topology topology = load_config(args.config);
+  if (args.ram_gb && !topology.single_node) {
+    fail_invalid("--ram-gb applies to the in-process experts of mode: single-node; set ram_gb on each worker entry, "
+                 "or pass --ram-gb to charm worker");
+  }
+  override_ram(topology.store, args.ram_gb);
   apply_prefetch_flag(topology, args.prefetch);
   std::string host = args.host.value_or(topology.api_host);
   uint16_t port = args.port.value_or(topology.api_port);
@@ -89,9 +105,54 @@ int serve(const ServeArgs& args) {
   return 0;
 }
 
-int worker(const std::string& config, const std::string& name) {
+int worker(const std::string& config, const std::string& name, const std::optional<double>& ram_gb) {
   Topology topology = load_config(config);
+  topology.worker(name);  // an unknown name fails here, naming the known ones
+  for (WorkerSpec& w : topology.workers) {
+    if (w.name == name) override_ram(w.store, ram_gb);
+  }
   return run_worker(topology, name);
+}
+
+struct ConvertArgs {
+  std::string checkpoint;
+  std::string out;
+  std::string config;
+  std::string worker;
+  std::string quant = "none";
+  int64_t group_size = 0;
+};
+
+/// `charm convert`: every MoE layer's experts, or only those the topology gives --worker.
+int convert(const ConvertArgs& args) {
+  std::optional<Topology> topology;
+  if (!args.config.empty()) topology = load_config(args.config);
+  if (!args.worker.empty() && !topology) fail_invalid("--worker needs --config (the topology that places the experts)");
+  if (args.checkpoint.empty() && !topology) fail_invalid("give --checkpoint DIR (or --config, whose model is used)");
+  const std::filesystem::path model = args.checkpoint.empty() ? topology->model : std::filesystem::path(args.checkpoint);
+  std::unique_ptr<Checkpoint> checkpoint = Checkpoint::open(model);
+  const ModelConfig config = ModelConfig::parse(checkpoint->config_json(), (model / "config.json").string());
+  std::vector<ExpertKey> experts;
+  if (!args.worker.empty()) {
+    const WorkerSpec& spec = topology->worker(args.worker);
+    experts = owned_experts(*topology, config, static_cast<int>(&spec - topology->workers.data()));
+  } else {
+    for (int64_t layer : config.moe_layer_ids()) {
+      for (int64_t e = 0; e < config.num_experts; ++e) experts.emplace_back(layer, e);
+    }
+  }
+  ConvertOptions options;
+  options.out = args.out;
+  options.quant = args.quant;
+  options.group_size = args.group_size;
+  options.worker = args.worker;
+  const ConvertResult result =
+      convert_experts(*checkpoint, ExpertTensorNames{}, experts, config.hidden_size, config.moe_intermediate_size, options);
+  if (result.already_complete) {
+    std::fprintf(stderr, "charm convert: %s is already a complete container of these %llu experts; nothing to do\n",
+                 args.out.c_str(), static_cast<unsigned long long>(result.experts));
+  }
+  return 0;
 }
 
 /// Prints the cluster table; exit 1 when a worker did not answer.
@@ -119,8 +180,32 @@ nlohmann::json prefetch_json(const PrefetchLayerStats& s) {
   return {{"steps", s.steps}, {"actual", s.actual}, {"predicted", s.predicted}, {"correct", s.correct}};
 }
 
+/// One worker's tier counters as JSON (names as in TierStats).
+nlohmann::json tier_json(const TierStats& t) {
+  return {{"hits", t.hits},         {"misses", t.misses},   {"bytes_read", t.bytes_read},
+          {"io_wait_ns", t.io_wait_ns}, {"disk_ns", t.disk_ns}, {"prefetch_issued", t.prefetch_issued},
+          {"prefetch_hits", t.prefetch_hits}};
+}
+
+/// The tier counters of one worker: the in-process store's, or a remote worker's own
+/// (a healthRequest; nothing when it does not answer within 5 s).
+std::map<uint32_t, TierStats> worker_tier_layers(const Topology& topology, const WorkerStatus& w) {
+  if (topology.single_node) return w.tier_layers;
+  for (const WorkerSpec& spec : topology.workers) {
+    if (spec.name != w.name) continue;
+    try {
+      auto conn = FrameConnection::connect(spec.host, spec.port, std::chrono::seconds(5), spec.name);
+      conn->send(encode_health_request(), std::chrono::seconds(5));
+      return decode_as<HealthReplyMsg>(conn->receive(std::chrono::seconds(5))).tier_layers;
+    } catch (const Error& e) {
+      spdlog::warn("charm run: no tier counters from worker '{}': {}", spec.name, e.message());
+    }
+  }
+  return {};
+}
+
 /// `charm run --stats-json`: the run's numbers for scripts (scripts/bench_tiers.py):
-/// tokens, timings, prefetch recall per layer and each worker's view.
+/// tokens, timings, prefetch recall per layer and each worker's view and tier counters.
 void write_run_stats(const std::string& path, const Topology& topology, const Engine& engine,
                      const GenerationResult& result) {
   nlohmann::json j = {{"prompt_tokens", result.prompt_tokens},
@@ -142,8 +227,17 @@ void write_run_stats(const std::string& path, const Topology& topology, const En
   j["prefetch"]["layers"] = layers;
   j["workers"] = nlohmann::json::array();
   for (const WorkerStatus& w : engine.cluster_status()) {
-    j["workers"].push_back({{"name", w.name}, {"state", w.state}, {"requests", w.requests},
-                            {"bytes_out", w.bytes_out}, {"bytes_in", w.bytes_in}});
+    nlohmann::json worker = {{"name", w.name}, {"state", w.state}, {"requests", w.requests},
+                             {"bytes_out", w.bytes_out}, {"bytes_in", w.bytes_in}};
+    TierStats total;
+    nlohmann::json per_layer = nlohmann::json::object();
+    for (const auto& [layer, t] : worker_tier_layers(topology, w)) {
+      per_layer[std::to_string(layer)] = tier_json(t);
+      total += t;
+    }
+    worker["tier"] = tier_json(total);
+    worker["tier_layers"] = per_layer;
+    j["workers"].push_back(worker);
   }
   std::ofstream out(path, std::ios::trunc);
   out << j.dump(1) << '\n';
@@ -206,11 +300,27 @@ int run_cli(int argc, char** argv) {
   serve_cmd->add_option("--port", serve_args.port, "Listen port (default: the config's api port; 0 = any free)");
   serve_cmd->add_flag("--prefetch,!--no-prefetch", serve_args.prefetch,
                       "Send prefetch hints (overrides the config's prefetch key)");
+  serve_cmd->add_option("--ram-gb", serve_args.ram_gb, "Single-node: GiB of RAM for expert slots (default: every expert resident)")
+      ->check(CLI::PositiveNumber);
 
   std::string worker_config, worker_name;
   CLI::App* worker_cmd = app.add_subcommand("worker", "Run one expert worker of a cluster topology");
   worker_cmd->add_option("--config", worker_config, "Topology YAML")->required();
   worker_cmd->add_option("--name", worker_name, "This worker's name in the topology")->required();
+  std::optional<double> worker_ram_gb;
+  worker_cmd->add_option("--ram-gb", worker_ram_gb, "GiB of RAM for expert slots (overrides the worker's ram_gb)")
+      ->check(CLI::PositiveNumber);
+
+  ConvertArgs convert_args;
+  CLI::App* convert_cmd = app.add_subcommand("convert", "Write an expert container from a checkpoint");
+  convert_cmd->add_option("--checkpoint", convert_args.checkpoint, "HF checkpoint directory (default: the config's model)");
+  convert_cmd->add_option("--out", convert_args.out, "Container directory to write (resumed if interrupted)")->required();
+  convert_cmd->add_option("--config", convert_args.config, "Topology YAML (for --worker)");
+  convert_cmd->add_option("--worker", convert_args.worker, "Write only this worker's experts");
+  convert_cmd->add_option("--quant", convert_args.quant, "LOSSY: int8 or int4 with f32 group scales (default: keep the checkpoint's precision)")
+      ->check(CLI::IsMember({"none", "int8", "int4"}));
+  convert_cmd->add_option("--group-size", convert_args.group_size, "Elements per scale with --quant (default 32)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
 
   std::string status_config;
   int status_timeout_ms = 2000;
@@ -246,7 +356,8 @@ int run_cli(int argc, char** argv) {
     return 2;
   }
   if (*serve_cmd) return serve(serve_args);
-  if (*worker_cmd) return worker(worker_config, worker_name);
+  if (*worker_cmd) return worker(worker_config, worker_name, worker_ram_gb);
+  if (*convert_cmd) return convert(convert_args);
   if (*status_cmd) return status(status_config, status_timeout_ms);
   if (*workers_cmd) return list_workers(workers_config);
   return run(run_args);

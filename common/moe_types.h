@@ -25,6 +25,29 @@ struct ExpertRequest {
   std::vector<ExpertAssignment> assignments;   ///< grouped by expert is not required
 };
 
+/// A worker's expert-tier counters (worker/expert_cache.h), cumulative, for one layer or
+/// summed over layers. Units: bytes and nanoseconds.
+struct TierStats {
+  uint64_t hits = 0;             ///< experts a request found resident (or being prefetched)
+  uint64_t misses = 0;           ///< experts a request had to read from disk itself
+  uint64_t bytes_read = 0;       ///< bytes read from disk (misses and prefetches)
+  uint64_t io_wait_ns = 0;       ///< time requests blocked waiting for reads or free slots
+  uint64_t disk_ns = 0;          ///< total time the I/O threads spent in reads
+  uint64_t prefetch_issued = 0;  ///< reads started by prefetch()
+  uint64_t prefetch_hits = 0;    ///< prefetched experts a request then used
+  TierStats& operator+=(const TierStats& o) {
+    hits += o.hits;
+    misses += o.misses;
+    bytes_read += o.bytes_read;
+    io_wait_ns += o.io_wait_ns;
+    disk_ns += o.disk_ns;
+    prefetch_issued += o.prefetch_issued;
+    prefetch_hits += o.prefetch_hits;
+    return *this;
+  }
+  bool operator==(const TierStats&) const = default;
+};
+
 /// What a worker measured while serving one request.
 struct ExpertStats {
   uint32_t experts_computed = 0;  ///< distinct experts run (the union's size on this worker)

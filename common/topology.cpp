@@ -137,8 +137,51 @@ YAML::Node load_yaml(const std::filesystem::path& path) {
   }
 }
 
-WorkerSpec parse_worker(const Reader& r, const YAML::Node& node, const std::string& path) {
-  r.check_keys(node, path, {"name", "host", "port", "experts", "layers"});
+double number_value(const Reader& r, const YAML::Node& node, const std::string& path) {
+  if (node.IsScalar()) {
+    try {
+      size_t used = 0;
+      const double v = std::stod(node.Scalar(), &used);
+      if (used == node.Scalar().size() && v > 0 && v < 1e9) return v;
+    } catch (const std::exception&) {
+    }
+  }
+  r.fail(path, "expected a positive number of GiB, got '" + (node.IsScalar() ? node.Scalar() : std::string("?")) + "'");
+}
+
+const std::vector<std::string> kStoreKeys = {"ram_gb", "pin", "container", "io", "io_threads", "usage_file"};
+
+/// The tier keys of a worker entry (or of `store:` in single-node mode).
+StoreSpec parse_store(const Reader& r, const YAML::Node& node, const std::string& path, const std::filesystem::path& base) {
+  StoreSpec s;
+  auto at = [&](const char* key) { return Reader::join(path, key); };
+  auto resolve = [&](const std::string& p) {
+    const std::filesystem::path v(p);
+    return (v.is_absolute() ? v : base / v).lexically_normal();
+  };
+  if (node["ram_gb"]) s.ram_gb = number_value(r, node["ram_gb"], at("ram_gb"));
+  if (node["pin"]) {
+    s.pin = r.string_value(node["pin"], at("pin"));
+    if (s.pin != "auto" && s.pin != "none") s.pin_file = resolve(s.pin);
+  }
+  if (node["container"]) s.container = resolve(r.string_value(node["container"], at("container")));
+  if (node["io"]) {
+    s.io = r.string_value(node["io"], at("io"));
+    if (s.io != "pread" && s.io != "odirect") r.fail(at("io"), "expected 'pread' or 'odirect', got '" + s.io + "'");
+  }
+  if (node["io_threads"]) s.io_threads = r.int_value(node["io_threads"], at("io_threads"), 1, 256);
+  if (node["usage_file"]) {
+    s.usage_file = r.string_value(node["usage_file"], at("usage_file"));
+    if (s.usage_file != "none") s.usage_file = resolve(s.usage_file).string();
+  }
+  return s;
+}
+
+WorkerSpec parse_worker(const Reader& r, const YAML::Node& node, const std::string& path,
+                        const std::filesystem::path& base) {
+  std::vector<std::string> keys = {"name", "host", "port", "experts", "layers"};
+  keys.insert(keys.end(), kStoreKeys.begin(), kStoreKeys.end());
+  r.check_keys(node, path, keys);
   for (const char* key : {"name", "port", "experts"}) {
     if (!node[key]) r.fail(Reader::join(path, key), "required key is missing");
   }
@@ -150,18 +193,19 @@ WorkerSpec parse_worker(const Reader& r, const YAML::Node& node, const std::stri
   if (const auto layers = node["layers"]; layers && !(layers.IsScalar() && layers.Scalar() == "all")) {
     w.layers = r.id_list(layers, path + ".layers");
   }
+  w.store = parse_store(r, node, path, base);
   return w;
 }
 
 /// Parses `workers:`, rejecting duplicate names and duplicate host:port pairs.
-std::vector<WorkerSpec> parse_workers(const Reader& r, const YAML::Node& node) {
+std::vector<WorkerSpec> parse_workers(const Reader& r, const YAML::Node& node, const std::filesystem::path& base) {
   if (!node.IsSequence() || node.size() == 0) r.fail("workers", "expected a non-empty list of workers");
   std::vector<WorkerSpec> workers;
   std::map<std::string, size_t> names;
   std::map<std::string, size_t> endpoints;
   for (size_t i = 0; i < node.size(); ++i) {
     const std::string path = "workers[" + std::to_string(i) + "]";
-    WorkerSpec w = parse_worker(r, node[i], path);
+    WorkerSpec w = parse_worker(r, node[i], path, base);
     if (const auto [it, ok] = names.emplace(w.name, i); !ok) {
       r.fail(path + ".name", "duplicate worker name '" + w.name + "' (also workers[" + std::to_string(it->second) + "])");
     }
@@ -179,7 +223,7 @@ std::vector<WorkerSpec> parse_workers(const Reader& r, const YAML::Node& node) {
 Topology Topology::load(const std::filesystem::path& path) {
   const Reader r(path.string());
   const YAML::Node root = load_yaml(path);
-  r.check_keys(root, "", {"model", "model_name", "mode", "api", "threads", "timeouts", "workers", "prefetch"});
+  r.check_keys(root, "", {"model", "model_name", "mode", "api", "threads", "timeouts", "store", "workers", "prefetch"});
 
   Topology t;
   t.source = path;
@@ -220,7 +264,12 @@ Topology Topology::load(const std::filesystem::path& path) {
   }
   if (!t.single_node) {
     if (!root["workers"]) r.fail("workers", "required in cluster mode (or set mode: single-node)");
-    t.workers = parse_workers(r, root["workers"]);
+    t.workers = parse_workers(r, root["workers"], path.parent_path());
+  }
+  if (const auto store = root["store"]) {
+    if (!t.single_node) r.fail("store", "only with mode: single-node (in cluster mode each worker entry takes these keys)");
+    r.check_keys(store, "store", kStoreKeys);
+    t.store = parse_store(r, store, "store", path.parent_path());
   }
   return t;
 }

@@ -12,6 +12,18 @@
 
 namespace charm {
 
+/// A worker's expert tiers (docs/configuration.md, "Expert tiers"). Paths are resolved
+/// against the YAML file's folder.
+struct StoreSpec {
+  std::optional<double> ram_gb;       ///< GiB for expert slots; nullopt = every owned expert resident
+  std::string pin = "auto";           ///< "auto", "none", or a usage-format file (pin_file)
+  std::filesystem::path pin_file;     ///< set when pin names a file
+  std::filesystem::path container;    ///< expert container dir; empty = read the checkpoint
+  std::string io = "pread";           ///< "pread" or "odirect" (containers only)
+  int64_t io_threads = 4;             ///< bounded async read pool
+  std::string usage_file;             ///< "" = the default place, "none" = do not record, else a path
+};
+
 /// One worker entry of the topology.
 struct WorkerSpec {
   std::string name;
@@ -21,6 +33,7 @@ struct WorkerSpec {
   /// `experts` are expert ids; an entry may be a range "a-b" in YAML.
   std::vector<int64_t> experts;
   std::vector<int64_t> layers;
+  StoreSpec store;  ///< ram_gb, pin, container, io, io_threads, usage_file
 };
 
 /// The whole configuration file.
@@ -40,6 +53,7 @@ struct Topology {
   int64_t threads = 0;               ///< OpenMP threads; 0 = library default
   bool prefetch = false;             ///< send prefetch hints (next layer's router applied to
                                      ///< this layer's state) to the expert store / workers
+  StoreSpec store;                   ///< single-node mode: the in-process worker's tiers (`store:`)
 
   /// Loads and validates `path`. Throws Error(kInvalidInput) naming the file and the key
   /// for YAML that does not parse, unknown keys, wrong types, duplicate worker names or

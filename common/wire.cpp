@@ -95,6 +95,22 @@ LayerResponseMsg decode_layer_response(wire::LayerResponse::Reader r) {
   msg.response.stats.experts_computed = stats.getExpertsComputed();
   msg.response.stats.rows_computed = stats.getRowsComputed();
   msg.response.stats.compute_ns = stats.getComputeNs();
+  auto& st = msg.response.stats;
+  st.hits = stats.getHits();
+  st.misses = stats.getMisses();
+  st.bytes_read = stats.getBytesRead();
+  st.io_wait_ns = stats.getIoWaitNs();
+  st.disk_ns = stats.getDiskNs();
+  st.prefetch_hits = stats.getPrefetchHits();
+  const uint64_t looked_up = uint64_t{st.hits} + st.misses;
+  if (looked_up != 0 && looked_up != st.experts_computed) {
+    fail_protocol("layerResponse.stats: hits (" + std::to_string(st.hits) + ") + misses (" + std::to_string(st.misses) +
+                  ") must equal expertsComputed (" + std::to_string(st.experts_computed) + ")");
+  }
+  if (st.prefetch_hits > st.hits) {
+    fail_protocol("layerResponse.stats.prefetchHits " + std::to_string(st.prefetch_hits) + " exceeds hits " +
+                  std::to_string(st.hits));
+  }
   msg.error = r.getError();
   return msg;
 }
@@ -113,6 +129,26 @@ HelloReplyMsg decode_hello_reply(wire::HelloReply::Reader r) {
   return msg;
 }
 
+TierStats tier_of(wire::TierCounters::Reader r, const std::string& field) {
+  TierStats t{r.getHits(), r.getMisses(), r.getBytesRead(), r.getIoWaitNs(), r.getDiskNs(), r.getPrefetchIssued(),
+              r.getPrefetchHits()};
+  if (t.prefetch_hits > t.prefetch_issued) {
+    fail_protocol(field + ".prefetchHits " + std::to_string(t.prefetch_hits) + " exceeds prefetchIssued " +
+                  std::to_string(t.prefetch_issued));
+  }
+  return t;
+}
+
+void set_tier(wire::TierCounters::Builder b, const TierStats& t) {
+  b.setHits(t.hits);
+  b.setMisses(t.misses);
+  b.setBytesRead(t.bytes_read);
+  b.setIoWaitNs(t.io_wait_ns);
+  b.setDiskNs(t.disk_ns);
+  b.setPrefetchIssued(t.prefetch_issued);
+  b.setPrefetchHits(t.prefetch_hits);
+}
+
 HealthReplyMsg decode_health_reply(wire::HealthReply::Reader r) {
   HealthReplyMsg msg;
   msg.worker_name = r.getWorkerName();
@@ -124,6 +160,18 @@ HealthReplyMsg decode_health_reply(wire::HealthReply::Reader r) {
   msg.uptime_ms = r.getUptimeMs();
   msg.protocol_version = r.getProtocolVersion();
   msg.model_fingerprint = r.getModelFingerprint();
+  msg.tier = tier_of(r.getTierTotal(), "healthReply.tierTotal");
+  auto layers = r.getTierLayers();
+  for (uint32_t i = 0; i < layers.size(); ++i) {
+    const std::string field = "healthReply.tierLayers[" + std::to_string(i) + "]";
+    const uint32_t layer = layers[i].getLayer();
+    if (!msg.tier_layers.empty() && layer <= msg.tier_layers.rbegin()->first) {
+      fail_protocol(field + ".layer " + std::to_string(layer) + " is not above the previous layer (ascending, once each)");
+    }
+    msg.tier_layers[layer] = tier_of(layers[i].getCounters(), field);
+  }
+  msg.slot_bytes = r.getSlotBytes();
+  msg.slots = r.getSlots();
   return msg;
 }
 
@@ -229,6 +277,12 @@ Frame encode_layer_response(const LayerResponseMsg& response) {
   stats.setExpertsComputed(response.response.stats.experts_computed);
   stats.setRowsComputed(response.response.stats.rows_computed);
   stats.setComputeNs(response.response.stats.compute_ns);
+  stats.setHits(response.response.stats.hits);
+  stats.setMisses(response.response.stats.misses);
+  stats.setBytesRead(response.response.stats.bytes_read);
+  stats.setIoWaitNs(response.response.stats.io_wait_ns);
+  stats.setDiskNs(response.response.stats.disk_ns);
+  stats.setPrefetchHits(response.response.stats.prefetch_hits);
   r.setError(response.error);
   return finish_frame(builder);
 }
@@ -251,6 +305,16 @@ Frame encode_health_reply(const HealthReplyMsg& reply) {
   r.setUptimeMs(reply.uptime_ms);
   r.setProtocolVersion(reply.protocol_version);
   r.setModelFingerprint(reply.model_fingerprint);
+  set_tier(r.initTierTotal(), reply.tier);
+  auto layers = r.initTierLayers(static_cast<unsigned>(reply.tier_layers.size()));
+  unsigned i = 0;
+  for (const auto& [layer, t] : reply.tier_layers) {
+    layers[i].setLayer(layer);
+    set_tier(layers[i].initCounters(), t);
+    ++i;
+  }
+  r.setSlotBytes(reply.slot_bytes);
+  r.setSlots(reply.slots);
   return finish_frame(builder);
 }
 

@@ -86,6 +86,10 @@ struct HealthReplyMsg {
   uint32_t protocol_version = kProtocolVersion;
   std::string model_fingerprint;  ///< model_fingerprint() of the served checkpoint; empty
                                   ///< from a worker that predates the field
+  TierStats tier;                 ///< expert-tier counters summed over layers
+  std::map<uint32_t, TierStats> tier_layers;  ///< per MoE layer
+  uint64_t slot_bytes = 0;        ///< bytes of one RAM expert slot
+  uint64_t slots = 0;             ///< RAM expert slots (pinned + LRU)
 };
 
 /// `error`: the peer's last frame was rejected; the sender closes the connection after.
@@ -133,8 +137,10 @@ FrameBody split_frame(const uint8_t* data, size_t size,
 /// limit of max_frame_bytes/8 words exceeded, trailing words), an unknown union member,
 /// and in a layerRequest: hiddenSize 0 or over kMaxWireHiddenSize, a hidden payload
 /// that is not a multiple of 4 bytes or not numRows * hiddenSize * 4 bytes, an
-/// assignment row >= numRows; in a layerResponse: outputs not a multiple of 4 bytes; in
-/// a prefetchHint: more than kMaxHintExperts experts.
+/// assignment row >= numRows; in a layerResponse: outputs not a multiple of 4 bytes,
+/// stats.hits + stats.misses other than 0 or expertsComputed, prefetchHits > hits; in a
+/// healthReply: tierLayers not ascending / a layer twice, prefetchHits > prefetchIssued; in a
+/// prefetchHint: more than kMaxHintExperts experts.
 WireMessage decode_message(const FrameBody& body,
                            uint64_t max_frame_bytes = kDefaultMaxFrameBytes);
 

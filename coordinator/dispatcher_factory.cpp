@@ -3,6 +3,7 @@
 #include "common/fingerprint.h"
 #include "coordinator/cluster_dispatch.h"
 #include "coordinator/local_dispatch.h"
+#include "worker/store_factory.h"
 
 namespace charm {
 
@@ -16,8 +17,7 @@ std::unique_ptr<ExpertDispatcher> make_dispatcher(const Topology& topology, cons
   for (int64_t l : config.moe_layer_ids()) {
     for (int64_t e = 0; e < config.num_experts; ++e) all.emplace_back(l, e);
   }
-  local.store = std::make_unique<ExpertStore>(checkpoint, ExpertTensorNames{}, all, config.hidden_size,
-                                              config.moe_intermediate_size);
+  local.store = open_store(topology.store, checkpoint, config, all, "local", model_fingerprint(checkpoint));
   local.executor = std::make_unique<ExpertExecutor>(*local.store);
   // Prefetch hints go straight to the in-process store (async reads, no waiting).
   const ExpertStore* store = local.store.get();

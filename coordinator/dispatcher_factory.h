@@ -20,8 +20,8 @@ struct LocalExperts {
   std::unique_ptr<ExpertExecutor> executor;
 };
 
-/// Single-node: loads every routed expert into `local` and returns a LocalDispatcher over
-/// it. Cluster: connects to every worker of the topology (handshake with the model
+/// Single-node: opens every routed expert in `local` with topology.store's tier settings
+/// (worker/store_factory.h) and returns a LocalDispatcher over it. Cluster: connects to every worker of the topology (handshake with the model
 /// fingerprint) and returns a ClusterDispatcher. Throws Error naming the worker that
 /// cannot be reached or does not match.
 std::unique_ptr<ExpertDispatcher> make_dispatcher(const Topology& topology, const Checkpoint& checkpoint,

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,9 @@ struct WorkerStatus {
   double rtt_p99_ms = 0;
   uint64_t bytes_out = 0;          ///< bytes the coordinator sent to this worker
   uint64_t bytes_in = 0;           ///< bytes received from it
+  /// In-process experts only: the store's tier counters per MoE layer (a remote worker
+  /// reports its own in healthReply).
+  std::map<uint32_t, TierStats> tier_layers;
 };
 
 /// Runs routed experts for the coordinator. Implementations must return exactly the

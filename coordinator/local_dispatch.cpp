@@ -56,6 +56,7 @@ std::vector<WorkerStatus> LocalDispatcher::status() const {
   s.state = "in-process";
   s.experts_held = executor_.store().size();
   s.requests = requests_.load();
+  s.tier_layers = executor_.store().layer_stats();
   return {s};
 }
 

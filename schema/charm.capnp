@@ -61,7 +61,33 @@ struct LayerRequest {
 struct LayerStats {
   expertsComputed @0 :UInt32;   # distinct experts run for the request
   rowsComputed @1 :UInt32;      # assignments computed
-  computeNs @2 :UInt64;         # wall time in expert kernels, nanoseconds
+  computeNs @2 :UInt64;         # wall time in expert kernels, nanoseconds (I/O wait excluded)
+  # The worker's expert tiers for this request (added after protocol 1 shipped; zero
+  # from older workers). Each distinct expert is a hit or a miss: hits + misses is
+  # expertsComputed (or both are 0).
+  hits @3 :UInt32;              # distinct experts found resident in RAM (or being prefetched)
+  misses @4 :UInt32;            # distinct experts this request read from disk
+  bytesRead @5 :UInt64;         # bytes those reads fetched
+  ioWaitNs @6 :UInt64;          # time the request blocked on reads or free slots, ns
+  diskNs @7 :UInt64;            # time the I/O threads spent on those reads, ns
+  prefetchHits @8 :UInt32;      # hits served by an earlier prefetch; <= hits
+}
+
+# A worker's expert-tier counters since start, for one layer or all.
+struct TierCounters {
+  hits @0 :UInt64;              # experts requests found resident
+  misses @1 :UInt64;            # experts requests read from disk
+  bytesRead @2 :UInt64;         # bytes read from disk (misses and prefetches)
+  ioWaitNs @3 :UInt64;          # time requests blocked on the disk tier, ns
+  diskNs @4 :UInt64;            # time the I/O threads spent in reads, ns
+  prefetchIssued @5 :UInt64;    # reads started by prefetch hints
+  prefetchHits @6 :UInt64;      # prefetched experts then used; <= prefetchIssued
+}
+
+# One layer's counters.
+struct LayerTierCounters {
+  layer @0 :UInt32;             # decoder layer index
+  counters @1 :TierCounters;
 }
 
 # Worker -> client, answer to `layerRequest`.
@@ -90,6 +116,10 @@ struct HealthReply {
   protocolVersion @7 :UInt32;   # the worker's kProtocolVersion
   modelFingerprint @8 :Text;    # model_fingerprint() of the checkpoint it serves (empty
                                 # from workers built before this field existed)
+  tierTotal @9 :TierCounters;   # expert-tier counters summed over layers (zero from older workers)
+  tierLayers @10 :List(LayerTierCounters);  # per MoE layer, ascending, each layer once
+  slotBytes @11 :UInt64;        # bytes of one RAM expert slot
+  slots @12 :UInt64;            # RAM expert slots, pinned + LRU, over all layers
 }
 
 # Client -> worker, fire-and-forget (no reply): the experts the client predicts a coming

@@ -16,17 +16,6 @@ uint64_t ns_since(Clock::time_point start) {
 
 }  // namespace
 
-TierStats& TierStats::operator+=(const TierStats& o) {
-  hits += o.hits;
-  misses += o.misses;
-  bytes_read += o.bytes_read;
-  io_wait_ns += o.io_wait_ns;
-  disk_ns += o.disk_ns;
-  prefetch_issued += o.prefetch_issued;
-  prefetch_hits += o.prefetch_hits;
-  return *this;
-}
-
 // --- ExpertLease ------------------------------------------------------------------------
 
 ExpertLease::ExpertLease(ExpertCache* cache, uint32_t layer, size_t slot, uint32_t expert, ExpertView view)

@@ -23,22 +23,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/moe_types.h"
 #include "worker/expert_source.h"
 #include "worker/io_pool.h"
 
 namespace charm {
-
-/// Cumulative counters of one layer (or, summed, of a worker). Units: bytes, ns.
-struct TierStats {
-  uint64_t hits = 0;             ///< experts a request found resident (or being prefetched)
-  uint64_t misses = 0;           ///< experts a request had to read from disk itself
-  uint64_t bytes_read = 0;       ///< bytes read from disk (misses and prefetches)
-  uint64_t io_wait_ns = 0;       ///< time requests blocked waiting for reads or slots
-  uint64_t disk_ns = 0;          ///< total time the I/O threads spent in reads
-  uint64_t prefetch_issued = 0;  ///< reads started by prefetch()
-  uint64_t prefetch_hits = 0;    ///< prefetched experts a request then used
-  TierStats& operator+=(const TierStats& o);
-};
 
 /// How one layer's slots are used.
 struct LayerPlan {

@@ -75,13 +75,15 @@ void publish(const fs::path& path, const std::string& text) {
   dir.sync();
 }
 
+/// Every header field that differs, "quant (\"int8\" there, \"none\" now), ...".
 std::string differing_field(const ContainerHeader& a, const ContainerHeader& b) {
   const json ja = a.to_json();
   const json jb = b.to_json();
+  std::string out;
   for (const auto& [key, value] : ja.items()) {
-    if (jb[key] != value) return key + " (" + value.dump() + " there, " + jb[key].dump() + " now)";
+    if (jb[key] != value) out += (out.empty() ? "" : ", ") + key + " (" + value.dump() + " there, " + jb[key].dump() + " now)";
   }
-  return "?";
+  return out;
 }
 
 /// The layout an expert gets in the container: the checkpoint's dtypes, or quantised.
@@ -245,9 +247,13 @@ ConvertResult convert_experts(const Checkpoint& checkpoint, const ExpertTensorNa
 
   json j = header.to_json();
   j["data_bytes"] = cursor;
-  j["experts"] = json::array();
-  for (const auto& r : records) j["experts"].push_back(r.to_json());
-  publish(index, j.dump(1) + "\n");  // published last: only now is it a container
+  // One expert per line: readable, and diffable between two conversions.
+  std::string text = j.dump();
+  text.pop_back();
+  text += ",\n\"experts\": [\n";
+  for (size_t i = 0; i < records.size(); ++i) text += records[i].to_json().dump() + (i + 1 < records.size() ? ",\n" : "\n");
+  text += "]}\n";
+  publish(index, text);  // published last: only now is it a container
   fs::remove(journal);
   result.experts = records.size();
   result.data_bytes = cursor;

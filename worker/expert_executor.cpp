@@ -51,7 +51,11 @@ ExpertStats ExpertExecutor::run_into(uint32_t layer, const float* hidden, uint32
   // Resident experts come first, missing ones as their reads land. Each assignment is
   // independent and computed by the same serial code, so the result of one row never
   // depends on the batch it was in or on the thread that ran it.
-  for (std::vector<ExpertLease> batch = fetch->next(); !batch.empty(); batch = fetch->next()) {
+  std::vector<ExpertLease> batch;
+  for (;;) {
+    batch.clear();  // give the slots back before asking for more (a layer may have one)
+    batch = fetch->next();
+    if (batch.empty()) break;
     std::vector<std::pair<size_t, const ExpertView*>> work;  // (assignment, weights)
     for (const ExpertLease& lease : batch) {
       for (size_t i : rows_of[lease.expert()]) work.emplace_back(i, &lease.view());

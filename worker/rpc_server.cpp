@@ -58,6 +58,7 @@ HealthReplyMsg WorkerServer::health() const {
                                           .count());
   h.protocol_version = kProtocolVersion;
   h.model_fingerprint = options_.model_fingerprint;
+  service_.add_tier_stats(h);
   return h;
 }
 

@@ -34,6 +34,8 @@ class LayerService {
   /// for the loads and without changing any later result. The default ignores hints (a
   /// store that holds everything in RAM has nothing to load). Must not block on I/O.
   virtual void prefetch(uint32_t /*layer*/, const std::vector<uint32_t>& /*experts*/) {}
+  /// Adds the expert-tier counters to a health reply (default: none).
+  virtual void add_tier_stats(HealthReplyMsg& health) const {}
 };
 
 /// LayerService over a worker's ExpertExecutor (which must outlive it).
@@ -47,6 +49,14 @@ class ExecutorService final : public LayerService {
   /// Starts async reads of the hinted experts the store owns (ExpertStore::prefetch).
   void prefetch(uint32_t layer, const std::vector<uint32_t>& experts) override {
     executor_.store().prefetch(layer, experts);
+  }
+  void add_tier_stats(HealthReplyMsg& health) const override {
+    const ExpertStore& store = executor_.store();
+    health.tier_layers = store.layer_stats();
+    health.tier = TierStats{};
+    for (const auto& [layer, t] : health.tier_layers) health.tier += t;
+    health.slot_bytes = store.cache().slot_bytes();
+    health.slots = store.cache().slot_count();
   }
 
  private:

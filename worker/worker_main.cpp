@@ -10,6 +10,7 @@
 #include "common/stop_signals.h"
 #include "worker/expert_executor.h"
 #include "worker/rpc_server.h"
+#include "worker/store_factory.h"
 
 namespace charm {
 std::vector<ExpertKey> owned_experts(const Topology& topology, const ModelConfig& config,
@@ -42,16 +43,16 @@ int run_worker(const Topology& topology, const std::string& worker_name) {
   const std::vector<ExpertKey> owned = owned_experts(topology, config, index_of(topology, spec));
   spdlog::info("worker {}: loading {} experts of {} from {}", worker_name, owned.size(),
                config.architecture, topology.model.string());
-  ExpertStore store(*checkpoint, ExpertTensorNames{}, owned, config.hidden_size,
-                    config.moe_intermediate_size);
-  ExpertExecutor executor(store);
+  const std::string fingerprint = model_fingerprint(*checkpoint);
+  std::unique_ptr<ExpertStore> store = open_store(spec.store, *checkpoint, config, owned, worker_name, fingerprint);
+  ExpertExecutor executor(*store);
   ExecutorService service(executor);
 
   WorkerServerOptions options;
   options.worker_name = worker_name;
   options.host = spec.host;
   options.port = spec.port;
-  options.model_fingerprint = model_fingerprint(*checkpoint);
+  options.model_fingerprint = fingerprint;
   options.send_timeout = std::chrono::milliseconds(topology.request_timeout_ms);
   WorkerServer server(std::move(options), service);
   server.start();

@@ -18,7 +18,8 @@ std::vector<ExpertKey> owned_experts(const Topology& topology, const ModelConfig
                                      int worker_index);
 
 /// Runs worker `worker_name`: opens topology.model (Checkpoint::open), parses its config,
-/// loads only the experts the placement assigns it into an ExpertStore, binds exactly the
+/// opens only the experts the placement assigns it in an ExpertStore with the worker's
+/// tier settings (worker/store_factory.h: budget, container, pin), binds exactly the
 /// worker's host:port and serves (worker/rpc_server.h) until SIGINT or SIGTERM, then
 /// closes every connection and returns 0. Blocks SIGINT/SIGTERM in the calling thread
 /// (threads it starts inherit that) and waits for them with sigwait. Throws

@@ -1,0 +1,190 @@
+// The tier invariant at the executor: whatever tier serves an expert (all resident, one
+// LRU slot per layer, prefetched, read from the checkpoint or from an expert container,
+// pread or O_DIRECT), every output row has the same bits — and the same bits as the f32
+// path of issue 2 (load_expert to f32, then linear_serial).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "common/checkpoint.h"
+#include "common/error.h"
+#include "common/fingerprint.h"
+#include "common/kernels.h"
+#include "common/model_config.h"
+#include "safetensors_writer.h"
+#include "worker/expert_container.h"
+#include "worker/expert_convert.h"
+#include "worker/expert_executor.h"
+
+using namespace charm;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kModels = fs::path(CHARM_SOURCE_DIR) / "tests/fixtures/models";
+
+struct Case {
+  std::unique_ptr<Checkpoint> checkpoint;
+  ModelConfig config;
+  std::vector<ExpertKey> all;
+  std::vector<float> hidden;
+  std::vector<ExpertAssignment> assignments;
+  uint32_t rows = 5;
+  int64_t H, I;
+
+  explicit Case(const std::string& name) {
+    checkpoint = Checkpoint::open(kModels / name);
+    config = ModelConfig::parse(checkpoint->config_json(), name);
+    H = config.hidden_size;
+    I = config.moe_intermediate_size;
+    for (int64_t l : config.moe_layer_ids()) {
+      for (int64_t e = 0; e < config.num_experts; ++e) all.emplace_back(l, e);
+    }
+    hidden.resize(rows * H);
+    for (size_t i = 0; i < hidden.size(); ++i) hidden[i] = std::cos(0.731f * static_cast<float>(i)) * 2.0f;
+    // Every expert at least once, several rows per expert, in a scrambled order.
+    const auto E = static_cast<uint32_t>(config.num_experts);
+    for (uint32_t r = 0; r < rows; ++r) {
+      for (uint32_t k = 0; k < E; k += 2) assignments.push_back({r, (k * 7 + r) % E});
+    }
+  }
+
+  /// Outputs of every MoE layer, concatenated.
+  std::vector<float> run(const ExpertStore& store, bool prefetch_first = false) const {
+    ExpertExecutor executor(store);
+    std::vector<float> out;
+    for (int64_t layer : config.moe_layer_ids()) {
+      if (prefetch_first) store.prefetch(static_cast<uint32_t>(layer), {1, 3, 5});
+      std::vector<float> y(assignments.size() * H);
+      const ExpertStats s = executor.run_into(static_cast<uint32_t>(layer), hidden.data(), rows, assignments, y.data());
+      CHECK(s.hits + s.misses == s.experts_computed);
+      out.insert(out.end(), y.begin(), y.end());
+    }
+    return out;
+  }
+
+  /// Issue 2's computation: f32 weights, linear_serial, SwiGLU.
+  std::vector<float> reference() const {
+    std::vector<float> out;
+    for (int64_t layer : config.moe_layer_ids()) {
+      for (const auto& a : assignments) {
+        const ExpertWeights w = checkpoint->load_expert(ExpertTensorNames{}, static_cast<int>(layer),
+                                                        static_cast<int>(a.expert), H, I);
+        std::vector<float> g(I), u(I), y(H);
+        linear_serial(hidden.data() + a.row * H, 1, w.gate.data(), H, I, g.data());
+        linear_serial(hidden.data() + a.row * H, 1, w.up.data(), H, I, u.data());
+        for (int64_t i = 0; i < I; ++i) g[i] = silu(g[i]) * u[i];
+        linear_serial(g.data(), 1, w.down.data(), I, H, y.data());
+        out.insert(out.end(), y.begin(), y.end());
+      }
+    }
+    return out;
+  }
+
+  std::unique_ptr<ExpertStore> store(std::unique_ptr<ExpertSource> source, std::optional<uint64_t> ram,
+                                     int io_threads = 4) const {
+    StoreOptions o;
+    o.ram_bytes = ram;
+    o.io_threads = io_threads;
+    o.pin = PinMode::kNone;
+    return std::make_unique<ExpertStore>(std::move(source), all, H, I, o);
+  }
+  std::unique_ptr<ExpertSource> from_checkpoint() const {
+    return std::make_unique<CheckpointSource>(*checkpoint, ExpertTensorNames{}, all, H, I);
+  }
+};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("expert outputs are bit-identical for every tier, budget and source") {
+  for (const char* name : {"qwen3-moe-tiny", "olmoe-tiny"}) {
+    INFO(name);
+    const Case c(name);
+    const std::vector<float> want = c.reference();
+    const uint64_t slot = align_up(c.from_checkpoint()->layout(c.all[0])->bytes, kRecordAlignment);
+    const uint64_t one_per_layer = slot * c.config.moe_layer_ids().size();
+
+    auto full = c.store(c.from_checkpoint(), std::nullopt);
+    CHECK(same_bits(c.run(*full), want));
+    CHECK(full->total_stats().misses == 0);
+
+    auto tiny = c.store(c.from_checkpoint(), one_per_layer, 1);
+    CHECK(same_bits(c.run(*tiny), want));
+    CHECK(tiny->cache().slot_count() == c.config.moe_layer_ids().size());
+    const TierStats t = tiny->total_stats();
+    CHECK(t.misses >= c.all.size());
+    CHECK(t.bytes_read > 0);
+    CHECK(t.disk_ns > 0);
+
+    testing::TempDir dir("charm-tiers");
+    ConvertOptions o;
+    o.out = dir.path();
+    o.progress = false;
+    convert_experts(*c.checkpoint, ExpertTensorNames{}, c.all, c.H, c.I, o);
+    const std::string fp = model_fingerprint(*c.checkpoint);
+    auto container = [&](IoMode io = IoMode::kPread) { return ExpertContainer::open(dir.path(), fp, c.H, c.I, io); };
+    CHECK(same_bits(c.run(*c.store(container(), std::nullopt)), want));
+    CHECK(same_bits(c.run(*c.store(container(), one_per_layer)), want));
+    auto two = c.store(container(), 2 * one_per_layer);
+    CHECK(same_bits(c.run(*two, /*prefetch_first=*/true), want));
+    CHECK(two->total_stats().prefetch_issued > 0);
+
+    std::unique_ptr<ExpertContainer> direct;
+    try {
+      direct = container(IoMode::kODirect);
+    } catch (const Error& e) {
+      MESSAGE("O_DIRECT not checked: this file system refuses it (" << e.message() << ")");
+    }
+    if (direct) CHECK(same_bits(c.run(*c.store(std::move(direct), one_per_layer)), want));
+  }
+}
+
+TEST_CASE("matvec_stored over bf16 and f16 rows equals linear_serial over their f32 values") {
+  const int64_t rows = 7, cols = 37;  // a tail past the 8-wide blocks
+  std::vector<float> w(rows * cols), x(cols);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = std::sin(0.3f * static_cast<float>(i)) * 3.0f;
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::cos(0.7f * static_cast<float>(i));
+  for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+    const std::string bytes = testing::encode(dtype, w);
+    std::vector<float> widened(w.size());
+    convert_to_f32(dtype, bytes.data(), widened.data(), w.size());
+    std::vector<float> want(rows), got(rows), scratch(cols);
+    linear_serial(x.data(), 1, widened.data(), cols, rows, want.data());
+    alignas(64) uint8_t data[rows * cols * 4];
+    std::memcpy(data, bytes.data(), bytes.size());
+    MatrixView m{MatrixShape{weight_format_of(dtype), rows, cols, 0}, data, nullptr};
+    matvec_stored(m, x.data(), got.data(), scratch.data());
+    CHECK(same_bits(got, want));
+  }
+}
+
+TEST_CASE("int8 / int4 quantisation: per-weight error within half a step; odd widths and short last groups") {
+  const int64_t rows = 3, cols = 45, group = 16;  // groups of 16, 16, 13; odd int4 row
+  std::vector<float> w(rows * cols);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = std::sin(1.3f * static_cast<float>(i)) * (1 + i % 5);
+  for (WeightFormat f : {WeightFormat::kInt8, WeightFormat::kInt4}) {
+    MatrixShape s{f, rows, cols, group};
+    CHECK(s.groups_per_row() == 3);
+    std::vector<uint8_t> data(s.data_bytes());
+    std::vector<float> scales(s.scale_bytes() / 4);
+    quantize_matrix(w.data(), s, data.data(), scales.data());
+    MatrixView m{s, data.data(), scales.data()};
+    std::vector<float> row(cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      matrix_row_to_f32(m, r, row.data());
+      for (int64_t i = 0; i < cols; ++i) {
+        const float step = scales[r * 3 + i / group];
+        CHECK(std::fabs(row[i] - w[r * cols + i]) <= 0.5f * step * 1.0001f);
+      }
+    }
+  }
+  MatrixShape bad{WeightFormat::kBF16, 1, 1, 0};
+  float one = 1;
+  uint8_t out[4];
+  CHECK_THROWS_AS(quantize_matrix(&one, bad, out, &one), Error);
+}

@@ -1,0 +1,53 @@
+#include "worker/store_factory.h"
+
+#include <cmath>
+#include <cstdlib>
+
+#include "common/error.h"
+#include "worker/expert_container.h"
+
+namespace charm {
+
+std::filesystem::path usage_file_for(const StoreSpec& spec, const std::string& fingerprint) {
+  if (spec.usage_file == "none") return {};
+  if (!spec.usage_file.empty()) return spec.usage_file;
+  if (!spec.container.empty()) return spec.container / "usage.json";
+  std::filesystem::path cache;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) {
+    cache = xdg;
+  } else if (const char* home = std::getenv("HOME"); home && *home) {
+    cache = std::filesystem::path(home) / ".cache";
+  } else {
+    return {};
+  }
+  return cache / "charm" / fingerprint / "usage.json";
+}
+
+std::unique_ptr<ExpertStore> open_store(const StoreSpec& spec, const Checkpoint& checkpoint, const ModelConfig& config,
+                                        const std::vector<ExpertKey>& owned, const std::string& worker_name,
+                                        const std::string& fingerprint) {
+  const IoMode io = spec.io == "odirect" ? IoMode::kODirect : IoMode::kPread;
+  std::unique_ptr<ExpertSource> source;
+  if (!spec.container.empty()) {
+    source = ExpertContainer::open(spec.container, fingerprint, config.hidden_size, config.moe_intermediate_size, io);
+  } else {
+    if (io == IoMode::kODirect) {
+      fail_invalid("worker '" + worker_name + "': io: odirect needs an expert container (container: DIR); "
+                   "checkpoint tensors are not 4 KiB aligned");
+    }
+    source = std::make_unique<CheckpointSource>(checkpoint, ExpertTensorNames{}, owned, config.hidden_size,
+                                                config.moe_intermediate_size);
+  }
+  StoreOptions options;
+  options.worker_name = worker_name;
+  if (spec.ram_gb) options.ram_bytes = static_cast<uint64_t>(std::llround(*spec.ram_gb * double(1ull << 30)));
+  options.pin = spec.pin == "none" ? PinMode::kNone : spec.pin == "auto" ? PinMode::kAuto : PinMode::kFile;
+  options.pin_file = spec.pin_file;
+  options.usage_file = usage_file_for(spec, fingerprint);
+  options.model_fingerprint = fingerprint;
+  options.io_threads = static_cast<int>(spec.io_threads);
+  return std::make_unique<ExpertStore>(std::move(source), owned, config.hidden_size, config.moe_intermediate_size,
+                                       std::move(options));
+}
+
+}  // namespace charm
