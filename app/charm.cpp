@@ -298,8 +298,8 @@ int run_cli(int argc, char** argv) {
   serve_cmd->add_option("--config", serve_args.config, "Topology YAML")->required();
   serve_cmd->add_option("--host", serve_args.host, "Listen address (default: the config's api host)");
   serve_cmd->add_option("--port", serve_args.port, "Listen port (default: the config's api port; 0 = any free)");
-  serve_cmd->add_flag("--prefetch,!--no-prefetch", serve_args.prefetch,
-                      "Send prefetch hints (overrides the config's prefetch key)");
+  CLI::Option* serve_prefetch = serve_cmd->add_flag("--prefetch,!--no-prefetch", serve_args.prefetch,
+                                                    "Send prefetch hints (overrides the config's prefetch key)");
   serve_cmd->add_option("--ram-gb", serve_args.ram_gb, "Single-node: GiB of RAM for expert slots (default: every expert resident)")
       ->check(CLI::PositiveNumber);
 
@@ -335,8 +335,8 @@ int run_cli(int argc, char** argv) {
   run_cmd->add_option("--temperature", run_args.temperature, "0 = greedy")->check(CLI::Range(0.0, 100.0));
   run_cmd->add_option("--seed", run_args.seed, "Sampling seed");
   run_cmd->add_flag("--chat", run_args.chat, "Wrap the prompt as one user message in the chat template");
-  run_cmd->add_flag("--prefetch,!--no-prefetch", run_args.prefetch,
-                    "Send prefetch hints (overrides the config's prefetch key); prints their recall");
+  CLI::Option* run_prefetch = run_cmd->add_flag("--prefetch,!--no-prefetch", run_args.prefetch,
+                                                "Send prefetch hints (overrides the config's prefetch key); prints their recall");
   run_cmd->add_option("--routing-trace", run_args.routing_trace,
                       "Write every MoE layer's routing to this file (JSON lines; docs/benchmarks.md)");
   run_cmd->add_option("--stats-json", run_args.stats_json,
@@ -355,6 +355,10 @@ int run_cli(int argc, char** argv) {
     std::fprintf(stderr, "charm: %s\nRun with --help for more information.\n", e.what());
     return 2;
   }
+  // CLI11 fills an optional flag with false when it is absent: absent must mean "as the
+  // config says".
+  if (serve_prefetch->count() == 0) serve_args.prefetch.reset();
+  if (run_prefetch->count() == 0) run_args.prefetch.reset();
   if (*serve_cmd) return serve(serve_args);
   if (*worker_cmd) return worker(worker_config, worker_name, worker_ram_gb);
   if (*convert_cmd) return convert(convert_args);

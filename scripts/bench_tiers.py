@@ -264,7 +264,7 @@ def main() -> int:
                         avail = int(next(l for l in Path("/proc/meminfo").read_text().splitlines()
                                          if l.startswith("MemAvailable")).split()[1]) / 2**20
                         row = {"mode": mode, "budget": budget, "slots_per_layer_per_worker": slots,
-                               "prefetch": pf, "repeat": rep, "ram_gb_total": need_gb}
+                               "pf": pf, "repeat": rep, "ram_gb_total": need_gb}
                         if need_gb + 2.5 + args.min_free_gb > avail:  # + the coordinator's ~2.5 GB dense part
                             row["skipped"] = f"needs {need_gb + 2.5:.1f} GiB, {avail:.1f} GiB available"
                             log(f"skip {row}")
@@ -314,7 +314,7 @@ def print_table(results: dict, args) -> None:
     print("-" * len(hdr))
     groups: dict[tuple, list[dict]] = {}
     for r in results["runs"]:
-        groups.setdefault((r["mode"], r["budget"], r["prefetch"]), []).append(r)
+        groups.setdefault((r["mode"], r["budget"], r["pf"]), []).append(r)
     for (mode, budget, pf), rows in groups.items():
         ok = [r for r in rows if "error" not in r and "skipped" not in r]
         slots = rows[0]["slots_per_layer_per_worker"]
