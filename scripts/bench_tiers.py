@@ -113,9 +113,10 @@ def ram_gb(slots_per_layer: int) -> float:
     return (slots_per_layer * LAYERS + 0.5) * SLOT_BYTES / 2**30
 
 
-def store_yaml(container: Path, slots: int, io: str, io_threads: int) -> str:
-    return (f"{{ram_gb: {ram_gb(slots):.6f}, pin: none, usage_file: none, container: {container}, "
-            f"io: {io}, io_threads: {io_threads}}}")
+def store_keys(container: Path, slots: int, io: str, io_threads: int) -> str:
+    """The tier keys (a `store:` mapping in single-node mode, inline on a worker entry)."""
+    return (f"ram_gb: {ram_gb(slots):.6f}, pin: none, usage_file: none, container: {container}, "
+            f"io: {io}, io_threads: {io_threads}")
 
 
 def write_topology(folder: Path, checkpoint: Path, container: Path, mode: str, slots: int, io: str,
@@ -124,7 +125,7 @@ def write_topology(folder: Path, checkpoint: Path, container: Path, mode: str, s
              "timeouts: {connect_ms: 5000, request_ms: 600000, startup_ms: 600000}"]
     workers = []
     if mode == "single":
-        lines += ["mode: single-node", "store: " + store_yaml(container, slots, io, io_threads)]
+        lines += ["mode: single-node", "store: {" + store_keys(container, slots, io, io_threads) + "}"]
     else:
         lines += ["mode: cluster", "workers:"]
         half = EXPERTS // 2
@@ -132,7 +133,7 @@ def write_topology(folder: Path, checkpoint: Path, container: Path, mode: str, s
             port = free_port()
             workers.append((f"w{i}", port))
             lines.append(f"  - {{name: w{i}, host: 127.0.0.1, port: {port}, experts: \"{experts}\", "
-                         f"store: {store_yaml(container, slots, io, io_threads)}}}")
+                         f"{store_keys(container, slots, io, io_threads)}}}")
     path = folder / f"{mode}.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path, workers
@@ -243,7 +244,11 @@ def main() -> int:
     ap.add_argument("--min-free-gb", type=float, default=3.0,
                     help="skip a configuration whose budget would leave less RAM available than this")
     ap.add_argument("--out", type=Path, default=Path("bench_tiers.json"))
+    ap.add_argument("--report", type=Path, nargs="+", help="only print the table of these earlier --out files")
     args = ap.parse_args()
+    if args.report:
+        report(args.report, args.budgets)
+        return 0
 
     results = {"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()}, "runs": [], "replay": {}}
     ck, ct = ensure_inputs(args)
@@ -287,14 +292,37 @@ def main() -> int:
                         args.out.write_text(json.dumps(results, indent=1))
 
     if trace:
-        calls = replay_routing.read_trace(trace)
-        for nworkers in (1, 2):
-            slots = sorted({slots_for(b, nworkers) for b in args.budgets.split(",")}, reverse=True)
-            results["replay"][str(nworkers)] = replay_routing.replay(calls, slots, decode_only=True,
-                                                                     partitions=nworkers, experts=EXPERTS)
+        results["replay"] = replay_table(trace, args.budgets)
     args.out.write_text(json.dumps(results, indent=1))
     print_table(results, args)
     return 0
+
+
+def replay_table(trace: Path, budgets: str) -> dict:
+    """LRU and Belady on the trace, for every budget's slots, single node and 2 workers.
+    Whole run (prefill included), like the store's counters it is compared with."""
+    calls = replay_routing.read_trace(trace)
+    out = {}
+    for nworkers in (1, 2):
+        slots = sorted({slots_for(b, nworkers) for b in budgets.split(",")}, reverse=True)
+        out[str(nworkers)] = replay_routing.replay(calls, slots, partitions=nworkers, experts=EXPERTS)
+    return out
+
+
+def report(paths: list[Path], budgets: str) -> None:
+    """Prints one table from earlier runs' JSON files (their runs merged, the replay
+    recomputed from the saved trace)."""
+    merged = None
+    for p in paths:
+        r = json.loads(p.read_text())
+        if merged is None:
+            merged = r
+        else:
+            merged["runs"] += r["runs"]
+    trace = CACHE / "bench-routing-trace.jsonl"
+    if trace.exists():
+        merged["replay"] = replay_table(trace, budgets)
+    print_table(merged, None)
 
 
 def print_table(results: dict, args) -> None:
@@ -334,7 +362,7 @@ def print_table(results: dict, args) -> None:
             if t["disk_ns"]:
                 disk_bw.append(t["bytes_read"] / (t["disk_ns"] / 1e9) / 1e6)
             wait.append(t["io_wait_ns"] / n / 1e6)
-            if r.get("prefetch", {}).get("actual"):
+            if pf == "on" and r.get("prefetch", {}).get("actual"):
                 recall.append(100 * r["prefetch"]["correct"] / r["prefetch"]["actual"])
             if t["prefetch_issued"]:
                 used.append(100 * t["prefetch_hits"] / t["prefetch_issued"])

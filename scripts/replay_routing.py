@@ -5,18 +5,18 @@ Input: the JSON-lines trace `charm run --routing-trace FILE` writes (one line pe
 layer call: {"step", "layer", "rows", "experts": [[e, ...] per row], "predicted"?}; see
 coordinator/routing_observer.h and docs/benchmarks.md).
 
-Model of the cache (what the worker's expert store does): each MoE layer has its own
-cache of `slots` experts. A layer call needs its batch-union (every distinct expert any
-row picked), each loaded once; the union is visited in ascending expert id. A visit is a
-hit when the expert is cached, else a miss that loads it, evicting one expert if the
-cache is full:
-  * LRU evicts the least recently visited expert;
+Model of the cache (what the worker's expert store does, worker/expert_cache.h): each
+MoE layer (and, with --workers, each worker) has its own cache of `slots` experts. A
+layer call needs its batch-union (every distinct expert any row picked), each once. The
+experts already resident are hits, computed first; the misses are then read in ascending
+id, each evicting one expert when the cache is full:
+  * LRU evicts the least recently used expert (the call's hits were just used);
   * Belady (Belady 1966, "A study of replacement algorithms for a virtual-storage
-    computer", the MIN/OPT policy) evicts the expert whose next visit on that layer is
-    farthest in the future (never visited again counts as infinitely far). For unit-size
-    items and demand loading it is optimal, so it bounds every policy: hits(LRU) <=
-    hits(Belady) for the same slots.
-Pins are not modelled; a pinned set is a cache that never evicts, which Belady bounds too.
+    computer", the MIN/OPT policy), at call granularity, evicts the expert whose next
+    call is farthest in the future (never again counts as infinitely far). It knows the
+    future, so it bounds what any demand-loading policy can hit; the unit tests check
+    hits(LRU) <= hits(Belady) on random traces.
+Pins are not modelled (the benchmark runs `pin: none`); prefetch is not modelled.
 
 Usage:
   scripts/replay_routing.py TRACE [--slots 64,32,16,1] [--experts 64] [--decode-only]
@@ -59,57 +59,76 @@ def read_trace(path: Path) -> list[dict]:
     return calls
 
 
-def layer_visits(calls: list[dict], partitions: int = 1, experts: int = 1) -> dict[tuple, list[tuple[int, int]]]:
-    """Per cache, the visit sequence in call order, each call's batch-union ascending:
-    (expert, index of the call in `calls`). A cache is (layer, worker): with `partitions`
-    workers, worker w owns the contiguous experts [w * ceil(experts / partitions), ...)
-    (as a topology's "0-31", "32-63" split does) and has its own cache per layer."""
+def cache_calls(calls: list[dict], partitions: int = 1, experts: int = 1) -> dict[tuple, list[tuple[list[int], int]]]:
+    """Per cache, its calls in order: (the call's batch-union restricted to the cache's
+    experts, ascending; index of the call in `calls`). A cache is (layer, worker): with
+    `partitions` workers, worker w owns the contiguous experts [w * ceil(experts /
+    partitions), ...) (as a topology's "0-31", "32-63" split does), one cache per layer."""
     width = -(-experts // partitions)
-    out: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
+    out: dict[tuple, list[tuple[list[int], int]]] = defaultdict(list)
     for i, c in enumerate(calls):
-        union = sorted({e for row in c["experts"] for e in row})
-        for e in union:
-            out[(c["layer"], min(e // width, partitions - 1))].append((e, i))
+        parts: dict[int, list[int]] = defaultdict(list)
+        for e in sorted({e for row in c["experts"] for e in row}):
+            parts[min(e // width, partitions - 1)].append(e)
+        for w, union in parts.items():
+            out[(c["layer"], w)].append((union, i))
     return out
 
 
-def simulate_lru(visits: list[int], slots: int) -> list[bool]:
-    """Hit (True) or miss per visit under LRU with `slots` entries."""
+def simulate_calls_lru(unions: list[list[int]], slots: int) -> list[int]:
+    """Hits per call under LRU with `slots` entries: the call's resident experts are hits
+    (and become most recent), then its misses load in ascending id, each evicting the
+    least recently used expert when the cache is full."""
     cache: OrderedDict[int, None] = OrderedDict()
     hits = []
-    for e in visits:
-        if e in cache:
+    for union in unions:
+        resident = [e for e in union if e in cache]
+        for e in resident:
             cache.move_to_end(e)
-            hits.append(True)
-            continue
-        hits.append(False)
-        if len(cache) >= slots:
-            cache.popitem(last=False)
-        cache[e] = None
+        for e in union:
+            if e in cache:
+                continue
+            if len(cache) >= slots:
+                cache.popitem(last=False)
+            cache[e] = None
+        hits.append(len(resident))
     return hits
+
+
+def simulate_calls_belady(unions: list[list[int]], slots: int) -> list[int]:
+    """Hits per call under Belady's MIN at call granularity: resident experts are hits;
+    each miss (ascending id) evicts, when the cache is full, the expert whose next call is
+    farthest in the future (never again = infinitely far; ties: the higher id)."""
+    never = len(unions)
+    # next_call[i][e]: the first call after i that uses e.
+    next_call: list[dict[int, int]] = [dict() for _ in unions]
+    upcoming: dict[int, int] = {}
+    for i in range(len(unions) - 1, -1, -1):
+        for e in unions[i]:
+            next_call[i][e] = upcoming.get(e, never)
+        for e in unions[i]:
+            upcoming[e] = i
+    cache: dict[int, int] = {}  # expert -> its next call
+    hits = []
+    for i, union in enumerate(unions):
+        resident = [e for e in union if e in cache]
+        for e in union:
+            if e not in cache and len(cache) >= slots:
+                victim = max(cache, key=lambda x: (cache[x], x))
+                del cache[victim]
+            cache[e] = next_call[i][e]
+        hits.append(len(resident))
+    return hits
+
+
+def simulate_lru(visits: list[int], slots: int) -> list[bool]:
+    """Hit (True) or miss per visit under LRU, one expert per call."""
+    return [h == 1 for h in simulate_calls_lru([[e] for e in visits], slots)]
 
 
 def simulate_belady(visits: list[int], slots: int) -> list[bool]:
-    """Hit (True) or miss per visit under Belady's MIN with `slots` entries."""
-    # next_use[i]: index of the next visit of visits[i] after i (len(visits) = never).
-    never = len(visits)
-    next_use = [never] * len(visits)
-    last: dict[int, int] = {}
-    for i in range(len(visits) - 1, -1, -1):
-        next_use[i] = last.get(visits[i], never)
-        last[visits[i]] = i
-    cache: dict[int, int] = {}  # expert -> index of its next visit
-    hits = []
-    for i, e in enumerate(visits):
-        if e in cache:
-            hits.append(True)
-        else:
-            hits.append(False)
-            if len(cache) >= slots:
-                victim = max(cache, key=lambda x: (cache[x], x))  # farthest next use; ties: higher id
-                del cache[victim]
-        cache[e] = next_use[i]
-    return hits
+    """Hit (True) or miss per visit under Belady's MIN, one expert per call."""
+    return [h == 1 for h in simulate_calls_belady([[e] for e in visits], slots)]
 
 
 def parse_slots(text: str, experts: int) -> list[int]:
@@ -135,16 +154,16 @@ def replay(calls: list[dict], slots_list: list[int], decode_only: bool = False, 
     if experts is None:
         experts = 1 + max((e for c in calls for row in c["experts"] for e in row), default=0)
     counted_call = [(not decode_only) or c["rows"] == 1 for c in calls]
-    per_cache = layer_visits(calls, partitions, experts)
+    per_cache = cache_calls(calls, partitions, experts)
     results = []
     for slots in slots_list:
         r = {"slots": slots, "partitions": partitions, "visits": 0, "lru_hits": 0, "belady_hits": 0, "layers": {}}
         for (layer, _), seq in sorted(per_cache.items()):
-            experts = [e for e, _ in seq]
+            unions = [u for u, _ in seq]
             mask = [counted_call[i] for _, i in seq]
-            lru = simulate_lru(experts, slots)
-            opt = simulate_belady(experts, slots)
-            v = sum(mask)
+            lru = simulate_calls_lru(unions, slots)
+            opt = simulate_calls_belady(unions, slots)
+            v = sum(len(u) for u, m in zip(unions, mask) if m)
             lh = sum(h for h, m in zip(lru, mask) if m)
             oh = sum(h for h, m in zip(opt, mask) if m)
             counts = r["layers"].setdefault(layer, {"visits": 0, "lru_hits": 0, "belady_hits": 0})

@@ -35,6 +35,19 @@ class SimulationTest(unittest.TestCase):
         self.assertEqual(rr.simulate_lru([0, 1, 0, 2, 1], 2), [False, False, True, False, False])
         self.assertEqual(rr.simulate_belady([0, 1, 0, 2, 1], 2), [False, False, True, False, True])
 
+    def test_resident_experts_of_a_call_are_used_first(self):
+        # 1 slot, calls {0,5} then {5,7}: after call 1 the slot holds 5 (loaded last);
+        # call 2 finds 5 resident (a hit) before loading 7. Visiting in id order instead
+        # would not matter here, but {3,5} then {3,9} shows it: 5 is resident after call 1,
+        # 3 is not, so call 2 has no hit under either policy.
+        self.assertEqual(rr.simulate_calls_lru([[0, 5], [5, 7]], 1), [0, 1])
+        self.assertEqual(rr.simulate_calls_belady([[0, 5], [5, 7]], 1), [0, 1])
+        self.assertEqual(rr.simulate_calls_lru([[3, 5], [3, 9]], 1), [0, 0])
+        # Belady keeps what the next call needs: 2 slots, {1,2,3} {1} -> evict 2 or 3
+        # (never used again; ties: higher id), keep 1: a hit. LRU evicts 1 (oldest).
+        self.assertEqual(rr.simulate_calls_belady([[1, 2, 3], [1]], 2), [0, 1])
+        self.assertEqual(rr.simulate_calls_lru([[1, 2, 3], [1]], 2), [0, 0])
+
     def test_enough_slots_only_cold_misses(self):
         seq = [3, 1, 3, 2, 1, 2, 3]
         for sim in (rr.simulate_lru, rr.simulate_belady):
@@ -80,13 +93,13 @@ class ReplayTest(unittest.TestCase):
 
     def test_workers_have_their_own_caches(self):
         # 4 experts, 2 workers: {0, 1} and {2, 3}. One slot per worker-layer.
-        # Visits: 0 2 | 0 2 | 1 3 | 0 2. One shared cache of 1 slot would hit nothing;
-        # per worker: w0 sees 0 0 1 0 (LRU: M H M M; Belady: same, 1 hit),
-        # w1 sees 2 2 3 2 (1 hit).
+        # Calls: {0,2} {0,2} {1,3} {0,2}. One shared 1-slot cache: call 1 leaves 2
+        # resident, call 2 hits it (resident first) and leaves 0, then nothing: 1 hit.
+        # Per worker: w0 sees 0 0 1 0 (LRU: M H M M; Belady: same, 1 hit), w1 2 2 3 2.
         path = trace(self.tmp / "t.jsonl", [(0, 0, [[0, 2]]), (1, 0, [[2, 0]]), (2, 0, [[1, 3]]), (3, 0, [[0, 2]])])
         calls = rr.read_trace(path)
         [shared] = rr.replay(calls, [1], experts=4)
-        self.assertEqual((shared["visits"], shared["lru_hits"]), (8, 0))
+        self.assertEqual((shared["visits"], shared["lru_hits"]), (8, 1))
         [split] = rr.replay(calls, [1], partitions=2, experts=4)
         self.assertEqual(split["layers"][0], {"visits": 8, "lru_hits": 2, "belady_hits": 2})
 
