@@ -105,13 +105,14 @@ int serve(const ServeArgs& args) {
   return 0;
 }
 
-int worker(const std::string& config, const std::string& name, const std::optional<double>& ram_gb) {
+int worker(const std::string& config, const std::string& name, const std::optional<double>& ram_gb,
+           int64_t debug_delay_ms) {
   Topology topology = load_config(config);
   topology.worker(name);  // an unknown name fails here, naming the known ones
   for (WorkerSpec& w : topology.workers) {
     if (w.name == name) override_ram(w.store, ram_gb);
   }
-  return run_worker(topology, name);
+  return run_worker(topology, name, debug_delay_ms);
 }
 
 struct ConvertArgs {
@@ -147,7 +148,8 @@ int convert(const ConvertArgs& args) {
   options.group_size = args.group_size;
   options.worker = args.worker;
   const ConvertResult result =
-      convert_experts(*checkpoint, ExpertTensorNames{}, experts, config.hidden_size, config.moe_intermediate_size, options);
+      convert_experts(*checkpoint, expert_tensor_names(config.architecture), experts, config.hidden_size,
+                      config.moe_intermediate_size, options);
   if (result.already_complete) {
     std::fprintf(stderr, "charm convert: %s is already a complete container of these %llu experts; nothing to do\n",
                  args.out.c_str(), static_cast<unsigned long long>(result.experts));
@@ -156,10 +158,10 @@ int convert(const ConvertArgs& args) {
 }
 
 /// Prints the cluster table; exit 1 when a worker did not answer.
-int status(const std::string& config, int timeout_ms) {
+int status(const std::string& config, int timeout_ms, bool layers) {
   Topology topology = load_config(config);
   ClusterStatus report = collect_status(topology, timeout_ms);
-  std::cout << format_status(report) << std::flush;
+  std::cout << format_status(report, layers) << std::flush;
   return report.all_up ? 0 : 1;
 }
 
@@ -173,6 +175,8 @@ struct RunArgs {
   std::optional<bool> prefetch;
   std::string routing_trace;
   std::string stats_json;
+  std::string logits_out;  // first-step logits, raw little-endian f32 [vocab_size]
+  std::string ids_out;     // {"prompt_ids": [...], "new_ids": [...]} as JSON
 };
 
 /// The prefetch counters of one layer (or all) as JSON.
@@ -244,6 +248,13 @@ void write_run_stats(const std::string& path, const Topology& topology, const En
   if (!out) fail_io("cannot write run statistics to " + path);
 }
 
+/// Writes `data` to `path`, throwing Error(kIo) naming the path on failure.
+void write_file(const std::string& path, const void* data, size_t size) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(size));
+  if (!out) charm::fail_io(path + ": cannot write");
+}
+
 int run(const RunArgs& args) {
   Topology topology = load_config(args.config);
   apply_prefetch_flag(topology, args.prefetch);
@@ -264,10 +275,21 @@ int run(const RunArgs& args) {
   });
   std::fputc('\n', stdout);
   std::fflush(stdout);  // the stats line goes to stderr after the text, not inside it
+  // For comparisons with a reference implementation (scripts/check_demo.py).
+  if (!args.logits_out.empty()) {
+    const std::vector<float> logits = engine->prompt_logits(prompt);
+    write_file(args.logits_out, logits.data(), logits.size() * sizeof(float));
+  }
+  if (!args.ids_out.empty()) {
+    const std::string ids = nlohmann::json{{"prompt_ids", prompt}, {"new_ids", result.tokens}}.dump() + "\n";
+    write_file(args.ids_out, ids.data(), ids.size());
+  }
   std::fprintf(stderr,
-               "prompt tokens: %lld, generated tokens: %lld, finish: %s, TTFT: %.1f ms, decode: %.2f tok/s\n",
+               "prompt tokens: %lld, generated tokens: %lld, finish: %s, TTFT: %.1f ms, decode: %.2f tok/s, "
+               "KV cache: %lld bytes/token\n",
                static_cast<long long>(result.prompt_tokens), static_cast<long long>(result.completion_tokens),
-               result.finish_reason.c_str(), result.ttft_ms, result.decode_tokens_per_s);
+               result.finish_reason.c_str(), result.ttft_ms, result.decode_tokens_per_s,
+               static_cast<long long>(result.kv_bytes_per_token));
   print_prefetch_stats(*engine);
   if (!args.stats_json.empty()) write_run_stats(args.stats_json, topology, *engine, result);
   return 0;
@@ -310,6 +332,9 @@ int run_cli(int argc, char** argv) {
   std::optional<double> worker_ram_gb;
   worker_cmd->add_option("--ram-gb", worker_ram_gb, "GiB of RAM for expert slots (overrides the worker's ram_gb)")
       ->check(CLI::PositiveNumber);
+  int64_t worker_delay_ms = 0;
+  worker_cmd->add_option("--debug-delay-ms", worker_delay_ms, "TEST ONLY: delay every layer reply (a slow worker)")
+      ->check(CLI::Range(int64_t{0}, int64_t{3600000}));
 
   ConvertArgs convert_args;
   CLI::App* convert_cmd = app.add_subcommand("convert", "Write an expert container from a checkpoint");
@@ -327,6 +352,8 @@ int run_cli(int argc, char** argv) {
   CLI::App* status_cmd = app.add_subcommand("status", "Show the health of every worker; exit 1 if one is down");
   status_cmd->add_option("--config", status_config, "Topology YAML")->required();
   status_cmd->add_option("--timeout-ms", status_timeout_ms, "Per-worker timeout")->check(CLI::Range(1, 3600000));
+  bool status_layers = false;
+  status_cmd->add_flag("--layers", status_layers, "Also show each worker's expert-tier counters per MoE layer");
 
   RunArgs run_args;
   CLI::App* run_cmd = app.add_subcommand("run", "Generate one continuation without HTTP");
@@ -341,6 +368,9 @@ int run_cli(int argc, char** argv) {
                       "Write every MoE layer's routing to this file (JSON lines; docs/benchmarks.md)");
   run_cmd->add_option("--stats-json", run_args.stats_json,
                       "Write the run's numbers (tok/s, prefetch recall, expert-tier counters) to this JSON file");
+  run_cmd->add_option("--logits-out", run_args.logits_out,
+                      "Also write the logits after the prompt (raw little-endian f32, [vocab_size])");
+  run_cmd->add_option("--ids-out", run_args.ids_out, "Also write the prompt and generated token ids (JSON)");
   run_cmd->add_option("prompt", run_args.prompt, "Prompt text")->required();
 
   std::string workers_config;
@@ -360,9 +390,9 @@ int run_cli(int argc, char** argv) {
   if (serve_prefetch->count() == 0) serve_args.prefetch.reset();
   if (run_prefetch->count() == 0) run_args.prefetch.reset();
   if (*serve_cmd) return serve(serve_args);
-  if (*worker_cmd) return worker(worker_config, worker_name, worker_ram_gb);
+  if (*worker_cmd) return worker(worker_config, worker_name, worker_ram_gb, worker_delay_ms);
   if (*convert_cmd) return convert(convert_args);
-  if (*status_cmd) return status(status_config, status_timeout_ms);
+  if (*status_cmd) return status(status_config, status_timeout_ms, status_layers);
   if (*workers_cmd) return list_workers(workers_config);
   return run(run_args);
 }

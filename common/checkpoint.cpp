@@ -78,6 +78,27 @@ std::string with_layer(const std::string& pattern, int layer) {
   return pattern.substr(0, pos) + std::to_string(layer) + pattern.substr(pos + 2);
 }
 
+/// quantization_config of config.json: nullopt without one; the fp8 block size for
+/// quant_method "fp8" (DeepSeek-V3); throws naming the field for anything else.
+std::optional<std::pair<int64_t, int64_t>> read_fp8_block(const nlohmann::json& config, const std::string& where) {
+  if (!config.contains("quantization_config") || config["quantization_config"].is_null()) return std::nullopt;
+  const auto& q = config["quantization_config"];
+  if (!q.is_object()) fail_invalid(where + ": field 'quantization_config' is not a JSON object");
+  const std::string method = q.value("quant_method", std::string());
+  if (method != "fp8") {
+    fail_unsupported(where + ": quantization_config.quant_method '" + method + "' is not supported (supported: fp8)");
+  }
+  if (q.contains("fmt") && q["fmt"] != "e4m3") {
+    fail_unsupported(where + ": quantization_config.fmt " + q["fmt"].dump() + " is not supported (supported: e4m3)");
+  }
+  const auto& b = q.contains("weight_block_size") ? q["weight_block_size"] : nlohmann::json();
+  if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer() ||
+      b[0].get<int64_t>() <= 0 || b[1].get<int64_t>() <= 0) {
+    fail_invalid(where + ": quantization_config.weight_block_size must be two positive integers, got " + b.dump());
+  }
+  return std::pair{b[0].get<int64_t>(), b[1].get<int64_t>()};
+}
+
 }  // namespace
 
 std::unique_ptr<Checkpoint> Checkpoint::open(const std::filesystem::path& dir) {
@@ -85,6 +106,7 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::filesystem::path& dir) {
   self->dir_ = dir;
   if (!std::filesystem::is_directory(dir)) fail_invalid(dir.string() + ": not a checkpoint directory");
   self->config_ = read_json(dir / "config.json");
+  self->fp8_block_ = read_fp8_block(self->config_, (dir / "config.json").string());
   const auto gen_path = dir / "generation_config.json";
   self->generation_config_ =
       std::filesystem::exists(gen_path) ? read_json(gen_path) : nlohmann::json::object();
@@ -154,6 +176,57 @@ std::vector<float> Checkpoint::load_f32(const std::string& name, const std::vect
   }
   std::vector<float> out(info->numel());
   convert_to_f32(info->dtype, file_of(*info).mapped(*info), out.data(), out.size());
+  if (info->dtype == DType::kF8E4M3) dequantise_fp8(*info, out);
+  return out;
+}
+
+const TensorInfo& Checkpoint::fp8_scale_of(const TensorInfo& info) const {
+  const std::string where = info.file.string() + ": F8_E4M3 tensor '" + info.name + "'";
+  if (info.shape.size() != 2) fail_invalid(where + " has shape " + shape_text(info.shape) + ", expected 2-D");
+  if (!fp8_block_) fail_invalid(where + " needs quantization_config.weight_block_size in config.json");
+  const std::string scale_name = info.name + "_scale_inv";
+  const TensorInfo* scale_info = find(scale_name);
+  if (scale_info == nullptr) fail_invalid(where + " has no scale tensor '" + scale_name + "'");
+  if (scale_info->dtype == DType::kF8E4M3) fail_invalid(info.file.string() + ": scale tensor '" + scale_name + "' is F8_E4M3");
+  const auto [br, bc] = *fp8_block_;
+  const int64_t rows = info.shape[0], cols = info.shape[1];
+  const int64_t srows = (rows + br - 1) / br, scols = (cols + bc - 1) / bc;
+  if (scale_info->shape != std::vector<int64_t>{srows, scols}) {
+    fail_invalid(scale_info->file.string() + ": scale tensor '" + scale_name + "' has shape " +
+                 shape_text(scale_info->shape) + ", expected " + shape_text({srows, scols}) + " for '" + info.name +
+                 "' " + shape_text(info.shape) + " in blocks of [" + std::to_string(br) + ", " + std::to_string(bc) +
+                 "]");
+  }
+  return *scale_info;
+}
+
+void Checkpoint::dequantise_fp8(const TensorInfo& info, std::vector<float>& weight) const {
+  const TensorInfo& scale_info = fp8_scale_of(info);
+  const auto [br, bc] = *fp8_block_;
+  const int64_t rows = info.shape[0], cols = info.shape[1];
+  const int64_t scols = scale_info.shape[1];
+  std::vector<float> scale(scale_info.numel());
+  convert_to_f32(scale_info.dtype, file_of(scale_info).mapped(scale_info), scale.data(), scale.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* s = scale.data() + (r / br) * scols;
+    float* w = weight.data() + r * cols;
+    for (int64_t c = 0; c < cols; ++c) w[c] *= s[c / bc];
+  }
+}
+
+void Checkpoint::read_slice_scales(const ExpertSlice& slice, float* dst) const {
+  const TensorInfo& s = *slice.scale;
+  std::vector<uint8_t> raw(s.nbytes);
+  file_of(s).read(s, 0, s.nbytes, raw.data());
+  convert_to_f32(s.dtype, raw.data(), dst, s.numel());
+}
+
+std::vector<float> Checkpoint::slice_f32(const ExpertSlice& slice) const {
+  std::vector<uint8_t> raw(slice.bytes);
+  read_slice(slice, raw.data());
+  std::vector<float> out(static_cast<size_t>(slice.rows * slice.cols));
+  convert_to_f32(slice.tensor->dtype, raw.data(), out.data(), out.size());
+  if (slice.scale) dequantise_fp8(*slice.tensor, out);
   return out;
 }
 
@@ -175,6 +248,17 @@ ExpertSlice slice_of(const TensorInfo& info, uint64_t first, int64_t rows, int64
 
 }  // namespace
 
+ExpertTensorNames expert_tensor_names(const std::string& architecture) {
+  ExpertTensorNames names;
+  if (architecture == "MixtralForCausalLM") {
+    names.prefix = "model.layers.{}.block_sparse_moe.experts";
+    names.gate = "w1";
+    names.up = "w3";
+    names.down = "w2";
+  }
+  return names;
+}
+
 void Checkpoint::read_slice(const ExpertSlice& slice, void* dst) const {
   file_of(*slice.tensor).read(*slice.tensor, slice.offset, slice.bytes, dst);
 }
@@ -182,14 +266,7 @@ void Checkpoint::read_slice(const ExpertSlice& slice, void* dst) const {
 ExpertWeights Checkpoint::load_expert(const ExpertTensorNames& names, int layer, int expert,
                                       int64_t hidden_size, int64_t intermediate_size) const {
   const ExpertSlices slices = locate_expert(names, layer, expert, hidden_size, intermediate_size);
-  auto read_f32 = [&](const ExpertSlice& s) {
-    std::vector<uint8_t> raw(s.bytes);
-    read_slice(s, raw.data());
-    std::vector<float> out(static_cast<size_t>(s.rows * s.cols));
-    convert_to_f32(s.tensor->dtype, raw.data(), out.data(), out.size());
-    return out;
-  };
-  return ExpertWeights{read_f32(slices.gate), read_f32(slices.up), read_f32(slices.down)};
+  return ExpertWeights{slice_f32(slices.gate), slice_f32(slices.up), slice_f32(slices.down)};
 }
 
 ExpertSlices Checkpoint::locate_expert(const ExpertTensorNames& names, int layer, int expert,
@@ -211,6 +288,10 @@ ExpertSlices Checkpoint::locate_expert(const ExpertTensorNames& names, int layer
   };
   // Checks [E, rows, cols] with expert < E; returns the element offset of the expert's slice.
   auto expert_slice = [&](const TensorInfo& t, int64_t rows, int64_t cols, const std::string& what) {
+    if (t.dtype == DType::kF8E4M3) {
+      fail_unsupported(t.file.string() + ": tensor '" + t.name + "' is a fused 3-D F8_E4M3 expert tensor; only " +
+                       "per-expert fp8 tensors with block scales are read");
+    }
     if (t.shape.size() != 3 || t.shape[1] != rows || t.shape[2] != cols) {
       expect_shape(t, {t.shape.empty() ? 0 : t.shape[0], rows, cols}, what);
     }
@@ -232,7 +313,14 @@ ExpertSlices Checkpoint::locate_expert(const ExpertTensorNames& names, int layer
     expect_shape(*gate, {I, H}, "moe_intermediate_size, hidden_size");
     expect_shape(*up, {I, H}, "moe_intermediate_size, hidden_size");
     expect_shape(*down, {H, I}, "hidden_size, moe_intermediate_size");
-    return ExpertSlices{slice_of(*gate, 0, I, H), slice_of(*up, 0, I, H), slice_of(*down, 0, H, I)};
+    ExpertSlices out{slice_of(*gate, 0, I, H), slice_of(*up, 0, I, H), slice_of(*down, 0, H, I)};
+    for (ExpertSlice* sl : {&out.gate, &out.up, &out.down}) {
+      if (sl->tensor->dtype != DType::kF8E4M3) continue;
+      sl->scale = &fp8_scale_of(*sl->tensor);
+      sl->block_rows = fp8_block_->first;
+      sl->block_cols = fp8_block_->second;
+    }
+    return out;
   }
 
   const TensorInfo* down = find_3d(prefix + "." + names.down);

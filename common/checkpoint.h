@@ -1,7 +1,10 @@
 // A Hugging Face model directory: config.json, one model.safetensors or many shards named
 // by model.safetensors.index.json ("weight_map": tensor -> file), tokenizer files and
 // generation_config.json. Gives tensors by name, converted to f32, and the routed
-// experts' weights in both hub layouts.
+// experts' weights in both hub layouts. fp8 checkpoints (DeepSeek-V3's
+// quantization_config {"quant_method": "fp8", "weight_block_size": [128, 128]}) store a
+// Linear weight W [out, in] as F8_E4M3 with "<name>_scale_inv" f32
+// [ceil(out/b0), ceil(in/b1)]; they are dequantised on load: W[r][c] * scale_inv[r/b0][c/b1].
 #pragma once
 
 #include <cstdint>
@@ -34,6 +37,11 @@ struct ExpertTensorNames {
   std::string gate_up = "gate_up_proj";  ///< fused gate+up name in the fused 3-D layout
 };
 
+/// The routed-expert tensor names the hub checkpoints of `architecture` (config.json's
+/// architectures[0]) use: MixtralForCausalLM's "model.layers.{}.block_sparse_moe.experts"
+/// with w1 (gate), w3 (up), w2 (down); every other family the defaults above.
+ExpertTensorNames expert_tensor_names(const std::string& architecture);
+
 /// One routed expert's SwiGLU weights in f32, row-major.
 struct ExpertWeights {
   std::vector<float> gate;  ///< [moe_intermediate_size, hidden_size]
@@ -42,13 +50,18 @@ struct ExpertWeights {
 };
 
 /// Where one projection of one routed expert lives: `bytes` bytes starting `offset` bytes
-/// into `tensor`, holding a [rows, cols] row-major matrix of tensor->dtype.
+/// into `tensor`, holding a [rows, cols] row-major matrix of tensor->dtype. An F8_E4M3
+/// slice (a whole per-expert 2-D tensor) also names its block-scale tensor `scale`
+/// ([ceil(rows / block_rows), ceil(cols / block_cols)], any float dtype).
 struct ExpertSlice {
   const TensorInfo* tensor = nullptr;
   uint64_t offset = 0;
   uint64_t bytes = 0;
   int64_t rows = 0;
   int64_t cols = 0;
+  const TensorInfo* scale = nullptr;  ///< F8_E4M3 only
+  int64_t block_rows = 0;             ///< F8_E4M3 only
+  int64_t block_cols = 0;
 };
 
 /// The three projections of one routed expert: gate and up [I, H], down [H, I].
@@ -77,13 +90,18 @@ class Checkpoint {
   /// All tensor names, sorted.
   std::vector<std::string> tensor_names() const;
 
-  /// Loads a whole tensor as f32 and checks its shape. Throws Error(kInvalidInput)
-  /// naming the tensor and both shapes when it is missing or its shape differs.
+  /// Loads a whole tensor as f32 and checks its shape; an F8_E4M3 tensor is dequantised
+  /// with its block scales. Throws Error(kInvalidInput) naming the tensor and both shapes
+  /// when it is missing or its shape differs, and naming the tensor for an F8_E4M3 tensor
+  /// that is not 2-D, lacks "<name>_scale_inv", has a scale of the wrong shape, or comes
+  /// without quantization_config.weight_block_size.
   std::vector<float> load_f32(const std::string& name, const std::vector<int64_t>& shape) const;
 
   /// Reads one routed expert (layer, expert) with pread, in whichever layout the file
   /// uses (see ExpertTensorNames), and checks shapes against hidden/intermediate sizes.
-  /// Throws Error(kInvalidInput) naming the tensor if missing or mis-shaped.
+  /// Per-expert F8_E4M3 tensors are dequantised as load_f32 does (fused 3-D fp8 tensors
+  /// are refused, kUnsupported). Throws Error(kInvalidInput) naming the tensor if missing
+  /// or mis-shaped.
   ExpertWeights load_expert(const ExpertTensorNames& names, int layer, int expert,
                             int64_t hidden_size, int64_t intermediate_size) const;
 
@@ -94,6 +112,10 @@ class Checkpoint {
   /// Reads a slice's raw bytes (its tensor's dtype, no conversion) into `dst` [slice.bytes]
   /// with one pread. Throws Error(kIo) on a short or failed read.
   void read_slice(const ExpertSlice& slice, void* dst) const;
+  /// An F8_E4M3 slice's block scales as f32 into `dst` [scale->numel()] (pread).
+  void read_slice_scales(const ExpertSlice& slice, float* dst) const;
+  /// The slice as f32 values [rows * cols], F8_E4M3 dequantised exactly as load_f32 does.
+  std::vector<float> slice_f32(const ExpertSlice& slice) const;
 
  private:
   Checkpoint() = default;
@@ -102,7 +124,13 @@ class Checkpoint {
   nlohmann::json generation_config_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const TensorInfo*> index_;
+  std::optional<std::pair<int64_t, int64_t>> fp8_block_;  ///< quantization_config.weight_block_size
   const SafetensorsFile& file_of(const TensorInfo& info) const;
+  /// Multiplies `weight` (the f32 values of F8_E4M3 tensor `info`, [rows, cols]) by its
+  /// block scales; throws as load_f32 documents.
+  void dequantise_fp8(const TensorInfo& info, std::vector<float>& weight) const;
+  /// The checked block-scale tensor of F8_E4M3 tensor `info`; throws as load_f32 documents.
+  const TensorInfo& fp8_scale_of(const TensorInfo& info) const;
 };
 
 }  // namespace charm

@@ -1,6 +1,8 @@
 #include "common/dtype.h"
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace charm {
 
@@ -9,6 +11,7 @@ size_t dtype_size(DType dtype) {
     case DType::kF32: return 4;
     case DType::kF16: return 2;
     case DType::kBF16: return 2;
+    case DType::kF8E4M3: return 1;
   }
   return 0;
 }
@@ -18,6 +21,7 @@ const char* dtype_name(DType dtype) {
     case DType::kF32: return "F32";
     case DType::kF16: return "F16";
     case DType::kBF16: return "BF16";
+    case DType::kF8E4M3: return "F8_E4M3";
   }
   return "?";
 }
@@ -26,6 +30,7 @@ std::optional<DType> parse_dtype(std::string_view name) {
   if (name == "F32") return DType::kF32;
   if (name == "F16") return DType::kF16;
   if (name == "BF16") return DType::kBF16;
+  if (name == "F8_E4M3") return DType::kF8E4M3;
   return std::nullopt;
 }
 
@@ -51,6 +56,21 @@ float f16_to_f32(uint16_t h) {
   float f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
+}
+
+float f8e4m3_to_f32(uint8_t bits) {
+  const bool negative = (bits & 0x80u) != 0;
+  const int exponent = (bits >> 3) & 0xf;
+  const int mantissa = bits & 0x7;
+  float magnitude;
+  if (exponent == 0xf && mantissa == 0x7) {
+    magnitude = std::numeric_limits<float>::quiet_NaN();
+  } else if (exponent == 0) {
+    magnitude = std::ldexp(static_cast<float>(mantissa), -9);  // M/8 * 2^(1-7)
+  } else {
+    magnitude = std::ldexp(static_cast<float>(8 + mantissa), exponent - 10);  // (1 + M/8) * 2^(E-7)
+  }
+  return negative ? -magnitude : magnitude;
 }
 
 uint16_t f32_to_bf16(float value) {
@@ -80,6 +100,9 @@ void convert_to_f32(DType dtype, const void* src, float* dst, size_t count) {
         std::memcpy(&bits, bytes + 2 * i, 2);
         dst[i] = f16_to_f32(bits);
       }
+      return;
+    case DType::kF8E4M3:
+      for (size_t i = 0; i < count; ++i) dst[i] = f8e4m3_to_f32(bytes[i]);
       return;
   }
 }

@@ -9,12 +9,14 @@
 namespace charm {
 
 /// Element type of a stored tensor. Compute is always f32 (issue 2); storage may be any.
-enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+/// kF8E4M3 is float8_e4m3fn (OCP FP8 E4M3: bias 7, no infinities, one NaN pattern per
+/// sign), stored block-scaled in DeepSeek-V3 checkpoints (see Checkpoint::load_f32).
+enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kF8E4M3 = 3 };
 
 /// Bytes per element of `dtype`.
 size_t dtype_size(DType dtype);
 
-/// The safetensors spelling ("F32", "F16", "BF16").
+/// The safetensors spelling ("F32", "F16", "BF16", "F8_E4M3").
 const char* dtype_name(DType dtype);
 
 /// Parses a safetensors dtype string; nullopt for anything charm does not read.
@@ -30,6 +32,12 @@ inline float bf16_to_f32(uint16_t bits) {
 
 /// IEEE half bits -> f32 (exact, handles subnormals, inf and NaN).
 float f16_to_f32(uint16_t bits);
+
+/// float8_e4m3fn bits -> f32 (exact: every e4m3 value is an f32). Layout S EEEE MMM,
+/// exponent bias 7; exponent 0 is subnormal (M/8 * 2^-6); S 1111 111 is NaN; there are
+/// no infinities, so S 1111 110 = +-448 is the largest finite value (OCP FP8 spec, as
+/// torch.float8_e4m3fn).
+float f8e4m3_to_f32(uint8_t bits);
 
 /// f32 -> bfloat16 bits, round to nearest even (as torch does); NaN stays NaN.
 uint16_t f32_to_bf16(float value);

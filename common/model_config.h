@@ -12,7 +12,21 @@
 
 namespace charm {
 
-/// config.json of a supported MoE checkpoint (Qwen3MoeConfig, OlmoeConfig field names).
+/// YaRN RoPE scaling as transformers' modeling_rope_utils._compute_yarn_parameters reads
+/// it from rope_scaling / rope_parameters (type "yarn"), with its defaults applied.
+struct YarnRopeScaling {
+  double factor = 1.0;
+  int64_t original_max_position_embeddings = 0;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  double mscale = 0.0;                     ///< 0 when absent
+  double mscale_all_dim = 0.0;             ///< 0 when absent
+  std::optional<double> attention_factor;  ///< explicit cos/sin scale; else derived
+  bool truncate = true;                    ///< floor/ceil the correction range
+};
+
+/// config.json of a supported MoE checkpoint (Qwen3MoeConfig, OlmoeConfig,
+/// DeepseekV3Config field names).
 struct ModelConfig {
   std::string architecture;        ///< architectures[0], e.g. "Qwen3MoeForCausalLM"
   std::string model_type;          ///< "qwen3_moe", "olmoe"
@@ -38,17 +52,48 @@ struct ModelConfig {
   std::vector<int64_t> eos_token_ids;  ///< from config.json; generation_config adds more
   int64_t bos_token_id = -1;
 
+  // --- Qwen2-MoE and Mixtral (coordinator/qwen2_moe.cpp, coordinator/mixtral.cpp) ---
+  /// Qwen2-MoE: width of the gated shared expert (`mlp.shared_expert`); 0 for families
+  /// without one.
+  int64_t shared_expert_intermediate_size = 0;
+  /// Qwen2-MoE: biases on q_proj, k_proj and v_proj (not o_proj); transformers' default
+  /// is true, and the hub configs (Qwen1.5-MoE, Qwen2-57B-A14B) do not spell it out.
+  bool qkv_bias = false;
+
+  // ---- DeepSeek-V3 (DeepseekV3Config, transformers' configuration_deepseek_v3.py). ----
+  // num_experts holds n_routed_experts and head_dim holds qk_rope_head_dim (as
+  // DeepseekV3Config sets it). Zero / empty for the other families.
+  int64_t q_lora_rank = 0;             ///< 0 when null: a plain q_proj instead of q_a/q_b
+  int64_t kv_lora_rank = 0;            ///< width of the compressed KV latent
+  int64_t qk_nope_head_dim = 0;        ///< per-head query/key part without RoPE
+  int64_t qk_rope_head_dim = 0;        ///< per-head query/key part with RoPE (key shared by heads)
+  int64_t v_head_dim = 0;
+  int64_t n_shared_experts = 0;        ///< shared expert width = n_shared_experts * moe_intermediate_size
+  int64_t first_k_dense_replace = 0;   ///< layers [0, k) use the dense MLP
+  int64_t n_group = 1;                 ///< expert groups of the group-limited top-k
+  int64_t topk_group = 1;              ///< groups kept per token
+  double routed_scaling_factor = 1.0;  ///< multiplies the routed weights
+  bool rope_interleave = false;        ///< RoPE pairs (2i, 2i+1) instead of (i, i + d/2)
+  std::optional<YarnRopeScaling> yarn; ///< set when rope scaling type is "yarn"
+
   /// True when layer `layer` runs routed experts (Qwen3MoeDecoderLayer's rule:
-  /// not in mlp_only_layers, num_experts > 0, (layer + 1) % decoder_sparse_step == 0).
+  /// not in mlp_only_layers, num_experts > 0, (layer + 1) % decoder_sparse_step == 0;
+  /// DeepseekV3DecoderLayer's: layer >= first_k_dense_replace).
   bool is_moe_layer(int64_t layer) const;
 
   /// The ids of every MoE layer, ascending.
   std::vector<int64_t> moe_layer_ids() const;
 
-  /// Parses `config` (the contents of `source`, used in messages). Throws
+  /// Parses `config` (the contents of `source`, used in messages). Supported
+  /// architectures: Qwen3MoeForCausalLM, OlmoeForCausalLM, Qwen2MoeForCausalLM,
+  /// MixtralForCausalLM (routed experts: `num_local_experts` of width
+  /// `intermediate_size`). Throws
   /// Error(kInvalidInput) naming `source` and the field for a missing required field or
   /// a field of the wrong JSON type or out of range; Error(kUnsupported) naming the
-  /// architecture when it is not one charm implements.
+  /// architecture when it is not one charm implements, and naming the field (and value)
+  /// for a feature charm does not implement: scaled RoPE (DeepSeek-V3: a rope type other
+  /// than "yarn"), a sliding window that would bite, scoring_func other than "sigmoid",
+  /// topk_method other than "noaux_tc", moe_layer_freq other than 1.
   static ModelConfig parse(const nlohmann::json& config, const std::string& source);
 };
 

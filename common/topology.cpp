@@ -250,11 +250,24 @@ Topology Topology::load(const std::filesystem::path& path) {
   if (root["threads"]) t.threads = r.int_value(root["threads"], "threads", 0, 65536);
   if (root["prefetch"]) t.prefetch = r.bool_value(root["prefetch"], "prefetch");
   if (const auto timeouts = root["timeouts"]) {
-    r.check_keys(timeouts, "timeouts", {"connect_ms", "request_ms", "startup_ms"});
+    r.check_keys(timeouts, "timeouts",
+                 {"connect_ms", "handshake_ms", "request_ms", "startup_ms", "heartbeat_ms", "rejoin_min_ms",
+                  "rejoin_max_ms", "slow_ms"});
     constexpr int64_t kDayMs = 86'400'000;
-    if (timeouts["connect_ms"]) t.connect_timeout_ms = r.int_value(timeouts["connect_ms"], "timeouts.connect_ms", 1, kDayMs);
-    if (timeouts["request_ms"]) t.request_timeout_ms = r.int_value(timeouts["request_ms"], "timeouts.request_ms", 1, kDayMs);
-    if (timeouts["startup_ms"]) t.startup_timeout_ms = r.int_value(timeouts["startup_ms"], "timeouts.startup_ms", 0, kDayMs);
+    const std::pair<const char*, int64_t*> keys[] = {
+        {"connect_ms", &t.connect_timeout_ms}, {"handshake_ms", &t.handshake_timeout_ms},
+        {"request_ms", &t.request_timeout_ms}, {"startup_ms", &t.startup_timeout_ms},
+        {"heartbeat_ms", &t.heartbeat_ms},     {"rejoin_min_ms", &t.rejoin_min_ms},
+        {"rejoin_max_ms", &t.rejoin_max_ms},   {"slow_ms", &t.slow_ms}};
+    for (const auto& [key, value] : keys) {
+      // 0 means "off" only where the key says so (startup: do not wait; heartbeat; slow_ms).
+      const std::string k = key;
+      const int64_t lo = (k == "startup_ms" || k == "heartbeat_ms" || k == "slow_ms") ? 0 : 1;
+      if (timeouts[key]) *value = r.int_value(timeouts[key], "timeouts." + k, lo, kDayMs);
+    }
+    if (t.rejoin_max_ms < t.rejoin_min_ms) {
+      r.fail("timeouts.rejoin_max_ms", "must be at least rejoin_min_ms (" + std::to_string(t.rejoin_min_ms) + ")");
+    }
   }
 
   // Workers are an error in single-node mode rather than ignored: a file that lists
@@ -283,23 +296,26 @@ const WorkerSpec& Topology::worker(const std::string& name) const {
   fail_invalid(source.string() + ": no worker named '" + name + "' (known: " + (known.empty() ? "none" : known) + ")");
 }
 
-std::map<int64_t, std::vector<int>> Topology::placement(const std::vector<int64_t>& moe_layers,
-                                                        int64_t num_experts) const {
+Placement Topology::placement(const std::vector<int64_t>& moe_layers, int64_t num_experts) const {
   const std::string where = source.string() + ": placement: ";
   if (num_experts <= 0) fail_invalid(where + "num_experts must be positive, got " + std::to_string(num_experts));
-  std::map<int64_t, std::vector<int>> owner;
+  Placement owners;
+  const std::vector<std::vector<int>> initial(static_cast<size_t>(num_experts),
+                                              single_node ? std::vector<int>{0} : std::vector<int>{});
   for (int64_t layer : moe_layers) {
-    if (!owner.emplace(layer, std::vector<int>(num_experts, single_node ? 0 : -1)).second) {
+    if (!owners.emplace(layer, initial).second) {
       fail_invalid(where + "MoE layer " + std::to_string(layer) + " listed twice by the model");
     }
   }
-  if (single_node) return owner;  // the in-process worker owns everything
+  if (single_node) return owners;  // the in-process worker owns everything
 
+  // Workers are visited in index order, so each owner list comes out ascending; an
+  // expert listed by several workers gets several owners (replicas).
   for (size_t wi = 0; wi < workers.size(); ++wi) {
     const WorkerSpec& w = workers[wi];
     for (int64_t layer : w.layers.empty() ? moe_layers : w.layers) {
-      const auto it = owner.find(layer);
-      if (it == owner.end()) {
+      const auto it = owners.find(layer);
+      if (it == owners.end()) {
         fail_invalid(where + "worker '" + w.name + "' lists layer " + std::to_string(layer) +
                      ", which is not an MoE layer of the model");
       }
@@ -308,25 +324,38 @@ std::map<int64_t, std::vector<int>> Topology::placement(const std::vector<int64_
           fail_invalid(where + "worker '" + w.name + "' lists expert " + std::to_string(e) + " but the model has " +
                        std::to_string(num_experts) + " experts (0-" + std::to_string(num_experts - 1) + ")");
         }
-        int& slot = it->second[static_cast<size_t>(e)];
-        if (slot >= 0) {
-          fail_invalid(where + "layer " + std::to_string(layer) + " expert " + std::to_string(e) +
-                       " is owned by both '" + workers[static_cast<size_t>(slot)].name + "' and '" + w.name + "'");
-        }
-        slot = static_cast<int>(wi);
+        it->second[static_cast<size_t>(e)].push_back(static_cast<int>(wi));
       }
     }
   }
-  for (const auto& [layer, experts] : owner) {
-    const auto unowned = std::find(experts.begin(), experts.end(), -1);
-    if (unowned != experts.end()) {
-      std::string names;
-      for (const auto& w : workers) names += (names.empty() ? "" : ", ") + w.name;
-      fail_invalid(where + "layer " + std::to_string(layer) + " expert " + std::to_string(unowned - experts.begin()) +
-                   " has no owner (workers: " + names + ")");
+  // Every uncovered expert at once, so one edit of the file fixes them all.
+  std::string uncovered;
+  for (const auto& [layer, experts] : owners) {
+    std::vector<int64_t> missing;
+    for (size_t e = 0; e < experts.size(); ++e) {
+      if (experts[e].empty()) missing.push_back(static_cast<int64_t>(e));
     }
+    if (missing.empty()) continue;
+    uncovered += (uncovered.empty() ? "" : "; ") + std::string("layer ") + std::to_string(layer) +
+                 (missing.size() == 1 ? " expert " : " experts ") + id_ranges(missing);
   }
-  return owner;
+  if (!uncovered.empty()) {
+    std::string names;
+    for (const auto& w : workers) names += (names.empty() ? "" : ", ") + w.name;
+    fail_invalid(where + "no worker holds " + uncovered + " (workers: " + names + ")");
+  }
+  return owners;
+}
+
+std::string id_ranges(const std::vector<int64_t>& ids) {
+  std::string out;
+  for (size_t i = 0; i < ids.size();) {
+    size_t j = i;
+    while (j + 1 < ids.size() && ids[j + 1] == ids[j] + 1) ++j;
+    out += (out.empty() ? "" : ", ") + std::to_string(ids[i]) + (j > i ? "-" + std::to_string(ids[j]) : "");
+    i = j + 1;
+  }
+  return out;
 }
 
 }  // namespace charm

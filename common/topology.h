@@ -25,6 +25,8 @@ struct StoreSpec {
 };
 
 /// One worker entry of the topology.
+/// Two workers that list the same (layer, expert) both hold it: they are replicas of it,
+/// and the coordinator sends that expert's rows to one live replica (failover to another).
 struct WorkerSpec {
   std::string name;
   std::string host = "127.0.0.1";
@@ -36,6 +38,10 @@ struct WorkerSpec {
   StoreSpec store;  ///< ram_gb, pin, container, io, io_threads, usage_file
 };
 
+/// placement[layer][expert] = indices into Topology::workers of every worker holding that
+/// expert (its replicas), ascending; never empty.
+using Placement = std::map<int64_t, std::vector<std::vector<int>>>;
+
 /// The whole configuration file.
 struct Topology {
   std::filesystem::path source;      ///< the YAML file it came from
@@ -46,10 +52,19 @@ struct Topology {
   uint16_t api_port = 8080;
   bool single_node = false;          ///< mode: single-node (no workers, in-process experts)
   std::vector<WorkerSpec> workers;
-  int64_t connect_timeout_ms = 5000;
-  int64_t request_timeout_ms = 60000;
+  // Deadlines and health checks (timeouts: in the YAML), all milliseconds. Defaults suit a
+  // LAN: a connect that takes 2 s is a machine that is off or asleep.
+  int64_t connect_timeout_ms = 2000;    ///< TCP connect to a worker
+  int64_t handshake_timeout_ms = 5000;  ///< hello sent and helloReply received
+  int64_t request_timeout_ms = 60000;   ///< one worker's reply to one layer request
   int64_t startup_timeout_ms = 120000;  ///< how long `charm serve` waits for workers that are
                                         ///< not listening yet (still loading) at start
+  int64_t heartbeat_ms = 1000;          ///< healthRequest to an idle up worker this often
+                                        ///< (also the reply deadline); 0 = no heartbeats
+  int64_t rejoin_min_ms = 250;          ///< first reconnect attempt after a worker goes down
+  int64_t rejoin_max_ms = 10000;        ///< back-off cap (doubling from rejoin_min_ms)
+  int64_t slow_ms = 0;                  ///< layer RTT p50 above this reports a worker "slow"
+                                        ///< (0 = only the relative test: 4x the others' median)
   int64_t threads = 0;               ///< OpenMP threads; 0 = library default
   bool prefetch = false;             ///< send prefetch hints (next layer's router applied to
                                      ///< this layer's state) to the expert store / workers
@@ -65,14 +80,16 @@ struct Topology {
   /// The worker named `name`; throws Error(kInvalidInput) listing known names if absent.
   const WorkerSpec& worker(const std::string& name) const;
 
-  /// Placement map: owner[layer][expert] = index into `workers`. Every (MoE layer,
-  /// expert) must have exactly one owner; throws Error(kInvalidInput) naming the first
-  /// unowned or doubly-owned expert and the workers involved, and for a worker listing a
-  /// layer not in `moe_layers` or an expert >= num_experts. `moe_layers` lists the
-  /// model's MoE layer ids. In single-node mode every expert maps to 0, meaning the
-  /// in-process worker (`workers` is empty then; do not index it).
-  std::map<int64_t, std::vector<int>> placement(const std::vector<int64_t>& moe_layers,
-                                                int64_t num_experts) const;
+  /// Placement map: owners[layer][expert] = indices into `workers` holding it (several
+  /// = replicas), ascending. Every (MoE layer, expert) needs at least one owner; throws
+  /// Error(kInvalidInput) naming every uncovered expert (per layer) and the workers, and
+  /// for a worker listing a layer not in `moe_layers` or an expert >= num_experts.
+  /// `moe_layers` lists the model's MoE layer ids. In single-node mode every expert maps
+  /// to {0}, meaning the in-process worker (`workers` is empty then; do not index it).
+  Placement placement(const std::vector<int64_t>& moe_layers, int64_t num_experts) const;
 };
+
+/// Ascending ids written compactly for messages: {0,1,2,3,5,8,9} -> "0-3, 5, 8-9".
+std::string id_ranges(const std::vector<int64_t>& ids);
 
 }  // namespace charm

@@ -16,13 +16,14 @@ const char* weight_format_name(WeightFormat format) {
     case WeightFormat::kBF16: return "BF16";
     case WeightFormat::kInt8: return "I8G";
     case WeightFormat::kInt4: return "I4G";
+    case WeightFormat::kF8E4M3Block: return "F8_E4M3B";
   }
   return "?";
 }
 
 std::optional<WeightFormat> parse_weight_format(std::string_view name) {
   for (WeightFormat f : {WeightFormat::kF32, WeightFormat::kF16, WeightFormat::kBF16, WeightFormat::kInt8,
-                         WeightFormat::kInt4}) {
+                         WeightFormat::kInt4, WeightFormat::kF8E4M3Block}) {
     if (name == weight_format_name(f)) return f;
   }
   return std::nullopt;
@@ -33,11 +34,14 @@ WeightFormat weight_format_of(DType dtype) {
     case DType::kF32: return WeightFormat::kF32;
     case DType::kF16: return WeightFormat::kF16;
     case DType::kBF16: return WeightFormat::kBF16;
+    case DType::kF8E4M3: return WeightFormat::kF8E4M3Block;
   }
   return WeightFormat::kF32;
 }
 
 bool is_quantized(WeightFormat format) { return format == WeightFormat::kInt8 || format == WeightFormat::kInt4; }
+
+bool has_scales(WeightFormat format) { return is_quantized(format) || format == WeightFormat::kF8E4M3Block; }
 
 namespace {
 
@@ -47,7 +51,8 @@ uint64_t row_bytes(const MatrixShape& s) {
     case WeightFormat::kF32: return cols * 4;
     case WeightFormat::kF16:
     case WeightFormat::kBF16: return cols * 2;
-    case WeightFormat::kInt8: return cols;
+    case WeightFormat::kInt8:
+    case WeightFormat::kF8E4M3Block: return cols;
     case WeightFormat::kInt4: return (cols + 1) / 2;
   }
   return 0;
@@ -63,6 +68,11 @@ int64_t MatrixShape::groups_per_row() const {
 }
 
 uint64_t MatrixShape::scale_bytes() const {
+  if (format == WeightFormat::kF8E4M3Block) {
+    if (block_rows <= 0 || block_cols <= 0) return 0;
+    return static_cast<uint64_t>((rows + block_rows - 1) / block_rows) *
+           static_cast<uint64_t>((cols + block_cols - 1) / block_cols) * sizeof(float);
+  }
   return static_cast<uint64_t>(rows) * static_cast<uint64_t>(groups_per_row()) * sizeof(float);
 }
 
@@ -76,6 +86,13 @@ void matrix_row_to_f32(const MatrixView& m, int64_t row, float* out) {
     case WeightFormat::kInt8: {
       const float* scales = m.scales + row * s.groups_per_row();
       for (int64_t i = 0; i < s.cols; ++i) out[i] = static_cast<float>(static_cast<int8_t>(src[i])) * scales[i / s.group_size];
+      return;
+    }
+    case WeightFormat::kF8E4M3Block: {
+      // value * block scale, the one rounding Checkpoint::dequantise_fp8 does.
+      const int64_t block_cols = (s.cols + s.block_cols - 1) / s.block_cols;
+      const float* scales = m.scales + (row / s.block_rows) * block_cols;
+      for (int64_t i = 0; i < s.cols; ++i) out[i] = f8e4m3_to_f32(src[i]) * scales[i / s.block_cols];
       return;
     }
     case WeightFormat::kInt4: {

@@ -7,6 +7,9 @@
 // (q = round(w / scale), scale = absmax / 127 for int8, absmax / 7 for int4; int4 packs
 // two values per byte, low nibble first, each stored as q + 8). A row's last group may
 // be shorter. Rows start on a byte boundary (an odd-width int4 row pads half a byte).
+// A fifth form holds a DeepSeek-V3 fp8 checkpoint's experts as stored: F8_E4M3 values
+// with one f32 scale per [block_rows, block_cols] block (W = value * scale, exactly as
+// Checkpoint::load_f32 dequantises).
 #pragma once
 
 #include <cstddef>
@@ -20,9 +23,10 @@
 namespace charm {
 
 /// Element form of a stored weight matrix.
-enum class WeightFormat : uint8_t { kF32, kF16, kBF16, kInt8, kInt4 };
+enum class WeightFormat : uint8_t { kF32, kF16, kBF16, kInt8, kInt4, kF8E4M3Block };
 
-/// The index spelling: "F32", "F16", "BF16" (as safetensors), "I8G", "I4G" (grouped).
+/// The index spelling: "F32", "F16", "BF16" (as safetensors), "I8G", "I4G" (grouped),
+/// "F8_E4M3B" (block-scaled fp8; RAM only, containers widen it to F32).
 const char* weight_format_name(WeightFormat format);
 /// Parses weight_format_name's spelling; nullopt for anything else.
 std::optional<WeightFormat> parse_weight_format(std::string_view name);
@@ -30,6 +34,8 @@ std::optional<WeightFormat> parse_weight_format(std::string_view name);
 WeightFormat weight_format_of(DType dtype);
 /// True for int8 / int4 (they carry group scales).
 bool is_quantized(WeightFormat format);
+/// True for the forms that carry f32 scales (int8, int4, block-scaled fp8).
+bool has_scales(WeightFormat format);
 
 /// Shape and storage of one [rows, cols] row-major matrix.
 struct MatrixShape {
@@ -37,12 +43,15 @@ struct MatrixShape {
   int64_t rows = 0;
   int64_t cols = 0;
   int64_t group_size = 0;  ///< elements per scale; 0 unless quantised
+  int64_t block_rows = 0;  ///< kF8E4M3Block only: rows per scale block
+  int64_t block_cols = 0;  ///< kF8E4M3Block only: columns per scale block
 
   /// Bytes of the element data (rows * bytes per row).
   uint64_t data_bytes() const;
   /// Scales per row (ceil(cols / group_size)); 0 unless quantised.
   int64_t groups_per_row() const;
-  /// Bytes of the f32 scales ([rows, groups_per_row]); 0 unless quantised.
+  /// Bytes of the f32 scales: [rows, groups_per_row] when quantised, [ceil(rows /
+  /// block_rows), ceil(cols / block_cols)] for block-scaled fp8, else 0.
   uint64_t scale_bytes() const;
 };
 

@@ -33,7 +33,8 @@ void RmsNorm::operator()(const float* x, size_t rows, float* y) const {
   rms_norm(x, weight.data(), rows, weight.size(), eps, y);
 }
 
-Rope::Rope(size_t head_dim, double theta) : head_dim_(head_dim), inv_freq_(head_dim / 2) {
+Rope::Rope(size_t head_dim, double theta, RopeLayout layout)
+    : head_dim_(head_dim), inv_freq_(head_dim / 2), layout_(layout) {
   // Computed in f32 as transformers does: 1 / base ** (arange(0, d, 2) / d).
   for (size_t i = 0; i < head_dim / 2; ++i) {
     const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
@@ -41,20 +42,30 @@ Rope::Rope(size_t head_dim, double theta) : head_dim_(head_dim), inv_freq_(head_
   }
 }
 
+Rope::Rope(std::vector<float> inv_freq, float attention_factor, RopeLayout layout)
+    : head_dim_(2 * inv_freq.size()), inv_freq_(std::move(inv_freq)), attention_factor_(attention_factor),
+      layout_(layout) {}
+
 void Rope::apply(float* x, size_t rows, size_t heads, size_t pos0) const {
   const size_t half = head_dim_ / 2;
+  // The interleaved layout reads pair i from dims (2i, 2i+1) and writes it to (i, i+half).
+  const bool interleaved = layout_ == RopeLayout::kInterleaved;
+  std::vector<float> cos(half), sin(half), in(head_dim_);
   for (size_t r = 0; r < rows; ++r) {
     const float pos = static_cast<float>(pos0 + r);
     for (size_t i = 0; i < half; ++i) {
       const float angle = pos * inv_freq_[i];
-      const float c = std::cos(angle);
-      const float s = std::sin(angle);
-      for (size_t h = 0; h < heads; ++h) {
-        float* v = x + (r * heads + h) * head_dim_;
-        const float a = v[i];
-        const float b = v[i + half];
-        v[i] = a * c - b * s;
-        v[i + half] = b * c + a * s;
+      cos[i] = std::cos(angle) * attention_factor_;
+      sin[i] = std::sin(angle) * attention_factor_;
+    }
+    for (size_t h = 0; h < heads; ++h) {
+      float* v = x + (r * heads + h) * head_dim_;
+      std::copy(v, v + head_dim_, in.begin());
+      for (size_t i = 0; i < half; ++i) {
+        const float a = interleaved ? in[2 * i] : in[i];
+        const float b = interleaved ? in[2 * i + 1] : in[i + half];
+        v[i] = a * cos[i] - b * sin[i];
+        v[i + half] = b * cos[i] + a * sin[i];
       }
     }
   }
@@ -92,6 +103,29 @@ void rope_attention(const Rope& rope, float* q, float* k, const float* v, size_t
   std::vector<float> attn(rows * num_heads * head_dim);
   causal_gqa_attention(q, rows, pos0, cache, layer, num_heads, num_kv_heads, head_dim, attn.data());
   o_proj(attn.data(), rows, out);
+}
+
+RopeGqaAttention RopeGqaAttention::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,
+                                        size_t num_heads, size_t num_kv_heads, size_t head_dim, bool qkv_bias) {
+  RopeGqaAttention a;
+  a.num_heads = num_heads;
+  a.num_kv_heads = num_kv_heads;
+  a.head_dim = head_dim;
+  a.q_proj = Linear::load(ckpt, prefix + ".q_proj", num_heads * head_dim, hidden, qkv_bias);
+  a.k_proj = Linear::load(ckpt, prefix + ".k_proj", num_kv_heads * head_dim, hidden, qkv_bias);
+  a.v_proj = Linear::load(ckpt, prefix + ".v_proj", num_kv_heads * head_dim, hidden, qkv_bias);
+  a.o_proj = Linear::load(ckpt, prefix + ".o_proj", hidden, num_heads * head_dim);
+  return a;
+}
+
+void RopeGqaAttention::operator()(const Rope& rope, const float* x, size_t rows, size_t pos0, KvCache& cache,
+                                  size_t layer, float* out) const {
+  std::vector<float> q(rows * q_proj.out), k(rows * k_proj.out), v(rows * v_proj.out);
+  q_proj(x, rows, q.data());
+  k_proj(x, rows, k.data());
+  v_proj(x, rows, v.data());
+  rope_attention(rope, q.data(), k.data(), v.data(), rows, pos0, cache, layer, num_heads, num_kv_heads, head_dim,
+                 o_proj, out);
 }
 
 DenseMlp DenseMlp::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden, size_t intermediate) {
@@ -233,6 +267,23 @@ void hint_next_moe_layer(ExpertDispatcher& dispatcher, uint32_t next_layer, cons
   std::vector<float> x(rows * next_norm.weight.size());
   next_norm(hidden, rows, x.data());
   dispatcher.hint_layer(next_layer, next_moe.predict(x.data(), rows));
+}
+
+GatedSharedExpert GatedSharedExpert::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,
+                                          size_t intermediate) {
+  return GatedSharedExpert{DenseMlp::load(ckpt, prefix + ".shared_expert", hidden, intermediate),
+                           Linear::load(ckpt, prefix + ".shared_expert_gate", 1, hidden)};
+}
+
+void GatedSharedExpert::operator()(const float* x, size_t rows, float* out) const {
+  const size_t hidden = gate.in;
+  std::vector<float> g(rows);
+  gate(x, rows, g.data());
+  mlp(x, rows, out);
+  for (size_t r = 0; r < rows; ++r) {
+    const float scale = 1.0f / (1.0f + std::exp(-g[r]));  // sigmoid
+    for (size_t d = 0; d < hidden; ++d) out[r * hidden + d] *= scale;
+  }
 }
 
 }  // namespace charm

@@ -36,17 +36,31 @@ struct RmsNorm {
   void operator()(const float* x, size_t rows, float* y) const;
 };
 
-/// Rotary position embedding in the "rotate_half" (GPT-NeoX) layout that Llama, Qwen3-MoE
-/// and OLMoE use: dims i and i + head_dim/2 form a pair, inv_freq = theta^(-2i/head_dim).
+/// Which dims of a head form a rotation pair.
+enum class RopeLayout {
+  kHalves,       ///< "rotate_half" (GPT-NeoX): dims i and i + head_dim/2 (Llama, Qwen3-MoE, OLMoE)
+  kInterleaved,  ///< dims 2i and 2i+1, written back de-interleaved: out[i], out[i + head_dim/2]
+                 ///< (DeepSeek-V3's apply_rotary_pos_emb_interleave, rope_interleave = true)
+};
+
+/// Rotary position embedding: pair i turns by angle pos * inv_freq[i]; cos and sin are
+/// multiplied by attention_factor (1 for plain RoPE; YaRN's cos/sin scale, see
+/// coordinator/rope_scaling.h).
 class Rope {
  public:
-  Rope(size_t head_dim, double theta);
+  /// Plain RoPE: inv_freq = theta^(-2i/head_dim), computed in f32.
+  Rope(size_t head_dim, double theta, RopeLayout layout = RopeLayout::kHalves);
+  /// Given inverse frequencies [head_dim / 2], cos/sin scale and layout.
+  Rope(std::vector<float> inv_freq, float attention_factor, RopeLayout layout);
   /// Rotates x [rows, heads, head_dim] in place; row r is at position pos0 + r.
   void apply(float* x, size_t rows, size_t heads, size_t pos0) const;
+  size_t head_dim() const { return head_dim_; }
 
  private:
   size_t head_dim_;
   std::vector<float> inv_freq_;
+  float attention_factor_ = 1.0f;
+  RopeLayout layout_ = RopeLayout::kHalves;
 };
 
 /// Causal scaled-dot-product attention with grouped KV heads over the cache of `layer`.
@@ -62,6 +76,20 @@ void causal_gqa_attention(const float* q, size_t rows, size_t pos0, const KvCach
 void rope_attention(const Rope& rope, float* q, float* k, const float* v, size_t rows, size_t pos0, KvCache& cache,
                     size_t layer, size_t num_heads, size_t num_kv_heads, size_t head_dim, const Linear& o_proj,
                     float* out);
+
+/// The plain Llama-style attention block (MixtralAttention, Qwen2MoeAttention): q/k/v
+/// projections (biased when `qkv_bias`), no q/k norm, then rope_attention; o_proj has no
+/// bias. Weights "<prefix>.{q,k,v,o}_proj.weight" (+ ".bias" for q/k/v).
+struct RopeGqaAttention {
+  Linear q_proj, k_proj, v_proj, o_proj;
+  size_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
+  static RopeGqaAttention load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden, size_t num_heads,
+                               size_t num_kv_heads, size_t head_dim, bool qkv_bias);
+  /// out [rows, hidden] for x [rows, hidden] (normed) at positions pos0..; stores the
+  /// positions' K/V in the cache of `layer`.
+  void operator()(const Rope& rope, const float* x, size_t rows, size_t pos0, KvCache& cache, size_t layer,
+                  float* out) const;
+};
 
 /// Dense SwiGLU MLP: down(silu(gate(x)) * up(x)) (Qwen3MoeMLP).
 struct DenseMlp {
@@ -110,7 +138,8 @@ class RoutedExpertsCall {
  public:
   RoutedExpertsCall(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows, size_t hidden,
                     Routing routing);
-  // The dispatcher holds pointers into this object until finish(): it must not move.
+  // The dispatcher holds the addresses of assignments_ and outputs_ until finish():
+  // the call must not move.
   RoutedExpertsCall(const RoutedExpertsCall&) = delete;
   RoutedExpertsCall& operator=(const RoutedExpertsCall&) = delete;
   /// out [rows, hidden]: the weighted rank-order sum.
@@ -147,6 +176,18 @@ struct SoftmaxTopkMoe {
   RoutedExpertsCall begin(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows) const;
   /// The batch-union (ascending) of the experts this router picks for x [rows, hidden].
   std::vector<uint32_t> predict(const float* x, size_t rows) const;
+};
+
+/// A shared expert scaled by a learned sigmoid gate per position (Qwen2MoeSparseMoeBlock's
+/// shared_expert and shared_expert_gate): out[r] = sigmoid(gate . x[r]) * mlp(x[r]).
+/// Runs on the coordinator, between the routed experts' begin and finish.
+struct GatedSharedExpert {
+  DenseMlp mlp;  ///< "<prefix>.shared_expert.{gate,up,down}_proj", width `intermediate`
+  Linear gate;   ///< "<prefix>.shared_expert_gate" [1, hidden], no bias
+  static GatedSharedExpert load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,
+                                size_t intermediate);
+  /// out [rows, hidden] for x [rows, hidden].
+  void operator()(const float* x, size_t rows, float* out) const;
 };
 
 /// Speculative expert loading ("apply layer L+1's router to layer L's state", Eliseev &

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <optional>
-#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -28,22 +28,62 @@ double RttWindow::percentile(double q) const {
   return sorted[rank - 1];
 }
 
+std::vector<std::string> slow_workers(const std::vector<double>& p50, const std::vector<size_t>& samples,
+                                      double slow_ms) {
+  constexpr size_t kMinSamples = 8;  // a handful of requests says nothing about a p50
+  constexpr double kFactor = 4, kMinGapMs = 2;  // sub-millisecond loopback jitter is not "slow"
+  std::vector<std::string> why(p50.size());
+  for (size_t i = 0; i < p50.size(); ++i) {
+    if (samples[i] < kMinSamples) continue;
+    char text[160];
+    if (slow_ms > 0 && p50[i] > slow_ms) {
+      std::snprintf(text, sizeof text, "layer RTT p50 %.2f ms is over timeouts.slow_ms %.0f", p50[i], slow_ms);
+      why[i] = text;
+      continue;
+    }
+    std::vector<double> others;
+    for (size_t j = 0; j < p50.size(); ++j) {
+      if (j != i && samples[j] >= kMinSamples) others.push_back(p50[j]);
+    }
+    if (others.empty()) continue;
+    std::sort(others.begin(), others.end());
+    const double median = others[(others.size() - 1) / 2];
+    if (p50[i] > kFactor * median && p50[i] - median >= kMinGapMs) {
+      std::snprintf(text, sizeof text, "layer RTT p50 %.2f ms is over 4x the other workers' median %.2f ms",
+                    p50[i], median);
+      why[i] = text;
+    }
+  }
+  return why;
+}
+
 struct ClusterDispatcher::Worker {
   WorkerSpec spec;
   int index = 0;
   std::string address;  // host:port
   std::string label;    // "worker 'w1' (127.0.0.1:5001)" for messages
+  // The connection, guarded by `io`, which is held for every send, receive and heartbeat
+  // so a heartbeat never lands between a layer request and its reply.
+  std::mutex io;
   std::unique_ptr<FrameConnection> conn;
-  // Statistics, guarded by stats_mutex_.
+  bool busy = false;  // a layer request is in flight on `conn`
+  // State and statistics, guarded by stats_mutex_.
   std::string state = "down";
+  bool ever_up = false;
   uint64_t experts_held = 0;
   uint64_t requests = 0;
   uint64_t bytes_out = 0;
   uint64_t bytes_in = 0;
+  uint64_t failovers = 0;
+  uint64_t rejoins = 0;
+  std::optional<Clock::time_point> last_seen;
+  Clock::time_point next_retry;
+  std::chrono::milliseconds backoff{0};
+  std::string last_error;
   RttWindow rtt;
 };
 
-// One worker's share of a layer.
+// One worker's share of a layer in one round.
 struct ClusterDispatcher::Batch {
   std::vector<uint32_t> local_row;  // global row -> row in request (UINT32_MAX: unused)
   std::vector<uint32_t> rows;       // request row -> global row
@@ -51,26 +91,63 @@ struct ClusterDispatcher::Batch {
   ExpertRequest request;
   Clock::time_point sent_at;
   bool in_flight = false;
-  std::optional<Error> error;
 };
 
-ClusterDispatcher::ClusterDispatcher(const Topology& topology,
-                                     std::map<int64_t, std::vector<int>> placement,
+// The begun layer: what begin_layer was given, and its progress through failover rounds.
+struct ClusterDispatcher::PendingLayer {
+  uint32_t layer = 0;
+  const float* hidden = nullptr;
+  uint32_t num_rows = 0;
+  uint32_t hidden_size = 0;
+  std::vector<ExpertAssignment> assignments;
+  float* outputs = nullptr;  // nullptr while draining an abandoned layer: replies dropped
+  const std::vector<std::vector<int>>* owners = nullptr;
+  std::vector<Batch> batches;         // this round, one per worker
+  std::vector<bool> failed;           // failed in this layer: not chosen again for it
+  std::vector<uint32_t> retry;        // assignments whose worker failed at send this round
+  std::vector<std::string> failures;  // "worker 'b' (addr): why", in order
+};
+
+ClusterDispatcher::ClusterDispatcher(const Topology& topology, Placement placement,
                                      std::string model_fingerprint)
     : model_fingerprint_(std::move(model_fingerprint)),
       placement_(std::move(placement)),
       connect_timeout_(topology.connect_timeout_ms),
+      handshake_timeout_(topology.handshake_timeout_ms),
       request_timeout_(topology.request_timeout_ms),
-      startup_timeout_(topology.startup_timeout_ms) {
+      startup_timeout_(topology.startup_timeout_ms),
+      heartbeat_interval_(topology.heartbeat_ms),
+      rejoin_min_(topology.rejoin_min_ms),
+      rejoin_max_(std::max(topology.rejoin_max_ms, topology.rejoin_min_ms)),
+      slow_ms_(static_cast<double>(topology.slow_ms)) {
   for (size_t i = 0; i < topology.workers.size(); ++i) {
     auto worker = std::make_unique<Worker>();
     worker->spec = topology.workers[i];
     worker->index = static_cast<int>(i);
     worker->address = worker->spec.host + ":" + std::to_string(worker->spec.port);
     worker->label = "worker '" + worker->spec.name + "' (" + worker->address + ")";
+    worker->backoff = rejoin_min_;
     workers_.push_back(std::move(worker));
   }
-  for (auto& worker : workers_) connect_at_startup(*worker);
+  // A worker still unreachable at the startup deadline is left to rejoin later, as long
+  // as its experts have other replicas; a failed handshake (wrong model) is fatal.
+  std::string unreachable;
+  for (auto& worker : workers_) {
+    try {
+      connect_at_startup(*worker);
+    } catch (const Error& e) {
+      if (e.category() != ErrorCategory::kUnavailable) throw;
+      mark_down(*worker, e.message());
+      unreachable += (unreachable.empty() ? "" : "; ") + e.message();
+    }
+  }
+  if (!unreachable.empty()) {
+    require_coverage("cannot reach " + unreachable);
+    spdlog::warn("coordinator: starting without {}; every expert has another replica, and the "
+                 "worker will rejoin when it answers",
+                 unreachable);
+  }
+  health_thread_ = std::thread([this] { health_loop(); });
 }
 
 void ClusterDispatcher::connect_at_startup(Worker& worker) {
@@ -89,17 +166,29 @@ void ClusterDispatcher::connect_at_startup(Worker& worker) {
   }
 }
 
-ClusterDispatcher::~ClusterDispatcher() = default;
+ClusterDispatcher::~ClusterDispatcher() {
+  {
+    std::lock_guard<std::mutex> lock(health_mutex_);
+    health_stop_ = true;
+  }
+  health_wake_.notify_all();
+  if (health_thread_.joinable()) health_thread_.join();
+}
 
 void ClusterDispatcher::connect(Worker& worker) {
-  worker.conn.reset();
   auto conn = FrameConnection::connect(worker.spec.host, worker.spec.port, connect_timeout_,
                                        "worker '" + worker.spec.name + "'");
+  // One deadline for the whole handshake (hello out, helloReply back).
+  const auto handshake_deadline = Clock::now() + handshake_timeout_;
+  const auto handshake_left = [&] {
+    return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(handshake_deadline - Clock::now()),
+                    std::chrono::milliseconds(1));
+  };
   HelloMsg hello;
   hello.model_fingerprint = model_fingerprint_;
   hello.client_name = "coordinator";
-  uint64_t out = conn->send(encode_hello(hello), connect_timeout_);
-  FrameBody body = conn->receive(connect_timeout_);
+  uint64_t out = conn->send(encode_hello(hello), handshake_left());
+  FrameBody body = conn->receive(handshake_left());
   HelloReplyMsg reply = decode_as<HelloReplyMsg>(body);
   if (!reply.ok) {
     fail_protocol(worker.label + " rejected the handshake: " + reply.error);
@@ -119,7 +208,7 @@ void ClusterDispatcher::connect(Worker& worker) {
   for (const auto& [layer, owners] : placement_) {
     const auto it = reply.held.find(static_cast<uint32_t>(layer));
     for (size_t e = 0; e < owners.size(); ++e) {
-      if (owners[e] != worker.index) continue;
+      if (std::find(owners[e].begin(), owners[e].end(), worker.index) == owners[e].end()) continue;
       if (it == reply.held.end() ||
           !std::binary_search(it->second.begin(), it->second.end(), static_cast<uint32_t>(e))) {
         fail_protocol(worker.label + " does not hold expert " + std::to_string(e) + " of layer " +
@@ -127,36 +216,76 @@ void ClusterDispatcher::connect(Worker& worker) {
       }
     }
   }
+  {
+    std::lock_guard<std::mutex> io(worker.io);
+    worker.conn = std::move(conn);
+    worker.busy = false;
+  }
   std::lock_guard<std::mutex> lock(stats_mutex_);
-  worker.conn = std::move(conn);
+  if (worker.ever_up) ++worker.rejoins;
+  worker.ever_up = true;
   worker.state = "up";
   worker.experts_held = held;
   worker.bytes_out += out;
   worker.bytes_in += body.bytes + 4;
-  spdlog::info("coordinator: connected to {} ({} experts)", worker.label, held);
+  worker.last_seen = Clock::now();
+  worker.backoff = rejoin_min_;
+  spdlog::info("coordinator: connected to {} ({} experts{})", worker.label, held,
+               worker.rejoins > 0 ? ", rejoined" : "");
 }
 
-void ClusterDispatcher::mark_down(Worker& worker) {
+void ClusterDispatcher::mark_down(Worker& worker, const std::string& reason) {
+  std::lock_guard<std::mutex> io(worker.io);
+  mark_down_locked(worker, reason);
+}
+
+void ClusterDispatcher::mark_down_locked(Worker& worker, const std::string& reason) {
   if (worker.conn) worker.conn->close();
   worker.conn.reset();
+  worker.busy = false;
   std::lock_guard<std::mutex> lock(stats_mutex_);
+  if (worker.state == "up") spdlog::warn("coordinator: {} is down: {}", worker.label, reason);
   worker.state = "down";
+  worker.last_error = reason;
+  worker.backoff = rejoin_min_;
+  worker.next_retry = Clock::now() + worker.backoff;
 }
 
-void ClusterDispatcher::send_request(Worker& worker, Batch& batch, uint32_t layer,
-                                     uint32_t hidden_size, const float* hidden) {
+void ClusterDispatcher::require_coverage(const std::string& why) const {
+  std::string uncovered;
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  for (const auto& [layer, owners] : placement_) {
+    std::vector<int64_t> missing;
+    for (size_t e = 0; e < owners.size(); ++e) {
+      const bool live = std::any_of(owners[e].begin(), owners[e].end(),
+                                    [&](int w) { return workers_[static_cast<size_t>(w)]->state == "up"; });
+      if (!live) missing.push_back(static_cast<int64_t>(e));
+    }
+    if (!missing.empty()) {
+      uncovered += (uncovered.empty() ? "" : "; ") + std::string("layer ") + std::to_string(layer) +
+                   " experts " + id_ranges(missing);
+    }
+  }
+  if (!uncovered.empty()) fail_unavailable(why + "; no live replica holds " + uncovered);
+}
+
+void ClusterDispatcher::send_request(Worker& worker, Batch& batch) {
+  const PendingLayer& p = *pending_;
   ExpertRequest& req = batch.request;
   req.request_id = next_request_id_++;
-  req.layer = layer;
-  req.hidden_size = hidden_size;
+  req.layer = p.layer;
+  req.hidden_size = p.hidden_size;
   req.num_rows = static_cast<uint32_t>(batch.rows.size());
-  req.hidden.resize(size_t{req.num_rows} * hidden_size);
+  req.hidden.resize(size_t{req.num_rows} * p.hidden_size);
   for (size_t r = 0; r < batch.rows.size(); ++r) {
-    std::memcpy(&req.hidden[r * hidden_size], hidden + size_t{batch.rows[r]} * hidden_size,
-                hidden_size * sizeof(float));
+    std::memcpy(&req.hidden[r * p.hidden_size], p.hidden + size_t{batch.rows[r]} * p.hidden_size,
+                p.hidden_size * sizeof(float));
   }
   const Frame frame = encode_layer_request(req);
-  if (!worker.conn || !worker.conn->is_open()) connect(worker);  // after an earlier failure
+  std::lock_guard<std::mutex> io(worker.io);
+  // Marked down by a heartbeat since this round chose it: fail over like any send error.
+  if (!worker.conn || !worker.conn->is_open()) fail_unavailable("not connected");
+  worker.busy = true;
   batch.sent_at = Clock::now();
   const uint64_t out = worker.conn->send(frame, request_timeout_);
   batch.in_flight = true;
@@ -165,11 +294,15 @@ void ClusterDispatcher::send_request(Worker& worker, Batch& batch, uint32_t laye
   worker.bytes_out += out;
 }
 
-void ClusterDispatcher::receive_reply(Worker& worker, Batch& batch, uint32_t layer,
-                                      uint32_t hidden_size, float* outputs) {
+void ClusterDispatcher::receive_reply(Worker& worker, Batch& batch) {
+  const PendingLayer& p = *pending_;
+  std::lock_guard<std::mutex> io(worker.io);
+  if (!worker.conn) fail_unavailable("not connected");
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
       batch.sent_at + request_timeout_ - Clock::now());
   FrameBody body = worker.conn->receive(std::max(left, std::chrono::milliseconds(1)));
+  batch.in_flight = false;
+  worker.busy = false;  // one frame back: the stream is between messages again
   const double rtt_ms =
       std::chrono::duration<double, std::milli>(Clock::now() - batch.sent_at).count();
   {
@@ -182,124 +315,275 @@ void ClusterDispatcher::receive_reply(Worker& worker, Batch& batch, uint32_t lay
                   ", expected " + std::to_string(batch.request.request_id));
   }
   if (!reply.error.empty()) fail_unavailable(reply.error);
-  const size_t expected = batch.origin.size() * size_t{hidden_size};
+  const size_t expected = batch.origin.size() * size_t{p.hidden_size};
   if (reply.response.outputs.size() != expected) {
     fail_protocol("layerResponse.outputs has " + std::to_string(reply.response.outputs.size()) +
                   " floats, expected " + std::to_string(batch.origin.size()) +
-                  " assignments * hidden_size " + std::to_string(hidden_size));
+                  " assignments * hidden_size " + std::to_string(p.hidden_size));
   }
-  for (size_t j = 0; j < batch.origin.size(); ++j) {
-    std::memcpy(outputs + size_t{batch.origin[j]} * hidden_size,
-                &reply.response.outputs[j * hidden_size], hidden_size * sizeof(float));
+  if (p.outputs != nullptr) {
+    for (size_t j = 0; j < batch.origin.size(); ++j) {
+      std::memcpy(p.outputs + size_t{batch.origin[j]} * p.hidden_size,
+                  &reply.response.outputs[j * p.hidden_size], p.hidden_size * sizeof(float));
+    }
   }
   std::lock_guard<std::mutex> lock(stats_mutex_);
   worker.rtt.add(rtt_ms);
+  worker.last_seen = Clock::now();
 }
 
-void ClusterDispatcher::fail_batch(size_t w, Batch& batch, const Error& e) {
-  batch.error = Error(e.category(),
-                      workers_[w]->label + ", layer " + std::to_string(pending_layer_) + ": " + e.message());
-  mark_down(*workers_[w]);
+void ClusterDispatcher::fail_worker(size_t w, Batch& batch, const Error& e, std::vector<uint32_t>& retry) {
+  Worker& worker = *workers_[w];
+  PendingLayer& p = *pending_;
+  batch.in_flight = false;
+  mark_down(worker, "layer " + std::to_string(p.layer) + ": " + e.message());
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    ++worker.failovers;
+  }
+  p.failed[w] = true;
+  p.failures.push_back(worker.label + ": " + e.message());
+  retry.insert(retry.end(), batch.origin.begin(), batch.origin.end());
+  if (p.outputs != nullptr) {
+    spdlog::warn("coordinator: layer {}: {} failed ({}); resending its {} assignments to replicas", p.layer,
+                 worker.label, e.message(), batch.origin.size());
+  }
+}
+
+void ClusterDispatcher::fail_uncovered(const std::vector<int64_t>& experts) {
+  const PendingLayer& p = *pending_;
+  std::string owners;
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    std::vector<int> seen;
+    for (int64_t e : experts) {
+      for (int w : (*p.owners)[static_cast<size_t>(e)]) {
+        if (std::find(seen.begin(), seen.end(), w) != seen.end()) continue;
+        seen.push_back(w);
+        const Worker& worker = *workers_[static_cast<size_t>(w)];
+        owners += (owners.empty() ? "" : "; ") + worker.label + " " + worker.state +
+                  (worker.last_error.empty() ? "" : " (" + worker.last_error + ")");
+      }
+    }
+  }
+  std::string tried;
+  for (const std::string& f : p.failures) tried += (tried.empty() ? "" : "; ") + f;
+  const std::string message = "layer " + std::to_string(p.layer) + ": no live replica of expert" +
+                              (experts.size() == 1 ? " " : "s ") + id_ranges(experts) +
+                              "; workers tried in this layer: " + (tried.empty() ? "none" : tried) +
+                              "; their owners: " + owners;
+  pending_.reset();
+  fail_unavailable(message);
+}
+
+void ClusterDispatcher::send_round(const std::vector<uint32_t>& which) {
+  PendingLayer& p = *pending_;
+  p.batches.assign(workers_.size(), Batch{});
+  std::vector<bool> live(workers_.size());
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    for (size_t w = 0; w < workers_.size(); ++w) live[w] = workers_[w]->state == "up" && !p.failed[w];
+  }
+  // Per expert, ascending: the live replica with the fewest assignments so far in this
+  // round, ties to the lower index. Deterministic, and the bytes do not depend on it:
+  // every replica computes an expert's rows identically and the combine is the caller's.
+  std::map<uint32_t, size_t> count;  // expert -> assignments of it in `which`
+  for (uint32_t i : which) ++count[p.assignments[i].expert];
+  std::vector<size_t> load(workers_.size(), 0);
+  std::map<uint32_t, int> chosen;
+  std::vector<int64_t> uncovered;
+  for (const auto& [expert, n] : count) {
+    int best = -1;
+    for (int w : (*p.owners)[expert]) {
+      if (live[static_cast<size_t>(w)] && (best < 0 || load[static_cast<size_t>(w)] < load[static_cast<size_t>(best)])) {
+        best = w;
+      }
+    }
+    if (best < 0) {
+      uncovered.push_back(expert);
+      continue;
+    }
+    load[static_cast<size_t>(best)] += n;
+    chosen[expert] = best;
+  }
+  if (!uncovered.empty()) fail_uncovered(uncovered);
+
+  // Group by chosen worker in assignment order, remapping rows to each worker's own rows.
+  for (uint32_t i : which) {
+    const ExpertAssignment& a = p.assignments[i];
+    Batch& b = p.batches[static_cast<size_t>(chosen.at(a.expert))];
+    if (b.local_row.empty()) b.local_row.assign(p.num_rows, UINT32_MAX);
+    if (b.local_row[a.row] == UINT32_MAX) {
+      b.local_row[a.row] = static_cast<uint32_t>(b.rows.size());
+      b.rows.push_back(a.row);
+    }
+    b.request.assignments.push_back({b.local_row[a.row], a.expert});
+    b.origin.push_back(i);
+  }
+  // Every request goes out before any reply is read, so the workers compute in parallel.
+  for (size_t w = 0; w < workers_.size(); ++w) {
+    if (p.batches[w].origin.empty()) continue;
+    try {
+      send_request(*workers_[w], p.batches[w]);
+    } catch (const Error& e) {
+      fail_worker(w, p.batches[w], e, p.retry);
+    }
+  }
 }
 
 void ClusterDispatcher::begin_layer(uint32_t layer, const float* hidden, uint32_t num_rows,
                                     uint32_t hidden_size,
                                     const std::vector<ExpertAssignment>& assignments,
                                     float* outputs) {
-  if (has_pending_) {
+  if (pending_) {
     // The caller threw between begin and finish: read the stale replies so every
-    // connection is back in step, and drop them.
-    try {
-      finish_layer();
-    } catch (const Error& e) {
-      spdlog::warn("coordinator: dropped an unfinished layer: {}", e.message());
+    // connection is back in step, and drop them (its outputs may be gone).
+    pending_->outputs = nullptr;
+    for (size_t w = 0; w < workers_.size(); ++w) {
+      Batch& b = pending_->batches[w];
+      if (!b.in_flight) continue;
+      try {
+        receive_reply(*workers_[w], b);
+      } catch (const Error& e) {
+        std::vector<uint32_t> dropped;
+        fail_worker(w, b, e, dropped);
+      }
     }
+    spdlog::warn("coordinator: dropped an unfinished layer {}", pending_->layer);
+    pending_.reset();
   }
   const auto found = placement_.find(layer);
   if (found == placement_.end()) {
     fail_invalid("layer " + std::to_string(layer) + " is not a MoE layer of the placement map");
   }
-  const std::vector<int>& owners = found->second;
-
-  // Group the batch-union by owning worker, remapping rows to each worker's own rows.
-  std::vector<Batch> batches(workers_.size());
   for (size_t i = 0; i < assignments.size(); ++i) {
     const ExpertAssignment& a = assignments[i];
     if (a.row >= num_rows) {
       fail_invalid("assignment " + std::to_string(i) + ": row " + std::to_string(a.row) +
                    " >= num_rows " + std::to_string(num_rows));
     }
-    if (a.expert >= owners.size()) {
+    if (a.expert >= found->second.size()) {
       fail_invalid("assignment " + std::to_string(i) + ": expert " + std::to_string(a.expert) +
-                   " >= num_experts " + std::to_string(owners.size()) + " on layer " +
+                   " >= num_experts " + std::to_string(found->second.size()) + " on layer " +
                    std::to_string(layer));
     }
-    Batch& b = batches.at(static_cast<size_t>(owners[a.expert]));
-    if (b.local_row.empty()) b.local_row.assign(num_rows, UINT32_MAX);
-    if (b.local_row[a.row] == UINT32_MAX) {
-      b.local_row[a.row] = static_cast<uint32_t>(b.rows.size());
-      b.rows.push_back(a.row);
-    }
-    b.request.assignments.push_back({b.local_row[a.row], a.expert});
-    b.origin.push_back(static_cast<uint32_t>(i));
   }
-
-  pending_ = std::move(batches);
-  pending_layer_ = layer;
-  pending_hidden_size_ = hidden_size;
-  pending_outputs_ = outputs;
-  has_pending_ = true;
-  // Every request goes out before any reply is read, so the workers compute in parallel.
-  for (size_t w = 0; w < workers_.size(); ++w) {
-    if (pending_[w].origin.empty()) continue;
-    try {
-      send_request(*workers_[w], pending_[w], layer, hidden_size, hidden);
-    } catch (const Error& e) {
-      fail_batch(w, pending_[w], e);
-    }
-  }
+  auto p = std::make_unique<PendingLayer>();
+  p->layer = layer;
+  p->hidden = hidden;
+  p->num_rows = num_rows;
+  p->hidden_size = hidden_size;
+  p->assignments = assignments;
+  p->outputs = outputs;
+  p->owners = &found->second;
+  p->failed.assign(workers_.size(), false);
+  pending_ = std::move(p);
+  std::vector<uint32_t> all(assignments.size());
+  std::iota(all.begin(), all.end(), 0u);
+  send_round(all);
 }
 
 void ClusterDispatcher::finish_layer() {
-  if (!has_pending_) fail_internal("finish_layer without begin_layer");
-  has_pending_ = false;
-  std::vector<Batch> batches = std::move(pending_);
-  pending_.clear();
-  for (size_t w = 0; w < workers_.size(); ++w) {
-    if (!batches[w].in_flight || batches[w].error) continue;
-    try {
-      receive_reply(*workers_[w], batches[w], pending_layer_, pending_hidden_size_, pending_outputs_);
-    } catch (const Error& e) {
-      // A reply with an error field leaves the stream in step; anything else does not.
-      if (e.category() == ErrorCategory::kUnavailable && workers_[w]->conn &&
-          workers_[w]->conn->is_open()) {
-        batches[w].error = Error(e.category(), workers_[w]->label + ", layer " +
-                                                   std::to_string(pending_layer_) + ": " + e.message());
-      } else {
-        fail_batch(w, batches[w], e);
+  if (!pending_) fail_internal("finish_layer without begin_layer");
+  PendingLayer& p = *pending_;
+  // Each round reads every reply; what failed goes to other replicas in the next round.
+  for (;;) {
+    std::vector<uint32_t> retry = std::move(p.retry);
+    p.retry.clear();
+    for (size_t w = 0; w < workers_.size(); ++w) {
+      Batch& b = p.batches[w];
+      if (!b.in_flight) continue;
+      try {
+        receive_reply(*workers_[w], b);
+      } catch (const Error& e) {
+        fail_worker(w, b, e, retry);
       }
     }
+    if (retry.empty()) break;
+    std::sort(retry.begin(), retry.end());
+    send_round(retry);  // throws (and clears pending_) when an expert has no live replica
   }
-  for (const Batch& b : batches) {
-    if (!b.error) continue;
-    if (b.error->category() == ErrorCategory::kProtocol) throw *b.error;
-    fail_unavailable(b.error->message());
+  pending_.reset();
+}
+
+void ClusterDispatcher::health_loop() {
+  // Short ticks: each worker's own deadline (next_retry, last_seen + heartbeat) decides.
+  constexpr std::chrono::milliseconds kTick{25};
+  std::unique_lock<std::mutex> lock(health_mutex_);
+  while (!health_stop_) {
+    health_wake_.wait_for(lock, kTick, [this] { return health_stop_; });
+    if (health_stop_) break;
+    lock.unlock();
+    for (auto& worker : workers_) {
+      rejoin_if_due(*worker);
+      heartbeat_if_due(*worker);
+    }
+    lock.lock();
+  }
+}
+
+void ClusterDispatcher::rejoin_if_due(Worker& worker) {
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    if (worker.state != "down" || Clock::now() < worker.next_retry) return;
+  }
+  try {
+    connect(worker);  // the full handshake again: a restarted worker may serve another model
+  } catch (const Error& e) {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    worker.backoff = std::min(worker.backoff * 2, rejoin_max_);
+    worker.next_retry = Clock::now() + worker.backoff;
+    if (e.message() != worker.last_error) {
+      spdlog::info("coordinator: {} has not rejoined: {} (next try in {} ms)", worker.label, e.message(),
+                   worker.backoff.count());
+    }
+    worker.last_error = e.message();
+  }
+}
+
+void ClusterDispatcher::heartbeat_if_due(Worker& worker) {
+  if (heartbeat_interval_.count() == 0) return;
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    if (worker.state != "up" || (worker.last_seen && Clock::now() - *worker.last_seen < heartbeat_interval_)) return;
+  }
+  // Never wait for the engine: a worker busy with a layer is heard from by its reply.
+  std::unique_lock<std::mutex> io(worker.io, std::try_to_lock);
+  if (!io.owns_lock() || worker.busy || !worker.conn) return;
+  try {
+    const uint64_t out = worker.conn->send(encode_health_request(), heartbeat_interval_);
+    const FrameBody body = worker.conn->receive(heartbeat_interval_);
+    decode_as<HealthReplyMsg>(body);
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    worker.last_seen = Clock::now();
+    worker.bytes_out += out;
+    worker.bytes_in += body.bytes + 4;
+  } catch (const Error& e) {
+    mark_down_locked(worker, "heartbeat: " + e.message());
   }
 }
 
 void ClusterDispatcher::hint_layer(uint32_t layer, const std::vector<uint32_t>& experts) {
   const auto found = placement_.find(layer);
   if (found == placement_.end()) return;
-  const std::vector<int>& owners = found->second;
+  const std::vector<std::vector<int>>& owners = found->second;
+  // Every replica of a predicted expert gets the hint: which one serves the request is
+  // decided when it is sent (the first live one), and a spare warm copy helps a failover.
   std::vector<PrefetchHintMsg> hints(workers_.size());
   for (uint32_t e : experts) {
-    if (e < owners.size()) hints.at(static_cast<size_t>(owners[e])).experts.push_back(e);
+    if (e >= owners.size()) continue;
+    for (int w : owners[e]) hints.at(static_cast<size_t>(w)).experts.push_back(e);
   }
   for (size_t w = 0; w < workers_.size(); ++w) {
     Worker& worker = *workers_[w];
-    // No reconnect for a hint: a broken connection is the next request's to report.
-    if (hints[w].experts.empty() || !worker.conn || !worker.conn->is_open()) continue;
+    if (hints[w].experts.empty()) continue;
     hints[w].layer = layer;
+    // `io` keeps the hint's bytes from interleaving with a heartbeat's; a hint never waits
+    // for one (it is dropped instead). It has no reply, so a layer request in flight
+    // (busy) still gets the next frame back.
+    std::unique_lock<std::mutex> io(worker.io, std::try_to_lock);
+    // No reconnect for a hint: a broken connection is the next request's to report.
+    if (!io.owns_lock() || !worker.conn || !worker.conn->is_open()) continue;
     try {
       const uint64_t out = worker.conn->send(encode_prefetch_hint(hints[w]), request_timeout_);
       std::lock_guard<std::mutex> lock(stats_mutex_);
@@ -312,18 +596,33 @@ void ClusterDispatcher::hint_layer(uint32_t layer, const std::vector<uint32_t>& 
 
 std::vector<WorkerStatus> ClusterDispatcher::status() const {
   std::lock_guard<std::mutex> lock(stats_mutex_);
-  std::vector<WorkerStatus> out;
+  std::vector<double> p50;
+  std::vector<size_t> samples;
   for (const auto& w : workers_) {
+    p50.push_back(w->rtt.percentile(0.50));
+    samples.push_back(w->state == "up" ? w->rtt.size() : 0);  // a down worker is not judged
+  }
+  const std::vector<std::string> slow = slow_workers(p50, samples, slow_ms_);
+  const auto now = Clock::now();
+  std::vector<WorkerStatus> out;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    const Worker& w = *workers_[i];
     WorkerStatus s;
-    s.name = w->spec.name;
-    s.address = w->address;
-    s.state = w->state;
-    s.experts_held = w->experts_held;
-    s.requests = w->requests;
-    s.rtt_p50_ms = w->rtt.percentile(0.50);
-    s.rtt_p99_ms = w->rtt.percentile(0.99);
-    s.bytes_out = w->bytes_out;
-    s.bytes_in = w->bytes_in;
+    s.name = w.spec.name;
+    s.address = w.address;
+    s.state = w.state;
+    s.experts_held = w.experts_held;
+    s.requests = w.requests;
+    s.rtt_p50_ms = p50[i];
+    s.rtt_p99_ms = w.rtt.percentile(0.99);
+    s.bytes_out = w.bytes_out;
+    s.bytes_in = w.bytes_in;
+    s.failovers = w.failovers;
+    s.rejoins = w.rejoins;
+    s.last_seen_ms = w.last_seen ? std::chrono::duration<double, std::milli>(now - *w.last_seen).count() : -1;
+    s.slow = !slow[i].empty();
+    s.slow_reason = slow[i];
+    s.last_error = w.last_error;
     out.push_back(std::move(s));
   }
   return out;

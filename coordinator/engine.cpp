@@ -60,8 +60,9 @@ class EngineImpl final : public Engine {
     observer_ = observer.get();
     dispatcher_ = std::move(observer);
     model_ = load_model(*checkpoint_, config_, *dispatcher_);
-    spdlog::info("loaded {} ({}): {} layers, {} experts, top-{}, eos ids {}", model_name_, config_.architecture,
-                 config_.num_hidden_layers, config_.num_experts, config_.num_experts_per_tok, eos_ids_.size());
+    spdlog::info("loaded {} ({}): {} layers, {} experts, top-{}, eos ids {}, KV cache {} bytes per token", model_name_,
+                 config_.architecture, config_.num_hidden_layers, config_.num_experts, config_.num_experts_per_tok,
+                 eos_ids_.size(), model_->new_cache(0).bytes_per_token());
   }
 
   const Tokenizer& tokenizer() const override { return *tokenizer_; }
@@ -80,6 +81,7 @@ class EngineImpl final : public Engine {
     result.prompt_tokens = static_cast<int64_t>(prompt.size());
     std::mt19937_64 rng(params.seed ? *params.seed : std::random_device{}());
     KvCache cache = model_->new_cache(prompt.size() + static_cast<size_t>(params.max_tokens));
+    result.kv_bytes_per_token = static_cast<int64_t>(cache.bytes_per_token());
     std::vector<float> logits(config_.vocab_size);
     StreamDecoder decoder(*tokenizer_, /*skip_special=*/true);
     StopMatcher stops(params.stop);

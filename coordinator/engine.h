@@ -39,6 +39,7 @@ struct GenerationResult {
   int64_t completion_tokens = 0;
   double ttft_ms = 0;                ///< time to first token
   double decode_tokens_per_s = 0;
+  int64_t kv_bytes_per_token = 0;    ///< KV cache bytes per token over all layers (KvCache::bytes_per_token)
 };
 
 /// Per-run choices that are not part of the cluster description.

@@ -22,6 +22,14 @@ struct WorkerStatus {
   double rtt_p99_ms = 0;
   uint64_t bytes_out = 0;          ///< bytes the coordinator sent to this worker
   uint64_t bytes_in = 0;           ///< bytes received from it
+  // Resilience (cluster mode; zero / empty elsewhere).
+  uint64_t failovers = 0;          ///< times it failed mid-layer and its share went to a replica
+                                   ///< (or the layer failed for want of one)
+  uint64_t rejoins = 0;            ///< times it came back (handshake passed) after being down
+  double last_seen_ms = -1;        ///< ms since its last reply (layer, heartbeat, hello); -1 never
+  bool slow = false;               ///< layer RTT p50 over timeouts.slow_ms, or 4x the others' median
+  std::string slow_reason;         ///< both numbers, when slow
+  std::string last_error;          ///< why it last went down or failed to rejoin; empty if never
   /// In-process experts only: the store's tier counters per MoE layer (a remote worker
   /// reports its own in healthReply).
   std::map<uint32_t, TierStats> tier_layers;
@@ -48,8 +56,9 @@ class ExpertDispatcher {
                            const std::vector<ExpertAssignment>& assignments, float* outputs) = 0;
 
   /// Waits for the layer started by the last begin_layer; `outputs` is complete on
-  /// return. Throws Error(kUnavailable) naming the worker and layer when one fails or
-  /// times out, Error(kProtocol) on a malformed reply, Error(kInternal) without a begun layer.
+  /// return. Throws Error(kUnavailable) naming the layer, experts and workers when a
+  /// failed or timed-out worker's share cannot be served by a replica,
+  /// Error(kInternal) without a begun layer.
   virtual void finish_layer() = 0;
 
   /// begin_layer then finish_layer.

@@ -53,6 +53,9 @@ ApiError to_api_error(std::exception_ptr ep) {
     return e;
   } catch (const Error& e) {
     if (e.category() == ErrorCategory::kInvalidInput) return ApiError(400, e.message());
+    // No live replica for an expert: the cluster, not the request, is at fault, and a retry
+    // may succeed once a worker rejoins.
+    if (e.category() == ErrorCategory::kUnavailable) return ApiError(503, e.message(), "", "server_error");
     return ApiError(500, e.what(), "", "server_error");
   } catch (const std::exception& e) {
     return ApiError(500, std::string("internal error: ") + e.what(), "", "server_error");
@@ -164,7 +167,13 @@ json cluster_status_body(const Engine& engine) {
                        {"rtt_p50_ms", w.rtt_p50_ms},
                        {"rtt_p99_ms", w.rtt_p99_ms},
                        {"bytes_out", w.bytes_out},
-                       {"bytes_in", w.bytes_in}});
+                       {"bytes_in", w.bytes_in},
+                       {"failovers", w.failovers},
+                       {"rejoins", w.rejoins},
+                       {"last_seen_ms", w.last_seen_ms},
+                       {"slow", w.slow},
+                       {"slow_reason", w.slow_reason},
+                       {"last_error", w.last_error}});
   }
   return {{"workers", workers}};
 }

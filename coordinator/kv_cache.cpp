@@ -7,10 +7,13 @@
 namespace charm {
 
 KvCache::KvCache(size_t num_layers, size_t max_tokens, size_t kv_dim)
-    : max_tokens_(max_tokens), kv_dim_(kv_dim), keys_(num_layers), values_(num_layers) {
+    : KvCache(num_layers, max_tokens, kv_dim, kv_dim) {}
+
+KvCache::KvCache(size_t num_layers, size_t max_tokens, size_t key_dim, size_t value_dim)
+    : max_tokens_(max_tokens), key_dim_(key_dim), value_dim_(value_dim), keys_(num_layers), values_(num_layers) {
   for (size_t l = 0; l < num_layers; ++l) {
-    keys_[l].resize(max_tokens * kv_dim);
-    values_[l].resize(max_tokens * kv_dim);
+    keys_[l].resize(max_tokens * key_dim);
+    values_[l].resize(max_tokens * value_dim);
   }
 }
 

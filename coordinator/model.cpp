@@ -4,6 +4,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "coordinator/rope_scaling.h"
 
 namespace charm {
 
@@ -11,6 +12,9 @@ std::unique_ptr<Model> load_model(const Checkpoint& checkpoint, const ModelConfi
                                   ExpertDispatcher& dispatcher) {
   if (config.architecture == "Qwen3MoeForCausalLM") return load_qwen3_moe(checkpoint, config, dispatcher);
   if (config.architecture == "OlmoeForCausalLM") return load_olmoe(checkpoint, config, dispatcher);
+  if (config.architecture == "Qwen2MoeForCausalLM") return load_qwen2_moe(checkpoint, config, dispatcher);
+  if (config.architecture == "MixtralForCausalLM") return load_mixtral(checkpoint, config, dispatcher);
+  if (config.architecture == "DeepseekV3ForCausalLM") return load_deepseek_v3(checkpoint, config, dispatcher);
   fail_unsupported("architecture '" + config.architecture + "' has no model family in charm");
 }
 
@@ -26,7 +30,7 @@ void check_token_ids(const int32_t* tokens, size_t n, int64_t vocab_size) {
 DecoderModel::DecoderModel(const Checkpoint& ckpt, const ModelConfig& config, ExpertDispatcher& dispatcher)
     : config_(config),
       dispatcher_(dispatcher),
-      rope_(config.head_dim, config.rope_theta),
+      rope_(make_rope(config)),
       embed_(ckpt.load_f32("model.embed_tokens.weight", {config.vocab_size, config.hidden_size})),
       head_(OutputHead::load(ckpt, config.hidden_size, config.vocab_size, config.rms_norm_eps,
                              config.tie_word_embeddings)) {}

@@ -65,6 +65,14 @@ std::unique_ptr<Model> load_qwen3_moe(const Checkpoint& checkpoint, const ModelC
                                       ExpertDispatcher& dispatcher);
 std::unique_ptr<Model> load_olmoe(const Checkpoint& checkpoint, const ModelConfig& config,
                                   ExpertDispatcher& dispatcher);
+std::unique_ptr<Model> load_qwen2_moe(const Checkpoint& checkpoint, const ModelConfig& config,
+                                      ExpertDispatcher& dispatcher);
+std::unique_ptr<Model> load_mixtral(const Checkpoint& checkpoint, const ModelConfig& config,
+                                    ExpertDispatcher& dispatcher);
+
+/// DeepSeek-V3 family (coordinator/deepseek_v3.cpp).
+std::unique_ptr<Model> load_deepseek_v3(const Checkpoint& checkpoint, const ModelConfig& config,
+                                        ExpertDispatcher& dispatcher);
 
 /// Checks every token id of tokens[0..n) is in [0, vocab_size); throws Error(kInvalidInput).
 void check_token_ids(const int32_t* tokens, size_t n, int64_t vocab_size);

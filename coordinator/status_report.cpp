@@ -36,6 +36,10 @@ WorkerStatusRow query_worker(const WorkerSpec& spec, int timeout_ms) {
   return row;
 }
 
+/// An optional field (absent from an older coordinator): `fallback` when missing.
+template <typename T>
+T optional_field(const nlohmann::json& object, const char* name, size_t index, T fallback);
+
 template <typename T>
 T field(const nlohmann::json& object, const char* name, size_t index) {
   const auto it = object.find(name);
@@ -50,6 +54,11 @@ T field(const nlohmann::json& object, const char* name, size_t index) {
   }
 }
 
+template <typename T>
+T optional_field(const nlohmann::json& object, const char* name, size_t index, T fallback) {
+  return object.contains(name) ? field<T>(object, name, index) : fallback;
+}
+
 std::string fixed(double value, int decimals) {
   char text[64];
   std::snprintf(text, sizeof text, "%.*f", decimals, value);
@@ -61,6 +70,9 @@ std::string state_of(const WorkerStatusRow& row) {
   if (!row.state.empty()) return row.state;
   return row.up ? "up" : "down";
 }
+
+// The coordinator's view in one word: "up", "down", "slow", "in-process".
+std::string coordinator_state(const WorkerStatus& s) { return s.slow && s.state == "up" ? "slow" : s.state; }
 
 // Human-sized byte counts: 1023 B, 1.5 KiB, 12.0 MiB ...
 std::string bytes_text(uint64_t bytes) {
@@ -110,6 +122,19 @@ std::vector<WorkerStatus> query_coordinator(const Topology& topology, int timeou
   }
 }
 
+// "87.5%", or "-" when nothing was looked up yet.
+std::string hit_rate(const TierStats& t) {
+  const uint64_t lookups = t.hits + t.misses;
+  return lookups == 0 ? "-" : fixed(100.0 * static_cast<double>(t.hits) / static_cast<double>(lookups), 1) + "%";
+}
+
+std::string tier_line(const std::string& worker, uint32_t layer, const TierStats& t) {
+  return worker + " layer " + std::to_string(layer) + ": hits " + std::to_string(t.hits) + ", misses " +
+         std::to_string(t.misses) + " (" + hit_rate(t) + " hit), read " + bytes_text(t.bytes_read) + ", io wait " +
+         fixed(static_cast<double>(t.io_wait_ns) / 1e6, 2) + " ms, disk " + fixed(static_cast<double>(t.disk_ns) / 1e6, 2) +
+         " ms, prefetch used " + std::to_string(t.prefetch_hits) + "/" + std::to_string(t.prefetch_issued) + "\n";
+}
+
 }  // namespace
 
 StatusExpectations expected_status(const Topology& topology) {
@@ -130,7 +155,9 @@ StatusExpectations expected_status(const Topology& topology) {
     const auto placement = topology.placement(config.moe_layer_ids(), config.num_experts);
     std::vector<uint64_t> counts(topology.workers.size(), 0);
     for (const auto& [layer, owners] : placement) {
-      for (int owner : owners) ++counts.at(static_cast<size_t>(owner));
+      for (const std::vector<int>& replicas : owners) {
+        for (int owner : replicas) ++counts.at(static_cast<size_t>(owner));
+      }
     }
     out.experts.assign(counts.begin(), counts.end());
   } catch (const std::exception& e) {
@@ -189,6 +216,12 @@ std::vector<WorkerStatus> parse_cluster_status(const std::string& body) {
     s.rtt_p99_ms = field<double>(w, "rtt_p99_ms", i);
     s.bytes_out = field<uint64_t>(w, "bytes_out", i);
     s.bytes_in = field<uint64_t>(w, "bytes_in", i);
+    s.failovers = optional_field<uint64_t>(w, "failovers", i, 0);
+    s.rejoins = optional_field<uint64_t>(w, "rejoins", i, 0);
+    s.last_seen_ms = optional_field<double>(w, "last_seen_ms", i, -1);
+    s.slow = optional_field<bool>(w, "slow", i, false);
+    s.slow_reason = optional_field<std::string>(w, "slow_reason", i, "");
+    s.last_error = optional_field<std::string>(w, "last_error", i, "");
     out.push_back(std::move(s));
     ++i;
   }
@@ -222,19 +255,26 @@ ClusterStatus collect_status(const Topology& topology, int timeout_ms) {
   return status;
 }
 
-std::string format_status(const ClusterStatus& status) {
+std::string format_status(const ClusterStatus& status, bool layers) {
   using Row = std::vector<std::string>;
-  std::vector<Row> table = {{"WORKER", "ADDRESS", "STATE", "EXPERTS", "REQUESTS", "PING_MS",
-                             "RTT_P50_MS", "RTT_P99_MS", "BYTES_IN", "BYTES_OUT"}};
+  std::vector<Row> table = {{"WORKER", "ADDRESS", "STATE", "COORD", "EXPERTS", "REQUESTS", "HIT_RATE", "DISK_READ",
+                             "PING_MS", "RTT_P50_MS", "RTT_P99_MS", "FAILOVERS", "REJOINS", "SEEN_MS_AGO",
+                             "BYTES_IN", "BYTES_OUT"}};
   for (const WorkerStatusRow& w : status.workers) {
     const auto& h = w.health;
     const auto& c = w.coordinator;
     table.push_back({w.name, w.address, state_of(w),
+                     c ? coordinator_state(*c) : "-",
                      h ? std::to_string(h->experts_held) : "-",
                      h ? std::to_string(h->requests_served) : "-",
+                     h ? hit_rate(h->tier) : "-",
+                     h ? bytes_text(h->tier.bytes_read) : "-",
                      w.up ? fixed(w.ping_ms, 2) : "-",
                      c ? fixed(c->rtt_p50_ms, 2) : "-",
                      c ? fixed(c->rtt_p99_ms, 2) : "-",
+                     c ? std::to_string(c->failovers) : "-",
+                     c ? std::to_string(c->rejoins) : "-",
+                     c && c->last_seen_ms >= 0 ? fixed(c->last_seen_ms, 0) : "-",
                      c ? bytes_text(c->bytes_in) : "-",
                      c ? bytes_text(c->bytes_out) : "-"});
   }
@@ -255,8 +295,20 @@ std::string format_status(const ClusterStatus& status) {
   for (const WorkerStatusRow& w : status.workers) {
     const std::string state = state_of(w);
     if (state != "up") out += w.name + " is " + state + ": " + w.error + "\n";
+    if (!w.coordinator) continue;
+    if (w.coordinator->slow) out += w.name + " is slow: " + w.coordinator->slow_reason + "\n";
+    if (w.coordinator->state == "down") {
+      out += w.name + " is down in the coordinator: " +
+             (w.coordinator->last_error.empty() ? "not connected" : w.coordinator->last_error) + "\n";
+    }
   }
   for (const std::string& note : status.notes) out += note + "\n";
+  if (layers) {
+    for (const WorkerStatusRow& w : status.workers) {
+      if (!w.health) continue;
+      for (const auto& [layer, t] : w.health->tier_layers) out += tier_line(w.name, layer, t);
+    }
+  }
   if (!status.coordinator_reachable) {
     out += "coordinator at " + status.coordinator_address + " is unreachable (" +
            status.coordinator_error + "): RTT and byte columns are \"-\"\n";

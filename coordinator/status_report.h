@@ -73,16 +73,23 @@ void judge_worker(WorkerStatusRow& row, const std::string& fingerprint);
 ClusterStatus collect_status(const Topology& topology, int timeout_ms);
 
 /// Parses a /cluster/status body ({"workers":[{"name","address","state","experts_held",
-/// "requests","rtt_p50_ms","rtt_p99_ms","bytes_out","bytes_in"}]}). Throws
+/// "requests","rtt_p50_ms","rtt_p99_ms","bytes_out","bytes_in"} plus the optional
+/// "failovers","rejoins","last_seen_ms","slow","slow_reason","last_error"]}). Throws
 /// Error(kProtocol) naming the field when it is not that shape.
 std::vector<WorkerStatus> parse_cluster_status(const std::string& body);
 
-/// The table: a header line, then per worker name, address, state, experts, requests
-/// (served, as the worker counts them), ping ms, coordinator rtt p50/p99 ms, and bytes
+/// The table: a header line, then per worker name, address, state, the coordinator's
+/// state of it (COORD: up, down, slow), experts, requests (served, as the worker counts
+/// them), RAM-tier hit rate (hits / (hits + misses) of its experts, "-" before any
+/// lookup) and bytes read from disk (as the worker counts them), ping ms, coordinator rtt
+/// p50/p99 ms, failovers, rejoins, ms since the coordinator last heard from it, and bytes
 /// in/out as the coordinator counts them ("-" where the coordinator is unreachable or a
 /// value is unknown); then one line per worker not "up" (why, naming both values for a
-/// mismatch), one per note, and a line on the coordinator when it is unreachable.
-std::string format_status(const ClusterStatus& status);
+/// mismatch), one per slow worker (both RTT numbers), one per worker the coordinator holds
+/// down (its last error), one per note, and a line on the coordinator when it is
+/// unreachable. With `layers`, then one line per worker and MoE layer: hits, misses, hit
+/// rate, bytes read, I/O wait seen by requests, disk time, prefetches used / issued.
+std::string format_status(const ClusterStatus& status, bool layers = false);
 
 /// collect_status + format_status. A worker that does not answer shows state "down".
 std::string render_status(const Topology& topology, int timeout_ms);

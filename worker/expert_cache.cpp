@@ -65,7 +65,7 @@ ExpertCache::ExpertCache(const ExpertSource& source, std::map<uint32_t, LayerPla
       return std::none_of(l.slots.begin(), l.slots.end(), [](const Slot& s) { return s.state == State::kLoading; });
     });
     for (const Slot& s : l.slots) {
-      if (s.state == State::kFailed) fail_io(s.error);
+      if (s.pinned && s.state != State::kReady) fail_io(s.error);  // a failed read leaves it empty
     }
     l.stats = TierStats{};  // start-up reads are not request traffic
   }

@@ -43,7 +43,9 @@ MatrixShape matrix_shape(const json& j, const std::string& where, const Containe
                          int64_t cols) {
   const std::string dtype = field<std::string>(j, "dtype", where);
   const auto format = parse_weight_format(dtype);
-  if (!format) fail_invalid(where + ": dtype '" + dtype + "' is unknown (F32, F16, BF16, I8G, I4G)");
+  if (!format || *format == WeightFormat::kF8E4M3Block) {
+    fail_invalid(where + ": dtype '" + dtype + "' is not a container dtype (F32, F16, BF16, I8G, I4G)");
+  }
   if (!j.contains("shape") || !j["shape"].is_array() || j["shape"].size() != 2 || !j["shape"][0].is_number_integer() ||
       !j["shape"][1].is_number_integer()) {
     fail_invalid(where + ": 'shape' must be [rows, cols]");

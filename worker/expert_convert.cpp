@@ -88,7 +88,15 @@ std::string differing_field(const ContainerHeader& a, const ContainerHeader& b) 
 
 /// The layout an expert gets in the container: the checkpoint's dtypes, or quantised.
 ExpertLayout target_layout(const ExpertSlices& slices, const ConvertOptions& o) {
-  if (o.quant == "none") return layout_of(slices);
+  if (o.quant == "none") {
+    // Kept as stored, except block-scaled fp8, which is widened to f32 (lossless: the
+    // values load_f32 computes) since the container format has no fp8 form yet.
+    ExpertLayout l = layout_of(slices);
+    auto plain = [](MatrixShape s) {
+      return s.format == WeightFormat::kF8E4M3Block ? MatrixShape{WeightFormat::kF32, s.rows, s.cols, 0} : s;
+    };
+    return ExpertLayout::make(plain(l.gate.shape), plain(l.up.shape), plain(l.down.shape));
+  }
   const WeightFormat f = o.quant == "int8" ? WeightFormat::kInt8 : WeightFormat::kInt4;
   auto shape = [&](const ExpertSlice& s) { return MatrixShape{f, s.rows, s.cols, o.group_size}; };
   return ExpertLayout::make(shape(slices.gate), shape(slices.up), shape(slices.down));
@@ -100,16 +108,17 @@ void build_blob(const Checkpoint& checkpoint, const ExpertSlices& slices, const 
   const ExpertSlice* src[3] = {&slices.gate, &slices.up, &slices.down};
   const MatrixPart* dst[3] = {&layout.gate, &layout.up, &layout.down};
   for (int m = 0; m < 3; ++m) {
-    if (o.quant == "none") {
-      checkpoint.read_slice(*src[m], blob + dst[m]->data_offset);
+    if (dst[m]->shape.format == weight_format_of(src[m]->tensor->dtype)) {
+      checkpoint.read_slice(*src[m], blob + dst[m]->data_offset);  // as stored
       continue;
     }
-    std::vector<uint8_t> raw(src[m]->bytes);
-    checkpoint.read_slice(*src[m], raw.data());
-    std::vector<float> f32(static_cast<size_t>(src[m]->rows * src[m]->cols));
-    convert_to_f32(src[m]->tensor->dtype, raw.data(), f32.data(), f32.size());
-    quantize_matrix(f32.data(), dst[m]->shape, blob + dst[m]->data_offset,
-                    reinterpret_cast<float*>(blob + dst[m]->scale_offset));
+    const std::vector<float> f32 = checkpoint.slice_f32(*src[m]);
+    if (dst[m]->shape.format == WeightFormat::kF32) {
+      std::memcpy(blob + dst[m]->data_offset, f32.data(), f32.size() * sizeof(float));
+    } else {
+      quantize_matrix(f32.data(), dst[m]->shape, blob + dst[m]->data_offset,
+                      reinterpret_cast<float*>(blob + dst[m]->scale_offset));
+    }
   }
 }
 

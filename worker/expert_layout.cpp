@@ -17,13 +17,14 @@ MatrixView view_of(const MatrixPart& part, const uint8_t* blob) {
   MatrixView v;
   v.shape = part.shape;
   v.data = blob + part.data_offset;
-  if (is_quantized(part.shape.format)) v.scales = reinterpret_cast<const float*>(blob + part.scale_offset);
+  if (has_scales(part.shape.format)) v.scales = reinterpret_cast<const float*>(blob + part.scale_offset);
   return v;
 }
 
 bool same(const MatrixPart& a, const MatrixPart& b) {
   return a.shape.format == b.shape.format && a.shape.rows == b.shape.rows && a.shape.cols == b.shape.cols &&
-         a.shape.group_size == b.shape.group_size && a.data_offset == b.data_offset &&
+         a.shape.group_size == b.shape.group_size && a.shape.block_rows == b.shape.block_rows &&
+         a.shape.block_cols == b.shape.block_cols && a.data_offset == b.data_offset &&
          a.scale_offset == b.scale_offset;
 }
 

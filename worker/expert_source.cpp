@@ -15,7 +15,7 @@ AlignedBuffer::AlignedBuffer(uint64_t bytes) : size_(align_up(bytes, kRecordAlig
 
 ExpertLayout layout_of(const ExpertSlices& slices) {
   auto shape = [](const ExpertSlice& s) {
-    return MatrixShape{weight_format_of(s.tensor->dtype), s.rows, s.cols, 0};
+    return MatrixShape{weight_format_of(s.tensor->dtype), s.rows, s.cols, 0, s.block_rows, s.block_cols};
   };
   return ExpertLayout::make(shape(slices.gate), shape(slices.up), shape(slices.down));
 }
@@ -43,10 +43,17 @@ uint64_t CheckpointSource::read(const ExpertKey& key, uint8_t* dst) const {
                   " was not located at start");
   }
   const Entry& e = it->second;
-  checkpoint_.read_slice(e.slices.gate, dst + e.layout.gate.data_offset);
-  checkpoint_.read_slice(e.slices.up, dst + e.layout.up.data_offset);
-  checkpoint_.read_slice(e.slices.down, dst + e.layout.down.data_offset);
-  return e.slices.gate.bytes + e.slices.up.bytes + e.slices.down.bytes;
+  uint64_t bytes = 0;
+  for (auto [slice, part] : {std::pair{&e.slices.gate, &e.layout.gate}, {&e.slices.up, &e.layout.up},
+                             {&e.slices.down, &e.layout.down}}) {
+    checkpoint_.read_slice(*slice, dst + part->data_offset);
+    bytes += slice->bytes;
+    if (slice->scale) {  // fp8: its block scales go after the data, as f32
+      checkpoint_.read_slice_scales(*slice, reinterpret_cast<float*>(dst + part->scale_offset));
+      bytes += slice->scale->nbytes;
+    }
+  }
+  return bytes;
 }
 
 }  // namespace charm

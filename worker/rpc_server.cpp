@@ -1,5 +1,6 @@
 #include "worker/rpc_server.h"
 
+#include <algorithm>
 #include <type_traits>
 
 #include <spdlog/spdlog.h>
@@ -153,6 +154,16 @@ HelloReplyMsg WorkerServer::answer_hello(const HelloMsg& hello, const std::strin
   return reply;
 }
 
+bool WorkerServer::debug_delay_elapsed() const {
+  const auto until = std::chrono::steady_clock::now() + options_.debug_delay;
+  while (std::chrono::steady_clock::now() < until) {
+    if (stopping_) return false;
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+        std::chrono::milliseconds(5), until - std::chrono::steady_clock::now()));
+  }
+  return !stopping_ || options_.debug_delay.count() == 0;
+}
+
 bool WorkerServer::handle(FrameConnection& conn, WireMessage& message, bool& hello_ok) {
   if (auto* hello = std::get_if<HelloMsg>(&message)) {
     HelloReplyMsg reply = answer_hello(*hello, conn.peer());
@@ -161,6 +172,7 @@ bool WorkerServer::handle(FrameConnection& conn, WireMessage& message, bool& hel
     return true;
   }
   if (auto* request = std::get_if<ExpertRequest>(&message)) {
+    if (!debug_delay_elapsed()) return false;  // stopped while "computing": no reply
     LayerResponseMsg response;
     response.response.request_id = request->request_id;
     if (!hello_ok) {

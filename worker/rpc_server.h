@@ -71,6 +71,10 @@ struct WorkerServerOptions {
                                    ///< at hello, reported in healthReply
   uint64_t max_frame_bytes = kDefaultMaxFrameBytes;
   std::chrono::milliseconds send_timeout{60000};  ///< per reply frame
+  /// TEST ONLY (`charm worker --debug-delay-ms`): wait this long before answering each
+  /// layerRequest, to stand in for a slow or hung worker. A stop() during the wait closes
+  /// the connection without a reply, as a killed worker would.
+  std::chrono::milliseconds debug_delay{0};
 };
 
 /// The server. Protocol per connection: the client sends `hello`; the server answers
@@ -116,6 +120,8 @@ class WorkerServer {
   void send(FrameConnection& conn, const Frame& frame);
   HelloReplyMsg answer_hello(const HelloMsg& hello, const std::string& peer);
   void reap_finished();
+  // Waits options_.debug_delay; false when stop() came first.
+  bool debug_delay_elapsed() const;
 
   struct ConnectionThread {
     std::thread thread;

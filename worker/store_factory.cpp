@@ -35,8 +35,8 @@ std::unique_ptr<ExpertStore> open_store(const StoreSpec& spec, const Checkpoint&
       fail_invalid("worker '" + worker_name + "': io: odirect needs an expert container (container: DIR); "
                    "checkpoint tensors are not 4 KiB aligned");
     }
-    source = std::make_unique<CheckpointSource>(checkpoint, ExpertTensorNames{}, owned, config.hidden_size,
-                                                config.moe_intermediate_size);
+    source = std::make_unique<CheckpointSource>(checkpoint, expert_tensor_names(config.architecture), owned,
+                                                config.hidden_size, config.moe_intermediate_size);
   }
   StoreOptions options;
   options.worker_name = worker_name;

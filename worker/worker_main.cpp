@@ -1,5 +1,6 @@
 #include "worker/worker_main.h"
 
+#include <algorithm>
 #include <csignal>
 
 #include <spdlog/spdlog.h>
@@ -18,7 +19,7 @@ std::vector<ExpertKey> owned_experts(const Topology& topology, const ModelConfig
   std::vector<ExpertKey> owned;
   for (const auto& [layer, owners] : topology.placement(config.moe_layer_ids(), config.num_experts)) {
     for (size_t expert = 0; expert < owners.size(); ++expert) {
-      if (owners[expert] == worker_index) {
+      if (std::find(owners[expert].begin(), owners[expert].end(), worker_index) != owners[expert].end()) {
         owned.emplace_back(static_cast<uint32_t>(layer), static_cast<uint32_t>(expert));
       }
     }
@@ -34,7 +35,7 @@ int index_of(const Topology& topology, const WorkerSpec& spec) {
 
 }  // namespace
 
-int run_worker(const Topology& topology, const std::string& worker_name) {
+int run_worker(const Topology& topology, const std::string& worker_name, int64_t debug_delay_ms) {
   const sigset_t signals = block_stop_signals();  // before any thread starts
   const WorkerSpec& spec = topology.worker(worker_name);
   std::unique_ptr<Checkpoint> checkpoint = Checkpoint::open(topology.model);
@@ -54,6 +55,8 @@ int run_worker(const Topology& topology, const std::string& worker_name) {
   options.port = spec.port;
   options.model_fingerprint = fingerprint;
   options.send_timeout = std::chrono::milliseconds(topology.request_timeout_ms);
+  options.debug_delay = std::chrono::milliseconds(debug_delay_ms);
+  if (debug_delay_ms > 0) spdlog::warn("worker {}: test-only delay of {} ms before every layer reply", worker_name, debug_delay_ms);
   WorkerServer server(std::move(options), service);
   server.start();
 

@@ -24,7 +24,8 @@ std::vector<ExpertKey> owned_experts(const Topology& topology, const ModelConfig
 /// closes every connection and returns 0. Blocks SIGINT/SIGTERM in the calling thread
 /// (threads it starts inherit that) and waits for them with sigwait. Throws
 /// Error(kInvalidInput) for an unknown worker name or a bad checkpoint/config/placement,
-/// Error(kUnavailable) when the address cannot be bound.
-int run_worker(const Topology& topology, const std::string& worker_name);
+/// Error(kUnavailable) when the address cannot be bound. `debug_delay_ms` > 0 (tests only:
+/// `charm worker --debug-delay-ms`) delays every layer reply, see WorkerServerOptions.
+int run_worker(const Topology& topology, const std::string& worker_name, int64_t debug_delay_ms = 0);
 
 }  // namespace charm

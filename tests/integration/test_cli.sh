@@ -55,6 +55,30 @@ if [[ $(wc -l <"$tmp/t.jsonl") -ne $((3 * 3)) ]] || ! grep -q '"decode_tokens_pe
   echo "FAIL: routing trace should have 3 layers x 3 steps (prefill + 2 decodes) lines; stats JSON its fields"
   failures=$((failures + 1))
 fi
+expect 2 "--out" -- convert --checkpoint "$tmp"
+expect 2 "quant" -- convert --checkpoint "$tmp" --out "$tmp/c" --quant fp8
+expect 2 "--worker needs --config" -- convert --checkpoint "$tmp" --out "$tmp/c" --worker w0
+expect 2 "not a checkpoint directory" -- convert --checkpoint "$tmp/absent" --out "$tmp/c"
+expect 2 "ram-gb" -- worker --config "$tmp/bad.yaml" --name a --ram-gb -1
+expect 2 "ram-gb" -- serve --config "$tmp/bad.yaml" --ram-gb 0
+
+# A checkpoint whose config.json names an unsupported architecture, or a supported one
+# with a required field missing: `charm run` names the architecture / the field and the
+# file (the weights are the mixtral-tiny fixture's, linked).
+fixture="$(cd "$(dirname "$0")/../fixtures/models/mixtral-tiny" && pwd)"
+for case in unsupported missing; do
+  mkdir -p "$tmp/$case"
+  ln -s "$fixture/model.safetensors" "$tmp/$case/model.safetensors"
+  ln -s "$fixture/tokenizer.json" "$tmp/$case/tokenizer.json"
+  cp "$fixture/tokenizer_config.json" "$tmp/$case/"
+  printf 'model: %s\nmode: single-node\n' "$tmp/$case" >"$tmp/$case.yaml"
+done
+sed 's/"MixtralForCausalLM"/"DbrxForCausalLM"/' "$fixture/config.json" >"$tmp/unsupported/config.json"
+grep -v '"num_local_experts"' "$fixture/config.json" >"$tmp/missing/config.json"
+expect 1 "$tmp/unsupported/config.json: architecture 'DbrxForCausalLM' is not supported" -- \
+  run --config "$tmp/unsupported.yaml" hello
+expect 2 "$tmp/missing/config.json: missing required field 'num_local_experts'" -- \
+  run --config "$tmp/missing.yaml" hello
 
 [[ $failures -eq 0 ]] && echo PASS
 exit $((failures > 0))

@@ -3,6 +3,7 @@
 // with an uneven expert map. Real `charm worker` processes on 127.0.0.1.
 #include <doctest/doctest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -10,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/topology.h"
+#include "common/wire.h"
 #include "coordinator/engine.h"
 #include "tests/support/child_process.h"
 
@@ -22,20 +24,24 @@ const fs::path kSource = CHARM_SOURCE_DIR;
 const std::string kCharm = std::string(CHARM_BINARY_DIR) + "/charm";
 
 /// Writes a topology YAML for the fixture model with the given expert split, one worker
-/// per entry on a free loopback port. An empty split means single-node mode.
+/// per entry on a free loopback port. An empty split means single-node mode. `tiers`
+/// (e.g. "ram_gb: 0.001, container: /x") goes into every worker entry, or into `store:`
+/// in single-node mode.
 fs::path write_topology(const fs::path& dir, const std::string& model, const std::vector<std::string>& split,
-                        std::vector<std::pair<std::string, uint16_t>>& workers, bool prefetch) {
+                        std::vector<std::pair<std::string, uint16_t>>& workers, const std::string& tiers = "", bool prefetch = false) {
   fs::create_directories(dir);
   const fs::path path = dir / ("topology-" + std::to_string(split.size()) + (prefetch ? "-prefetch" : "") + ".yaml");
   std::ofstream out(path);
   out << "model: " << (kSource / "tests/fixtures/models" / model).string() << "\n";
   out << "prefetch: " << (prefetch ? "true" : "false") << "\n";
   out << "mode: " << (split.empty() ? "single-node" : "cluster") << "\n";
+  if (split.empty() && !tiers.empty()) out << "store: {" << tiers << "}\n";
   if (!split.empty()) out << "workers:\n";
   for (size_t i = 0; i < split.size(); ++i) {
     const uint16_t port = test::free_port();
     workers.emplace_back("w" + std::to_string(i), port);
-    out << "  - {name: w" << i << ", host: 127.0.0.1, port: " << port << ", experts: " << split[i] << "}\n";
+    out << "  - {name: w" << i << ", host: 127.0.0.1, port: " << port << ", experts: " << split[i]
+        << (tiers.empty() ? "" : ", " + tiers) << "}\n";
   }
   return path;
 }
@@ -48,10 +54,10 @@ struct Outcome {
 };
 
 /// Starts the workers of a split (if any), builds an Engine and runs every reference prompt.
-Outcome run_split(const std::string& model, const std::vector<std::string>& split, bool prefetch = false) {
+Outcome run_split(const std::string& model, const std::vector<std::string>& split, const std::string& tiers = "", bool prefetch = false) {
   std::vector<std::pair<std::string, uint16_t>> workers;
   const fs::path yaml = write_topology(fs::temp_directory_path() / ("charm-topo-" + std::to_string(getpid())), model,
-                                       split, workers, prefetch);
+                                       split, workers, tiers, prefetch);
   std::vector<std::unique_ptr<test::ChildProcess>> children;
   for (const auto& [name, port] : workers) {
     children.push_back(std::make_unique<test::ChildProcess>(
@@ -106,21 +112,38 @@ TEST_CASE("qwen3-moe-tiny: single node, two workers and three uneven workers giv
   CHECK(three.status[2].experts_held == 5 * 3);
 }
 
+TEST_CASE("qwen3-moe-tiny: replicated experts (spread over live replicas) give bit-identical logits") {
+  const Outcome single = run_split("qwen3-moe-tiny", {});
+  // configs/replicas.yaml's split (every expert on two of three workers), and two full copies.
+  const Outcome pairs = run_split("qwen3-moe-tiny", {"\"0-10\"", "\"5-15\"", "[\"0-4\", \"11-15\"]"});
+  const Outcome copies = run_split("qwen3-moe-tiny", {"\"0-15\"", "\"0-15\""});
+  check_identical(single, pairs);
+  check_identical(single, copies);
+  for (const auto& w : pairs.status) CHECK(w.requests > 0);  // every replica got work
+  for (const auto& w : copies.status) CHECK(w.requests > 0);
+  CHECK(pairs.status[0].experts_held == 11 * 3);
+  CHECK(pairs.status[2].experts_held == 10 * 3);
+}
+
 TEST_CASE("olmoe-tiny (fused expert tensors): single node and two workers give bit-identical logits") {
   const Outcome single = run_split("olmoe-tiny", {});
   const Outcome two = run_split("olmoe-tiny", {"\"0-2\"", "\"3-7\""});
   check_identical(single, two);
 }
 
-TEST_CASE("prefetch hints never change a bit: single node and two workers, hints on and off") {
-  for (const std::string model : {"olmoe-tiny", "qwen3-moe-tiny"}) {
+TEST_CASE("prefetch hints never change a bit: single node and two workers, hints on and off, one slot per layer") {
+  for (const std::string model : {"olmoe-tiny", "qwen3-moe-tiny", "qwen2-moe-tiny"}) {
     INFO("model " << model);
     const std::vector<std::string> split =
         model == "olmoe-tiny" ? std::vector<std::string>{"\"0-2\"", "\"3-7\""}
                               : std::vector<std::string>{"\"0-7\"", "\"8-15\""};
+    // qwen3-moe-tiny: one 12 KiB slot per layer per store, so hints really start reads
+    // (and evict); olmoe-tiny: every expert resident.
+    const std::string tiers =
+        model == "qwen3-moe-tiny" ? "ram_gb: 0.0000343323, pin: none, usage_file: none, io_threads: 2" : "";
     const Outcome off = run_split(model, {});
-    const Outcome single = run_split(model, {}, /*prefetch=*/true);
-    const Outcome two = run_split(model, split, /*prefetch=*/true);
+    const Outcome single = run_split(model, {}, tiers, /*prefetch=*/true);
+    const Outcome two = run_split(model, split, tiers, /*prefetch=*/true);
     check_identical(off, single);
     check_identical(off, two);
     CHECK(off.prefetch.empty());
@@ -133,4 +156,103 @@ TEST_CASE("prefetch hints never change a bit: single node and two workers, hints
     }
     CHECK(two.prefetch.count(0) == 0);
   }
+}
+
+TEST_CASE("qwen3-moe-tiny: one expert slot per layer gives the logits of full residency (checkpoint and container)") {
+  const fs::path dir = fs::temp_directory_path() / ("charm-tiers-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  // Two shards written by `charm convert --worker`, and one container of every expert.
+  std::vector<std::pair<std::string, uint16_t>> unused;
+  const fs::path cluster_yaml = write_topology(dir / "convert", "qwen3-moe-tiny", {"\"0-7\"", "\"8-15\""}, unused);
+  const fs::path model = kSource / "tests/fixtures/models/qwen3-moe-tiny";
+  const std::string all = (dir / "all").string();
+  REQUIRE(std::system((kCharm + " convert --checkpoint " + model.string() + " --out " + all + " 2>/dev/null").c_str()) == 0);
+  for (const char* w : {"w0", "w1"}) {
+    const std::string cmd = kCharm + " convert --config " + cluster_yaml.string() + " --worker " + w + " --out " +
+                            (dir / w).string() + " 2>/dev/null";
+    REQUIRE(std::system(cmd.c_str()) == 0);
+  }
+  // qwen3-moe-tiny experts are 12 KiB slots; 3 MoE layers -> 36 KiB is one slot per layer.
+  const std::string one_slot = "ram_gb: 0.0000343323, pin: none, usage_file: none, io_threads: 2";
+  const Outcome full = run_split("qwen3-moe-tiny", {});
+  const Outcome single_ckpt = run_split("qwen3-moe-tiny", {}, one_slot);
+  const Outcome single_container = run_split("qwen3-moe-tiny", {}, one_slot + ", container: " + all);
+  check_identical(full, single_ckpt);
+  check_identical(full, single_container);
+  // Two workers, each on one slot per layer, each serving its own shard (written by
+  // hand: each entry names its own container).
+  std::vector<std::pair<std::string, uint16_t>> workers;
+  const fs::path yaml = dir / "two-tiny.yaml";
+  {
+    std::ofstream out(yaml);
+    out << "model: " << model.string() << "\nmode: cluster\nworkers:\n";
+    for (int i = 0; i < 2; ++i) {
+      const uint16_t port = test::free_port();
+      workers.emplace_back("w" + std::to_string(i), port);
+      out << "  - {name: w" << i << ", port: " << port << ", experts: \"" << (i ? "8-15" : "0-7") << "\", " << one_slot
+          << ", container: " << (dir / ("w" + std::to_string(i))).string() << "}\n";
+    }
+  }
+  std::vector<std::unique_ptr<test::ChildProcess>> children;
+  for (const auto& [name, port] : workers) {
+    children.push_back(std::make_unique<test::ChildProcess>(
+        std::vector<std::string>{kCharm, "worker", "--config", yaml.string(), "--name", name}));
+  }
+  for (const auto& [name, port] : workers) REQUIRE(test::wait_for_port(port, std::chrono::seconds(60)));
+  auto engine = Engine::create(Topology::load(yaml));
+  std::ifstream in(model / "reference.json");
+  const auto reference = nlohmann::json::parse(in);
+  size_t i = 0;
+  for (const auto& prompt : reference["prompts"]) {
+    const auto logits = engine->prompt_logits(prompt["prompt_ids"].get<std::vector<int32_t>>());
+    REQUIRE(logits.size() == full.logits[i].size());
+    CHECK(std::memcmp(logits.data(), full.logits[i].data(), logits.size() * sizeof(float)) == 0);
+    ++i;
+  }
+  // The workers really streamed: `charm status` sees misses and bytes read.
+  for (const auto& [name, port] : workers) {
+    auto conn = FrameConnection::connect("127.0.0.1", port, std::chrono::seconds(5), name);
+    conn->send(encode_health_request(), std::chrono::seconds(5));
+    const auto health = decode_as<HealthReplyMsg>(conn->receive(std::chrono::seconds(5)));
+    CHECK(health.slots == 3);
+    CHECK(health.tier.misses > 0);
+    CHECK(health.tier.bytes_read > 0);
+    MESSAGE(name << ": hits " << health.tier.hits << ", misses " << health.tier.misses << ", bytes read "
+                 << health.tier.bytes_read << ", io wait " << health.tier.io_wait_ns / 1000 << " us");
+  }
+  fs::remove_all(dir);
+}
+
+// --- Qwen2-MoE and Mixtral (issue 4) ---------------------------------------------------
+
+TEST_CASE("qwen2-moe-tiny (shared expert overlapping the workers): single node and two workers bit-identical") {
+  const Outcome single = run_split("qwen2-moe-tiny", {});
+  const Outcome two = run_split("qwen2-moe-tiny", {"\"0-7\"", "\"8-15\""});
+  check_identical(single, two);
+  for (const auto& w : two.status) CHECK(w.requests > 0);
+}
+
+TEST_CASE("mixtral-tiny (block_sparse_moe w1/w3/w2 experts): single node and two workers bit-identical") {
+  const Outcome single = run_split("mixtral-tiny", {});
+  const Outcome two = run_split("mixtral-tiny", {"\"0-2\"", "\"3-7\""});
+  check_identical(single, two);
+  for (const auto& w : two.status) CHECK(w.requests > 0);
+}
+
+// --- DeepSeek-V3 (issue 4) ---------------------------------------------------------------
+
+TEST_CASE("deepseek-v3-tiny (shared experts on the coordinator): single node and two workers give bit-identical logits") {
+  const Outcome single = run_split("deepseek-v3-tiny", {});
+  const Outcome two = run_split("deepseek-v3-tiny", {"\"0-7\"", "\"8-15\""});
+  check_identical(single, two);
+  REQUIRE(two.status.size() == 2);
+  CHECK(two.status[0].experts_held == 8 * 3);  // 3 MoE layers: first_k_dense_replace = 1
+  CHECK(two.status[1].experts_held == 8 * 3);
+}
+
+TEST_CASE("deepseek-v3-tiny-fp8 (workers dequantise fp8 experts): single node and two workers give bit-identical logits") {
+  const Outcome single = run_split("deepseek-v3-tiny-fp8", {});
+  const Outcome two = run_split("deepseek-v3-tiny-fp8", {"\"0-5\"", "\"6-15\""});
+  check_identical(single, two);
 }

@@ -15,3 +15,17 @@ endif()
 add_test(NAME integration_cli
   COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/test_cli.sh $<TARGET_FILE:charm>)
 set_tests_properties(integration_cli PROPERTIES LABELS integration TIMEOUT 120)
+
+# Replicas and failover on a real multi-host cluster (one network namespace per worker;
+# falls back to 127.0.0.1 ports where namespaces cannot be made), and a bounded load test.
+if(Python3_Interpreter_FOUND)
+  add_test(NAME integration_failover
+    COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_failover.py
+            --charm $<TARGET_FILE:charm> --source-dir ${PROJECT_SOURCE_DIR})
+  add_test(NAME integration_load
+    COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_load.py
+            --charm $<TARGET_FILE:charm> --source-dir ${PROJECT_SOURCE_DIR})
+  set_tests_properties(integration_failover integration_load PROPERTIES
+    LABELS integration TIMEOUT 300 SKIP_RETURN_CODE 77 ENVIRONMENT OMP_WAIT_POLICY=passive
+    RESOURCE_LOCK charm_cluster_ports)
+endif()

@@ -94,11 +94,22 @@ inline uint16_t f32_to_f16_bits(float value) {
   return static_cast<uint16_t>(sign | half);
 }
 
+/// The float8_e4m3fn code of `value`, which must be exactly representable (tests write
+/// only such values); throws otherwise.
+inline uint8_t f8e4m3_code(float value) {
+  for (int code = 0; code < 256; ++code) {
+    if (f8e4m3_to_f32(static_cast<uint8_t>(code)) == value) return static_cast<uint8_t>(code);
+  }
+  throw std::runtime_error("value " + std::to_string(value) + " is not exact in float8_e4m3fn");
+}
+
 /// Encodes `values` in `dtype` (little-endian bytes).
 inline std::string encode(DType dtype, const std::vector<float>& values) {
   std::string out;
   for (float v : values) {
-    if (dtype == DType::kF32) {
+    if (dtype == DType::kF8E4M3) {
+      out.push_back(static_cast<char>(f8e4m3_code(v)));
+    } else if (dtype == DType::kF32) {
       out.append(reinterpret_cast<const char*>(&v), 4);
     } else {
       const uint16_t bits = dtype == DType::kBF16 ? f32_to_bf16(v) : f32_to_f16_bits(v);

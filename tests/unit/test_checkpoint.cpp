@@ -188,6 +188,11 @@ TEST_CASE("load_expert honours custom tensor names") {
   mixtral.up = "w3";
   mixtral.down = "w2";
   check_expert(ck->load_expert(mixtral, 2, 1, kH, kI), 1);
+  // The names charm picks for a MixtralForCausalLM checkpoint read the same tensors.
+  check_expert(ck->load_expert(expert_tensor_names("MixtralForCausalLM"), 2, 1, kH, kI), 1);
+  const ExpertTensorNames qwen2 = expert_tensor_names("Qwen2MoeForCausalLM");
+  CHECK(qwen2.prefix == "model.layers.{}.mlp.experts");
+  CHECK(qwen2.gate == "gate_proj");
 }
 
 TEST_CASE("load_expert names the missing partner tensor of an incomplete expert") {
@@ -326,4 +331,158 @@ TEST_CASE("duplicate tensors across unindexed safetensors files are rejected") {
   charm::testing::write_safetensors(dir / "b.safetensors", {dense_tensors()[1]});
   expect_error([&] { Checkpoint::open(dir.path()); }, ErrorCategory::kInvalidInput,
                {"'model.norm.weight'", "a.safetensors", "b.safetensors"});
+}
+
+// ---- fp8 (DeepSeek-V3): F8_E4M3 weights with "<name>_scale_inv" block scales ------------
+
+namespace {
+
+constexpr int64_t kBlock = 2;  // weight_block_size [2, 2]: [3, 5] weights have partial blocks
+
+/// Values exact in float8_e4m3fn (3 mantissa bits), distinct per (e, proj, r, c) pattern.
+std::vector<float> fp8_matrix(int64_t e, int proj, int64_t rows, int64_t cols) {
+  std::vector<float> m;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const float mantissa = 1.0f + static_cast<float>((e * 5 + proj * 3 + r * 2 + c) % 8) / 8.0f;
+      m.push_back(std::ldexp(mantissa, static_cast<int>((r + c) % 3) - 1) * ((r + c) % 2 ? -1.0f : 1.0f));
+    }
+  }
+  return m;
+}
+
+/// Block scales [ceil(rows/2), ceil(cols/2)], not all powers of two.
+std::vector<float> fp8_scales(int64_t rows, int64_t cols, float base) {
+  std::vector<float> s;
+  for (int64_t i = 0; i < ((rows + 1) / 2) * ((cols + 1) / 2); ++i) s.push_back(base * (0.75f + 0.5f * static_cast<float>(i)));
+  return s;
+}
+
+/// weight * scale of its [2, 2] block, in f32: what dequantisation must give.
+std::vector<float> dequantised(const std::vector<float>& w, const std::vector<float>& s, int64_t rows, int64_t cols) {
+  std::vector<float> out(w.size());
+  const int64_t scols = (cols + 1) / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = w[r * cols + c] * s[(r / kBlock) * scols + c / kBlock];
+  }
+  return out;
+}
+
+void write_fp8_config(const TempDir& dir, const std::string& quantization) {
+  charm::testing::write_bytes(dir / "config.json", R"({"architectures": ["DeepseekV3ForCausalLM"], "quantization_config": )" +
+                                                       quantization + "}");
+}
+
+const char* kFp8Quantization =
+    R"({"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [2, 2]})";
+
+/// An fp8 checkpoint: per-expert F8 tensors of layer kLayer ([3, 4] / [4, 3]) and one
+/// resident F8 Linear [3, 5], each with its scale; `drop` / `reshape` break one scale.
+std::vector<TensorSpec> fp8_tensors(const std::string& drop = "", const std::string& reshape = "") {
+  std::vector<TensorSpec> out = dense_tensors();
+  auto add = [&](const std::string& name, int64_t rows, int64_t cols, std::vector<float> w, float base) {
+    out.push_back({name, DType::kF8E4M3, {rows, cols}, std::move(w)});
+    const std::string scale = name + "_scale_inv";
+    if (scale == drop) return;
+    std::vector<int64_t> shape{(rows + 1) / 2, (cols + 1) / 2};
+    std::vector<float> values = fp8_scales(rows, cols, base);
+    if (scale == reshape) {  // one block row too many
+      shape[0] += 1;
+      values.resize(static_cast<size_t>(shape[0] * shape[1]), 1.0f);
+    }
+    out.push_back({scale, DType::kF32, shape, values});
+  };
+  const std::string p = "model.layers." + std::to_string(kLayer) + ".mlp.experts.";
+  for (int64_t e = 0; e < kE; ++e) {
+    const std::string pe = p + std::to_string(e) + ".";
+    add(pe + "gate_proj.weight", kI, kH, fp8_matrix(e, 0, kI, kH), 0.5f);
+    add(pe + "up_proj.weight", kI, kH, fp8_matrix(e, 1, kI, kH), 2.0f);
+    add(pe + "down_proj.weight", kH, kI, fp8_matrix(e, 2, kH, kI), 0.1f);
+  }
+  add("model.layers.0.self_attn.o_proj.weight", 3, 5, fp8_matrix(9, 0, 3, 5), 1.5f);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("fp8 weights are dequantised per [b0, b1] block, resident and expert, partial blocks included") {
+  for (bool sharded : {false, true}) {
+    CAPTURE(sharded);
+    TempDir dir("ckpt");
+    write_checkpoint(dir, fp8_tensors(), sharded);
+    write_fp8_config(dir, kFp8Quantization);
+    const auto ck = Checkpoint::open(dir.path());
+    CHECK(ck->load_f32("model.layers.0.self_attn.o_proj.weight", {3, 5}) ==
+          dequantised(fp8_matrix(9, 0, 3, 5), fp8_scales(3, 5, 1.5f), 3, 5));
+    for (int64_t e = 0; e < kE; ++e) {
+      const ExpertWeights w = ck->load_expert({}, kLayer, static_cast<int>(e), kH, kI);
+      CHECK(w.gate == dequantised(fp8_matrix(e, 0, kI, kH), fp8_scales(kI, kH, 0.5f), kI, kH));
+      CHECK(w.up == dequantised(fp8_matrix(e, 1, kI, kH), fp8_scales(kI, kH, 2.0f), kI, kH));
+      CHECK(w.down == dequantised(fp8_matrix(e, 2, kH, kI), fp8_scales(kH, kI, 0.1f), kH, kI));
+    }
+  }
+}
+
+TEST_CASE("malformed fp8: a missing or mis-shaped scale, or no block size, is an error naming the tensor") {
+  const std::string o = "model.layers.0.self_attn.o_proj.weight";
+  const std::string gate = "model.layers.1.mlp.experts.2.gate_proj.weight";
+  {
+    TempDir dir("ckpt");
+    write_checkpoint(dir, fp8_tensors(o + "_scale_inv", gate + "_scale_inv"), false);
+    write_fp8_config(dir, kFp8Quantization);
+    const auto ck = Checkpoint::open(dir.path());
+    expect_error([&] { ck->load_f32(o, {3, 5}); }, ErrorCategory::kInvalidInput,
+                 {"F8_E4M3 tensor '" + o + "'", "no scale tensor '" + o + "_scale_inv'"});
+    expect_error([&] { ck->load_expert({}, kLayer, 2, kH, kI); }, ErrorCategory::kInvalidInput,
+                 {"scale tensor '" + gate + "_scale_inv' has shape [3, 2], expected [2, 2]"});
+  }
+  {
+    TempDir dir("ckpt");
+    write_checkpoint(dir, fp8_tensors("", o + "_scale_inv"), false);
+    write_fp8_config(dir, kFp8Quantization);
+    expect_error([&] { Checkpoint::open(dir.path())->load_f32(o, {3, 5}); }, ErrorCategory::kInvalidInput,
+                 {"scale tensor '" + o + "_scale_inv' has shape [3, 3], expected [2, 3]", "[3, 5]"});
+  }
+  {
+    TempDir dir("ckpt");
+    write_checkpoint(dir, fp8_tensors(), false);  // config.json without quantization_config
+    expect_error([&] { Checkpoint::open(dir.path())->load_f32(o, {3, 5}); }, ErrorCategory::kInvalidInput,
+                 {"F8_E4M3 tensor '" + o + "'", "quantization_config.weight_block_size"});
+  }
+}
+
+TEST_CASE("quantization_config: other methods, formats and bad block sizes are refused at open") {
+  struct Case {
+    std::string quantization, message;
+    ErrorCategory category;
+  };
+  const Case cases[] = {
+      {R"({"quant_method": "mxfp4"})", "quant_method 'mxfp4' is not supported", ErrorCategory::kUnsupported},
+      {R"({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [2, 2]})", "fmt \"e5m2\" is not supported",
+       ErrorCategory::kUnsupported},
+      {R"({"quant_method": "fp8", "weight_block_size": [0, 2]})", "weight_block_size must be two positive integers",
+       ErrorCategory::kInvalidInput},
+      {R"({"quant_method": "fp8"})", "weight_block_size must be two positive integers", ErrorCategory::kInvalidInput},
+      {R"([1])", "'quantization_config' is not a JSON object", ErrorCategory::kInvalidInput}};
+  for (const auto& c : cases) {
+    CAPTURE(c.quantization);
+    TempDir dir("ckpt");
+    write_checkpoint(dir, dense_tensors(), false);
+    write_fp8_config(dir, c.quantization);
+    expect_error([&] { Checkpoint::open(dir.path()); }, c.category, {"config.json", c.message});
+  }
+}
+
+TEST_CASE("fused 3-D fp8 expert tensors are refused by name") {
+  TempDir dir("ckpt");
+  auto tensors = dense_tensors();
+  for (auto t : expert_tensors(Layout::kFused, DType::kF32)) {
+    t.dtype = DType::kF8E4M3;
+    for (float& v : t.values) v = 1.0f;
+    tensors.push_back(t);
+  }
+  write_checkpoint(dir, tensors, false);
+  write_fp8_config(dir, kFp8Quantization);
+  expect_error([&] { Checkpoint::open(dir.path())->load_expert({}, kLayer, 0, kH, kI); }, ErrorCategory::kUnsupported,
+               {"model.layers.1.mlp.experts.gate_up_proj", "fused 3-D F8_E4M3"});
 }

@@ -200,6 +200,13 @@ TEST_CASE("a failed read is an error naming the expert; the slot is usable after
   CHECK(drain(cache, 0, {1}) == std::vector<uint32_t>{1});
 }
 
+TEST_CASE("a pinned expert that cannot be read fails the start, naming it") {
+  FakeSource source;
+  source.broken_.insert({2, 4});
+  test::expect_error([&] { ExpertCache cache(source, {{2, plan_of({3, 4}, {3, 4}, 0)}}, 2); }, ErrorCategory::kIo,
+                     {"layer 2 expert 4"});
+}
+
 TEST_CASE("concurrent requests on a one-slot layer all complete with the right weights") {
   FakeSource source;
   ExpertCache cache(source, {{0, plan_of({0, 1, 2, 3, 4, 5}, {}, 1)}}, 2);

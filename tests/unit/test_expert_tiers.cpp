@@ -1,7 +1,8 @@
 // The tier invariant at the executor: whatever tier serves an expert (all resident, one
 // LRU slot per layer, prefetched, read from the checkpoint or from an expert container,
 // pread or O_DIRECT), every output row has the same bits — and the same bits as the f32
-// path of issue 2 (load_expert to f32, then linear_serial).
+// path of issue 2 (load_expert to f32, then linear_serial). Every fixture family,
+// including fp8 experts (kept block-scaled in RAM, widened to f32 in a container).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -32,12 +33,14 @@ struct Case {
   std::vector<ExpertAssignment> assignments;
   uint32_t rows = 5;
   int64_t H, I;
+  ExpertTensorNames names;
 
   explicit Case(const std::string& name) {
     checkpoint = Checkpoint::open(kModels / name);
     config = ModelConfig::parse(checkpoint->config_json(), name);
     H = config.hidden_size;
     I = config.moe_intermediate_size;
+    names = expert_tensor_names(config.architecture);
     for (int64_t l : config.moe_layer_ids()) {
       for (int64_t e = 0; e < config.num_experts; ++e) all.emplace_back(l, e);
     }
@@ -69,7 +72,7 @@ struct Case {
     std::vector<float> out;
     for (int64_t layer : config.moe_layer_ids()) {
       for (const auto& a : assignments) {
-        const ExpertWeights w = checkpoint->load_expert(ExpertTensorNames{}, static_cast<int>(layer),
+        const ExpertWeights w = checkpoint->load_expert(names, static_cast<int>(layer),
                                                         static_cast<int>(a.expert), H, I);
         std::vector<float> g(I), u(I), y(H);
         linear_serial(hidden.data() + a.row * H, 1, w.gate.data(), H, I, g.data());
@@ -91,7 +94,7 @@ struct Case {
     return std::make_unique<ExpertStore>(std::move(source), all, H, I, o);
   }
   std::unique_ptr<ExpertSource> from_checkpoint() const {
-    return std::make_unique<CheckpointSource>(*checkpoint, ExpertTensorNames{}, all, H, I);
+    return std::make_unique<CheckpointSource>(*checkpoint, names, all, H, I);
   }
 };
 
@@ -102,18 +105,20 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }  // namespace
 
 TEST_CASE("expert outputs are bit-identical for every tier, budget and source") {
-  for (const char* name : {"qwen3-moe-tiny", "olmoe-tiny"}) {
+  for (const char* name : {"qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny", "deepseek-v3-tiny-fp8"}) {
     INFO(name);
     const Case c(name);
     const std::vector<float> want = c.reference();
-    const uint64_t slot = align_up(c.from_checkpoint()->layout(c.all[0])->bytes, kRecordAlignment);
-    const uint64_t one_per_layer = slot * c.config.moe_layer_ids().size();
+    // `slots` slots per MoE layer for experts as `source` stores them.
+    auto budget = [&](const ExpertSource& source, uint64_t slots) {
+      return align_up(source.layout(c.all[0])->bytes, kRecordAlignment) * c.config.moe_layer_ids().size() * slots;
+    };
 
     auto full = c.store(c.from_checkpoint(), std::nullopt);
     CHECK(same_bits(c.run(*full), want));
     CHECK(full->total_stats().misses == 0);
 
-    auto tiny = c.store(c.from_checkpoint(), one_per_layer, 1);
+    auto tiny = c.store(c.from_checkpoint(), budget(*c.from_checkpoint(), 1), 1);
     CHECK(same_bits(c.run(*tiny), want));
     CHECK(tiny->cache().slot_count() == c.config.moe_layer_ids().size());
     const TierStats t = tiny->total_stats();
@@ -125,9 +130,10 @@ TEST_CASE("expert outputs are bit-identical for every tier, budget and source") 
     ConvertOptions o;
     o.out = dir.path();
     o.progress = false;
-    convert_experts(*c.checkpoint, ExpertTensorNames{}, c.all, c.H, c.I, o);
+    convert_experts(*c.checkpoint, c.names, c.all, c.H, c.I, o);
     const std::string fp = model_fingerprint(*c.checkpoint);
     auto container = [&](IoMode io = IoMode::kPread) { return ExpertContainer::open(dir.path(), fp, c.H, c.I, io); };
+    const uint64_t one_per_layer = budget(*container(), 1);
     CHECK(same_bits(c.run(*c.store(container(), std::nullopt)), want));
     CHECK(same_bits(c.run(*c.store(container(), one_per_layer)), want));
     auto two = c.store(container(), 2 * one_per_layer);

@@ -105,6 +105,7 @@ class FakeEngine : public charm::Engine {
       finished_ = false;
     }
     if (text.find("boom") != std::string::npos) charm::fail_io("expert file /x/e3.bin: disk on fire");
+    if (text.find("nobody") != std::string::npos) charm::fail_unavailable("layer 3: no live replica of expert 5");
     if (text.find("invalid") != std::string::npos) charm::fail_invalid("engine refused the prompt");
     bool forever = text.find("forever") != std::string::npos;
     charm::GenerationResult r;
@@ -143,8 +144,8 @@ class FakeEngine : public charm::Engine {
   std::vector<float> prompt_logits(const std::vector<int32_t>&) override { return {}; }
 
   std::vector<charm::WorkerStatus> cluster_status() const override {
-    charm::WorkerStatus a{"w0", "127.0.0.1:7001", "up", 64, 10, 1.5, 3.0, 1000, 2000};
-    charm::WorkerStatus b{"w1", "127.0.0.1:7002", "down", 0, 0, 0, 0, 0, 0};
+    charm::WorkerStatus a{"w0", "127.0.0.1:7001", "up", 64, 10, 1.5, 3.0, 1000, 2000, 0, 0, 12.5, false, "", ""};
+    charm::WorkerStatus b{"w1", "127.0.0.1:7002", "down", 0, 0, 0, 0, 0, 0, 2, 1, 800.0, false, "", "heartbeat: timed out"};
     return {a, b};
   }
 
@@ -279,8 +280,13 @@ TEST_CASE("health, models and cluster status") {
   REQUIRE(c["workers"].size() == 2);
   CHECK(c["workers"][0] == json{{"name", "w0"}, {"address", "127.0.0.1:7001"}, {"state", "up"},
                                 {"experts_held", 64}, {"requests", 10}, {"rtt_p50_ms", 1.5},
-                                {"rtt_p99_ms", 3.0}, {"bytes_out", 1000}, {"bytes_in", 2000}});
+                                {"rtt_p99_ms", 3.0}, {"bytes_out", 1000}, {"bytes_in", 2000},
+                                {"failovers", 0}, {"rejoins", 0}, {"last_seen_ms", 12.5},
+                                {"slow", false}, {"slow_reason", ""}, {"last_error", ""}});
   CHECK(c["workers"][1]["state"] == "down");
+  CHECK(c["workers"][1]["failovers"] == 2);
+  CHECK(c["workers"][1]["rejoins"] == 1);
+  CHECK(c["workers"][1]["last_error"] == "heartbeat: timed out");
 }
 
 TEST_CASE("completions: response shape, usage and defaults") {
@@ -542,6 +548,11 @@ TEST_CASE("engine and template errors map to 400 / 500 and the server stays up")
   res = s.post("/v1/completions", {{"prompt", "boom"}});
   check_error(res, 500, "");
   CHECK(json::parse(res->body)["error"]["message"].get<std::string>().find("disk on fire") != std::string::npos);
+
+  // No live replica: 503, naming the layer and expert, and the next request is served.
+  res = s.post("/v1/completions", {{"prompt", "nobody"}});
+  check_error(res, 503, "");
+  CHECK(json::parse(res->body)["error"]["message"].get<std::string>().find("layer 3") != std::string::npos);
 
   res = s.post("/v1/chat/completions", {{"messages", json::array({{{"role", "user"}, {"content", "RAISE"}}})}});
   check_error(res, 400, "");

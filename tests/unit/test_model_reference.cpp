@@ -55,6 +55,9 @@ void check_fixture(const std::string& name) {
     REQUIRE(expected_logits.size() == static_cast<size_t>(config.vocab_size));
 
     KvCache cache = model->new_cache(ids.size() + expected_new.size());
+    if (reference.contains("kv_cache")) {  // DeepSeek-V3: the compressed MLA cache's size
+      CHECK(cache.bytes_per_token() == reference["kv_cache"]["bytes_per_token_f32"].get<size_t>());
+    }
     std::vector<float> logits(config.vocab_size);
     model->forward(ids.data(), ids.size(), cache, logits.data());
     float max_diff = 0;
@@ -80,4 +83,24 @@ TEST_CASE("qwen3-moe-tiny matches transformers: greedy tokens exact, logits with
 
 TEST_CASE("olmoe-tiny matches transformers: greedy tokens exact, logits within 1e-4") {
   check_fixture("olmoe-tiny");
+}
+
+// --- Qwen2-MoE and Mixtral (issue 4) ---------------------------------------------------
+
+TEST_CASE("qwen2-moe-tiny (gated shared expert, q/k/v biases) matches transformers: greedy exact, logits 1e-4") {
+  check_fixture("qwen2-moe-tiny");
+}
+
+TEST_CASE("mixtral-tiny (block_sparse_moe w1/w3/w2) matches transformers: greedy exact, logits 1e-4") {
+  check_fixture("mixtral-tiny");
+}
+
+// --- DeepSeek-V3 (issue 4) ---------------------------------------------------------------
+
+TEST_CASE("deepseek-v3-tiny (MLA, YaRN, group-limited sigmoid routing) matches transformers") {
+  check_fixture("deepseek-v3-tiny");
+}
+
+TEST_CASE("deepseek-v3-tiny-fp8 (block-scaled float8_e4m3fn weights) matches transformers on the dequantised weights") {
+  check_fixture("deepseek-v3-tiny-fp8");
 }

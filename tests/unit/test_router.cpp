@@ -88,3 +88,53 @@ TEST_CASE("routed_experts sends every (row, expert) once and sums weighted outpu
   CHECK(out[2] == doctest::Approx(0.5f * 1 * -1 + 0.5f * 4 * -1));
   CHECK(out[3] == doctest::Approx(0.5f * 1 * 4 + 0.5f * 4 * 4));
 }
+
+// ---- DeepSeek-V3's group-limited sigmoid router (coordinator/routers.h) -----------------
+
+#include "coordinator/routers.h"
+
+namespace {
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+}  // namespace
+
+TEST_CASE("sigmoid_group_topk: groups by top-2 biased sum, experts by biased score, weights unbiased") {
+  // 8 experts in 4 groups of 2; keep 2 groups; top-2 experts.
+  const float logits[] = {2.0f, -3.0f, 0.5f, 0.4f, 1.0f, 1.0f, -1.0f, 3.0f};
+  // The bias lifts group 1 ({2, 3}) and expert 6; it must not enter the weights.
+  const float bias[] = {0.0f, 0.0f, 0.3f, 0.3f, 0.0f, 0.0f, 0.6f, 0.0f};
+  GroupLimitedTopk p;
+  p.top_k = 2;
+  p.n_group = 4;
+  p.topk_group = 2;
+  p.norm_topk_prob = false;
+  p.routed_scaling_factor = 2.5f;
+  // Group scores (sigmoid + bias, top-2 sum): g0 0.881+0.047=0.928, g1 0.922+0.899=1.821,
+  // g2 0.731+0.731=1.462, g3 0.869+0.953=1.822 -> keep g3 and g1.
+  const Routing r = sigmoid_group_topk(logits, 1, 8, bias, p);
+  REQUIRE(r.experts.size() == 2);
+  // Biased scores in g1/g3: e2 0.922, e3 0.899, e6 0.869, e7 0.953 -> e7, e2.
+  CHECK(r.experts[0] == 7);
+  CHECK(r.experts[1] == 2);
+  CHECK(r.weights[0] == sigmoid(3.0f) * 2.5f);
+  CHECK(r.weights[1] == sigmoid(0.5f) * 2.5f);
+  // Expert 0 has the second-highest score overall but its group lost.
+  CHECK(std::find(r.experts.begin(), r.experts.end(), 0u) == r.experts.end());
+
+  p.norm_topk_prob = true;
+  const Routing n = sigmoid_group_topk(logits, 1, 8, bias, p);
+  const float sum = sigmoid(3.0f) + sigmoid(0.5f) + 1e-20f;
+  CHECK(n.weights[0] == (sigmoid(3.0f) / sum) * 2.5f);
+  CHECK(n.weights[1] == (sigmoid(0.5f) / sum) * 2.5f);
+  CHECK(n.weights[0] + n.weights[1] == doctest::Approx(2.5f).epsilon(1e-6));
+}
+
+TEST_CASE("sigmoid_group_topk: without the bias the selection differs (the bias is used for selection)") {
+  const float logits[] = {2.0f, -3.0f, 0.5f, 0.4f, 1.0f, 1.0f, -1.0f, 3.0f};
+  const float zero[8] = {};
+  GroupLimitedTopk p{2, 4, 2, false, 1.0f};
+  const Routing r = sigmoid_group_topk(logits, 1, 8, zero, p);
+  // Unbiased groups: g0 0.928, g1 0.622+0.599=1.221, g2 1.462, g3 0.269+0.953=1.222:
+  // keep g2, g3; experts e7 0.953, then e4/e5 0.731 (tie -> lower id e4). Biased: e7, e2.
+  CHECK(r.experts[0] == 7);
+  CHECK(r.experts[1] == 4);
+}

@@ -18,6 +18,7 @@
 #include "common/wire.h"
 #include "coordinator/cluster_dispatch.h"
 #include "coordinator/status_report.h"
+#include "rpc_cluster.h"
 #include "safetensors_writer.h"
 #include "worker/expert_executor.h"
 #include "worker/expert_store.h"
@@ -29,128 +30,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-constexpr int64_t kHidden = 8;
-constexpr int64_t kInter = 4;
-constexpr uint32_t kExperts = 4;
-const std::vector<uint32_t> kLayers = {0, 2};
-
-// Deterministic values in [-1, 1) with full f32 mantissas (not just bf16-exact ones), so a
-// reordered sum would show.
-std::vector<float> noise(size_t count, uint32_t seed) {
-  std::vector<float> v(count);
-  uint64_t state = seed * 0x9e3779b97f4a7c15ull + 1;
-  for (auto& x : v) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    x = static_cast<float>(static_cast<int64_t>(state >> 11) % 2000003) / 1000001.5f;
-  }
-  return v;
-}
-
-// A checkpoint directory with per-expert SwiGLU tensors for layers 0 and 2.
-struct TinyModel {
-  TempDir dir{"charm-rpc"};
-  std::unique_ptr<Checkpoint> checkpoint;
-  std::string fingerprint;
-
-  TinyModel() {
-    // A whole config.json (ModelConfig::parse accepts it), so `charm status` can work out
-    // the placement: 3 layers, layer 1 dense, layers 0 and 2 MoE.
-    nlohmann::json config = {{"architectures", {"Qwen3MoeForCausalLM"}},
-                             {"model_type", "qwen3_moe"},
-                             {"vocab_size", 16},
-                             {"hidden_size", kHidden},
-                             {"intermediate_size", 2 * kInter},
-                             {"moe_intermediate_size", kInter},
-                             {"num_hidden_layers", 3},
-                             {"num_attention_heads", 2},
-                             {"num_experts", kExperts},
-                             {"num_experts_per_tok", 2},
-                             {"mlp_only_layers", {1}}};
-    write_bytes(dir / "config.json", config.dump());
-    std::vector<TensorSpec> tensors;
-    uint32_t seed = 1;
-    for (uint32_t layer : kLayers) {
-      for (uint32_t e = 0; e < kExperts; ++e) {
-        const std::string p = "model.layers." + std::to_string(layer) + ".mlp.experts." +
-                              std::to_string(e) + ".";
-        tensors.push_back({p + "gate_proj.weight", DType::kF32, {kInter, kHidden},
-                           noise(kInter * kHidden, seed++)});
-        tensors.push_back({p + "up_proj.weight", DType::kF32, {kInter, kHidden},
-                           noise(kInter * kHidden, seed++)});
-        tensors.push_back({p + "down_proj.weight", DType::kF32, {kHidden, kInter},
-                           noise(kHidden * kInter, seed++)});
-      }
-    }
-    write_safetensors(dir / "model.safetensors", tensors);
-    checkpoint = Checkpoint::open(dir.path());
-    fingerprint = model_fingerprint(*checkpoint);
-  }
-
-  std::unique_ptr<ExpertStore> store(const std::vector<uint32_t>& experts) const {
-    std::vector<ExpertKey> owned;
-    for (uint32_t layer : kLayers) {
-      for (uint32_t e : experts) owned.emplace_back(layer, e);
-    }
-    return std::make_unique<ExpertStore>(*checkpoint, ExpertTensorNames{}, owned, kHidden, kInter);
-  }
-};
-
-// One in-process worker: its store, executor, service and server.
-struct TestWorker {
-  std::unique_ptr<ExpertStore> store;
-  std::unique_ptr<ExpertExecutor> executor;
-  std::unique_ptr<ExecutorService> service;
-  std::unique_ptr<WorkerServer> server;
-
-  TestWorker(const TinyModel& model, const std::string& name, const std::vector<uint32_t>& experts) {
-    store = model.store(experts);
-    executor = std::make_unique<ExpertExecutor>(*store);
-    service = std::make_unique<ExecutorService>(*executor);
-    WorkerServerOptions options;
-    options.worker_name = name;
-    options.host = "127.0.0.1";
-    options.port = 0;
-    options.model_fingerprint = model.fingerprint;
-    server = std::make_unique<WorkerServer>(options, *service);
-    server->start();
-  }
-};
-
-// Workers "a" (experts 0, 2) and "b" (experts 1, 3), a topology naming them, and the
-// placement that matches.
-struct Cluster {
-  TinyModel model;
-  TestWorker a{model, "a", {0, 2}};
-  TestWorker b{model, "b", {1, 3}};
-  Topology topology;
-  std::map<int64_t, std::vector<int>> placement;
-
-  Cluster() {
-    topology.model = model.dir.path();
-    topology.workers = {WorkerSpec{"a", "127.0.0.1", a.server->port(), {0, 2}, {}},
-                        WorkerSpec{"b", "127.0.0.1", b.server->port(), {1, 3}, {}}};
-    topology.connect_timeout_ms = 5000;
-    topology.request_timeout_ms = 30000;
-    topology.api_host = "127.0.0.1";
-    topology.api_port = unused_port();
-    for (uint32_t layer : kLayers) placement[layer] = {0, 1, 0, 1};
-  }
-
-  static uint16_t unused_port() {
-    auto listener = FrameListener::listen("127.0.0.1", 0);
-    return listener->port();  // closed on return: nothing listens there now
-  }
-};
-
-// Each row routes to 2 distinct experts; some rows use only one worker, some both.
-std::vector<ExpertAssignment> routing(uint32_t num_rows) {
-  std::vector<ExpertAssignment> out;
-  for (uint32_t r = 0; r < num_rows; ++r) {
-    out.push_back({r, (r * 3) % kExperts});
-    out.push_back({r, (r * 3 + 2) % kExperts});
-  }
-  return out;
-}
+using namespace charm::rpc_test;
 
 void require_error(const std::function<void()>& fn, ErrorCategory category,
                    const std::vector<std::string>& needles) {
@@ -258,7 +138,7 @@ TEST_CASE("bytes on the wire per token per layer") {
     CHECK(up >= up_payload);
     CHECK(up - up_payload < 128);  // the envelope is a handful of words
     CHECK(down >= down_payload);
-    CHECK(down - down_payload < 128);
+    CHECK(down - down_payload < 160);  // + LayerStats with the tier counters: 6 words
   }
 }
 
@@ -285,7 +165,7 @@ TEST_CASE("a model fingerprint mismatch is rejected naming both fingerprints") {
 TEST_CASE("a placement the worker does not hold is rejected at the handshake") {
   Cluster cluster;
   auto placement = cluster.placement;
-  placement[0] = {1, 0, 0, 1};  // claims "a" holds expert 1
+  placement[0] = {{1}, {0}, {0}, {1}};  // claims "a" holds expert 1
   require_error([&] { ClusterDispatcher(cluster.topology, placement, cluster.model.fingerprint); },
                 ErrorCategory::kProtocol, {"worker 'a'", "expert 1 of layer 0"});
 }
@@ -386,7 +266,7 @@ TEST_CASE("errors inside a request come back as layerResponse.error; the connect
   CHECK(health.requests_served == 3);
 }
 
-TEST_CASE("a worker that goes away fails run_layer naming the worker and the layer") {
+TEST_CASE("a worker without a replica that goes away fails run_layer naming the worker, layer and experts") {
   Cluster cluster;
   ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint);
   cluster.b.server->stop();
@@ -394,10 +274,15 @@ TEST_CASE("a worker that goes away fails run_layer naming the worker and the lay
   const auto assignments = routing(4);
   std::vector<float> got(assignments.size() * kHidden);
   require_error([&] { dispatcher.run_layer(2, hidden.data(), 4, kHidden, assignments, got.data()); },
-                ErrorCategory::kUnavailable, {"worker 'b'", "layer 2"});
+                ErrorCategory::kUnavailable, {"worker 'b'", "layer 2", "experts 1, 3"});
   const auto status = dispatcher.status();
   CHECK(status[0].state == "up");
   CHECK(status[1].state == "down");
+  CHECK(status[1].failovers == 1);
+  // The dispatcher is still usable: a layer that needs only "a" is served.
+  const std::vector<ExpertAssignment> only_a = {{0, 0}, {1, 2}};
+  dispatcher.run_layer(2, hidden.data(), 4, kHidden, only_a, got.data());
+  CHECK(dispatcher.status()[0].state == "up");
 }
 
 // A stand-in coordinator: serves GET /cluster/status on an ephemeral loopback port with
@@ -680,8 +565,8 @@ TEST_CASE("ClusterDispatcher::hint_layer sends each owner only its experts, behi
   topology.model = model.dir.path();
   topology.workers = {WorkerSpec{"a", "127.0.0.1", a.server->port(), {0, 2}, {}},
                       WorkerSpec{"b", "127.0.0.1", b.server->port(), {1, 3}, {}}};
-  std::map<int64_t, std::vector<int>> placement;
-  for (uint32_t layer : kLayers) placement[layer] = {0, 1, 0, 1};
+  Placement placement;
+  for (uint32_t layer : kLayers) placement[layer] = {{0}, {1}, {0}, {1}};
   ClusterDispatcher dispatcher(topology, placement, model.fingerprint);
 
   const std::vector<float> hidden = noise(3 * kHidden, 5);
@@ -706,4 +591,41 @@ TEST_CASE("ClusterDispatcher::hint_layer sends each owner only its experts, behi
   CHECK(ha[1] == std::pair<uint32_t, std::vector<uint32_t>>{2, {2}});
   REQUIRE(hb.size() == 1);
   CHECK(hb[0] == std::pair<uint32_t, std::vector<uint32_t>>{2, {1, 3}});
+}
+
+TEST_CASE("health carries the worker's tier counters; charm status shows hit rate, bytes read and layers") {
+  Cluster cluster;
+  ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint);
+  const std::vector<float> hidden = noise(3 * kHidden, 9);
+  const auto assignments = routing(3);
+  std::vector<float> got(assignments.size() * kHidden);
+  for (uint32_t layer : kLayers) dispatcher.run_layer(layer, hidden.data(), 3, kHidden, assignments, got.data());
+  // Everything resident (no budget): every lookup is a hit, nothing read after start.
+  const HealthReplyMsg health = cluster.a.server->health();
+  CHECK(health.tier.hits > 0);
+  CHECK(health.tier.misses == 0);
+  CHECK(health.tier.bytes_read == 0);
+  CHECK(health.slots == 4);
+  CHECK(health.slot_bytes == 4096);
+  REQUIRE(health.tier_layers.size() == 2);
+  CHECK(health.tier_layers.at(0).hits + health.tier_layers.at(2).hits == health.tier.hits);
+
+  ClusterStatus status;
+  WorkerStatusRow row;
+  row.name = "a";
+  row.address = "127.0.0.1:1";
+  row.up = true;
+  row.health = health;
+  row.health->tier = {3, 1, 3 << 20, 2000000, 5000000, 4, 2};
+  row.health->tier_layers = {{0, {3, 1, 3 << 20, 2000000, 5000000, 4, 2}}};
+  status.workers.push_back(row);
+  status.coordinator_reachable = true;
+  const std::string table = format_status(status, /*layers=*/true);
+  INFO(table);
+  CHECK(table.find("HIT_RATE") != std::string::npos);
+  CHECK(table.find("75.0%") != std::string::npos);
+  CHECK(table.find("3.0 MiB") != std::string::npos);
+  CHECK(table.find("a layer 0: hits 3, misses 1 (75.0% hit), read 3.0 MiB, io wait 2.00 ms, disk 5.00 ms, "
+                   "prefetch used 2/4") != std::string::npos);
+  CHECK(format_status(status).find("a layer 0") == std::string::npos);
 }

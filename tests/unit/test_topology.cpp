@@ -47,7 +47,7 @@ TEST_CASE("the shipped configs load and place the default model's 16 experts") {
   CHECK(single.model == model);
   CHECK(single.model_name == "qwen3-moe-tiny");
   const auto all_local = single.placement({0, 1}, 16);
-  CHECK(all_local.at(1) == std::vector<int>(16, 0));
+  CHECK(all_local.at(1) == std::vector<std::vector<int>>(16, {0}));
 
   const Topology two = Topology::load(configs / "local-cluster.yaml");
   CHECK_FALSE(two.single_node);
@@ -56,13 +56,22 @@ TEST_CASE("the shipped configs load and place the default model's 16 experts") {
   CHECK(two.workers[0].port == 7701);
   CHECK(two.workers[1].port == 7702);
   const auto halves = two.placement({0, 1, 2}, 16);
-  for (int e = 0; e < 16; ++e) CHECK(halves.at(2)[e] == (e < 8 ? 0 : 1));
+  for (int e = 0; e < 16; ++e) CHECK(halves.at(2)[e] == std::vector<int>{e < 8 ? 0 : 1});
 
   const Topology three = Topology::load(configs / "three-workers-uneven.yaml");
   REQUIRE(three.workers.size() == 3);
   CHECK(three.workers[2].port == 7713);
   const auto uneven = three.placement({0, 1}, 16);
-  CHECK(uneven.at(0) == std::vector<int>{0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2});
+  const std::vector<int> owner = {0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2};
+  for (int e = 0; e < 16; ++e) CHECK(uneven.at(0)[e] == std::vector<int>{owner[e]});
+
+  const Topology replicas = Topology::load(configs / "replicas.yaml");
+  REQUIRE(replicas.workers.size() == 3);
+  const auto spread = replicas.placement({0, 2, 3}, 16);
+  for (int e = 0; e < 16; ++e) CHECK(spread.at(3)[e].size() == 2);  // any one worker may go
+  CHECK(spread.at(0)[0] == std::vector<int>{0, 2});
+  CHECK(spread.at(0)[7] == std::vector<int>{0, 1});
+  CHECK(spread.at(0)[15] == std::vector<int>{1, 2});
 }
 
 TEST_CASE("defaults, relative model paths and the full set of keys") {
@@ -75,8 +84,13 @@ TEST_CASE("defaults, relative model paths and the full set of keys") {
   CHECK(t.api_host == "127.0.0.1");
   CHECK(t.api_port == 8080);
   CHECK(t.threads == 0);
-  CHECK(t.connect_timeout_ms == 5000);
+  CHECK(t.connect_timeout_ms == 2000);
+  CHECK(t.handshake_timeout_ms == 5000);
   CHECK(t.request_timeout_ms == 60000);
+  CHECK(t.heartbeat_ms == 1000);
+  CHECK(t.rejoin_min_ms == 250);
+  CHECK(t.rejoin_max_ms == 10000);
+  CHECK(t.slow_ms == 0);
   CHECK(t.workers[0].host == "127.0.0.1");
   CHECK(t.workers[0].experts == std::vector<int64_t>{0, 1, 2, 3});
   CHECK(t.workers[1].experts == std::vector<int64_t>{4, 5, 6, 7});
@@ -89,7 +103,8 @@ TEST_CASE("defaults, relative model paths and the full set of keys") {
                                   "mode: cluster\n"
                                   "api: {host: 0.0.0.0, port: 9000}\n"
                                   "threads: 12\n"
-                                  "timeouts: {connect_ms: 100, request_ms: 2000}\n"
+                                  "timeouts: {connect_ms: 100, request_ms: 2000, handshake_ms: 300, heartbeat_ms: 0,\n"
+                                  "           rejoin_min_ms: 50, rejoin_max_ms: 800, slow_ms: 40, startup_ms: 0}\n"
                                   "workers:\n"
                                   "  - name: x\n"
                                   "    host: 10.0.0.5\n"
@@ -103,6 +118,12 @@ TEST_CASE("defaults, relative model paths and the full set of keys") {
   CHECK(full.threads == 12);
   CHECK(full.connect_timeout_ms == 100);
   CHECK(full.request_timeout_ms == 2000);
+  CHECK(full.handshake_timeout_ms == 300);
+  CHECK(full.heartbeat_ms == 0);
+  CHECK(full.rejoin_min_ms == 50);
+  CHECK(full.rejoin_max_ms == 800);
+  CHECK(full.slow_ms == 40);
+  CHECK(full.startup_timeout_ms == 0);
   CHECK(full.workers[0].host == "10.0.0.5");
   CHECK(full.workers[0].experts == std::vector<int64_t>{0, 2, 3, 6, 7});
   CHECK(full.workers[0].layers == std::vector<int64_t>{1, 3, 4});
@@ -154,6 +175,10 @@ TEST_CASE("wrong types and out-of-range scalars") {
   expect_invalid(single + "timeouts: []\n", "timeouts", "expected a mapping");
   expect_invalid(single + "prefetch: yes\n", "prefetch", "expected true or false");
   expect_invalid(single + "prefetch: [true]\n", "prefetch", "expected true or false");
+  expect_invalid(single + "timeouts: {handshake_ms: 0}\n", "timeouts.handshake_ms", "expected an integer 1-");
+  expect_invalid(single + "timeouts: {heartbeat_ms: -1}\n", "timeouts.heartbeat_ms", "expected an integer 0-");
+  expect_invalid(single + "timeouts: {rejoin_min_ms: 500, rejoin_max_ms: 100}\n", "timeouts.rejoin_max_ms",
+                 "at least rejoin_min_ms (500)");
 }
 
 TEST_CASE("prefetch is off unless the key says true") {
@@ -215,7 +240,7 @@ TEST_CASE("bad expert and layer ids") {
   expect_invalid(worker("0", ", layers: []"), "workers[0].layers", "empty list");
 }
 
-TEST_CASE("placement maps every (layer, expert) to its one owner") {
+TEST_CASE("placement maps every (layer, expert) to its owners; overlapping workers are replicas") {
   TempDir dir("topo");
   const Topology t = load_text(dir, kModel +
                                         "workers:\n"
@@ -224,33 +249,77 @@ TEST_CASE("placement maps every (layer, expert) to its one owner") {
                                         "  - {name: c, port: 3, experts: \"4-5\"}\n");
   const auto owner = t.placement({1, 3}, 6);
   REQUIRE(owner.size() == 2);
-  CHECK(owner.at(1) == std::vector<int>{0, 0, 0, 0, 2, 2});
-  CHECK(owner.at(3) == std::vector<int>{1, 1, 1, 1, 2, 2});
-}
-
-TEST_CASE("placement names the first unowned or doubly-owned expert and the workers") {
-  TempDir dir("topo");
-  const std::string file = (dir / "t.yaml").string();
-  const Topology gap = load_text(dir, kTwoWorkers);  // experts 0-7
-  expect_error([&] { gap.placement({0, 2}, 9); }, ErrorCategory::kInvalidInput,
-               {file, "layer 0 expert 8 has no owner", "a, b"});
-  expect_error([&] { gap.placement({0}, 7); }, ErrorCategory::kInvalidInput,
-               {"worker 'b' lists expert 7 but the model has 7 experts"});
-  expect_error([&] { gap.placement({0}, 0); }, ErrorCategory::kInvalidInput, {"num_experts"});
-  expect_error([&] { gap.placement({0, 0}, 8); }, ErrorCategory::kInvalidInput, {"layer 0 listed twice"});
+  using Owners = std::vector<std::vector<int>>;
+  CHECK(owner.at(1) == Owners{{0}, {0}, {0}, {0}, {2}, {2}});
+  CHECK(owner.at(3) == Owners{{1}, {1}, {1}, {1}, {2}, {2}});
 
   const Topology overlap = load_text(dir, kModel +
                                               "workers:\n"
                                               "  - {name: a, port: 1, experts: \"0-4\"}\n"
                                               "  - {name: b, port: 2, experts: \"4-7\", layers: [5]}\n"
-                                              "  - {name: c, port: 3, experts: \"5-7\", layers: [2]}\n");
-  expect_error([&] { overlap.placement({2, 5}, 8); }, ErrorCategory::kInvalidInput,
-               {file, "layer 5 expert 4 is owned by both 'a' and 'b'"});
+                                              "  - {name: c, port: 3, experts: \"5-7\"}\n");
+  const auto replicas = overlap.placement({2, 5}, 8);
+  CHECK(replicas.at(2) == Owners{{0}, {0}, {0}, {0}, {0}, {2}, {2}, {2}});
+  CHECK(replicas.at(5) == Owners{{0}, {0}, {0}, {0}, {0, 1}, {1, 2}, {1, 2}, {1, 2}});
+  CHECK(id_ranges({0, 1, 2, 3, 5, 8, 9}) == "0-3, 5, 8-9");
+  CHECK(id_ranges({}) == "");
+}
+
+TEST_CASE("placement names every uncovered expert and the workers") {
+  TempDir dir("topo");
+  const std::string file = (dir / "t.yaml").string();
+  const Topology gap = load_text(dir, kTwoWorkers);  // experts 0-7
+  expect_error([&] { gap.placement({0, 2}, 9); }, ErrorCategory::kInvalidInput,
+               {file, "no worker holds layer 0 expert 8; layer 2 expert 8 (workers: a, b)"});
+  expect_error([&] { gap.placement({0}, 12); }, ErrorCategory::kInvalidInput, {"layer 0 experts 8-11"});
+  expect_error([&] { gap.placement({0}, 7); }, ErrorCategory::kInvalidInput,
+               {"worker 'b' lists expert 7 but the model has 7 experts"});
+  expect_error([&] { gap.placement({0}, 0); }, ErrorCategory::kInvalidInput, {"num_experts"});
+  expect_error([&] { gap.placement({0, 0}, 8); }, ErrorCategory::kInvalidInput, {"layer 0 listed twice"});
 
   const Topology partial = load_text(dir, kModel + "workers:\n  - {name: a, port: 1, experts: 0, layers: [4]}\n");
   expect_error([&] { partial.placement({1}, 1); }, ErrorCategory::kInvalidInput,
                {"worker 'a' lists layer 4, which is not an MoE layer"});
   const Topology one_layer = load_text(dir, kModel + "workers:\n  - {name: a, port: 1, experts: 0, layers: [1]}\n");
   expect_error([&] { one_layer.placement({1, 2}, 1); }, ErrorCategory::kInvalidInput,
-               {"layer 2 expert 0 has no owner (workers: a)"});
+               {"no worker holds layer 2 expert 0 (workers: a)"});
+}
+
+TEST_CASE("expert tier keys: defaults, values, paths resolved against the YAML folder") {
+  TempDir dir("topo");
+  const Topology t = load_text(dir, kModel +
+                                        "workers:\n"
+                                        "  - {name: a, port: 7701, experts: \"0-3\"}\n"
+                                        "  - {name: b, port: 7702, experts: \"4-7\", ram_gb: 1.5, pin: hot.json,\n"
+                                        "     container: ../experts-b, io: odirect, io_threads: 2, usage_file: none}\n");
+  const StoreSpec& a = t.workers[0].store;
+  CHECK_FALSE(a.ram_gb.has_value());
+  CHECK(a.pin == "auto");
+  CHECK(a.container.empty());
+  CHECK(a.io == "pread");
+  CHECK(a.io_threads == 4);
+  CHECK(a.usage_file.empty());
+  const StoreSpec& b = t.workers[1].store;
+  CHECK(*b.ram_gb == 1.5);
+  CHECK(b.pin_file == (dir.path() / "hot.json").lexically_normal());
+  CHECK(b.container == (dir.path() / "../experts-b").lexically_normal());
+  CHECK(b.io == "odirect");
+  CHECK(b.io_threads == 2);
+  CHECK(b.usage_file == "none");
+
+  const Topology single = load_text(dir, kModel + "mode: single-node\nstore: {ram_gb: 0.25, pin: none}\n");
+  CHECK(*single.store.ram_gb == 0.25);
+  CHECK(single.store.pin == "none");
+}
+
+TEST_CASE("expert tier keys: bad values are rejected naming the key") {
+  const std::string w = kModel + "workers:\n  - {name: a, port: 7701, experts: 0, ";
+  expect_invalid(w + "ram_gb: 0}\n", "workers[0].ram_gb", "expected a positive number of GiB, got '0'");
+  expect_invalid(w + "ram_gb: lots}\n", "workers[0].ram_gb", "positive number of GiB");
+  expect_invalid(w + "io: uring}\n", "workers[0].io", "expected 'pread' or 'odirect', got 'uring'");
+  expect_invalid(w + "io_threads: 0}\n", "workers[0].io_threads", "expected an integer 1-256");
+  expect_invalid(w + "ram: 4}\n", "workers[0].ram", "unknown key");
+  expect_invalid(kModel + "store: {ram_gb: 1}\nworkers:\n  - {name: a, port: 7701, experts: 0}\n", "store",
+                 "only with mode: single-node");
+  expect_invalid(kModel + "mode: single-node\nstore: {experts: 3}\n", "store.experts", "unknown key");
 }

@@ -289,3 +289,83 @@ TEST_CASE("prefetchHint: a truncated experts list is a malformed message") {
   body.bytes -= 8;
   require_protocol_error([&] { decode_message(body); }, "malformed");
 }
+
+TEST_CASE("tier stats round trip in layerResponse and healthReply") {
+  LayerResponseMsg resp;
+  resp.response.request_id = 5;
+  resp.response.stats.experts_computed = 5;
+  resp.response.stats.rows_computed = 9;
+  resp.response.stats.hits = 3;
+  resp.response.stats.misses = 2;
+  resp.response.stats.bytes_read = 24576;
+  resp.response.stats.io_wait_ns = 777;
+  resp.response.stats.disk_ns = 888;
+  resp.response.stats.prefetch_hits = 1;
+  const ExpertStats s = decode_as<LayerResponseMsg>(body_of(encode_layer_response(resp))).response.stats;
+  CHECK(s.hits == 3);
+  CHECK(s.misses == 2);
+  CHECK(s.bytes_read == 24576);
+  CHECK(s.io_wait_ns == 777);
+  CHECK(s.disk_ns == 888);
+  CHECK(s.prefetch_hits == 1);
+
+  HealthReplyMsg health;
+  health.worker_name = "w";
+  health.tier = {10, 4, 1 << 20, 5, 6, 3, 2};
+  health.tier_layers = {{0, {6, 1, 4096, 1, 2, 1, 1}}, {7, {4, 3, 8192, 4, 4, 2, 1}}};
+  health.slot_bytes = 12288;
+  health.slots = 6;
+  const auto h = decode_as<HealthReplyMsg>(body_of(encode_health_reply(health)));
+  CHECK(h.tier == health.tier);
+  CHECK(h.tier_layers == health.tier_layers);
+  CHECK(h.slot_bytes == 12288);
+  CHECK(h.slots == 6);
+}
+
+TEST_CASE("a reply from a worker without tier stats decodes with zeros") {
+  capnp::MallocMessageBuilder builder;
+  auto r = builder.initRoot<wire::Message>().initLayerResponse();
+  r.initStats().setExpertsComputed(4);
+  const auto s = decode_as<LayerResponseMsg>(body_of(frame_from(builder))).response.stats;
+  CHECK(s.hits == 0);
+  CHECK(s.misses == 0);
+}
+
+TEST_CASE("layerResponse: hits + misses must be expertsComputed; prefetchHits <= hits") {
+  auto frame = [](uint32_t computed, uint32_t hits, uint32_t misses, uint32_t prefetch_hits) {
+    capnp::MallocMessageBuilder builder;
+    auto st = builder.initRoot<wire::Message>().initLayerResponse().initStats();
+    st.setExpertsComputed(computed);
+    st.setHits(hits);
+    st.setMisses(misses);
+    st.setPrefetchHits(prefetch_hits);
+    return frame_from(builder);
+  };
+  require_protocol_error([&] { decode_message(body_of(frame(4, 3, 2, 0))); }, "hits (3) + misses (2) must equal expertsComputed (4)");
+  require_protocol_error([&] { decode_message(body_of(frame(1, 0xffffffffu, 2, 0))); }, "expertsComputed");
+  require_protocol_error([&] { decode_message(body_of(frame(4, 2, 2, 3))); }, "prefetchHits 3 exceeds hits 2");
+}
+
+TEST_CASE("healthReply: tier layers ascending and once each; prefetchHits <= prefetchIssued") {
+  {
+    capnp::MallocMessageBuilder builder;
+    auto layers = builder.initRoot<wire::Message>().initHealthReply().initTierLayers(2);
+    layers[0].setLayer(3);
+    layers[1].setLayer(3);
+    require_protocol_error([&] { decode_message(body_of(frame_from(builder))); }, "healthReply.tierLayers[1].layer 3");
+  }
+  {
+    capnp::MallocMessageBuilder builder;
+    auto t = builder.initRoot<wire::Message>().initHealthReply().initTierTotal();
+    t.setPrefetchIssued(1);
+    t.setPrefetchHits(2);
+    require_protocol_error([&] { decode_message(body_of(frame_from(builder))); },
+                           "healthReply.tierTotal.prefetchHits 2 exceeds prefetchIssued 1");
+  }
+  {
+    capnp::MallocMessageBuilder builder;
+    auto layers = builder.initRoot<wire::Message>().initHealthReply().initTierLayers(1);
+    layers[0].initCounters().setPrefetchHits(1);
+    require_protocol_error([&] { decode_message(body_of(frame_from(builder))); }, "tierLayers[0].prefetchHits");
+  }
+}

@@ -1,0 +1,99 @@
+// Qwen2-MoE (Qwen2MoeForCausalLM), following transformers'
+// models/qwen2_moe/modeling_qwen2_moe.py: pre-norm decoder layers with GQA attention
+// whose q, k and v projections carry biases (qkv_bias; no q/k norm), RoPE, and either a
+// dense SwiGLU MLP (mlp_only_layers, decoder_sparse_step) or Qwen2MoeSparseMoeBlock:
+// softmax top-k routed experts plus a shared expert scaled by sigmoid(shared_expert_gate).
+// The shared expert runs here while the workers compute the routed experts.
+#include <string>
+#include <vector>
+
+#include "coordinator/blocks.h"
+#include "coordinator/model.h"
+
+namespace charm {
+namespace {
+
+struct Qwen2MoeLayer {
+  RmsNorm input_layernorm, post_attention_layernorm;
+  RopeGqaAttention self_attn;  // Qwen2MoeAttention: biased q/k/v (qkv_bias)
+  bool moe = false;
+  SoftmaxTopkMoe sparse_moe;       // when moe
+  GatedSharedExpert shared_expert;  // when moe
+  DenseMlp mlp;                     // when !moe
+};
+
+class Qwen2Moe final : public DecoderModel {
+ public:
+  Qwen2Moe(const Checkpoint& ckpt, const ModelConfig& config, ExpertDispatcher& dispatcher)
+      : DecoderModel(ckpt, config, dispatcher) {
+    const size_t h = config.hidden_size;
+    const double eps = config.rms_norm_eps;
+    for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+      const std::string p = "model.layers." + std::to_string(l);
+      Qwen2MoeLayer layer;
+      layer.input_layernorm = RmsNorm::load(ckpt, p + ".input_layernorm", h, eps);
+      layer.post_attention_layernorm = RmsNorm::load(ckpt, p + ".post_attention_layernorm", h, eps);
+      layer.self_attn = RopeGqaAttention::load(ckpt, p + ".self_attn", h, config.num_attention_heads,
+                                               config.num_key_value_heads, config.head_dim, config.qkv_bias);
+      layer.moe = config.is_moe_layer(l);
+      if (layer.moe) {
+        layer.sparse_moe = SoftmaxTopkMoe::load(ckpt, p + ".mlp", h, config.num_experts, config.num_experts_per_tok,
+                                                config.norm_topk_prob);
+        layer.shared_expert = GatedSharedExpert::load(ckpt, p + ".mlp", h, config.shared_expert_intermediate_size);
+      } else {
+        layer.mlp = DenseMlp::load(ckpt, p + ".mlp", h, config.intermediate_size);
+      }
+      layers_.push_back(std::move(layer));
+    }
+  }
+
+  void forward(const int32_t* tokens, size_t n, KvCache& cache, float* logits) override {
+    const size_t h = config_.hidden_size;
+    std::vector<float> hidden(n * h), x(n * h), delta(n * h), shared(n * h);
+    const size_t pos0 = begin_forward(tokens, n, cache, hidden.data());
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const Qwen2MoeLayer& layer = layers_[l];
+      // Self-attention block (pre-norm, residual).
+      layer.input_layernorm(hidden.data(), n, x.data());
+      layer.self_attn(rope_, x.data(), n, pos0, cache, l, delta.data());
+      add_residual(hidden.data(), delta.data(), n * h);
+      // MLP block.
+      layer.post_attention_layernorm(hidden.data(), n, x.data());
+      if (layer.moe) {
+        // Qwen2MoeSparseMoeBlock: routed experts go out first; the gated shared expert
+        // runs here while they are in flight; the block's output is their sum.
+        RoutedExpertsCall routed = layer.sparse_moe.begin(dispatcher_, static_cast<uint32_t>(l), x.data(), n);
+        hint_next(l, hidden.data(), n);
+        layer.shared_expert(x.data(), n, shared.data());
+        routed.finish(delta.data());
+        add_residual(delta.data(), shared.data(), n * h);
+      } else {
+        layer.mlp(x.data(), n, delta.data());
+      }
+      add_residual(hidden.data(), delta.data(), n * h);
+    }
+    end_forward(hidden.data(), n, logits);
+  }
+
+ private:
+  /// Prefetch hint for the next MoE layer after `l` (if any), from this layer's state.
+  void hint_next(size_t l, const float* hidden, size_t n) {
+    for (size_t j = l + 1; j < layers_.size(); ++j) {
+      if (!layers_[j].moe) continue;
+      hint_next_moe_layer(dispatcher_, static_cast<uint32_t>(j), layers_[j].post_attention_layernorm,
+                          layers_[j].sparse_moe, hidden, n);
+      return;
+    }
+  }
+
+  std::vector<Qwen2MoeLayer> layers_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> load_qwen2_moe(const Checkpoint& checkpoint, const ModelConfig& config,
+                                      ExpertDispatcher& dispatcher) {
+  return std::make_unique<Qwen2Moe>(checkpoint, config, dispatcher);
+}
+
+}  // namespace charm

@@ -1,0 +1,149 @@
+"""Shared pieces of the failover and load tests: a replicated topology written to a temp
+dir, worker placement on loopback or in network namespaces, and a streaming client that
+timestamps every chunk. Used by test_failover.py and test_load.py."""
+import json
+import os
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from test_api import free_port
+
+# Each expert on two workers, so any one of them can go (configs/replicas.yaml's split).
+REPLICA_WORKERS = [("w0", "0-10"), ("w1", "5-15"), ("w2", ["0-4", "11-15"])]
+
+
+def write_replica_topology(source_dir, out_dir, hosts, api_port, timeouts):
+    """A topology of REPLICA_WORKERS on `hosts` (one per worker), the tiny fixture model."""
+    model = Path(source_dir) / "tests/fixtures/models/qwen3-moe-tiny"
+    doc = {
+        "model": str(model.resolve()),
+        "model_name": "qwen3-moe-tiny",
+        "mode": "cluster",
+        "api": {"host": "127.0.0.1", "port": api_port},
+        "timeouts": timeouts,
+        "workers": [{"name": n, "host": h, "port": free_port(), "experts": e}
+                    for (n, e), h in zip(REPLICA_WORKERS, hosts)],
+    }
+    path = Path(out_dir) / "topology.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path, doc
+
+
+def run(argv):
+    """Runs a command; returns (ok, stderr)."""
+    r = subprocess.run(argv, capture_output=True, text=True)
+    return r.returncode == 0, r.stderr.strip()
+
+
+class Namespaces:
+    """One network namespace per worker, joined to the root namespace by a veth pair with a
+    private /30 (10.231.X.0/30, X from this process id), optionally with netem latency on
+    both ends. Only addresses the test creates itself are used. cleanup() removes all."""
+
+    def __init__(self, count, delay_ms):
+        self.count = count
+        self.delay_ms = delay_ms
+        tag = os.getpid() % 10000
+        self.names = [f"charm-ft{tag}-{i}" for i in range(count)]
+        self.veths = [(f"cft{tag}h{i}", f"cft{tag}n{i}") for i in range(count)]
+        base = (os.getpid() % 60) * 4
+        self.subnets = [(f"10.231.{base + i}.1", f"10.231.{base + i}.2") for i in range(count)]
+        self.created = []
+        self.netem_note = ""
+
+    def setup(self):
+        """Creates everything; returns "" on success or why namespaces cannot be made."""
+        if os.geteuid() != 0:
+            return "not root (ip netns needs CAP_NET_ADMIN and CAP_SYS_ADMIN)"
+        for ns, (host_if, ns_if), (host_ip, ns_ip) in zip(self.names, self.veths, self.subnets):
+            steps = [
+                ["ip", "netns", "add", ns],
+                ["ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if],
+                ["ip", "link", "set", ns_if, "netns", ns],
+                ["ip", "addr", "add", f"{host_ip}/30", "dev", host_if],
+                ["ip", "link", "set", host_if, "up"],
+                ["ip", "netns", "exec", ns, "ip", "addr", "add", f"{ns_ip}/30", "dev", ns_if],
+                ["ip", "netns", "exec", ns, "ip", "link", "set", ns_if, "up"],
+                ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"],
+            ]
+            for step in steps:
+                ok, err = run(step)
+                if not ok:
+                    return f"`{' '.join(step)}` failed: {err}"
+                if step[1:3] == ["netns", "add"]:
+                    self.created.append(("ns", ns))
+                if step[1:3] == ["link", "add"]:
+                    self.created.append(("link", host_if))
+            # LAN latency both ways; a kernel without sch_netem runs without it (said so).
+            for argv in (["tc", "qdisc", "add", "dev", host_if, "root", "netem", "delay", f"{self.delay_ms}ms"],
+                         ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", ns_if, "root", "netem", "delay",
+                          f"{self.delay_ms}ms"]):
+                ok, err = run(argv)
+                if not ok and not self.netem_note:
+                    self.netem_note = f"tc netem unavailable ({err}); no added latency"
+        return ""
+
+    def hosts(self):
+        return [ns_ip for _, ns_ip in self.subnets]
+
+    def prefix(self, i):
+        """argv prefix that runs a command inside worker i's namespace."""
+        return ["ip", "netns", "exec", self.names[i]]
+
+    def cleanup(self):
+        for kind, name in reversed(self.created):
+            run(["ip", "link", "del", name] if kind == "link" else ["ip", "netns", "del", name])
+        self.created = []
+
+
+def stream_completion(base, prompt, max_tokens, timeout=120):
+    """POST /v1/completions stream=true, temperature 0. Returns dict(text, chunks: [(t, text)],
+    finish, error, status). Every chunk is timestamped with time.monotonic()."""
+    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}).encode()
+    req = urllib.request.Request(base + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    out = {"text": "", "chunks": [], "finish": None, "error": None, "status": None, "done": False}
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            out["status"] = r.status
+            for raw in r:
+                line = raw.decode().strip()
+                if not line.startswith("data: "):
+                    continue
+                data = line[len("data: "):]
+                if data == "[DONE]":
+                    out["done"] = True
+                    break
+                event = json.loads(data)
+                if "error" in event:
+                    out["error"] = event["error"]
+                    continue
+                for c in event.get("choices", []):
+                    if c.get("text"):
+                        out["chunks"].append((time.monotonic(), c["text"]))
+                        out["text"] += c["text"]
+                    out["finish"] = c.get("finish_reason") or out["finish"]
+    except urllib.error.HTTPError as e:
+        out["status"] = e.code
+        out["error"] = json.loads(e.read().decode() or "{}").get("error")
+    return out
+
+
+def cluster_status(base):
+    with urllib.request.urlopen(base + "/cluster/status", timeout=5) as r:
+        return {w["name"]: w for w in json.loads(r.read())["workers"]}
+
+
+def rss_kib(pid):
+    """VmRSS of `pid` in KiB (0 if gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0

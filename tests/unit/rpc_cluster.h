@@ -1,0 +1,164 @@
+// Test support for the coordinator <-> worker tests (test_rpc.cpp, test_failover.cpp): a
+// tiny checkpoint written to a temp dir and in-process WorkerServers on ephemeral loopback
+// ports holding parts of it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/checkpoint.h"
+#include "common/fingerprint.h"
+#include "common/topology.h"
+#include "common/wire.h"
+#include "safetensors_writer.h"
+#include "worker/expert_executor.h"
+#include "worker/expert_store.h"
+#include "worker/rpc_server.h"
+
+namespace charm::rpc_test {
+
+using namespace charm::testing;
+
+constexpr int64_t kHidden = 8;
+constexpr int64_t kInter = 4;
+constexpr uint32_t kExperts = 4;
+const std::vector<uint32_t> kLayers = {0, 2};
+
+// Deterministic values in [-1, 1) with full f32 mantissas (not just bf16-exact ones), so a
+// reordered sum would show.
+std::vector<float> noise(size_t count, uint32_t seed) {
+  std::vector<float> v(count);
+  uint64_t state = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (auto& x : v) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    x = static_cast<float>(static_cast<int64_t>(state >> 11) % 2000003) / 1000001.5f;
+  }
+  return v;
+}
+
+// A checkpoint directory with per-expert SwiGLU tensors for layers 0 and 2.
+struct TinyModel {
+  TempDir dir{"charm-rpc"};
+  std::unique_ptr<Checkpoint> checkpoint;
+  std::string fingerprint;
+
+  TinyModel() {
+    // A whole config.json (ModelConfig::parse accepts it), so `charm status` can work out
+    // the placement: 3 layers, layer 1 dense, layers 0 and 2 MoE.
+    nlohmann::json config = {{"architectures", {"Qwen3MoeForCausalLM"}},
+                             {"model_type", "qwen3_moe"},
+                             {"vocab_size", 16},
+                             {"hidden_size", kHidden},
+                             {"intermediate_size", 2 * kInter},
+                             {"moe_intermediate_size", kInter},
+                             {"num_hidden_layers", 3},
+                             {"num_attention_heads", 2},
+                             {"num_experts", kExperts},
+                             {"num_experts_per_tok", 2},
+                             {"mlp_only_layers", {1}}};
+    write_bytes(dir / "config.json", config.dump());
+    std::vector<TensorSpec> tensors;
+    uint32_t seed = 1;
+    for (uint32_t layer : kLayers) {
+      for (uint32_t e = 0; e < kExperts; ++e) {
+        const std::string p = "model.layers." + std::to_string(layer) + ".mlp.experts." +
+                              std::to_string(e) + ".";
+        tensors.push_back({p + "gate_proj.weight", DType::kF32, {kInter, kHidden},
+                           noise(kInter * kHidden, seed++)});
+        tensors.push_back({p + "up_proj.weight", DType::kF32, {kInter, kHidden},
+                           noise(kInter * kHidden, seed++)});
+        tensors.push_back({p + "down_proj.weight", DType::kF32, {kHidden, kInter},
+                           noise(kHidden * kInter, seed++)});
+      }
+    }
+    write_safetensors(dir / "model.safetensors", tensors);
+    checkpoint = Checkpoint::open(dir.path());
+    fingerprint = model_fingerprint(*checkpoint);
+  }
+
+  std::unique_ptr<ExpertStore> store(const std::vector<uint32_t>& experts) const {
+    std::vector<ExpertKey> owned;
+    for (uint32_t layer : kLayers) {
+      for (uint32_t e : experts) owned.emplace_back(layer, e);
+    }
+    return std::make_unique<ExpertStore>(*checkpoint, ExpertTensorNames{}, owned, kHidden, kInter);
+  }
+};
+
+// One in-process worker: its store, executor, service and server.
+// `port` 0 = ephemeral; restart() brings a stopped worker back on the same port.
+struct TestWorker {
+  std::unique_ptr<ExpertStore> store;
+  std::unique_ptr<ExpertExecutor> executor;
+  std::unique_ptr<ExecutorService> service;
+  std::unique_ptr<WorkerServer> server;
+  WorkerServerOptions options;
+
+  TestWorker(const TinyModel& model, const std::string& name, const std::vector<uint32_t>& experts,
+             std::chrono::milliseconds delay = std::chrono::milliseconds(0)) {
+    store = model.store(experts);
+    executor = std::make_unique<ExpertExecutor>(*store);
+    service = std::make_unique<ExecutorService>(*executor);
+    options.worker_name = name;
+    options.host = "127.0.0.1";
+    options.port = 0;
+    options.model_fingerprint = model.fingerprint;
+    options.debug_delay = delay;
+    server = std::make_unique<WorkerServer>(options, *service);
+    server->start();
+    options.port = server->port();
+  }
+
+  /// A fresh server on the same port (after server->stop()), optionally with another delay.
+  void restart(std::chrono::milliseconds delay = std::chrono::milliseconds(0)) {
+    server.reset();
+    options.debug_delay = delay;
+    server = std::make_unique<WorkerServer>(options, *service);
+    server->start();
+  }
+};
+
+// Workers "a" (experts 0, 2) and "b" (experts 1, 3), a topology naming them, and the
+// placement that matches.
+struct Cluster {
+  TinyModel model;
+  TestWorker a{model, "a", {0, 2}};
+  TestWorker b{model, "b", {1, 3}};
+  Topology topology;
+  Placement placement;
+
+  Cluster() {
+    topology.model = model.dir.path();
+    topology.workers = {WorkerSpec{"a", "127.0.0.1", a.server->port(), {0, 2}, {}},
+                        WorkerSpec{"b", "127.0.0.1", b.server->port(), {1, 3}, {}}};
+    topology.connect_timeout_ms = 5000;
+    topology.request_timeout_ms = 30000;
+    topology.heartbeat_ms = 0;  // byte counts compared below must not move under a heartbeat
+    topology.api_host = "127.0.0.1";
+    topology.api_port = unused_port();
+    for (uint32_t layer : kLayers) placement[layer] = {{0}, {1}, {0}, {1}};
+  }
+
+  static uint16_t unused_port() {
+    auto listener = FrameListener::listen("127.0.0.1", 0);
+    return listener->port();  // closed on return: nothing listens there now
+  }
+};
+
+// Each row routes to 2 distinct experts; some rows use only one worker, some both.
+std::vector<ExpertAssignment> routing(uint32_t num_rows) {
+  std::vector<ExpertAssignment> out;
+  for (uint32_t r = 0; r < num_rows; ++r) {
+    out.push_back({r, (r * 3) % kExperts});
+    out.push_back({r, (r * 3 + 2) % kExperts});
+  }
+  return out;
+}
+
+}  // namespace charm::rpc_test

@@ -1,0 +1,286 @@
+// Replicas, failover, rejoin and heartbeats of coordinator/cluster_dispatch.h over
+// loopback, with in-process WorkerServers (tests/unit/rpc_cluster.h). Workers are killed
+// mid-layer (server stopped while a delayed request is in flight), made to time out
+// (WorkerServerOptions::debug_delay, test-only), or replaced by a fake that sends a
+// malformed reply. Every answer is compared byte for byte with the local executor.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <functional>
+#include <thread>
+
+#include "common/error.h"
+#include "coordinator/cluster_dispatch.h"
+#include "coordinator/status_report.h"
+#include "rpc_cluster.h"
+#include "tests/support/expect_error.h"
+
+using namespace charm;
+using namespace charm::rpc_test;
+using charm::test::expect_error;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Polls `done` every 10 ms for up to 10 s (a bound, not a timing assertion).
+bool eventually(const std::function<bool()>& done) {
+  for (int i = 0; i < 1000; ++i) {
+    if (done()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return done();
+}
+
+// Workers "a" and "b" both hold all 4 experts (replicas of each other); the placement
+// lists both owners of every expert.
+struct Replicas {
+  TinyModel model;
+  TestWorker a;
+  TestWorker b;
+  Topology topology;
+  Placement placement;
+
+  explicit Replicas(std::chrono::milliseconds b_delay = 0ms)
+      : a(model, "a", {0, 1, 2, 3}), b(model, "b", {0, 1, 2, 3}, b_delay) {
+    topology.model = model.dir.path();
+    topology.workers = {WorkerSpec{"a", "127.0.0.1", a.server->port(), {0, 1, 2, 3}, {}},
+                        WorkerSpec{"b", "127.0.0.1", b.server->port(), {0, 1, 2, 3}, {}}};
+    topology.request_timeout_ms = 30000;
+    topology.heartbeat_ms = 0;
+    topology.rejoin_min_ms = 20;
+    topology.rejoin_max_ms = 100;
+    for (uint32_t layer : kLayers) placement[layer] = {{0, 1}, {0, 1}, {0, 1}, {0, 1}};
+  }
+
+  // Placement with only worker `w` owning everything (the other still in `topology`).
+  Placement only(int w) const {
+    Placement p;
+    for (uint32_t layer : kLayers) p[layer] = {{w}, {w}, {w}, {w}};
+    return p;
+  }
+};
+
+// The local executor's bytes for `assignments` on `layer`.
+std::vector<float> expected(const TinyModel& model, uint32_t layer, const std::vector<float>& hidden,
+                            uint32_t rows, const std::vector<ExpertAssignment>& assignments) {
+  auto store = model.store({0, 1, 2, 3});
+  ExpertExecutor local(*store);
+  std::vector<float> want(assignments.size() * kHidden);
+  local.run_into(layer, hidden.data(), rows, assignments, want.data());
+  return want;
+}
+
+bool same_bytes(const std::vector<float>& x, const std::vector<float>& y) {
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+}
+
+const WorkerStatus& named(const std::vector<WorkerStatus>& all, const std::string& name) {
+  for (const auto& s : all) {
+    if (s.name == name) return s;
+  }
+  throw std::runtime_error("no worker " + name);
+}
+
+}  // namespace
+
+TEST_CASE("replicas, no replicas and each replica alone give identical bytes; work is spread") {
+  Replicas r;
+  const uint32_t rows = 6;
+  const std::vector<float> hidden = noise(rows * kHidden, 77);
+  const auto assignments = routing(rows);
+  const auto want = expected(r.model, 2, hidden, rows, assignments);
+
+  ClusterDispatcher both(r.topology, r.placement, r.model.fingerprint);
+  ClusterDispatcher only_a(r.topology, r.only(0), r.model.fingerprint);
+  ClusterDispatcher only_b(r.topology, r.only(1), r.model.fingerprint);
+  for (ClusterDispatcher* d : {&both, &only_a, &only_b}) {
+    std::vector<float> got(want.size(), -7.0f);
+    d->run_layer(2, hidden.data(), rows, kHidden, assignments, got.data());
+    CHECK(same_bytes(want, got));
+  }
+  // Spread: every expert is used, so each replica got one request from `both`.
+  CHECK(named(both.status(), "a").requests == 1);
+  CHECK(named(both.status(), "b").requests == 1);
+  CHECK(named(only_a.status(), "b").requests == 0);
+}
+
+TEST_CASE("a worker killed mid-layer: its share goes to the replica, bytes unchanged, then it rejoins") {
+  Replicas r(300ms);  // b holds each request 300 ms: long enough to be killed mid-request
+  ClusterDispatcher d(r.topology, r.placement, r.model.fingerprint);
+  const uint32_t rows = 5;
+  const std::vector<float> hidden = noise(rows * kHidden, 5);
+  const auto assignments = routing(rows);
+  const auto want = expected(r.model, 0, hidden, rows, assignments);
+
+  std::vector<float> got(want.size(), -7.0f);
+  d.begin_layer(0, hidden.data(), rows, kHidden, assignments, got.data());
+  r.b.server->stop();  // b closes its connection without answering
+  d.finish_layer();
+  CHECK(same_bytes(want, got));
+  auto status = d.status();
+  CHECK(named(status, "b").state == "down");
+  CHECK(named(status, "b").failovers == 1);
+  CHECK(named(status, "b").last_error.find("layer 0") != std::string::npos);
+  CHECK(named(status, "a").state == "up");
+  CHECK(named(status, "a").requests == 2);  // its own share, then b's
+
+  // While b is down, a serves everything.
+  std::fill(got.begin(), got.end(), -7.0f);
+  d.run_layer(0, hidden.data(), rows, kHidden, assignments, got.data());
+  CHECK(same_bytes(want, got));
+
+  // Restarted on the same port: the background thread reconnects it (hello again).
+  r.b.restart();
+  REQUIRE(eventually([&] { return named(d.status(), "b").state == "up"; }));
+  CHECK(named(d.status(), "b").rejoins == 1);
+  const uint64_t before = r.b.server->health().requests_served;
+  std::fill(got.begin(), got.end(), -7.0f);
+  d.run_layer(0, hidden.data(), rows, kHidden, assignments, got.data());
+  CHECK(same_bytes(want, got));
+  CHECK(r.b.server->health().requests_served == before + 1);  // it takes traffic again
+}
+
+TEST_CASE("a worker that does not answer within request_ms is failed over") {
+  Replicas r(3000ms);
+  r.topology.request_timeout_ms = 150;
+  ClusterDispatcher d(r.topology, r.placement, r.model.fingerprint);
+  const std::vector<float> hidden = noise(3 * kHidden, 8);
+  const auto assignments = routing(3);
+  const auto want = expected(r.model, 2, hidden, 3, assignments);
+  std::vector<float> got(want.size(), -7.0f);
+  d.run_layer(2, hidden.data(), 3, kHidden, assignments, got.data());
+  CHECK(same_bytes(want, got));
+  const WorkerStatus b = named(d.status(), "b");
+  CHECK(b.failovers == 1);
+  CHECK(b.last_error.find("worker 'b'") != std::string::npos);
+  CHECK(b.last_error.find("timed out") != std::string::npos);
+}
+
+TEST_CASE("a malformed reply is failed over to the replica") {
+  Replicas r;
+  // A fake "b": passes the handshake, then answers the layer request with too few outputs.
+  auto listener = FrameListener::listen("127.0.0.1", 0);
+  r.topology.workers[1].port = listener->port();
+  r.topology.rejoin_min_ms = r.topology.rejoin_max_ms = 60000;  // the fake answers one hello only
+  std::thread fake([&] {
+    auto conn = listener->accept(10s);
+    if (!conn) return;
+    decode_as<HelloMsg>(conn->receive(10s));
+    HelloReplyMsg hello;
+    hello.ok = true;
+    hello.worker_name = "b";
+    hello.model_fingerprint = r.model.fingerprint;
+    for (uint32_t layer : kLayers) hello.held[layer] = {0, 1, 2, 3};
+    conn->send(encode_hello_reply(hello), 10s);
+    const ExpertRequest req = std::get<ExpertRequest>(decode_message(conn->receive(10s)));
+    LayerResponseMsg reply;
+    reply.response.request_id = req.request_id;
+    reply.response.outputs.assign(1, 0.5f);
+    conn->send(encode_layer_response(reply), 10s);
+    try {
+      conn->receive(10s);  // until the coordinator hangs up
+    } catch (const Error&) {
+    }
+  });
+  {
+    ClusterDispatcher d(r.topology, r.placement, r.model.fingerprint);
+    const std::vector<float> hidden = noise(4 * kHidden, 9);
+    const auto assignments = routing(4);
+    const auto want = expected(r.model, 0, hidden, 4, assignments);
+    std::vector<float> got(want.size(), -7.0f);
+    d.run_layer(0, hidden.data(), 4, kHidden, assignments, got.data());
+    CHECK(same_bytes(want, got));
+    const WorkerStatus b = named(d.status(), "b");
+    CHECK(b.failovers == 1);
+    CHECK(b.last_error.find("layerResponse.outputs") != std::string::npos);
+  }
+  fake.join();
+}
+
+TEST_CASE("no replica left: an error naming layer, experts and workers tried; then it recovers") {
+  Replicas r;
+  ClusterDispatcher d(r.topology, r.placement, r.model.fingerprint);
+  r.a.server->stop();
+  r.b.server->stop();
+  const std::vector<float> hidden = noise(4 * kHidden, 10);
+  const auto assignments = routing(4);
+  std::vector<float> got(assignments.size() * kHidden);
+  expect_error([&] { d.run_layer(2, hidden.data(), 4, kHidden, assignments, got.data()); },
+               ErrorCategory::kUnavailable, {"layer 2", "experts 0-3", "worker 'a'", "worker 'b'"});
+  r.a.restart();
+  r.b.restart();
+  REQUIRE(eventually([&] {
+    const auto s = d.status();
+    return s[0].state == "up" && s[1].state == "up";
+  }));
+  d.run_layer(2, hidden.data(), 4, kHidden, assignments, got.data());
+  CHECK(same_bytes(expected(r.model, 2, hidden, 4, assignments), got));
+}
+
+TEST_CASE("heartbeats find an idle worker gone; it rejoins when back") {
+  Replicas r;
+  r.topology.heartbeat_ms = 30;
+  ClusterDispatcher d(r.topology, r.placement, r.model.fingerprint);
+  REQUIRE(eventually([&] { return r.b.server->health().bytes_in > 0 && named(d.status(), "b").bytes_out > 200; }));
+  r.b.server->stop();
+  REQUIRE(eventually([&] { return named(d.status(), "b").state == "down"; }));
+  CHECK(named(d.status(), "b").last_error.find("heartbeat") != std::string::npos);
+  CHECK(named(d.status(), "b").failovers == 0);  // no layer was failed over
+  r.b.restart();
+  REQUIRE(eventually([&] { return named(d.status(), "b").state == "up"; }));
+  CHECK(named(d.status(), "b").rejoins == 1);
+  CHECK(named(d.status(), "b").last_seen_ms >= 0);
+}
+
+TEST_CASE("startup: an unreachable replica is left to rejoin; an unreachable sole owner is an error") {
+  Replicas r;
+  r.b.server->stop();
+  r.topology.startup_timeout_ms = 0;
+  {
+    ClusterDispatcher d(r.topology, r.placement, r.model.fingerprint);
+    CHECK(named(d.status(), "a").state == "up");
+    CHECK(named(d.status(), "b").state == "down");
+    r.b.restart();
+    REQUIRE(eventually([&] { return named(d.status(), "b").state == "up"; }));
+    CHECK(named(d.status(), "b").rejoins == 0);  // first connection, not a rejoin
+  }
+  r.b.server->stop();
+  expect_error([&] { ClusterDispatcher(r.topology, r.only(1), r.model.fingerprint); },
+               ErrorCategory::kUnavailable, {"worker 'b'", "layer 0 experts 0-3", "layer 2 experts 0-3"});
+}
+
+TEST_CASE("slow_workers: over slow_ms, or 4x the others' median and 2 ms above it") {
+  const std::vector<size_t> many = {100, 100, 100};
+  CHECK(slow_workers({1.0, 1.2, 9.0}, many, 0) == std::vector<std::string>{"", "", slow_workers({1.0, 1.2, 9.0}, many, 0)[2]});
+  CHECK(slow_workers({1.0, 1.2, 9.0}, many, 0)[2].find("9.00 ms") != std::string::npos);
+  CHECK(slow_workers({1.0, 1.2, 9.0}, many, 0)[2].find("1.00 ms") != std::string::npos);
+  CHECK(slow_workers({0.1, 0.1, 0.9}, many, 0)[2].empty());         // 9x, but under 2 ms apart
+  CHECK(slow_workers({1.0, 1.2, 3.0}, many, 0)[2].empty());         // under 4x
+  CHECK(slow_workers({1.0, 1.2, 3.0}, many, 2.5)[2].find("slow_ms") != std::string::npos);
+  CHECK(slow_workers({1.0, 9.0}, {100, 3}, 0)[1].empty());          // too few samples to judge
+  CHECK(slow_workers({9.0}, {100}, 0)[0].empty());                  // nobody to compare with
+}
+
+TEST_CASE("charm status shows the coordinator's view: slow, down with its error, failovers, rejoins") {
+  ClusterStatus status;
+  status.coordinator_reachable = true;
+  WorkerStatusRow fast, slow;
+  fast.name = "w0";
+  fast.up = true;
+  fast.state = "up";
+  fast.coordinator = WorkerStatus{"w0", "h:1", "down", 8, 3, 1.0, 2.0, 10, 20, 4, 2, 1500.0, false, "",
+                                  "heartbeat: timed out"};
+  slow.name = "w1";
+  slow.up = true;
+  slow.state = "up";
+  slow.coordinator = WorkerStatus{"w1", "h:2", "up", 8, 30, 9.0, 12.0, 10, 20, 0, 0, 3.0, true,
+                                  "layer RTT p50 9.00 ms is over 4x the other workers' median 1.00 ms", ""};
+  status.workers = {fast, slow};
+  const std::string table = format_status(status);
+  CAPTURE(table);
+  CHECK(table.find("COORD") != std::string::npos);
+  CHECK(table.find("FAILOVERS") != std::string::npos);
+  CHECK(table.find("w0 is down in the coordinator: heartbeat: timed out") != std::string::npos);
+  CHECK(table.find("w1 is slow: layer RTT p50 9.00 ms") != std::string::npos);
+  CHECK(table.find(" slow ") != std::string::npos);
+}
