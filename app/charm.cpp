@@ -23,6 +23,7 @@
 #include "common/error.h"
 #include "common/stop_signals.h"
 #include "common/topology.h"
+#include "common/wire.h"
 #include "coordinator/engine.h"
 #include "coordinator/http_api.h"
 #include "coordinator/metrics.h"
@@ -48,11 +49,35 @@ void override_ram(StoreSpec& store, const std::optional<double>& ram_gb) {
   if (ram_gb) store.ram_gb = *ram_gb;
 }
 
+/// --prefetch / --no-prefetch: overrides the topology's `prefetch` key when given.
+void apply_prefetch_flag(Topology& topology, const std::optional<bool>& prefetch) {
+  if (prefetch) topology.prefetch = *prefetch;
+}
+
+/// Prints how well the prefetch hints predicted each layer's experts (stderr).
+void print_prefetch_stats(const Engine& engine) {
+  const auto stats = engine.prefetch_stats();
+  if (stats.empty()) return;
+  PrefetchLayerStats total;
+  std::string per_layer;
+  for (const auto& [layer, s] : stats) {
+    total.steps += s.steps;
+    total.actual += s.actual;
+    total.predicted += s.predicted;
+    total.correct += s.correct;
+    per_layer += " " + std::to_string(layer) + ":" + std::to_string(static_cast<int>(100 * s.recall() + 0.5));
+  }
+  std::fprintf(stderr, "prefetch recall: %.1f%% (%llu of %llu experts), precision %.1f%%; per layer %%:%s\n",
+               100 * total.recall(), static_cast<unsigned long long>(total.correct),
+               static_cast<unsigned long long>(total.actual), 100 * total.precision(), per_layer.c_str());
+}
+
 struct ServeArgs {
   std::string config;
   std::optional<double> ram_gb;
   std::optional<std::string> host;
   std::optional<uint16_t> port;
+  std::optional<bool> prefetch;
 };
 
 int serve(const ServeArgs& args) {
@@ -62,6 +87,7 @@ int serve(const ServeArgs& args) {
                  "or pass --ram-gb to charm worker");
   }
   override_ram(topology.store, args.ram_gb);
+  apply_prefetch_flag(topology, args.prefetch);
   std::string host = args.host.value_or(topology.api_host);
   uint16_t port = args.port.value_or(topology.api_port);
   spdlog::info("charm serve: loading {} from {}", topology.model_name, topology.model.string());
@@ -70,7 +96,9 @@ int serve(const ServeArgs& args) {
   // so blocking the signals afterwards still covers every thread (HTTP, OpenMP) started
   // later.
   Metrics metrics;  // outlives the engine and the API (declared first)
-  std::unique_ptr<Engine> engine = Engine::create(topology, &metrics);
+  EngineOptions engine_options;
+  engine_options.metrics = &metrics;
+  std::unique_ptr<Engine> engine = Engine::create(topology, engine_options);
   sigset_t signals = block_stop_signals();
   HttpApi api(*engine, host, port, &metrics);
   api.set_api_key(topology.api_key);
@@ -153,9 +181,81 @@ struct RunArgs {
   double temperature = 1.0;
   std::optional<uint64_t> seed;
   bool chat = false;
+  std::optional<bool> prefetch;
+  std::string routing_trace;
+  std::string stats_json;
   std::string logits_out;  // first-step logits, raw little-endian f32 [vocab_size]
   std::string ids_out;     // {"prompt_ids": [...], "new_ids": [...]} as JSON
 };
+
+/// The prefetch counters of one layer (or all) as JSON.
+nlohmann::json prefetch_json(const PrefetchLayerStats& s) {
+  return {{"steps", s.steps}, {"actual", s.actual}, {"predicted", s.predicted}, {"correct", s.correct}};
+}
+
+/// One worker's tier counters as JSON (names as in TierStats).
+nlohmann::json tier_json(const TierStats& t) {
+  return {{"hits", t.hits},         {"misses", t.misses},   {"bytes_read", t.bytes_read},
+          {"io_wait_ns", t.io_wait_ns}, {"disk_ns", t.disk_ns}, {"prefetch_issued", t.prefetch_issued},
+          {"prefetch_hits", t.prefetch_hits}};
+}
+
+/// The tier counters of one worker: the in-process store's, or a remote worker's own
+/// (a healthRequest; nothing when it does not answer within 5 s).
+std::map<uint32_t, TierStats> worker_tier_layers(const Topology& topology, const WorkerStatus& w) {
+  if (topology.single_node) return w.tier_layers;
+  for (const WorkerSpec& spec : topology.workers) {
+    if (spec.name != w.name) continue;
+    try {
+      auto conn = FrameConnection::connect(spec.host, spec.port, std::chrono::seconds(5), spec.name);
+      conn->send(encode_health_request(), std::chrono::seconds(5));
+      return decode_as<HealthReplyMsg>(conn->receive(std::chrono::seconds(5))).tier_layers;
+    } catch (const Error& e) {
+      spdlog::warn("charm run: no tier counters from worker '{}': {}", spec.name, e.message());
+    }
+  }
+  return {};
+}
+
+/// `charm run --stats-json`: the run's numbers for scripts (scripts/bench_tiers.py):
+/// tokens, timings, prefetch recall per layer and each worker's view and tier counters.
+void write_run_stats(const std::string& path, const Topology& topology, const Engine& engine,
+                     const GenerationResult& result) {
+  nlohmann::json j = {{"prompt_tokens", result.prompt_tokens},
+                      {"completion_tokens", result.completion_tokens},
+                      {"finish_reason", result.finish_reason},
+                      {"ttft_ms", result.ttft_ms},
+                      {"decode_tokens_per_s", result.decode_tokens_per_s},
+                      {"prefetch_enabled", topology.prefetch}};
+  PrefetchLayerStats total;
+  nlohmann::json layers = nlohmann::json::object();
+  for (const auto& [layer, s] : engine.prefetch_stats()) {
+    layers[std::to_string(layer)] = prefetch_json(s);
+    total.steps += s.steps;
+    total.actual += s.actual;
+    total.predicted += s.predicted;
+    total.correct += s.correct;
+  }
+  j["prefetch"] = prefetch_json(total);
+  j["prefetch"]["layers"] = layers;
+  j["workers"] = nlohmann::json::array();
+  for (const WorkerStatus& w : engine.cluster_status()) {
+    nlohmann::json worker = {{"name", w.name}, {"state", w.state}, {"requests", w.requests},
+                             {"bytes_out", w.bytes_out}, {"bytes_in", w.bytes_in}};
+    TierStats total;
+    nlohmann::json per_layer = nlohmann::json::object();
+    for (const auto& [layer, t] : worker_tier_layers(topology, w)) {
+      per_layer[std::to_string(layer)] = tier_json(t);
+      total += t;
+    }
+    worker["tier"] = tier_json(total);
+    worker["tier_layers"] = per_layer;
+    j["workers"].push_back(worker);
+  }
+  std::ofstream out(path, std::ios::trunc);
+  out << j.dump(1) << '\n';
+  if (!out) fail_io("cannot write run statistics to " + path);
+}
 
 /// Writes `data` to `path`, throwing Error(kIo) naming the path on failure.
 void write_file(const std::string& path, const void* data, size_t size) {
@@ -166,7 +266,10 @@ void write_file(const std::string& path, const void* data, size_t size) {
 
 int run(const RunArgs& args) {
   Topology topology = load_config(args.config);
-  std::unique_ptr<Engine> engine = Engine::create(topology);
+  apply_prefetch_flag(topology, args.prefetch);
+  EngineOptions options;
+  options.routing_trace = args.routing_trace;
+  std::unique_ptr<Engine> engine = Engine::create(topology, options);
   std::string text = args.prompt;
   if (args.chat) text = engine->chat_template().render({{"user", args.prompt}}, /*add_generation_prompt=*/true);
   std::vector<int32_t> prompt = engine->tokenizer().encode(text, /*parse_special=*/true);
@@ -196,6 +299,8 @@ int run(const RunArgs& args) {
                static_cast<long long>(result.prompt_tokens), static_cast<long long>(result.completion_tokens),
                result.finish_reason.c_str(), result.ttft_ms, result.decode_tokens_per_s,
                static_cast<long long>(result.kv_bytes_per_token));
+  print_prefetch_stats(*engine);
+  if (!args.stats_json.empty()) write_run_stats(args.stats_json, topology, *engine, result);
   return 0;
 }
 
@@ -224,6 +329,8 @@ int run_cli(int argc, char** argv) {
   serve_cmd->add_option("--config", serve_args.config, "Topology YAML")->required();
   serve_cmd->add_option("--host", serve_args.host, "Listen address (default: the config's api host)");
   serve_cmd->add_option("--port", serve_args.port, "Listen port (default: the config's api port; 0 = any free)");
+  CLI::Option* serve_prefetch = serve_cmd->add_flag("--prefetch,!--no-prefetch", serve_args.prefetch,
+                                                    "Send prefetch hints (overrides the config's prefetch key)");
   serve_cmd->add_option("--ram-gb", serve_args.ram_gb, "Single-node: GiB of RAM for expert slots (default: every expert resident)")
       ->check(CLI::PositiveNumber);
 
@@ -264,6 +371,12 @@ int run_cli(int argc, char** argv) {
   run_cmd->add_option("--temperature", run_args.temperature, "0 = greedy")->check(CLI::Range(0.0, 100.0));
   run_cmd->add_option("--seed", run_args.seed, "Sampling seed");
   run_cmd->add_flag("--chat", run_args.chat, "Wrap the prompt as one user message in the chat template");
+  CLI::Option* run_prefetch = run_cmd->add_flag("--prefetch,!--no-prefetch", run_args.prefetch,
+                                                "Send prefetch hints (overrides the config's prefetch key); prints their recall");
+  run_cmd->add_option("--routing-trace", run_args.routing_trace,
+                      "Write every MoE layer's routing to this file (JSON lines; docs/benchmarks.md)");
+  run_cmd->add_option("--stats-json", run_args.stats_json,
+                      "Write the run's numbers (tok/s, prefetch recall, expert-tier counters) to this JSON file");
   run_cmd->add_option("--logits-out", run_args.logits_out,
                       "Also write the logits after the prompt (raw little-endian f32, [vocab_size])");
   run_cmd->add_option("--ids-out", run_args.ids_out, "Also write the prompt and generated token ids (JSON)");
@@ -281,6 +394,10 @@ int run_cli(int argc, char** argv) {
     std::fprintf(stderr, "charm: %s\nRun with --help for more information.\n", e.what());
     return 2;
   }
+  // CLI11 fills an optional flag with false when it is absent: absent must mean "as the
+  // config says".
+  if (serve_prefetch->count() == 0) serve_args.prefetch.reset();
+  if (run_prefetch->count() == 0) run_args.prefetch.reset();
   if (*serve_cmd) return serve(serve_args);
   if (*worker_cmd) return worker(worker_config, worker_name, worker_ram_gb, worker_delay_ms);
   if (*convert_cmd) return convert(convert_args);

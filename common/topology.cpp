@@ -55,6 +55,15 @@ class Reader {
     return node.Scalar();
   }
 
+  bool bool_value(const YAML::Node& node, const std::string& path) const {
+    if (node.IsScalar()) {
+      const std::string& v = node.Scalar();
+      if (v == "true") return true;
+      if (v == "false") return false;
+    }
+    fail(path, "expected true or false, got " + describe(node));
+  }
+
   int64_t int_value(const YAML::Node& node, const std::string& path, int64_t lo, int64_t hi) const {
     const std::string range = "expected an integer " + std::to_string(lo) + "-" + std::to_string(hi);
     if (!node.IsScalar()) fail(path, range + ", got " + describe(node));
@@ -246,7 +255,8 @@ Topology Topology::load(const std::filesystem::path& path) {
 Topology Topology::parse(const std::string& yaml, const std::filesystem::path& path) {
   const Reader r(path.string());
   const YAML::Node root = parse_yaml(yaml, path);
-  r.check_keys(root, "", {"model", "model_name", "mode", "api", "threads", "timeouts", "store", "workers", "cluster"});
+  r.check_keys(root, "",
+               {"model", "model_name", "mode", "api", "threads", "timeouts", "store", "workers", "cluster", "prefetch"});
 
   Topology t;
   t.source = path;
@@ -276,6 +286,7 @@ Topology Topology::parse(const std::string& yaml, const std::filesystem::path& p
     t.cluster_secret = parse_secret(r, cluster, "cluster", "secret", path.parent_path());
   }
   if (root["threads"]) t.threads = r.int_value(root["threads"], "threads", 0, 65536);
+  if (root["prefetch"]) t.prefetch = r.bool_value(root["prefetch"], "prefetch");
   if (const auto timeouts = root["timeouts"]) {
     r.check_keys(timeouts, "timeouts",
                  {"connect_ms", "handshake_ms", "request_ms", "startup_ms", "heartbeat_ms", "rejoin_min_ms",

@@ -73,6 +73,8 @@ struct Topology {
   std::string cluster_secret;
   /// The HTTP API key (`api: {api_key_file | api_key_env}`), read at load; empty: none.
   std::string api_key;
+  bool prefetch = false;             ///< send prefetch hints (next layer's router applied to
+                                     ///< this layer's state) to the expert store / workers
   StoreSpec store;                   ///< single-node mode: the in-process worker's tiers (`store:`)
 
   /// Loads and validates `path`. Throws Error(kInvalidInput) naming the file and the key

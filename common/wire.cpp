@@ -234,6 +234,19 @@ HealthReplyMsg decode_health_reply(wire::HealthReply::Reader r) {
   return msg;
 }
 
+PrefetchHintMsg decode_prefetch_hint(wire::PrefetchHint::Reader r) {
+  PrefetchHintMsg msg;
+  msg.layer = r.getLayer();
+  auto experts = r.getExperts();
+  if (experts.size() > kMaxHintExperts) {
+    fail_protocol("prefetchHint.experts has " + std::to_string(experts.size()) + " entries, over the cap " +
+                  std::to_string(kMaxHintExperts));
+  }
+  msg.experts.reserve(experts.size());
+  for (uint32_t e : experts) msg.experts.push_back(e);
+  return msg;
+}
+
 WireMessage decode_root(wire::Message::Reader m) {
   switch (m.which()) {
     case wire::Message::HELLO: return decode_hello(m.getHello());
@@ -253,6 +266,7 @@ WireMessage decode_root(wire::Message::Reader m) {
     case wire::Message::AUTH_RESPONSE:
       return AuthResponseMsg{
           bytes_of(m.getAuthResponse().getProof(), "authResponse.proof", kAuthProofBytes, false)};
+    case wire::Message::PREFETCH_HINT: return decode_prefetch_hint(m.getPrefetchHint());
   }
   fail_protocol("Message union member " + std::to_string(static_cast<unsigned>(m.which())) +
                 " is unknown to protocol version " + std::to_string(kProtocolVersion));
@@ -263,7 +277,8 @@ WireMessage decode_root(wire::Message::Reader m) {
 const char* message_name(const WireMessage& message) {
   static const char* const kNames[] = {"hello",         "helloReply",    "layerRequest",
                                        "layerResponse", "healthRequest", "healthReply",
-                                       "error",         "authChallenge", "authResponse"};
+                                       "error",         "authChallenge", "authResponse",
+                                       "prefetchHint"};
   static_assert(std::size(kNames) == std::variant_size_v<WireMessage>);
   return kNames[message.index()];
 }
@@ -393,6 +408,19 @@ Frame encode_error(const std::string& message) {
   return finish_frame(builder);
 }
 
+Frame encode_prefetch_hint(const PrefetchHintMsg& hint) {
+  if (hint.experts.size() > kMaxHintExperts) {
+    fail_invalid("prefetch hint for layer " + std::to_string(hint.layer) + " names " +
+                 std::to_string(hint.experts.size()) + " experts, over the cap " + std::to_string(kMaxHintExperts));
+  }
+  capnp::MallocMessageBuilder builder;
+  auto r = builder.initRoot<wire::Message>().initPrefetchHint();
+  r.setLayer(hint.layer);
+  auto list = r.initExperts(static_cast<unsigned>(hint.experts.size()));
+  for (unsigned i = 0; i < hint.experts.size(); ++i) list.set(i, hint.experts[i]);
+  return finish_frame(builder);
+}
+
 FrameBody split_frame(const uint8_t* data, size_t size, uint64_t max_frame_bytes) {
   if (size < kPrefixBytes) {
     fail_protocol("truncated frame: " + std::to_string(size) +
@@ -473,6 +501,30 @@ void check_layer_request(const ExpertRequest& request, const ModelLimits& limits
                       std::to_string(expert) + " is out of range (num_experts = " +
                       std::to_string(limits.num_experts) + ")");
       }
+    }
+  }
+}
+
+void check_prefetch_hint(const PrefetchHintMsg& hint, const ModelLimits& limits) {
+  const std::string layer = std::to_string(hint.layer);
+  if (limits.num_layers && hint.layer >= limits.num_layers) {
+    fail_protocol("prefetchHint.layer " + layer + " is out of range (the model has " +
+                  std::to_string(limits.num_layers) + " layers)");
+  }
+  if (!limits.moe_layers.empty() &&
+      !std::binary_search(limits.moe_layers.begin(), limits.moe_layers.end(), hint.layer)) {
+    fail_protocol("prefetchHint.layer " + layer + " is not an MoE layer of the model");
+  }
+  if (!limits.num_experts) return;
+  if (hint.experts.size() > limits.num_experts) {
+    fail_protocol("prefetchHint (layer " + layer + "): " + std::to_string(hint.experts.size()) +
+                  " experts, more than num_experts = " + std::to_string(limits.num_experts));
+  }
+  for (size_t i = 0; i < hint.experts.size(); ++i) {
+    if (hint.experts[i] >= limits.num_experts) {
+      fail_protocol("prefetchHint (layer " + layer + "): experts[" + std::to_string(i) + "] = " +
+                    std::to_string(hint.experts[i]) + " is out of range (num_experts = " +
+                    std::to_string(limits.num_experts) + ")");
     }
   }
 }

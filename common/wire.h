@@ -28,8 +28,12 @@ namespace charm {
 
 /// Bumped whenever a field's meaning or a frame rule changes; peers must agree exactly.
 /// 2: the shared-secret handshake (authChallenge / authResponse, hello.clientNonce,
-/// helloReply.workerProof).
+/// helloReply.workerProof), the tier statistics (layerResponse.stats, healthReply tier
+/// fields) and `prefetchHint` (a message that gets no reply): one bump for all three.
 constexpr uint32_t kProtocolVersion = 2;
+
+/// Upper bound on the experts one prefetchHint may name (no layer has more experts).
+constexpr uint32_t kMaxHintExperts = 1u << 16;
 
 /// Default upper bound on one frame's body, in bytes (1 GiB).
 constexpr uint64_t kDefaultMaxFrameBytes = uint64_t{1} << 30;
@@ -123,10 +127,16 @@ struct ErrorMsg {
   std::string message;
 };
 
+/// `prefetchHint`: experts a coming layerRequest is predicted to use. Gets no reply.
+struct PrefetchHintMsg {
+  uint32_t layer = 0;             ///< decoder layer index of the predicted request
+  std::vector<uint32_t> experts;  ///< predicted expert ids held by the receiving worker
+};
+
 /// Any decoded message; the alternative is the union member the frame carried.
 using WireMessage = std::variant<HelloMsg, HelloReplyMsg, ExpertRequest, LayerResponseMsg,
                                  HealthRequestMsg, HealthReplyMsg, ErrorMsg, AuthChallengeMsg,
-                                 AuthResponseMsg>;
+                                 AuthResponseMsg, PrefetchHintMsg>;
 
 /// The schema's name of the message held by `message` ("hello", "layerRequest", ...).
 const char* message_name(const WireMessage& message);
@@ -143,6 +153,8 @@ Frame encode_health_reply(const HealthReplyMsg& reply);
 Frame encode_error(const std::string& message);
 Frame encode_auth_challenge(const AuthChallengeMsg& challenge);
 Frame encode_auth_response(const AuthResponseMsg& response);
+/// Throws Error(kInvalidInput) for more than kMaxHintExperts experts.
+Frame encode_prefetch_hint(const PrefetchHintMsg& hint);
 
 // --- decoders: frame body -> charm struct ---------------------------------------------
 
@@ -163,8 +175,9 @@ FrameBody split_frame(const uint8_t* data, size_t size,
 /// a multiple of 4 bytes or not numRows * hiddenSize * 4 bytes, an assignment row >=
 /// numRows; in a layerResponse: outputs not a multiple of 4 bytes, stats.hits +
 /// stats.misses other than 0 or expertsComputed, prefetchHits > hits; in a healthReply:
-/// tierLayers not ascending / a layer twice, prefetchHits > prefetchIssued. What needs
-/// the model's shape (layer and expert ids) is checked by check_layer_request.
+/// tierLayers not ascending / a layer twice, prefetchHits > prefetchIssued; in a
+/// prefetchHint: more than kMaxHintExperts experts. What needs the model's shape (layer
+/// and expert ids) is checked by check_layer_request and check_prefetch_hint.
 WireMessage decode_message(const FrameBody& body,
                            uint64_t max_frame_bytes = kDefaultMaxFrameBytes);
 
@@ -181,6 +194,12 @@ struct ModelLimits {
 /// hidden_size, an expert id >= num_experts, more assignments than numRows *
 /// num_experts (each (row, expert) pair at most once). A limit of 0 is not checked.
 void check_layer_request(const ExpertRequest& request, const ModelLimits& limits);
+
+/// Checks a decoded prefetchHint against the served model, as check_layer_request does a
+/// layerRequest. Throws Error(kProtocol) naming the field for: layer >= num_layers or not
+/// an MoE layer, an expert id >= num_experts, more experts than num_experts (each at
+/// most once). A limit of 0 is not checked.
+void check_prefetch_hint(const PrefetchHintMsg& hint, const ModelLimits& limits);
 
 /// Throws Error(kProtocol) "expected <expected>, got <name of got>" (with the text of an
 /// `error` message when that is what came).

@@ -247,8 +247,26 @@ RoutedExpertsCall SoftmaxTopkMoe::begin(ExpertDispatcher& dispatcher, uint32_t l
                                         size_t rows) const {
   std::vector<float> router_logits(rows * router.out);
   router(x, rows, router_logits.data());
-  return RoutedExpertsCall(dispatcher, layer, x, rows, router.in,
-                           softmax_topk(router_logits.data(), rows, router.out, top_k, norm_topk_prob));
+  Routing routing = softmax_topk(router_logits.data(), rows, router.out, top_k, norm_topk_prob);
+  return RoutedExpertsCall(dispatcher, layer, x, rows, router.in, std::move(routing));
+}
+
+std::vector<uint32_t> SoftmaxTopkMoe::predict(const float* x, size_t rows) const {
+  std::vector<float> router_logits(rows * router.out);
+  router(x, rows, router_logits.data());
+  const Routing routing = softmax_topk(router_logits.data(), rows, router.out, top_k, norm_topk_prob);
+  std::vector<uint32_t> experts = routing.experts;
+  std::sort(experts.begin(), experts.end());
+  experts.erase(std::unique(experts.begin(), experts.end()), experts.end());
+  return experts;
+}
+
+void hint_next_moe_layer(ExpertDispatcher& dispatcher, uint32_t next_layer, const RmsNorm& next_norm,
+                         const SoftmaxTopkMoe& next_moe, const float* hidden, size_t rows) {
+  if (!dispatcher.wants_hints()) return;
+  std::vector<float> x(rows * next_norm.weight.size());
+  next_norm(hidden, rows, x.data());
+  dispatcher.hint_layer(next_layer, next_moe.predict(x.data(), rows));
 }
 
 GatedSharedExpert GatedSharedExpert::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,

@@ -171,10 +171,11 @@ struct SoftmaxTopkMoe {
                              size_t top_k, bool norm_topk_prob);
   /// out [rows, hidden] = the block's output for x [rows, hidden] on MoE layer `layer`.
   void operator()(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows, float* out) const;
-  /// Routes x [rows, hidden] and sends its experts (the first half of operator()): the
-  /// caller may compute a shared expert before calling finish(out) on the result.
-  /// `x` must stay unchanged until then.
+  /// Routes x and starts its experts; the caller finishes the returned call (and may do
+  /// other work, such as a prefetch hint, in between). `x` must stay unchanged until then.
   RoutedExpertsCall begin(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows) const;
+  /// The batch-union (ascending) of the experts this router picks for x [rows, hidden].
+  std::vector<uint32_t> predict(const float* x, size_t rows) const;
 };
 
 /// A shared expert scaled by a learned sigmoid gate per position (Qwen2MoeSparseMoeBlock's
@@ -188,5 +189,14 @@ struct GatedSharedExpert {
   /// out [rows, hidden] for x [rows, hidden].
   void operator()(const float* x, size_t rows, float* out) const;
 };
+
+/// Speculative expert loading ("apply layer L+1's router to layer L's state", Eliseev &
+/// Mazur 2023, "Fast Inference of Mixture-of-Experts Language Models with Offloading",
+/// sec. 3.2): normalises the residual stream `hidden` [rows, hidden_size] as the next MoE
+/// layer's post_attention_layernorm would, applies that layer's router, and, when
+/// dispatcher.wants_hints(), sends the predicted batch-union with hint_layer(next_layer).
+/// Reads only; nothing the model computes depends on it.
+void hint_next_moe_layer(ExpertDispatcher& dispatcher, uint32_t next_layer, const RmsNorm& next_norm,
+                         const SoftmaxTopkMoe& next_moe, const float* hidden, size_t rows);
 
 }  // namespace charm

@@ -578,6 +578,37 @@ void ClusterDispatcher::heartbeat_if_due(Worker& worker) {
   }
 }
 
+void ClusterDispatcher::hint_layer(uint32_t layer, const std::vector<uint32_t>& experts) {
+  const auto found = placement_.find(layer);
+  if (found == placement_.end()) return;
+  const std::vector<std::vector<int>>& owners = found->second;
+  // Every replica of a predicted expert gets the hint: which one serves the request is
+  // decided when it is sent (the first live one), and a spare warm copy helps a failover.
+  std::vector<PrefetchHintMsg> hints(workers_.size());
+  for (uint32_t e : experts) {
+    if (e >= owners.size()) continue;
+    for (int w : owners[e]) hints.at(static_cast<size_t>(w)).experts.push_back(e);
+  }
+  for (size_t w = 0; w < workers_.size(); ++w) {
+    Worker& worker = *workers_[w];
+    if (hints[w].experts.empty()) continue;
+    hints[w].layer = layer;
+    // `io` keeps the hint's bytes from interleaving with a heartbeat's; a hint never waits
+    // for one (it is dropped instead). It has no reply, so a layer request in flight
+    // (busy) still gets the next frame back.
+    std::unique_lock<std::mutex> io(worker.io, std::try_to_lock);
+    // No reconnect for a hint: a broken connection is the next request's to report.
+    if (!io.owns_lock() || !worker.conn || !worker.conn->is_open()) continue;
+    try {
+      const uint64_t out = worker.conn->send(encode_prefetch_hint(hints[w]), request_timeout_);
+      std::lock_guard<std::mutex> lock(stats_mutex_);
+      worker.bytes_out += out;
+    } catch (const Error& e) {
+      spdlog::debug("coordinator: prefetch hint to {} dropped: {}", worker.label, e.message());
+    }
+  }
+}
+
 std::vector<WorkerStatus> ClusterDispatcher::status() const {
   std::lock_guard<std::mutex> lock(stats_mutex_);
   std::vector<double> p50;

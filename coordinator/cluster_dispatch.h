@@ -68,6 +68,12 @@ class ClusterDispatcher final : public ExpertDispatcher {
   /// every worker tried (with why it failed) when that cannot be done.
   void finish_layer() override;
 
+  /// Splits `experts` by owning worker (every replica) and sends each one prefetchHint (no
+  /// reply is read: the protocol's one fire-and-forget message). Workers that are down or
+  /// in a heartbeat right now, and a layer absent from the placement, get nothing; a send
+  /// that fails is logged and left for the next request on that connection to report.
+  void hint_layer(uint32_t layer, const std::vector<uint32_t>& experts) override;
+
   /// One entry per worker: "up" while connected, "down" after a failure until it rejoins.
   std::vector<WorkerStatus> status() const override;
 

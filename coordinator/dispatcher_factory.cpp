@@ -22,7 +22,11 @@ std::unique_ptr<ExpertDispatcher> make_dispatcher(const Topology& topology, cons
   }
   local.store = open_store(topology.store, checkpoint, config, all, "local", model_fingerprint(checkpoint));
   local.executor = std::make_unique<ExpertExecutor>(*local.store);
-  return std::make_unique<LocalDispatcher>(*local.executor, metrics);
+  // Prefetch hints go straight to the in-process store (async reads, no waiting).
+  const ExpertStore* store = local.store.get();
+  return std::make_unique<LocalDispatcher>(
+      *local.executor, [store](uint32_t layer, const std::vector<uint32_t>& experts) { store->prefetch(layer, experts); },
+      metrics);
 }
 
 }  // namespace charm

@@ -44,7 +44,7 @@ std::vector<int32_t> eos_ids(const ModelConfig& config, const nlohmann::json& ge
 
 class EngineImpl final : public Engine {
  public:
-  EngineImpl(const Topology& topology, Metrics* metrics) {
+  EngineImpl(const Topology& topology, const EngineOptions& options) {
     checkpoint_ = Checkpoint::open(topology.model);
     config_ = ModelConfig::parse(checkpoint_->config_json(), (topology.model / "config.json").string());
     tokenizer_ = Tokenizer::load(topology.model / "tokenizer.json");
@@ -55,7 +55,11 @@ class EngineImpl final : public Engine {
     }
     eos_ids_ = eos_ids(config_, checkpoint_->generation_config_json());
     model_name_ = topology.model_name.empty() ? topology.model.filename().string() : topology.model_name;
-    dispatcher_ = make_dispatcher(topology, *checkpoint_, config_, experts_, metrics);
+    auto observer = std::make_unique<RoutingObserver>(
+        make_dispatcher(topology, *checkpoint_, config_, experts_, options.metrics),
+        RoutingObserverOptions{topology.prefetch, options.routing_trace});
+    observer_ = observer.get();
+    dispatcher_ = std::move(observer);
     model_ = load_model(*checkpoint_, config_, *dispatcher_);
     spdlog::info("loaded {} ({}): {} layers, {} experts, top-{}, eos ids {}, KV cache {} bytes per token", model_name_,
                  config_.architecture, config_.num_hidden_layers, config_.num_experts, config_.num_experts_per_tok,
@@ -132,6 +136,11 @@ class EngineImpl final : public Engine {
 
   std::vector<WorkerStatus> cluster_status() const override { return dispatcher_->status(); }
 
+  std::map<uint32_t, PrefetchLayerStats> prefetch_stats() const override {
+    std::lock_guard lock(mutex_);
+    return observer_->prefetch_stats();
+  }
+
  private:
   void check_prompt(const std::vector<int32_t>& prompt, int64_t max_tokens) const {
     if (prompt.empty()) fail_invalid("prompt: must hold at least one token");
@@ -150,15 +159,16 @@ class EngineImpl final : public Engine {
   std::vector<int32_t> eos_ids_;
   std::string model_name_;
   LocalExperts experts_;  // the in-process worker role (single-node mode only)
-  std::unique_ptr<ExpertDispatcher> dispatcher_;
+  std::unique_ptr<ExpertDispatcher> dispatcher_;  // a RoutingObserver over the real one
+  RoutingObserver* observer_ = nullptr;           // dispatcher_, as its type
   std::unique_ptr<Model> model_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
 };
 
 }  // namespace
 
-std::unique_ptr<Engine> Engine::create(const Topology& topology, Metrics* metrics) {
-  return std::make_unique<EngineImpl>(topology, metrics);
+std::unique_ptr<Engine> Engine::create(const Topology& topology, const EngineOptions& options) {
+  return std::make_unique<EngineImpl>(topology, options);
 }
 
 }  // namespace charm

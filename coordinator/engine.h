@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,6 +14,7 @@
 #include "common/topology.h"
 #include "coordinator/chat_template.h"
 #include "coordinator/expert_dispatch.h"
+#include "coordinator/routing_observer.h"
 #include "coordinator/tokenizer.h"
 
 namespace charm {
@@ -45,13 +47,21 @@ struct GenerationResult {
 
 class Metrics;
 
+/// Per-run choices that are not part of the cluster description.
+struct EngineOptions {
+  std::string routing_trace;  ///< write every MoE layer's routing here (JSON lines, see
+                              ///< coordinator/routing_observer.h); empty = no trace
+  /// Receives the workers' RPC latencies, errors, failovers and expert tier counts (may
+  /// be null); must outlive the engine.
+  Metrics* metrics = nullptr;
+};
+
 class Engine {
  public:
   /// Loads the model the topology names and connects to its workers (or builds the
-  /// in-process expert store in single-node mode). `metrics`, when given, must outlive
-  /// the engine and receives the workers' RPC latencies and errors. Throws Error on any
-  /// failure.
-  static std::unique_ptr<Engine> create(const Topology& topology, Metrics* metrics = nullptr);
+  /// in-process expert store in single-node mode), reporting to options.metrics when
+  /// set. Throws Error on any failure.
+  static std::unique_ptr<Engine> create(const Topology& topology, const EngineOptions& options = {});
   virtual ~Engine() = default;
 
   virtual const Tokenizer& tokenizer() const = 0;
@@ -72,6 +82,10 @@ class Engine {
 
   /// Per-worker status, as the coordinator sees it.
   virtual std::vector<WorkerStatus> cluster_status() const = 0;
+
+  /// How well the prefetch hints predicted each MoE layer (empty unless prefetch is on or
+  /// a routing trace is written). Call between generations.
+  virtual std::map<uint32_t, PrefetchLayerStats> prefetch_stats() const { return {}; }
 };
 
 }  // namespace charm

@@ -35,6 +35,9 @@ struct WorkerStatus {
   /// worker's tier counters (split_by_tier); empty while the coordinator has not had a
   /// health reply from this worker since it (re)connected.
   std::map<std::string, uint64_t> experts_by_tier;
+  /// In-process experts only: the store's tier counters per MoE layer (a remote worker
+  /// reports its own in healthReply).
+  std::map<uint32_t, TierStats> tier_layers;
 };
 
 /// Experts per tier from a worker's counts: `experts_held` (layer, expert) pairs and
@@ -81,6 +84,17 @@ class ExpertDispatcher {
     begin_layer(layer, hidden, num_rows, hidden_size, assignments, outputs);
     finish_layer();
   }
+
+  /// Fire-and-forget prefetch hint: `experts` (ascending) of MoE layer `layer` are
+  /// predicted for a coming begin_layer. Delivered after the layer in flight (if any), so
+  /// a worker reads it once it has answered that layer. Never changes any output and
+  /// never throws for a worker that cannot take it (the hint is dropped). The default
+  /// drops every hint.
+  virtual void hint_layer(uint32_t /*layer*/, const std::vector<uint32_t>& /*experts*/) {}
+
+  /// Whether the model should compute predictions for hint_layer at all (prefetch on, or
+  /// a routing trace that records them). Plain dispatchers say no; see RoutingObserver.
+  virtual bool wants_hints() const { return false; }
 
   /// Per-worker view for status; in-process mode reports one "in-process" entry.
   virtual std::vector<WorkerStatus> status() const = 0;

@@ -56,7 +56,13 @@ class Olmoe final : public DecoderModel {
       add_residual(hidden.data(), delta.data(), n * h);
       // OlmoeSparseMoeBlock: every layer is routed.
       layer.post_attention_layernorm(hidden.data(), n, x.data());
-      layer.sparse_moe(dispatcher_, static_cast<uint32_t>(l), x.data(), n, delta.data());
+      RoutedExpertsCall moe = layer.sparse_moe.begin(dispatcher_, static_cast<uint32_t>(l), x.data(), n);
+      if (l + 1 < layers_.size()) {  // prefetch hint for the next layer while this one runs
+        const OlmoeLayer& next = layers_[l + 1];
+        hint_next_moe_layer(dispatcher_, static_cast<uint32_t>(l + 1), next.post_attention_layernorm,
+                            next.sparse_moe, hidden.data(), n);
+      }
+      moe.finish(delta.data());
       add_residual(hidden.data(), delta.data(), n * h);
     }
     end_forward(hidden.data(), n, logits);

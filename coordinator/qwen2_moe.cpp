@@ -63,6 +63,7 @@ class Qwen2Moe final : public DecoderModel {
         // Qwen2MoeSparseMoeBlock: routed experts go out first; the gated shared expert
         // runs here while they are in flight; the block's output is their sum.
         RoutedExpertsCall routed = layer.sparse_moe.begin(dispatcher_, static_cast<uint32_t>(l), x.data(), n);
+        hint_next(l, hidden.data(), n);
         layer.shared_expert(x.data(), n, shared.data());
         routed.finish(delta.data());
         add_residual(delta.data(), shared.data(), n * h);
@@ -75,6 +76,16 @@ class Qwen2Moe final : public DecoderModel {
   }
 
  private:
+  /// Prefetch hint for the next MoE layer after `l` (if any), from this layer's state.
+  void hint_next(size_t l, const float* hidden, size_t n) {
+    for (size_t j = l + 1; j < layers_.size(); ++j) {
+      if (!layers_[j].moe) continue;
+      hint_next_moe_layer(dispatcher_, static_cast<uint32_t>(j), layers_[j].post_attention_layernorm,
+                          layers_[j].sparse_moe, hidden, n);
+      return;
+    }
+  }
+
   std::vector<Qwen2MoeLayer> layers_;
 };
 

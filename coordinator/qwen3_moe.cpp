@@ -64,7 +64,9 @@ class Qwen3Moe final : public DecoderModel {
       // MLP block: routed experts or dense SwiGLU.
       layer.post_attention_layernorm(hidden.data(), n, x.data());
       if (layer.moe) {
-        layer.sparse_moe(dispatcher_, static_cast<uint32_t>(l), x.data(), n, delta.data());
+        RoutedExpertsCall moe = layer.sparse_moe.begin(dispatcher_, static_cast<uint32_t>(l), x.data(), n);
+        hint_next(l, hidden.data(), n);
+        moe.finish(delta.data());
       } else {
         layer.mlp(x.data(), n, delta.data());
       }
@@ -74,6 +76,16 @@ class Qwen3Moe final : public DecoderModel {
   }
 
  private:
+  /// Prefetch hint for the next MoE layer after `l` (if any), from this layer's state.
+  void hint_next(size_t l, const float* hidden, size_t n) {
+    for (size_t j = l + 1; j < layers_.size(); ++j) {
+      if (!layers_[j].moe) continue;
+      hint_next_moe_layer(dispatcher_, static_cast<uint32_t>(j), layers_[j].post_attention_layernorm,
+                          layers_[j].sparse_moe, hidden, n);
+      return;
+    }
+  }
+
   /// Qwen3MoeAttention: q/k per-head RMSNorm, RoPE, causal GQA, o_proj.
   void attention(const Qwen3MoeLayer& layer, size_t l, const float* x, size_t n, size_t pos0, KvCache& cache,
                  float* out) const {

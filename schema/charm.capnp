@@ -5,6 +5,8 @@
 # segment-table) message whose root is `Message`. One connection carries one
 # conversation: the client (coordinator or `charm status`) sends `hello` first, then any
 # number of requests; the worker answers each request with exactly one reply, in order.
+# The one exception is `prefetchHint`: a fire-and-forget message that gets NO reply (not
+# even on error), so a client reading replies stays in step by never waiting for one.
 #
 # Tensors travel as `Data` holding f32 little-endian values, row-major, so a row of
 # hidden_size floats is hidden_size * 4 bytes. Every count and size below is checked by
@@ -137,6 +139,17 @@ struct HealthReply {
   slots @12 :UInt64;            # RAM expert slots, pinned + LRU, over all layers
 }
 
+# Client -> worker, fire-and-forget (no reply): the experts the client predicts a coming
+# layerRequest will use, so the worker can start reading them from disk early. A hint
+# never changes any result; the worker may ignore it (unknown layer, experts it does not
+# hold, ids outside the model's range, before a successful hello, or prefetch
+# unsupported). With a cluster shared secret, a hint before authentication is refused
+# like any other message (an `error` frame, then the connection is closed).
+struct PrefetchHint {
+  layer @0 :UInt32;             # decoder layer index (0-based) of the predicted request
+  experts @1 :List(UInt32);     # predicted routed expert ids on that layer, this worker's only
+}
+
 # Either side: the peer's last frame could not be handled; the sender closes after it.
 struct ErrorMessage {
   message @0 :Text;             # what was wrong, naming the field
@@ -154,5 +167,6 @@ struct Message {
     error @6 :ErrorMessage;
     authChallenge @7 :AuthChallenge;
     authResponse @8 :AuthResponse;
+    prefetchHint @9 :PrefetchHint;  # no reply
   }
 }

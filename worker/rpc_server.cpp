@@ -290,6 +290,26 @@ bool WorkerServer::handle(FrameConnection& conn, WireMessage& message, Session& 
     send(conn, encode_layer_response(response));
     return true;
   }
+  if (auto* hint = std::get_if<PrefetchHintMsg>(&message)) {
+    // Fire-and-forget: no reply on any path, so the client's reply reading stays in step.
+    ++hints_received_;
+    if (!session.hello_ok) return true;
+    try {
+      // Ids out of the model's range never reach the store (the same limits as layerRequest).
+      check_prefetch_hint(*hint, options_.limits);
+    } catch (const Error& e) {
+      spdlog::warn("worker {}: {} sent a prefetch hint it must not: {}; dropped", options_.worker_name, conn.peer(),
+                   e.message());
+      return true;
+    }
+    try {
+      service_.prefetch(hint->layer, hint->experts);
+    } catch (const std::exception& e) {
+      spdlog::debug("worker {}: prefetch hint for layer {} dropped: {}", options_.worker_name, hint->layer,
+                    e.what());
+    }
+    return true;
+  }
   if (std::holds_alternative<HealthRequestMsg>(message)) {
     send(conn, encode_health_reply(health()));
     return true;

@@ -30,6 +30,10 @@ class LayerService {
   virtual ExpertResponse run(const ExpertRequest& request) = 0;
   /// Experts held: layer -> expert ids, ascending.
   virtual std::map<uint32_t, std::vector<uint32_t>> held() const = 0;
+  /// A prefetchHint: starts loading `experts` of `layer` if that helps, without waiting
+  /// for the loads and without changing any later result. The default ignores hints (a
+  /// store that holds everything in RAM has nothing to load). Must not block on I/O.
+  virtual void prefetch(uint32_t /*layer*/, const std::vector<uint32_t>& /*experts*/) {}
   /// Adds the expert-tier counters to a health reply (default: none).
   virtual void add_tier_stats(HealthReplyMsg& health) const {}
 };
@@ -41,6 +45,10 @@ class ExecutorService final : public LayerService {
   ExpertResponse run(const ExpertRequest& request) override { return executor_.run(request); }
   std::map<uint32_t, std::vector<uint32_t>> held() const override {
     return executor_.store().held();
+  }
+  /// Starts async reads of the hinted experts the store owns (ExpertStore::prefetch).
+  void prefetch(uint32_t layer, const std::vector<uint32_t>& experts) override {
+    executor_.store().prefetch(layer, experts);
   }
   void add_tier_stats(HealthReplyMsg& health) const override {
     const ExpertStore& store = executor_.store();
@@ -90,10 +98,14 @@ struct WorkerServerOptions {
 /// `layerRequest` is answered with a `layerResponse` (errors, including "no successful
 /// hello yet" and check_layer_request's, go in its error field and the connection stays
 /// up). `healthRequest` needs no hello, but with a shared secret it needs the
-/// authentication. A frame that does not decode, a message a client must not send, or
-/// one before authentication, gets an `error` frame and the connection is closed; a client
-/// that has not settled within handshake_timeout (see there) is dropped. Other connections
-/// are unaffected.
+/// authentication. `prefetchHint` gets no reply on any path (the one exception to
+/// one-reply-per-request, so the replies that follow stay in step): after a successful
+/// hello and check_prefetch_hint it is passed to LayerService::prefetch; before a hello,
+/// failing the check (logged at warn level) or when the prefetch throws (logged) it is
+/// dropped. A frame that does not decode, a message a client must not send, or any
+/// message (a hint too) before authentication, gets an `error` frame and the connection
+/// is closed; a client that has not settled within handshake_timeout (see there) is
+/// dropped. Other connections are unaffected.
 /// Thread-safety: start/stop/port/health from any one controlling thread.
 class WorkerServer {
  public:
@@ -117,6 +129,8 @@ class WorkerServer {
   /// and options.model_fingerprint (so `charm status` can spot a worker serving another
   /// model).
   HealthReplyMsg health() const;
+  /// prefetchHint messages received since start (all connections, dropped ones too).
+  uint64_t hints_received() const { return hints_received_.load(); }
 
  private:
   void accept_loop();
@@ -149,6 +163,7 @@ class WorkerServer {
   std::vector<ConnectionThread> connections_;
   std::chrono::steady_clock::time_point started_;
   std::atomic<uint64_t> requests_served_{0};
+  std::atomic<uint64_t> hints_received_{0};
   std::atomic<uint64_t> bytes_in_{0};
   std::atomic<uint64_t> bytes_out_{0};
   uint64_t experts_held_ = 0;

@@ -1,6 +1,6 @@
 // libFuzzer target: one frame as received from a peer (4-byte length prefix + Cap'n Proto
-// body) through split_frame, decode_message and check_layer_request, then re-encoded and
-// decoded again. Any exception other than charm::Error, any sanitizer report, or a
+// body) through split_frame, decode_message and check_layer_request / check_prefetch_hint,
+// then re-encoded and decoded again. Any exception other than charm::Error, any sanitizer report, or a
 // re-encoded message that decodes differently is a bug.
 #include <cstdint>
 #include <cstdlib>
@@ -24,6 +24,7 @@ charm::Frame encode(const charm::WireMessage& m) {
   if (auto* v = std::get_if<HealthReplyMsg>(&m)) return encode_health_reply(*v);
   if (auto* v = std::get_if<ErrorMsg>(&m)) return encode_error(v->message);
   if (auto* v = std::get_if<AuthChallengeMsg>(&m)) return encode_auth_challenge(*v);
+  if (auto* v = std::get_if<PrefetchHintMsg>(&m)) return encode_prefetch_hint(*v);
   return encode_auth_response(std::get<AuthResponseMsg>(m));
 }
 
@@ -40,6 +41,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (auto* request = std::get_if<charm::ExpertRequest>(&message)) {
     try {
       charm::check_layer_request(*request, charm::ModelLimits{48, 128, 64, {1, 3, 5}});
+    } catch (const charm::Error&) {
+    }
+  }
+  if (auto* hint = std::get_if<charm::PrefetchHintMsg>(&message)) {
+    try {
+      charm::check_prefetch_hint(*hint, charm::ModelLimits{48, 128, 64, {1, 3, 5}});
     } catch (const charm::Error&) {
     }
   }

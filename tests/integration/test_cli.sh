@@ -37,6 +37,24 @@ expect 2 "bogus_key" -- run --config "$tmp/unknown-key.yaml" hello
 expect 2 "charm: " -- status --config "$tmp/bad.yaml"
 expect 1 "charm: " -- serve --config "$tmp/missing.yaml"
 expect 0 "" -- --help
+# Prefetch and trace flags: a bad prefetch value in YAML, an unwritable trace file.
+printf 'model: %s\nmode: single-node\nprefetch: maybe\n' "$(dirname "$0")/../fixtures/models/olmoe-tiny" >"$tmp/bad-prefetch.yaml"
+printf 'model: %s\nmode: single-node\n' "$(cd "$(dirname "$0")/../fixtures/models/olmoe-tiny" && pwd)" >"$tmp/olmoe.yaml"
+expect 2 "prefetch: expected true or false" -- run --config "$tmp/bad-prefetch.yaml" hello
+expect 1 "cannot create routing trace file /nonexistent/t.jsonl" -- run --config "$tmp/olmoe.yaml" --routing-trace /nonexistent/t.jsonl hello
+expect 0 "prefetch recall" -- run --config "$tmp/olmoe.yaml" --prefetch --max-tokens 3 --temperature 0 --routing-trace "$tmp/t.jsonl" --stats-json "$tmp/s.json" hello
+# The YAML key alone turns prefetch on; --no-prefetch overrides it.
+printf 'prefetch: true\n' >>"$tmp/olmoe.yaml"
+expect 0 "prefetch recall" -- run --config "$tmp/olmoe.yaml" --max-tokens 2 hello
+timeout 60 "$charm" run --config "$tmp/olmoe.yaml" --no-prefetch --max-tokens 2 hello >/dev/null 2>"$tmp/err"
+if grep -q "prefetch recall" "$tmp/err"; then
+  echo "FAIL: --no-prefetch did not override prefetch: true"
+  failures=$((failures + 1))
+fi
+if [[ $(wc -l <"$tmp/t.jsonl") -ne $((3 * 3)) ]] || ! grep -q '"decode_tokens_per_s"' "$tmp/s.json"; then
+  echo "FAIL: routing trace should have 3 layers x 3 steps (prefill + 2 decodes) lines; stats JSON its fields"
+  failures=$((failures + 1))
+fi
 expect 2 "--out" -- convert --checkpoint "$tmp"
 expect 2 "quant" -- convert --checkpoint "$tmp" --out "$tmp/c" --quant fp8
 expect 2 "--worker needs --config" -- convert --checkpoint "$tmp" --out "$tmp/c" --worker w0

@@ -28,11 +28,12 @@ const std::string kCharm = std::string(CHARM_BINARY_DIR) + "/charm";
 /// (e.g. "ram_gb: 0.001, container: /x") goes into every worker entry, or into `store:`
 /// in single-node mode.
 fs::path write_topology(const fs::path& dir, const std::string& model, const std::vector<std::string>& split,
-                        std::vector<std::pair<std::string, uint16_t>>& workers, const std::string& tiers = "") {
+                        std::vector<std::pair<std::string, uint16_t>>& workers, const std::string& tiers = "", bool prefetch = false) {
   fs::create_directories(dir);
-  const fs::path path = dir / ("topology-" + std::to_string(split.size()) + ".yaml");
+  const fs::path path = dir / ("topology-" + std::to_string(split.size()) + (prefetch ? "-prefetch" : "") + ".yaml");
   std::ofstream out(path);
   out << "model: " << (kSource / "tests/fixtures/models" / model).string() << "\n";
+  out << "prefetch: " << (prefetch ? "true" : "false") << "\n";
   out << "mode: " << (split.empty() ? "single-node" : "cluster") << "\n";
   if (split.empty() && !tiers.empty()) out << "store: {" << tiers << "}\n";
   if (!split.empty()) out << "workers:\n";
@@ -49,13 +50,14 @@ struct Outcome {
   std::vector<std::vector<float>> logits;  // first-step logits per prompt
   std::vector<int32_t> greedy;             // greedy continuation of the first prompt
   std::vector<WorkerStatus> status;
+  std::map<uint32_t, PrefetchLayerStats> prefetch;
 };
 
 /// Starts the workers of a split (if any), builds an Engine and runs every reference prompt.
-Outcome run_split(const std::string& model, const std::vector<std::string>& split, const std::string& tiers = "") {
+Outcome run_split(const std::string& model, const std::vector<std::string>& split, const std::string& tiers = "", bool prefetch = false) {
   std::vector<std::pair<std::string, uint16_t>> workers;
   const fs::path yaml = write_topology(fs::temp_directory_path() / ("charm-topo-" + std::to_string(getpid())), model,
-                                       split, workers, tiers);
+                                       split, workers, tiers, prefetch);
   std::vector<std::unique_ptr<test::ChildProcess>> children;
   for (const auto& [name, port] : workers) {
     children.push_back(std::make_unique<test::ChildProcess>(
@@ -76,6 +78,7 @@ Outcome run_split(const std::string& model, const std::vector<std::string>& spli
   outcome.greedy = engine->generate(reference["prompts"][0]["prompt_ids"].get<std::vector<int32_t>>(), greedy, nullptr)
                        .tokens;
   outcome.status = engine->cluster_status();
+  outcome.prefetch = engine->prefetch_stats();
   return outcome;
 }
 
@@ -126,6 +129,33 @@ TEST_CASE("olmoe-tiny (fused expert tensors): single node and two workers give b
   const Outcome single = run_split("olmoe-tiny", {});
   const Outcome two = run_split("olmoe-tiny", {"\"0-2\"", "\"3-7\""});
   check_identical(single, two);
+}
+
+TEST_CASE("prefetch hints never change a bit: single node and two workers, hints on and off, one slot per layer") {
+  for (const std::string model : {"olmoe-tiny", "qwen3-moe-tiny", "qwen2-moe-tiny"}) {
+    INFO("model " << model);
+    const std::vector<std::string> split =
+        model == "olmoe-tiny" ? std::vector<std::string>{"\"0-2\"", "\"3-7\""}
+                              : std::vector<std::string>{"\"0-7\"", "\"8-15\""};
+    // qwen3-moe-tiny: one 12 KiB slot per layer per store, so hints really start reads
+    // (and evict); olmoe-tiny: every expert resident.
+    const std::string tiers =
+        model == "qwen3-moe-tiny" ? "ram_gb: 0.0000343323, pin: none, usage_file: none, io_threads: 2" : "";
+    const Outcome off = run_split(model, {});
+    const Outcome single = run_split(model, {}, tiers, /*prefetch=*/true);
+    const Outcome two = run_split(model, split, tiers, /*prefetch=*/true);
+    check_identical(off, single);
+    check_identical(off, two);
+    CHECK(off.prefetch.empty());
+    // Every MoE layer but the first got hints, and some were right.
+    REQUIRE_FALSE(two.prefetch.empty());
+    for (const auto& [layer, s] : two.prefetch) {
+      CHECK(s.steps > 0);
+      CHECK(s.correct <= s.actual);
+      MESSAGE(model << " layer " << layer << ": recall " << s.recall() << ", precision " << s.precision());
+    }
+    CHECK(two.prefetch.count(0) == 0);
+  }
 }
 
 TEST_CASE("qwen3-moe-tiny: one expert slot per layer gives the logits of full residency (checkpoint and container)") {

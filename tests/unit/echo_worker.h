@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "common/topology.h"
@@ -30,6 +31,19 @@ class EchoService final : public LayerService {
     return out;
   }
   std::map<uint32_t, std::vector<uint32_t>> held() const override { return {{0, {0, 1}}, {2, {0, 1}}}; }
+  /// Records the hints that reach the service (the server's checks passed).
+  void prefetch(uint32_t layer, const std::vector<uint32_t>& experts) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    hints_.emplace_back(layer, experts);
+  }
+  std::vector<std::pair<uint32_t, std::vector<uint32_t>>> hints() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return hints_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::pair<uint32_t, std::vector<uint32_t>>> hints_;
 };
 
 /// The model shape EchoService pretends to serve.

@@ -144,6 +144,19 @@ TEST_CASE("with a secret the worker answers nothing but the handshake to a stran
     c.conn->send(encode_layer_request(echo_request(1)), 5s);
     CHECK(decode_as<ErrorMsg>(c.conn->receive(5s)).message.find("shared secret") != std::string::npos);
   }
+  SUBCASE("prefetchHint (no reply when authenticated, refused before)") {
+    auto conn = FrameConnection::connect("127.0.0.1", worker.port(), 5s, "a");
+    conn->send(encode_prefetch_hint(PrefetchHintMsg{0, {1}}), 5s);
+    CHECK(decode_as<ErrorMsg>(conn->receive(5s)).message.find("shared secret") != std::string::npos);
+    expect_error([&] { conn->receive(5s); }, ErrorCategory::kUnavailable, {"closed"});
+    CHECK(worker.service.hints().empty());
+  }
+  SUBCASE("a prefetchHint while the challenge is unanswered") {
+    Challenged c(worker.port());
+    c.conn->send(encode_prefetch_hint(PrefetchHintMsg{0, {1}}), 5s);
+    CHECK(decode_as<ErrorMsg>(c.conn->receive(5s)).message.find("shared secret") != std::string::npos);
+    CHECK(worker.service.hints().empty());
+  }
   SUBCASE("an authResponse without a challenge") {
     auto conn = FrameConnection::connect("127.0.0.1", worker.port(), 5s, "a");
     conn->send(encode_auth_response({std::string(kAuthProofBytes, 'x')}), 5s);

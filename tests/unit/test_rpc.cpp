@@ -468,6 +468,131 @@ TEST_CASE("charm status table joins the coordinator's /cluster/status view") {
   require_error([] { parse_cluster_status("not json"); }, ErrorCategory::kProtocol, {"not JSON"});
 }
 
+namespace {
+
+// An ExecutorService that records every prefetch hint it is given.
+class RecordingService final : public LayerService {
+ public:
+  explicit RecordingService(const ExpertExecutor& executor) : inner_(executor) {}
+  ExpertResponse run(const ExpertRequest& request) override { return inner_.run(request); }
+  std::map<uint32_t, std::vector<uint32_t>> held() const override { return inner_.held(); }
+  void prefetch(uint32_t layer, const std::vector<uint32_t>& experts) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    hints_.emplace_back(layer, experts);
+    if (layer == 99) throw Error(ErrorCategory::kInvalidInput, "no such layer");  // must be dropped
+  }
+  std::vector<std::pair<uint32_t, std::vector<uint32_t>>> hints() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return hints_;
+  }
+
+ private:
+  ExecutorService inner_;
+  mutable std::mutex mutex_;
+  std::vector<std::pair<uint32_t, std::vector<uint32_t>>> hints_;
+};
+
+// A worker like TestWorker whose service records hints.
+struct HintWorker {
+  std::unique_ptr<ExpertStore> store;
+  std::unique_ptr<ExpertExecutor> executor;
+  std::unique_ptr<RecordingService> service;
+  std::unique_ptr<WorkerServer> server;
+
+  HintWorker(const TinyModel& model, const std::string& name, const std::vector<uint32_t>& experts) {
+    store = model.store(experts);
+    executor = std::make_unique<ExpertExecutor>(*store);
+    service = std::make_unique<RecordingService>(*executor);
+    WorkerServerOptions options;
+    options.worker_name = name;
+    options.model_fingerprint = model.fingerprint;
+    server = std::make_unique<WorkerServer>(options, *service);
+    server->start();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("prefetchHint gets no reply: the replies that follow stay in step") {
+  TinyModel model;
+  HintWorker worker(model, "a", {0, 1, 2, 3});
+  auto conn = FrameConnection::connect("127.0.0.1", worker.server->port(), 5s, "a");
+
+  // Before hello: dropped, and no reply (the next frame read answers the health request).
+  conn->send(encode_prefetch_hint(PrefetchHintMsg{0, {1}}), 5s);
+  conn->send(encode_health_request(), 5s);
+  CHECK(decode_as<HealthReplyMsg>(conn->receive(5s)).worker_name == "a");
+  CHECK(worker.service->hints().empty());
+
+  conn->send(encode_hello(HelloMsg{kProtocolVersion, model.fingerprint, "t"}), 5s);
+  REQUIRE(decode_as<HelloReplyMsg>(conn->receive(5s)).ok);
+  ExpertRequest req;
+  req.request_id = 41;
+  req.layer = 2;
+  req.hidden_size = kHidden;
+  req.num_rows = 1;
+  req.hidden = noise(kHidden, 3);
+  req.assignments = {{0, 1}};
+  // Hint, request, a hint the service rejects (dropped, connection stays), request.
+  conn->send(encode_prefetch_hint(PrefetchHintMsg{2, {1, 3}}), 5s);
+  conn->send(encode_layer_request(req), 5s);
+  conn->send(encode_prefetch_hint(PrefetchHintMsg{99, {0}}), 5s);
+  req.request_id = 42;
+  conn->send(encode_layer_request(req), 5s);
+  const auto first = decode_as<LayerResponseMsg>(conn->receive(5s));
+  const auto second = decode_as<LayerResponseMsg>(conn->receive(5s));
+  CHECK(first.error.empty());
+  CHECK(first.response.request_id == 41);
+  CHECK(second.error.empty());
+  CHECK(second.response.request_id == 42);
+  CHECK(first.response.outputs == second.response.outputs);
+  conn->send(encode_health_request(), 5s);
+  CHECK(decode_as<HealthReplyMsg>(conn->receive(5s)).requests_served == 2);
+
+  const auto hints = worker.service->hints();
+  REQUIRE(hints.size() == 2);
+  CHECK(hints[0].first == 2);
+  CHECK(hints[0].second == std::vector<uint32_t>{1, 3});
+  CHECK(hints[1].first == 99);
+  CHECK(worker.server->hints_received() == 3);
+}
+
+TEST_CASE("ClusterDispatcher::hint_layer sends each owner only its experts, behind the layer in flight") {
+  TinyModel model;
+  HintWorker a(model, "a", {0, 2});
+  HintWorker b(model, "b", {1, 3});
+  Topology topology;
+  topology.model = model.dir.path();
+  topology.workers = {WorkerSpec{"a", "127.0.0.1", a.server->port(), {0, 2}, {}},
+                      WorkerSpec{"b", "127.0.0.1", b.server->port(), {1, 3}, {}}};
+  Placement placement;
+  for (uint32_t layer : kLayers) placement[layer] = {{0}, {1}, {0}, {1}};
+  ClusterDispatcher dispatcher(topology, placement, model.fingerprint);
+
+  const std::vector<float> hidden = noise(3 * kHidden, 5);
+  const auto assignments = routing(3);
+  std::vector<float> plain(assignments.size() * kHidden), hinted(assignments.size() * kHidden);
+  dispatcher.run_layer(0, hidden.data(), 3, kHidden, assignments, plain.data());
+
+  dispatcher.begin_layer(0, hidden.data(), 3, kHidden, assignments, hinted.data());
+  dispatcher.hint_layer(2, {0, 1, 3});   // a gets {0}, b gets {1, 3}
+  dispatcher.hint_layer(1, {0});         // not a MoE layer of the placement: sent nowhere
+  dispatcher.hint_layer(2, {2, 17});     // 17 is out of range: dropped; a gets {2}
+  dispatcher.finish_layer();
+  CHECK(std::memcmp(plain.data(), hinted.data(), plain.size() * sizeof(float)) == 0);
+  // The hints follow the layer request on each connection; one more layer round trip
+  // guarantees the workers have read them.
+  dispatcher.run_layer(2, hidden.data(), 3, kHidden, assignments, hinted.data());
+
+  const auto ha = a.service->hints();
+  const auto hb = b.service->hints();
+  REQUIRE(ha.size() == 2);
+  CHECK(ha[0] == std::pair<uint32_t, std::vector<uint32_t>>{2, {0}});
+  CHECK(ha[1] == std::pair<uint32_t, std::vector<uint32_t>>{2, {2}});
+  REQUIRE(hb.size() == 1);
+  CHECK(hb[0] == std::pair<uint32_t, std::vector<uint32_t>>{2, {1, 3}});
+}
+
 TEST_CASE("health carries the worker's tier counters; charm status shows hit rate, bytes read and layers") {
   Cluster cluster;
   ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint);

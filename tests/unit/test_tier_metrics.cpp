@@ -134,7 +134,7 @@ TEST_CASE("single node: the in-process store's counts reach /metrics as worker \
   auto store = one_slot_per_layer(model, {0, 1, 2, 3});
   ExpertExecutor executor(*store);
   Metrics metrics;
-  LocalDispatcher dispatcher(executor, &metrics);
+  LocalDispatcher dispatcher(executor, nullptr, &metrics);
   run_some_layers(dispatcher);
 
   TierStats total;

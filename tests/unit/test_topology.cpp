@@ -173,10 +173,19 @@ TEST_CASE("wrong types and out-of-range scalars") {
   expect_invalid(single + "timeouts: {connect_ms: 0}\n", "timeouts.connect_ms", "expected an integer 1-");
   expect_invalid(single + "timeouts: {request_ms: [1]}\n", "timeouts.request_ms", "got a list");
   expect_invalid(single + "timeouts: []\n", "timeouts", "expected a mapping");
+  expect_invalid(single + "prefetch: yes\n", "prefetch", "expected true or false");
+  expect_invalid(single + "prefetch: [true]\n", "prefetch", "expected true or false");
   expect_invalid(single + "timeouts: {handshake_ms: 0}\n", "timeouts.handshake_ms", "expected an integer 1-");
   expect_invalid(single + "timeouts: {heartbeat_ms: -1}\n", "timeouts.heartbeat_ms", "expected an integer 0-");
   expect_invalid(single + "timeouts: {rejoin_min_ms: 500, rejoin_max_ms: 100}\n", "timeouts.rejoin_max_ms",
                  "at least rejoin_min_ms (500)");
+}
+
+TEST_CASE("prefetch is off unless the key says true") {
+  TempDir dir("topo");
+  CHECK_FALSE(load_text(dir, kModel + "mode: single-node\n").prefetch);
+  CHECK(load_text(dir, kModel + "mode: single-node\nprefetch: true\n").prefetch);
+  CHECK_FALSE(load_text(dir, kModel + "mode: single-node\nprefetch: false\n").prefetch);
 }
 
 TEST_CASE("workers: required in cluster mode, forbidden in single-node mode, well-formed") {

@@ -263,6 +263,34 @@ TEST_CASE("an amplification attack (2^28 zero-size assignments in 0 bytes) hits 
   require_protocol_error([&] { decode_message(body); }, "malformed Cap'n Proto message");
 }
 
+TEST_CASE("prefetchHint round-trips; an empty list is allowed") {
+  const auto hint = decode_as<PrefetchHintMsg>(body_of(encode_prefetch_hint(PrefetchHintMsg{5, {1, 9, 63}})));
+  CHECK(hint.layer == 5);
+  CHECK(hint.experts == std::vector<uint32_t>{1, 9, 63});
+  const WireMessage empty = decode_message(body_of(encode_prefetch_hint(PrefetchHintMsg{0, {}})));
+  CHECK(std::string(message_name(empty)) == "prefetchHint");
+  CHECK(std::get<PrefetchHintMsg>(empty).experts.empty());
+}
+
+TEST_CASE("prefetchHint: more than kMaxHintExperts experts is refused by the encoder and the decoder") {
+  PrefetchHintMsg big{1, std::vector<uint32_t>(kMaxHintExperts + 1, 3)};
+  CHECK_THROWS_AS(encode_prefetch_hint(big), Error);
+  capnp::MallocMessageBuilder builder;
+  auto r = builder.initRoot<wire::Message>().initPrefetchHint();
+  r.setLayer(1);
+  r.initExperts(kMaxHintExperts + 1);
+  require_protocol_error([&] { decode_message(body_of(frame_from(builder))); }, "prefetchHint.experts");
+}
+
+TEST_CASE("prefetchHint: a truncated experts list is a malformed message") {
+  Frame frame = encode_prefetch_hint(PrefetchHintMsg{2, {1, 2, 3, 4, 5, 6}});
+  // Claim one more segment word than the frame carries: the list pointer runs out of bounds.
+  FrameBody body = body_of(frame);
+  body.words.pop_back();
+  body.bytes -= 8;
+  require_protocol_error([&] { decode_message(body); }, "malformed");
+}
+
 TEST_CASE("tier stats round trip in layerResponse and healthReply") {
   LayerResponseMsg resp;
   resp.response.request_id = 5;

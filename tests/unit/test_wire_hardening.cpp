@@ -285,6 +285,35 @@ TEST_CASE("decoders: helloReply held lists, text caps, proofs") {
   CHECK(hello.client_nonce == std::string(32, 'x'));
 }
 
+TEST_CASE("prefetch hints with out-of-range ids never reach the service; replies stay in step") {
+  EchoWorker worker;
+  auto conn = greeted(worker);
+  const PrefetchHintMsg bad[] = {
+      {3, {0}},                                  // layer past the model's 3
+      {1, {0}},                                  // a dense layer
+      {0, {1, 4}},                               // expert 4 of 4
+      {2, {0xffffffffu}},                        // far out
+      {0, std::vector<uint32_t>(5, 1)},          // more ids than the layer has experts
+  };
+  for (const PrefetchHintMsg& hint : bad) conn->send(encode_prefetch_hint(hint), 5s);
+  conn->send(encode_prefetch_hint(PrefetchHintMsg{2, {0, 1}}), 5s);  // fine: reaches the service
+  // No reply to any hint: the next frame answers this request.
+  const auto reply = ask(*conn, echo_request(1, 77));
+  CHECK(reply.error.empty());
+  CHECK(reply.response.request_id == 77);
+  CHECK(worker.server->hints_received() == std::size(bad) + 1);
+  const auto hints = worker.service.hints();
+  REQUIRE(hints.size() == 1);
+  CHECK(hints[0].first == 2);
+  CHECK(hints[0].second == std::vector<uint32_t>{0, 1});
+
+  check_prefetch_hint(PrefetchHintMsg{99, {1000}}, ModelLimits{});  // zero limits: not checked
+  expect_error([&] { check_prefetch_hint(PrefetchHintMsg{1, {0}}, echo_limits()); }, ErrorCategory::kProtocol,
+               {"prefetchHint.layer 1 is not an MoE layer"});
+  expect_error([&] { check_prefetch_hint(PrefetchHintMsg{0, {1, 4}}, echo_limits()); }, ErrorCategory::kProtocol,
+               {"experts[1] = 4 is out of range (num_experts = 4)"});
+}
+
 TEST_CASE("check_layer_request: zero limits are not checked") {
   ExpertRequest req = echo_request(1);
   req.layer = 99;
