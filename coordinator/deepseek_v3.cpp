@@ -83,26 +83,24 @@ class DeepseekV3 final : public DecoderModel {
     return KvCache(config_.num_hidden_layers, max_tokens, MlaAttention::cache_row_dim(config_), 0);
   }
 
-  void forward(const int32_t* tokens, size_t n, KvCache& cache, float* logits) override {
-    const size_t h = config_.hidden_size;
-    std::vector<float> hidden(n * h), x(n * h), delta(n * h);
-    const size_t pos0 = begin_forward(tokens, n, cache, hidden.data());
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      const DeepseekV3Layer& layer = layers_[l];
-      // Self-attention block (pre-norm, residual).
-      layer.input_layernorm(hidden.data(), n, x.data());
-      layer.self_attn(rope_, x.data(), n, pos0, cache, l, delta.data());
-      add_residual(hidden.data(), delta.data(), n * h);
-      // MLP block: routed + shared experts, or dense SwiGLU in the first layers.
-      layer.post_attention_layernorm(hidden.data(), n, x.data());
-      if (layer.moe) {
-        layer.sparse_moe(dispatcher_, static_cast<uint32_t>(l), x.data(), n, delta.data());
-      } else {
-        layer.mlp(x.data(), n, delta.data());
-      }
-      add_residual(hidden.data(), delta.data(), n * h);
+
+ protected:
+  size_t num_layers() const override { return layers_.size(); }
+  const RmsNorm& input_norm(size_t l) const override { return layers_[l].input_layernorm; }
+  const RmsNorm& post_attention_norm(size_t l) const override { return layers_[l].post_attention_layernorm; }
+
+  void attention(size_t l, const float* x, size_t n, size_t pos0, KvCache& cache, float* out) override {
+    layers_[l].self_attn(rope_, x, n, pos0, cache, l, out);
+  }
+
+  /// DeepseekV3MoE (routed + shared experts), or dense SwiGLU in the first layers.
+  void feed_forward(size_t l, const float* x, const float* /*hidden*/, size_t n, float* out) override {
+    const DeepseekV3Layer& layer = layers_[l];
+    if (layer.moe) {
+      layer.sparse_moe(dispatcher_, static_cast<uint32_t>(l), x, n, out);
+    } else {
+      layer.mlp(x, n, out);
     }
-    end_forward(hidden.data(), n, logits);
   }
 
  private:

@@ -39,21 +39,22 @@ class Mixtral final : public DecoderModel {
     }
   }
 
-  void forward(const int32_t* tokens, size_t n, KvCache& cache, float* logits) override {
-    const size_t h = config_.hidden_size;
-    std::vector<float> hidden(n * h), x(n * h), delta(n * h);
-    const size_t pos0 = begin_forward(tokens, n, cache, hidden.data());
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      const MixtralLayer& layer = layers_[l];
-      layer.input_layernorm(hidden.data(), n, x.data());
-      layer.self_attn(rope_, x.data(), n, pos0, cache, l, delta.data());
-      add_residual(hidden.data(), delta.data(), n * h);
-      // MixtralSparseMoeBlock: every layer is routed.
-      layer.post_attention_layernorm(hidden.data(), n, x.data());
-      layer.sparse_moe(dispatcher_, static_cast<uint32_t>(l), x.data(), n, delta.data());
-      add_residual(hidden.data(), delta.data(), n * h);
-    }
-    end_forward(hidden.data(), n, logits);
+
+ protected:
+  size_t num_layers() const override { return layers_.size(); }
+  const RmsNorm& input_norm(size_t l) const override { return layers_[l].input_layernorm; }
+  const RmsNorm& post_attention_norm(size_t l) const override { return layers_[l].post_attention_layernorm; }
+  const SoftmaxTopkMoe* hint_router(size_t l) const override { return &layers_[l].sparse_moe; }
+
+  void attention(size_t l, const float* x, size_t n, size_t pos0, KvCache& cache, float* out) override {
+    layers_[l].self_attn(rope_, x, n, pos0, cache, l, out);
+  }
+
+  /// MixtralSparseMoeBlock: every layer is routed; a prefetch hint goes out while it runs.
+  void feed_forward(size_t l, const float* x, const float* hidden, size_t n, float* out) override {
+    RoutedExpertsCall moe = layers_[l].sparse_moe.begin(dispatcher_, static_cast<uint32_t>(l), x, n);
+    hint_next(l, hidden, n);
+    moe.finish(out);
   }
 
  private:

@@ -51,6 +51,30 @@ size_t DecoderModel::begin_forward(const int32_t* tokens, size_t n, KvCache& cac
   return pos0;
 }
 
+void DecoderModel::forward(const int32_t* tokens, size_t n, KvCache& cache, float* logits) {
+  const size_t h = config_.hidden_size;
+  std::vector<float> hidden(n * h), x(n * h), delta(n * h);
+  const size_t pos0 = begin_forward(tokens, n, cache, hidden.data());
+  for (size_t l = 0; l < num_layers(); ++l) {
+    input_norm(l)(hidden.data(), n, x.data());
+    attention(l, x.data(), n, pos0, cache, delta.data());
+    add_residual(hidden.data(), delta.data(), n * h);
+    post_attention_norm(l)(hidden.data(), n, x.data());
+    feed_forward(l, x.data(), hidden.data(), n, delta.data());
+    add_residual(hidden.data(), delta.data(), n * h);
+  }
+  end_forward(hidden.data(), n, logits);
+}
+
+void DecoderModel::hint_next(size_t layer, const float* hidden, size_t n) {
+  for (size_t j = layer + 1; j < num_layers(); ++j) {
+    if (const SoftmaxTopkMoe* router = hint_router(j)) {
+      hint_next_moe_layer(dispatcher_, static_cast<uint32_t>(j), post_attention_norm(j), *router, hidden, n);
+      return;
+    }
+  }
+}
+
 void DecoderModel::end_forward(const float* hidden, size_t n, float* logits) const {
   const size_t h = config_.hidden_size;
   head_(hidden + (n - 1) * h, embed_, config_.vocab_size, logits);  // last position only

@@ -40,18 +40,42 @@ class DecoderModel : public Model {
   KvCache new_cache(size_t max_tokens) const override;
   const ModelConfig& config() const override { return config_; }
 
+  /// The pre-norm decoder stack every family here shares (the *DecoderLayer of each HF
+  /// modeling file): per layer, hidden += attention(input_norm(hidden)), then
+  /// hidden += feed_forward(post_attention_norm(hidden)); then the output head.
+  void forward(const int32_t* tokens, size_t n, KvCache& cache, float* logits) final;
+
  protected:
-  /// Checks `tokens`, reserves n positions in `cache` (returns the first one) and writes
-  /// their embeddings to hidden [n, hidden_size].
-  size_t begin_forward(const int32_t* tokens, size_t n, KvCache& cache, float* hidden) const;
-  /// logits [vocab] of the last of n hidden rows (final norm + lm_head).
-  void end_forward(const float* hidden, size_t n, float* logits) const;
+  /// The family's layer parts, for layer < num_layers(). Activations are f32 [n, hidden].
+  virtual size_t num_layers() const = 0;
+  virtual const RmsNorm& input_norm(size_t layer) const = 0;
+  virtual const RmsNorm& post_attention_norm(size_t layer) const = 0;
+  /// out = the attention block for normed rows x at positions pos0..pos0+n-1; appends
+  /// their keys/values (or latents) to `cache`.
+  virtual void attention(size_t layer, const float* x, size_t n, size_t pos0, KvCache& cache, float* out) = 0;
+  /// out = the MLP or MoE block for normed rows x; `hidden` is the residual stream the
+  /// rows were normed from (what prefetch hints apply the next router to).
+  virtual void feed_forward(size_t layer, const float* x, const float* hidden, size_t n, float* out) = 0;
+  /// The softmax top-k MoE block of `layer` when prefetch hints can predict it, else
+  /// nullptr (dense layers; routers the hint does not model).
+  virtual const SoftmaxTopkMoe* hint_router(size_t /*layer*/) const { return nullptr; }
+
+  /// Sends a prefetch hint for the first layer after `layer` that has a hint_router,
+  /// predicted from `hidden` [n, hidden]; call it while `layer`'s experts are in flight.
+  void hint_next(size_t layer, const float* hidden, size_t n);
 
   ModelConfig config_;
   ExpertDispatcher& dispatcher_;
   Rope rope_;
   std::vector<float> embed_;
   OutputHead head_;
+
+ private:
+  /// Checks `tokens`, reserves n positions in `cache` (returns the first one) and writes
+  /// their embeddings to hidden [n, hidden_size].
+  size_t begin_forward(const int32_t* tokens, size_t n, KvCache& cache, float* hidden) const;
+  /// logits [vocab] of the last of n hidden rows (final norm + lm_head).
+  void end_forward(const float* hidden, size_t n, float* logits) const;
 };
 
 /// Loads the family `config.architecture` names. Resident weights are read from

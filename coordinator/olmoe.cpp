@@ -45,33 +45,16 @@ class Olmoe final : public DecoderModel {
     }
   }
 
-  void forward(const int32_t* tokens, size_t n, KvCache& cache, float* logits) override {
-    const size_t h = config_.hidden_size;
-    std::vector<float> hidden(n * h), x(n * h), delta(n * h);
-    const size_t pos0 = begin_forward(tokens, n, cache, hidden.data());
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      const OlmoeLayer& layer = layers_[l];
-      layer.input_layernorm(hidden.data(), n, x.data());
-      attention(layer, l, x.data(), n, pos0, cache, delta.data());
-      add_residual(hidden.data(), delta.data(), n * h);
-      // OlmoeSparseMoeBlock: every layer is routed.
-      layer.post_attention_layernorm(hidden.data(), n, x.data());
-      RoutedExpertsCall moe = layer.sparse_moe.begin(dispatcher_, static_cast<uint32_t>(l), x.data(), n);
-      if (l + 1 < layers_.size()) {  // prefetch hint for the next layer while this one runs
-        const OlmoeLayer& next = layers_[l + 1];
-        hint_next_moe_layer(dispatcher_, static_cast<uint32_t>(l + 1), next.post_attention_layernorm,
-                            next.sparse_moe, hidden.data(), n);
-      }
-      moe.finish(delta.data());
-      add_residual(hidden.data(), delta.data(), n * h);
-    }
-    end_forward(hidden.data(), n, logits);
-  }
 
- private:
+ protected:
+  size_t num_layers() const override { return layers_.size(); }
+  const RmsNorm& input_norm(size_t l) const override { return layers_[l].input_layernorm; }
+  const RmsNorm& post_attention_norm(size_t l) const override { return layers_[l].post_attention_layernorm; }
+  const SoftmaxTopkMoe* hint_router(size_t l) const override { return &layers_[l].sparse_moe; }
+
   /// OlmoeAttention: full-width q/k RMSNorm, clip_qkv clamp, RoPE, causal GQA, o_proj.
-  void attention(const OlmoeLayer& layer, size_t l, const float* x, size_t n, size_t pos0, KvCache& cache,
-                 float* out) const {
+  void attention(size_t l, const float* x, size_t n, size_t pos0, KvCache& cache, float* out) override {
+    const OlmoeLayer& layer = layers_[l];
     const size_t hd = config_.head_dim;
     const size_t nh = config_.num_attention_heads;
     const size_t nkv = config_.num_key_value_heads;
@@ -90,6 +73,14 @@ class Olmoe final : public DecoderModel {
     rope_attention(rope_, q.data(), k.data(), v.data(), n, pos0, cache, l, nh, nkv, hd, layer.o_proj, out);
   }
 
+  /// OlmoeSparseMoeBlock: every layer is routed; a prefetch hint goes out while it runs.
+  void feed_forward(size_t l, const float* x, const float* hidden, size_t n, float* out) override {
+    RoutedExpertsCall moe = layers_[l].sparse_moe.begin(dispatcher_, static_cast<uint32_t>(l), x, n);
+    hint_next(l, hidden, n);
+    moe.finish(out);
+  }
+
+ private:
   std::vector<OlmoeLayer> layers_;
 };
 

@@ -47,45 +47,34 @@ class Qwen2Moe final : public DecoderModel {
     }
   }
 
-  void forward(const int32_t* tokens, size_t n, KvCache& cache, float* logits) override {
-    const size_t h = config_.hidden_size;
-    std::vector<float> hidden(n * h), x(n * h), delta(n * h), shared(n * h);
-    const size_t pos0 = begin_forward(tokens, n, cache, hidden.data());
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      const Qwen2MoeLayer& layer = layers_[l];
-      // Self-attention block (pre-norm, residual).
-      layer.input_layernorm(hidden.data(), n, x.data());
-      layer.self_attn(rope_, x.data(), n, pos0, cache, l, delta.data());
-      add_residual(hidden.data(), delta.data(), n * h);
-      // MLP block.
-      layer.post_attention_layernorm(hidden.data(), n, x.data());
-      if (layer.moe) {
-        // Qwen2MoeSparseMoeBlock: routed experts go out first; the gated shared expert
-        // runs here while they are in flight; the block's output is their sum.
-        RoutedExpertsCall routed = layer.sparse_moe.begin(dispatcher_, static_cast<uint32_t>(l), x.data(), n);
-        hint_next(l, hidden.data(), n);
-        layer.shared_expert(x.data(), n, shared.data());
-        routed.finish(delta.data());
-        add_residual(delta.data(), shared.data(), n * h);
-      } else {
-        layer.mlp(x.data(), n, delta.data());
-      }
-      add_residual(hidden.data(), delta.data(), n * h);
-    }
-    end_forward(hidden.data(), n, logits);
+
+ protected:
+  size_t num_layers() const override { return layers_.size(); }
+  const RmsNorm& input_norm(size_t l) const override { return layers_[l].input_layernorm; }
+  const RmsNorm& post_attention_norm(size_t l) const override { return layers_[l].post_attention_layernorm; }
+  const SoftmaxTopkMoe* hint_router(size_t l) const override {
+    return layers_[l].moe ? &layers_[l].sparse_moe : nullptr;
+  }
+
+  void attention(size_t l, const float* x, size_t n, size_t pos0, KvCache& cache, float* out) override {
+    layers_[l].self_attn(rope_, x, n, pos0, cache, l, out);
+  }
+
+  /// Qwen2MoeSparseMoeBlock: routed experts go out first; the gated shared expert (and a
+  /// prefetch hint) run here while they are in flight; the block's output is their sum.
+  /// Dense SwiGLU on mlp_only layers.
+  void feed_forward(size_t l, const float* x, const float* hidden, size_t n, float* out) override {
+    const Qwen2MoeLayer& layer = layers_[l];
+    if (!layer.moe) return layer.mlp(x, n, out);
+    RoutedExpertsCall routed = layer.sparse_moe.begin(dispatcher_, static_cast<uint32_t>(l), x, n);
+    hint_next(l, hidden, n);
+    std::vector<float> shared(n * config_.hidden_size);
+    layer.shared_expert(x, n, shared.data());
+    routed.finish(out);
+    add_residual(out, shared.data(), shared.size());
   }
 
  private:
-  /// Prefetch hint for the next MoE layer after `l` (if any), from this layer's state.
-  void hint_next(size_t l, const float* hidden, size_t n) {
-    for (size_t j = l + 1; j < layers_.size(); ++j) {
-      if (!layers_[j].moe) continue;
-      hint_next_moe_layer(dispatcher_, static_cast<uint32_t>(j), layers_[j].post_attention_layernorm,
-                          layers_[j].sparse_moe, hidden, n);
-      return;
-    }
-  }
-
   std::vector<Qwen2MoeLayer> layers_;
 };
 

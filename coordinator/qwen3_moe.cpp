@@ -51,44 +51,18 @@ class Qwen3Moe final : public DecoderModel {
     }
   }
 
-  void forward(const int32_t* tokens, size_t n, KvCache& cache, float* logits) override {
-    const size_t h = config_.hidden_size;
-    std::vector<float> hidden(n * h), x(n * h), delta(n * h);
-    const size_t pos0 = begin_forward(tokens, n, cache, hidden.data());
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      const Qwen3MoeLayer& layer = layers_[l];
-      // Self-attention block (pre-norm, residual).
-      layer.input_layernorm(hidden.data(), n, x.data());
-      attention(layer, l, x.data(), n, pos0, cache, delta.data());
-      add_residual(hidden.data(), delta.data(), n * h);
-      // MLP block: routed experts or dense SwiGLU.
-      layer.post_attention_layernorm(hidden.data(), n, x.data());
-      if (layer.moe) {
-        RoutedExpertsCall moe = layer.sparse_moe.begin(dispatcher_, static_cast<uint32_t>(l), x.data(), n);
-        hint_next(l, hidden.data(), n);
-        moe.finish(delta.data());
-      } else {
-        layer.mlp(x.data(), n, delta.data());
-      }
-      add_residual(hidden.data(), delta.data(), n * h);
-    }
-    end_forward(hidden.data(), n, logits);
-  }
 
- private:
-  /// Prefetch hint for the next MoE layer after `l` (if any), from this layer's state.
-  void hint_next(size_t l, const float* hidden, size_t n) {
-    for (size_t j = l + 1; j < layers_.size(); ++j) {
-      if (!layers_[j].moe) continue;
-      hint_next_moe_layer(dispatcher_, static_cast<uint32_t>(j), layers_[j].post_attention_layernorm,
-                          layers_[j].sparse_moe, hidden, n);
-      return;
-    }
+ protected:
+  size_t num_layers() const override { return layers_.size(); }
+  const RmsNorm& input_norm(size_t l) const override { return layers_[l].input_layernorm; }
+  const RmsNorm& post_attention_norm(size_t l) const override { return layers_[l].post_attention_layernorm; }
+  const SoftmaxTopkMoe* hint_router(size_t l) const override {
+    return layers_[l].moe ? &layers_[l].sparse_moe : nullptr;
   }
 
   /// Qwen3MoeAttention: q/k per-head RMSNorm, RoPE, causal GQA, o_proj.
-  void attention(const Qwen3MoeLayer& layer, size_t l, const float* x, size_t n, size_t pos0, KvCache& cache,
-                 float* out) const {
+  void attention(size_t l, const float* x, size_t n, size_t pos0, KvCache& cache, float* out) override {
+    const Qwen3MoeLayer& layer = layers_[l];
     const size_t hd = config_.head_dim;
     const size_t nh = config_.num_attention_heads;
     const size_t nkv = config_.num_key_value_heads;
@@ -101,6 +75,16 @@ class Qwen3Moe final : public DecoderModel {
     rope_attention(rope_, q.data(), k.data(), v.data(), n, pos0, cache, l, nh, nkv, hd, layer.o_proj, out);
   }
 
+  /// Qwen3MoeSparseMoeBlock (routed experts, a prefetch hint while they run) or dense SwiGLU.
+  void feed_forward(size_t l, const float* x, const float* hidden, size_t n, float* out) override {
+    const Qwen3MoeLayer& layer = layers_[l];
+    if (!layer.moe) return layer.mlp(x, n, out);
+    RoutedExpertsCall moe = layer.sparse_moe.begin(dispatcher_, static_cast<uint32_t>(l), x, n);
+    hint_next(l, hidden, n);
+    moe.finish(out);
+  }
+
+ private:
   std::vector<Qwen3MoeLayer> layers_;
 };
 
