@@ -56,10 +56,10 @@ struct DeepseekV3Layer {
   DenseMlp mlp;              // when !moe
 };
 
-class DeepseekV3 final : public DecoderModel {
+class DeepseekV3 final : public LayerStack<DeepseekV3Layer> {
  public:
   DeepseekV3(const Checkpoint& ckpt, const ModelConfig& config, ExpertDispatcher& dispatcher)
-      : DecoderModel(ckpt, config, dispatcher) {
+      : LayerStack(ckpt, config, dispatcher) {
     const size_t h = config.hidden_size;
     const double eps = config.rms_norm_eps;
     for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
@@ -83,12 +83,7 @@ class DeepseekV3 final : public DecoderModel {
     return KvCache(config_.num_hidden_layers, max_tokens, MlaAttention::cache_row_dim(config_), 0);
   }
 
-
  protected:
-  size_t num_layers() const override { return layers_.size(); }
-  const RmsNorm& input_norm(size_t l) const override { return layers_[l].input_layernorm; }
-  const RmsNorm& post_attention_norm(size_t l) const override { return layers_[l].post_attention_layernorm; }
-
   void attention(size_t l, const float* x, size_t n, size_t pos0, KvCache& cache, float* out) override {
     layers_[l].self_attn(rope_, x, n, pos0, cache, l, out);
   }
@@ -102,9 +97,6 @@ class DeepseekV3 final : public DecoderModel {
       layer.mlp(x, n, out);
     }
   }
-
- private:
-  std::vector<DeepseekV3Layer> layers_;
 };
 
 }  // namespace

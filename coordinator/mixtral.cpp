@@ -19,10 +19,10 @@ struct MixtralLayer {
   SoftmaxTopkMoe sparse_moe;
 };
 
-class Mixtral final : public DecoderModel {
+class Mixtral final : public LayerStack<MixtralLayer> {
  public:
   Mixtral(const Checkpoint& ckpt, const ModelConfig& config, ExpertDispatcher& dispatcher)
-      : DecoderModel(ckpt, config, dispatcher) {
+      : LayerStack(ckpt, config, dispatcher) {
     const size_t h = config.hidden_size;
     const double eps = config.rms_norm_eps;
     for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
@@ -39,11 +39,7 @@ class Mixtral final : public DecoderModel {
     }
   }
 
-
  protected:
-  size_t num_layers() const override { return layers_.size(); }
-  const RmsNorm& input_norm(size_t l) const override { return layers_[l].input_layernorm; }
-  const RmsNorm& post_attention_norm(size_t l) const override { return layers_[l].post_attention_layernorm; }
   const SoftmaxTopkMoe* hint_router(size_t l) const override { return &layers_[l].sparse_moe; }
 
   void attention(size_t l, const float* x, size_t n, size_t pos0, KvCache& cache, float* out) override {
@@ -52,13 +48,8 @@ class Mixtral final : public DecoderModel {
 
   /// MixtralSparseMoeBlock: every layer is routed; a prefetch hint goes out while it runs.
   void feed_forward(size_t l, const float* x, const float* hidden, size_t n, float* out) override {
-    RoutedExpertsCall moe = layers_[l].sparse_moe.begin(dispatcher_, static_cast<uint32_t>(l), x, n);
-    hint_next(l, hidden, n);
-    moe.finish(out);
+    routed_moe(l, layers_[l].sparse_moe, x, hidden, n, out);
   }
-
- private:
-  std::vector<MixtralLayer> layers_;
 };
 
 }  // namespace

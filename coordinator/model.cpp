@@ -75,6 +75,13 @@ void DecoderModel::hint_next(size_t layer, const float* hidden, size_t n) {
   }
 }
 
+void DecoderModel::routed_moe(size_t layer, const SoftmaxTopkMoe& moe, const float* x, const float* hidden,
+                              size_t n, float* out) {
+  RoutedExpertsCall call = moe.begin(dispatcher_, static_cast<uint32_t>(layer), x, n);
+  hint_next(layer, hidden, n);
+  call.finish(out);
+}
+
 void DecoderModel::end_forward(const float* hidden, size_t n, float* logits) const {
   const size_t h = config_.hidden_size;
   head_(hidden + (n - 1) * h, embed_, config_.vocab_size, logits);  // last position only

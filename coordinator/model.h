@@ -64,6 +64,11 @@ class DecoderModel : public Model {
   /// predicted from `hidden` [n, hidden]; call it while `layer`'s experts are in flight.
   void hint_next(size_t layer, const float* hidden, size_t n);
 
+  /// A softmax top-k MoE block without shared experts: sends the routed experts of
+  /// `layer`, hints the next MoE layer while they run, and writes their sum to out.
+  void routed_moe(size_t layer, const SoftmaxTopkMoe& moe, const float* x, const float* hidden, size_t n,
+                  float* out);
+
   ModelConfig config_;
   ExpertDispatcher& dispatcher_;
   Rope rope_;
@@ -76,6 +81,21 @@ class DecoderModel : public Model {
   size_t begin_forward(const int32_t* tokens, size_t n, KvCache& cache, float* hidden) const;
   /// logits [vocab] of the last of n hidden rows (final norm + lm_head).
   void end_forward(const float* hidden, size_t n, float* logits) const;
+};
+
+/// A DecoderModel whose layers are a vector of the family's `Layer` struct, each with
+/// `input_layernorm` and `post_attention_layernorm` RmsNorm members (the HF names).
+template <typename Layer>
+class LayerStack : public DecoderModel {
+ public:
+  using DecoderModel::DecoderModel;
+
+ protected:
+  size_t num_layers() const override { return layers_.size(); }
+  const RmsNorm& input_norm(size_t l) const override { return layers_[l].input_layernorm; }
+  const RmsNorm& post_attention_norm(size_t l) const override { return layers_[l].post_attention_layernorm; }
+
+  std::vector<Layer> layers_;
 };
 
 /// Loads the family `config.architecture` names. Resident weights are read from

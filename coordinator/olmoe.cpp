@@ -20,10 +20,10 @@ struct OlmoeLayer {
   SoftmaxTopkMoe sparse_moe;
 };
 
-class Olmoe final : public DecoderModel {
+class Olmoe final : public LayerStack<OlmoeLayer> {
  public:
   Olmoe(const Checkpoint& ckpt, const ModelConfig& config, ExpertDispatcher& dispatcher)
-      : DecoderModel(ckpt, config, dispatcher) {
+      : LayerStack(ckpt, config, dispatcher) {
     const size_t h = config.hidden_size;
     const size_t q_dim = config.num_attention_heads * config.head_dim;
     const size_t kv_dim = config.num_key_value_heads * config.head_dim;
@@ -45,11 +45,7 @@ class Olmoe final : public DecoderModel {
     }
   }
 
-
  protected:
-  size_t num_layers() const override { return layers_.size(); }
-  const RmsNorm& input_norm(size_t l) const override { return layers_[l].input_layernorm; }
-  const RmsNorm& post_attention_norm(size_t l) const override { return layers_[l].post_attention_layernorm; }
   const SoftmaxTopkMoe* hint_router(size_t l) const override { return &layers_[l].sparse_moe; }
 
   /// OlmoeAttention: full-width q/k RMSNorm, clip_qkv clamp, RoPE, causal GQA, o_proj.
@@ -75,13 +71,8 @@ class Olmoe final : public DecoderModel {
 
   /// OlmoeSparseMoeBlock: every layer is routed; a prefetch hint goes out while it runs.
   void feed_forward(size_t l, const float* x, const float* hidden, size_t n, float* out) override {
-    RoutedExpertsCall moe = layers_[l].sparse_moe.begin(dispatcher_, static_cast<uint32_t>(l), x, n);
-    hint_next(l, hidden, n);
-    moe.finish(out);
+    routed_moe(l, layers_[l].sparse_moe, x, hidden, n, out);
   }
-
- private:
-  std::vector<OlmoeLayer> layers_;
 };
 
 }  // namespace

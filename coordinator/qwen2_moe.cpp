@@ -22,10 +22,10 @@ struct Qwen2MoeLayer {
   DenseMlp mlp;                     // when !moe
 };
 
-class Qwen2Moe final : public DecoderModel {
+class Qwen2Moe final : public LayerStack<Qwen2MoeLayer> {
  public:
   Qwen2Moe(const Checkpoint& ckpt, const ModelConfig& config, ExpertDispatcher& dispatcher)
-      : DecoderModel(ckpt, config, dispatcher) {
+      : LayerStack(ckpt, config, dispatcher) {
     const size_t h = config.hidden_size;
     const double eps = config.rms_norm_eps;
     for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
@@ -47,11 +47,7 @@ class Qwen2Moe final : public DecoderModel {
     }
   }
 
-
  protected:
-  size_t num_layers() const override { return layers_.size(); }
-  const RmsNorm& input_norm(size_t l) const override { return layers_[l].input_layernorm; }
-  const RmsNorm& post_attention_norm(size_t l) const override { return layers_[l].post_attention_layernorm; }
   const SoftmaxTopkMoe* hint_router(size_t l) const override {
     return layers_[l].moe ? &layers_[l].sparse_moe : nullptr;
   }
@@ -73,9 +69,6 @@ class Qwen2Moe final : public DecoderModel {
     routed.finish(out);
     add_residual(out, shared.data(), shared.size());
   }
-
- private:
-  std::vector<Qwen2MoeLayer> layers_;
 };
 
 }  // namespace

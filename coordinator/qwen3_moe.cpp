@@ -20,10 +20,10 @@ struct Qwen3MoeLayer {
   DenseMlp mlp;               // when !moe
 };
 
-class Qwen3Moe final : public DecoderModel {
+class Qwen3Moe final : public LayerStack<Qwen3MoeLayer> {
  public:
   Qwen3Moe(const Checkpoint& ckpt, const ModelConfig& config, ExpertDispatcher& dispatcher)
-      : DecoderModel(ckpt, config, dispatcher) {
+      : LayerStack(ckpt, config, dispatcher) {
     const size_t h = config.hidden_size;
     const size_t hd = config.head_dim;
     const size_t nh = config.num_attention_heads;
@@ -51,11 +51,7 @@ class Qwen3Moe final : public DecoderModel {
     }
   }
 
-
  protected:
-  size_t num_layers() const override { return layers_.size(); }
-  const RmsNorm& input_norm(size_t l) const override { return layers_[l].input_layernorm; }
-  const RmsNorm& post_attention_norm(size_t l) const override { return layers_[l].post_attention_layernorm; }
   const SoftmaxTopkMoe* hint_router(size_t l) const override {
     return layers_[l].moe ? &layers_[l].sparse_moe : nullptr;
   }
@@ -79,13 +75,8 @@ class Qwen3Moe final : public DecoderModel {
   void feed_forward(size_t l, const float* x, const float* hidden, size_t n, float* out) override {
     const Qwen3MoeLayer& layer = layers_[l];
     if (!layer.moe) return layer.mlp(x, n, out);
-    RoutedExpertsCall moe = layer.sparse_moe.begin(dispatcher_, static_cast<uint32_t>(l), x, n);
-    hint_next(l, hidden, n);
-    moe.finish(out);
+    routed_moe(l, layer.sparse_moe, x, hidden, n, out);
   }
-
- private:
-  std::vector<Qwen3MoeLayer> layers_;
 };
 
 }  // namespace
