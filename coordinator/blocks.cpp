@@ -197,11 +197,6 @@ void RoutedExpertsCall::finish(float* out) {
   }
 }
 
-void routed_experts(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows, size_t hidden,
-                    const Routing& routing, float* out) {
-  RoutedExpertsCall(dispatcher, layer, x, rows, hidden, routing).finish(out);
-}
-
 }  // namespace charm
 
 namespace charm {
@@ -238,24 +233,19 @@ SoftmaxTopkMoe SoftmaxTopkMoe::load(const Checkpoint& ckpt, const std::string& p
   return SoftmaxTopkMoe{Linear::load(ckpt, prefix + ".gate", num_experts, hidden), top_k, norm_topk_prob};
 }
 
-void SoftmaxTopkMoe::operator()(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows,
-                                float* out) const {
-  begin(dispatcher, layer, x, rows).finish(out);
-}
-
 RoutedExpertsCall SoftmaxTopkMoe::begin(ExpertDispatcher& dispatcher, uint32_t layer, const float* x,
                                         size_t rows) const {
+  return RoutedExpertsCall(dispatcher, layer, x, rows, router.in, route(x, rows));
+}
+
+Routing SoftmaxTopkMoe::route(const float* x, size_t rows) const {
   std::vector<float> router_logits(rows * router.out);
   router(x, rows, router_logits.data());
-  Routing routing = softmax_topk(router_logits.data(), rows, router.out, top_k, norm_topk_prob);
-  return RoutedExpertsCall(dispatcher, layer, x, rows, router.in, std::move(routing));
+  return softmax_topk(router_logits.data(), rows, router.out, top_k, norm_topk_prob);
 }
 
 std::vector<uint32_t> SoftmaxTopkMoe::predict(const float* x, size_t rows) const {
-  std::vector<float> router_logits(rows * router.out);
-  router(x, rows, router_logits.data());
-  const Routing routing = softmax_topk(router_logits.data(), rows, router.out, top_k, norm_topk_prob);
-  std::vector<uint32_t> experts = routing.experts;
+  std::vector<uint32_t> experts = route(x, rows).experts;
   std::sort(experts.begin(), experts.end());
   experts.erase(std::unique(experts.begin(), experts.end()), experts.end());
   return experts;

@@ -154,14 +154,9 @@ class RoutedExpertsCall {
   std::vector<float> outputs_;  // [rows * top_k, hidden], unweighted, rank order per row
 };
 
-/// Runs the routed experts of `layer` for x [rows, hidden] to completion (a
-/// RoutedExpertsCall begun and finished at once): out [rows, hidden].
-void routed_experts(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows, size_t hidden,
-                    const Routing& routing, float* out);
-
 /// A softmax top-k routed MoE block without shared experts (Qwen3MoeSparseMoeBlock,
-/// OlmoeSparseMoeBlock): router "mlp.gate" [num_experts, hidden], then softmax_topk, then
-/// routed_experts.
+/// OlmoeSparseMoeBlock, MixtralSparseMoeBlock's routing): router "<prefix>.gate"
+/// [num_experts, hidden], then softmax_topk, then a RoutedExpertsCall.
 struct SoftmaxTopkMoe {
   Linear router;
   size_t top_k = 0;
@@ -169,13 +164,13 @@ struct SoftmaxTopkMoe {
   /// Loads "<prefix>.gate.weight" [num_experts, hidden].
   static SoftmaxTopkMoe load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden, size_t num_experts,
                              size_t top_k, bool norm_topk_prob);
-  /// out [rows, hidden] = the block's output for x [rows, hidden] on MoE layer `layer`.
-  void operator()(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows, float* out) const;
   /// Routes x and starts its experts; the caller finishes the returned call (and may do
   /// other work, such as a prefetch hint, in between). `x` must stay unchanged until then.
   RoutedExpertsCall begin(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows) const;
   /// The batch-union (ascending) of the experts this router picks for x [rows, hidden].
   std::vector<uint32_t> predict(const float* x, size_t rows) const;
+  /// The router's decisions for x [rows, hidden].
+  Routing route(const float* x, size_t rows) const;
 };
 
 /// A shared expert scaled by a learned sigmoid gate per position (Qwen2MoeSparseMoeBlock's

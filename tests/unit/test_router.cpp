@@ -69,7 +69,7 @@ class RecordingDispatcher : public ExpertDispatcher {
 };
 }  // namespace
 
-TEST_CASE("routed_experts sends every (row, expert) once and sums weighted outputs") {
+TEST_CASE("a routed-experts call sends every (row, expert) once and sums weighted outputs") {
   Routing routing;
   routing.top_k = 2;
   routing.experts = {3, 1, 0, 3};
@@ -77,7 +77,7 @@ TEST_CASE("routed_experts sends every (row, expert) once and sums weighted outpu
   const float x[] = {1.0f, 2.0f, -1.0f, 4.0f};  // 2 rows, hidden 2
   float out[4];
   RecordingDispatcher d;
-  routed_experts(d, 7, x, 2, 2, routing, out);
+  RoutedExpertsCall(d, 7, x, 2, 2, routing).finish(out);
   REQUIRE(d.seen.size() == 4);
   CHECK(d.seen[0].row == 0);
   CHECK(d.seen[0].expert == 3);
