@@ -216,6 +216,11 @@ void ClusterDispatcher::connect(Worker& worker) {
       }
     }
   }
+  // Its RAM slots (experts_by_tier) from the start rather than from the first heartbeat:
+  // a restarted worker may run with another budget.
+  const uint64_t health_out = conn->send(encode_health_request(), handshake_timeout_);
+  const FrameBody health_body = conn->receive(handshake_timeout_);
+  const HealthReplyMsg health = decode_as<HealthReplyMsg>(health_body);
   {
     std::lock_guard<std::mutex> io(worker.io);
     worker.conn = std::move(conn);
@@ -226,9 +231,9 @@ void ClusterDispatcher::connect(Worker& worker) {
   worker.ever_up = true;
   worker.state = "up";
   worker.experts_held = held;
-  worker.ram_slots.reset();  // maybe another process, another budget: learnt at the next heartbeat
-  worker.bytes_out += handshake.bytes_out;
-  worker.bytes_in += handshake.bytes_in;
+  worker.ram_slots = health.slots;
+  worker.bytes_out += handshake.bytes_out + health_out;
+  worker.bytes_in += handshake.bytes_in + health_body.bytes + 4;
   worker.last_seen = Clock::now();
   worker.backoff = rejoin_min_;
   spdlog::info("coordinator: connected to {} ({} experts{})", worker.label, held,

@@ -135,8 +135,8 @@ struct Cluster {
 
   Cluster() {
     topology.model = model.dir.path();
-    topology.workers = {WorkerSpec{"a", "127.0.0.1", a.server->port(), {0, 2}, {}},
-                        WorkerSpec{"b", "127.0.0.1", b.server->port(), {1, 3}, {}}};
+    topology.workers = {WorkerSpec{"a", "127.0.0.1", a.server->port(), {0, 2}, {}, {}},
+                        WorkerSpec{"b", "127.0.0.1", b.server->port(), {1, 3}, {}, {}}};
     topology.connect_timeout_ms = 5000;
     topology.request_timeout_ms = 30000;
     topology.heartbeat_ms = 0;  // byte counts compared below must not move under a heartbeat

@@ -173,7 +173,9 @@ TEST_CASE("a malformed reply is failed over to the replica") {
     hello.model_fingerprint = r.model.fingerprint;
     for (uint32_t layer : kLayers) hello.held[layer] = {0, 1, 2, 3};
     conn->send(encode_hello_reply(hello), 10s);
-    const ExpertRequest req = std::get<ExpertRequest>(decode_message(conn->receive(10s)));
+    decode_as<HealthRequestMsg>(conn->receive(10s));  // the coordinator asks for its RAM slots
+    conn->send(encode_health_reply(HealthReplyMsg{}), 10s);
+    const ExpertRequest req = decode_as<ExpertRequest>(conn->receive(10s));
     LayerResponseMsg reply;
     reply.response.request_id = req.request_id;
     reply.response.outputs.assign(1, 0.5f);
