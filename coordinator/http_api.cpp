@@ -15,6 +15,7 @@
 
 #include "common/error.h"
 #include "common/secret.h"
+#include "coordinator/client_watch.h"
 #include "coordinator/openai_request.h"
 #include "coordinator/openai_response.h"
 
@@ -107,8 +108,6 @@ struct StreamJob {
   ResponseMeta meta;
 };
 
-/// Writes the SSE stream of one generation to `sink`. Returns false when the client went
-/// away (the generation is then cancelled through on_text).
 /// Records a finished generation's tokens and latencies.
 void record_generation(Metrics& metrics, const GenerationResult& result) {
   std::vector<double> latencies_s;
@@ -117,6 +116,8 @@ void record_generation(Metrics& metrics, const GenerationResult& result) {
   metrics.generation(result.prompt_tokens, result.completion_tokens, result.ttft_ms / 1000.0, latencies_s);
 }
 
+/// Writes the SSE stream of one generation to `sink`. Returns false when the client went
+/// away (the generation is then cancelled through on_text).
 bool write_stream(Engine& engine, Metrics& metrics, const std::atomic<bool>& stopping, const StreamJob& job,
                   httplib::DataSink& sink) {
   const bool usage = job.request.include_usage;
@@ -155,9 +156,14 @@ void serve_generation(Engine& engine, Metrics& metrics, const std::atomic<bool>&
   ResponseMeta meta = new_response_meta(kind, engine.model_name());
 
   if (!request.stream) {
-    GenerationResult result =
-        engine.generate(prompt, request.sampling, [&](std::string_view) { return !stopping.load(); });
+    // Cancel when the client hangs up: nobody would read the answer, and every other
+    // request waits for this one (the engine runs one generation at a time).
+    const ClientWatch client(req.remote_addr, req.remote_port);
+    GenerationResult result = engine.generate(prompt, request.sampling, [&](std::string_view) {
+      return !stopping.load() && !client.gone();
+    });
     record_generation(metrics, result);
+    if (client.gone()) spdlog::info("http api: {}: the client hung up; generation stopped", meta.id);
     res.set_content(dump_json(response_body(meta, result)), kJson);
     return;
   }

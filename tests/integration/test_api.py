@@ -10,6 +10,7 @@ stops every process it started at the end. Every wait is bounded. Exit 0 = pass,
 77 = skipped (model fixture absent), anything else = failure.
 """
 import argparse
+import json
 import os
 import signal
 import socket
@@ -220,6 +221,45 @@ def test_status(charm, topology, doc):
         check(row["LAST_SEEN"] != "-" and row["FAILOVERS"] == "0", f"worker {w['name']}: last seen, no failovers")
 
 
+def worker_requests(base):
+    """Layer requests the coordinator has sent to all workers so far (/cluster/status)."""
+    request = urllib.request.Request(base + "/cluster/status", headers={"Authorization": "Bearer " + API_KEY})
+    with urllib.request.urlopen(request, timeout=10) as r:
+        return sum(w["requests"] for w in json.loads(r.read())["workers"])
+
+
+def post_completion(base, body):
+    request = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Authorization": "Bearer " + API_KEY,
+                                              "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as r:
+        return json.loads(r.read())
+
+
+def test_client_hangup(base):
+    """A non-streamed request whose client hangs up stops generating (it would otherwise
+    run to max_tokens while every other request queues): the layer requests it causes are
+    counted against an undisturbed run of the same request."""
+    body = {"prompt": "Count with me: one two three", "max_tokens": 2000, "temperature": 0}
+    before = worker_requests(base)
+    full = post_completion(base, body)
+    undisturbed = worker_requests(base) - before
+    check(full["usage"]["completion_tokens"] >= 1000,
+          f"the undisturbed run is long enough to tell ({full['usage']['completion_tokens']} tokens)")
+
+    before = worker_requests(base)
+    payload = json.dumps(body).encode()
+    with socket.create_connection(("127.0.0.1", int(base.rsplit(":", 1)[1])), timeout=10) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Authorization: Bearer " + API_KEY.encode() +
+                  b"\r\nContent-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+        time.sleep(0.1)  # let it start generating, then hang up
+    post_completion(base, {"prompt": "Hi", "max_tokens": 1, "temperature": 0})  # queued behind it
+    disturbed = worker_requests(base) - before
+    check(disturbed < undisturbed / 2,
+          f"the abandoned request stopped early ({disturbed} layer requests vs {undisturbed} undisturbed)")
+
+
 def test_run(charm, topology):
     r = subprocess.run([charm, "run", "--config", str(topology), "--max-tokens", "4", "--temperature", "0",
                         "Hello"], capture_output=True, text=True, timeout=REQUEST_TIMEOUT_S)
@@ -255,6 +295,7 @@ def main():
             wait_health(base, procs)
             test_openai_client(base, doc.get("model_name") or Path(doc["model"]).name)
             test_metrics(base, doc)
+            test_client_hangup(base)
             test_status(a.charm, topology, doc)
             test_run(a.charm, topology)
             ok = True
