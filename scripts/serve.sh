@@ -41,9 +41,11 @@ trap cleanup EXIT INT TERM
 # the coordinator: a worker that dies leaves the cluster serving (its experts' replicas
 # take over; without one, requests that need it fail with a clear error; `charm status`
 # shows it down) until it is restarted by hand with the `charm worker` line below, when
-# the coordinator reconnects it by itself (configs/replicas.yaml has replicas).
+# the coordinator reconnects it by itself (configs/replicas.yaml has replicas). A worker
+# restarted by hand is not this script's child: stopping serve.sh leaves it running.
 for name in $("$charm" workers --config "$config"); do
-  echo "serve.sh: starting $charm worker --config $config --name $name"
+  echo "serve.sh: starting $charm worker --config $config --name $name" \
+    "(if it dies, run that line again; a worker started by hand outlives this script)"
   "$charm" worker --config "$config" --name "$name" &
   pids+=($!)
 done

@@ -12,15 +12,19 @@ std::filesystem::path usage_file_for(const StoreSpec& spec, const std::string& f
   if (spec.usage_file == "none") return {};
   if (!spec.usage_file.empty()) return spec.usage_file;
   if (!spec.container.empty()) return spec.container / "usage.json";
-  std::filesystem::path cache;
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) {
-    cache = xdg;
+  // The same cache root scripts/moefy.py and serve.sh use: $CHARM_CACHE, else
+  // $XDG_CACHE_HOME/charm, else ~/.cache/charm.
+  std::filesystem::path root;
+  if (const char* charm = std::getenv("CHARM_CACHE"); charm && *charm) {
+    root = charm;
+  } else if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) {
+    root = std::filesystem::path(xdg) / "charm";
   } else if (const char* home = std::getenv("HOME"); home && *home) {
-    cache = std::filesystem::path(home) / ".cache";
+    root = std::filesystem::path(home) / ".cache" / "charm";
   } else {
     return {};
   }
-  return cache / "charm" / fingerprint / "usage.json";
+  return root / fingerprint / "usage.json";
 }
 
 std::unique_ptr<ExpertStore> open_store(const StoreSpec& spec, const Checkpoint& checkpoint, const ModelConfig& config,
