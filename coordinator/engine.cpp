@@ -54,6 +54,8 @@ class EngineImpl final : public Engine {
       chat_template_error_ = e.message();  // completions still work; chat requests get this error
     }
     eos_ids_ = eos_ids(config_, checkpoint_->generation_config_json());
+    sampling_defaults_ =
+        sampling_defaults(checkpoint_->generation_config_json(), (topology.model / "generation_config.json").string());
     model_name_ = topology.model_name.empty() ? topology.model.filename().string() : topology.model_name;
     auto observer = std::make_unique<RoutingObserver>(
         make_dispatcher(topology, *checkpoint_, config_, experts_, options.metrics),
@@ -73,6 +75,7 @@ class EngineImpl final : public Engine {
   }
   const std::string& model_name() const override { return model_name_; }
   int64_t max_context() const override { return config_.max_position_embeddings; }
+  const SamplingParams& default_sampling() const override { return sampling_defaults_; }
 
   GenerationResult generate(const std::vector<int32_t>& prompt, const SamplingParams& params,
                             const std::function<bool(std::string_view)>& on_text) override {
@@ -157,6 +160,7 @@ class EngineImpl final : public Engine {
   std::unique_ptr<ChatTemplate> chat_template_;
   std::string chat_template_error_;
   std::vector<int32_t> eos_ids_;
+  SamplingParams sampling_defaults_;
   std::string model_name_;
   LocalExperts experts_;  // the in-process worker role (single-node mode only)
   std::unique_ptr<ExpertDispatcher> dispatcher_;  // a RoutingObserver over the real one
@@ -166,6 +170,27 @@ class EngineImpl final : public Engine {
 };
 
 }  // namespace
+
+SamplingParams sampling_defaults(const nlohmann::json& generation_config, const std::string& source) {
+  SamplingParams d;
+  auto number = [&](const char* key, double lo, double hi, double& out) {
+    if (!generation_config.contains(key)) return;
+    const auto& v = generation_config[key];
+    if (v.is_number() && v.get<double>() >= lo && v.get<double>() <= hi) {
+      out = v.get<double>();
+    } else {
+      spdlog::warn("{}: ignoring {} = {} (expected a number in [{}, {}])", source, key, v.dump(), lo, hi);
+    }
+  };
+  number("temperature", 0.0, 1e6, d.temperature);
+  number("top_p", 1e-9, 1.0, d.top_p);
+  double top_k = 0;
+  number("top_k", 0.0, 1e9, top_k);
+  d.top_k = static_cast<int64_t>(top_k);
+  if (generation_config.value("do_sample", true) == false) d.temperature = 0;
+  return d;
+}
+
 
 std::unique_ptr<Engine> Engine::create(const Topology& topology, const EngineOptions& options) {
   return std::make_unique<EngineImpl>(topology, options);

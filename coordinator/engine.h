@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/topology.h"
 #include "coordinator/chat_template.h"
 #include "coordinator/expert_dispatch.h"
@@ -28,6 +30,13 @@ struct SamplingParams {
   int64_t max_tokens = 256;
   std::vector<std::string> stop;     ///< stop strings (not included in the output)
 };
+
+/// The sampling defaults a checkpoint's generation_config.json (its parsed contents,
+/// named `source` in warnings) suggests: temperature, top_p, top_k, and `do_sample: false`
+/// meaning greedy, over charm's own (temperature 1, no top-k/top-p), as vLLM applies
+/// them. Fields of the wrong type or range are ignored with a warning; others
+/// (repetition_penalty, …) are not implemented and are ignored. Never throws.
+SamplingParams sampling_defaults(const nlohmann::json& generation_config, const std::string& source);
 
 /// The outcome of one generation.
 struct GenerationResult {
@@ -69,6 +78,12 @@ class Engine {
   virtual const ChatTemplate& chat_template() const = 0;
   virtual const std::string& model_name() const = 0;
   virtual int64_t max_context() const = 0;
+  /// Sampling for what a request leaves out: the checkpoint's generation_config.json
+  /// (temperature, top_p, top_k, do_sample), else temperature 1 with no top-k/top-p.
+  virtual const SamplingParams& default_sampling() const {
+    static const SamplingParams kNone;
+    return kNone;
+  }
 
   /// Generates a continuation of `prompt` (token ids). `on_text` receives each newly
   /// completed piece of text (whole UTF-8 characters, stop strings withheld); returning

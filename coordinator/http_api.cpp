@@ -150,7 +150,9 @@ bool write_stream(Engine& engine, Metrics& metrics, const std::atomic<bool>& sto
 
 void serve_generation(Engine& engine, Metrics& metrics, const std::atomic<bool>& stopping,
                       const httplib::Request& req, httplib::Response& res, RequestKind kind) {
-  ApiRequest request = kind == RequestKind::kChat ? parse_chat_request(req.body) : parse_completion_request(req.body);
+  const SamplingParams& defaults = engine.default_sampling();
+  ApiRequest request = kind == RequestKind::kChat ? parse_chat_request(req.body, defaults)
+                                                  : parse_completion_request(req.body, defaults);
   std::vector<int32_t> prompt = prompt_tokens(engine, request);
   check_context(request, int64_t(prompt.size()), engine.max_context());
   ResponseMeta meta = new_response_meta(kind, engine.model_name());

@@ -143,14 +143,14 @@ std::vector<std::string> stop_field(const json& doc) {
 
 /// Fields both endpoints share: sampling, stopping, n, stream and stream_options.
 /// `max_tokens_key` names the field that set max_tokens, for error messages.
-void parse_common(const json& doc, ApiRequest& req) {
+void parse_common(const json& doc, const SamplingParams& defaults, ApiRequest& req) {
   SamplingParams& s = req.sampling;
-  s.temperature = number_field(doc, "temperature", 1.0);
+  s.temperature = number_field(doc, "temperature", defaults.temperature);
   if (s.temperature < 0) reject("temperature", "'temperature' must be >= 0");
-  s.top_p = number_field(doc, "top_p", 1.0);
+  s.top_p = number_field(doc, "top_p", defaults.top_p);
   if (!(s.top_p > 0 && s.top_p <= 1)) reject("top_p", "'top_p' must be in (0, 1]");
   // top_k is charm's extension (as vLLM and llama.cpp accept it); -1 also means off.
-  s.top_k = integer_field(doc, "top_k", 0);
+  s.top_k = integer_field(doc, "top_k", defaults.top_k);
   if (s.top_k < -1) reject("top_k", "'top_k' must be >= 0 (0 or -1 = off)");
   if (s.top_k == -1) s.top_k = 0;
   // Newer OpenAI clients send max_completion_tokens for chat; it wins over max_tokens.
@@ -316,23 +316,23 @@ ApiRequest parse_request(std::string_view body, F&& parse) {
 
 }  // namespace
 
-ApiRequest parse_completion_request(std::string_view body) {
-  return parse_request(body, [](const json& doc) {
+ApiRequest parse_completion_request(std::string_view body, const SamplingParams& defaults) {
+  return parse_request(body, [&](const json& doc) {
     ApiRequest req;
     req.kind = RequestKind::kCompletion;
     parse_prompt(doc, req);
-    parse_common(doc, req);
+    parse_common(doc, defaults, req);
     reject_unsupported(doc, req.kind);
     return req;
   });
 }
 
-ApiRequest parse_chat_request(std::string_view body) {
-  return parse_request(body, [](const json& doc) {
+ApiRequest parse_chat_request(std::string_view body, const SamplingParams& defaults) {
+  return parse_request(body, [&](const json& doc) {
     ApiRequest req;
     req.kind = RequestKind::kChat;
     parse_messages(doc, req);
-    parse_common(doc, req);
+    parse_common(doc, defaults, req);
     reject_unsupported(doc, req.kind);
     return req;
   });

@@ -63,20 +63,21 @@ struct ApiRequest {
 /// model; charm documents 256 in docs/api.md), lowered to the context the prompt leaves.
 inline constexpr int64_t kDefaultMaxTokens = 256;
 
-/// Parses a /v1/completions body. Throws ApiError(400) naming the field for invalid JSON
+/// Parses a /v1/completions body; temperature, top_p and top_k the body leaves out come
+/// from `defaults` (the model's, Engine::default_sampling). Throws ApiError(400) naming the field for invalid JSON
 /// (a number that overflows a double names its field), a missing or mistyped prompt,
 /// n != 1, out-of-range sampling fields, and fields asking for what charm does not do
 /// (echo, best_of != 1, suffix, logprobs, top_logprobs, penalties, logit_bias). Never
 /// throws anything but ApiError.
-ApiRequest parse_completion_request(std::string_view body);
+ApiRequest parse_completion_request(std::string_view body, const SamplingParams& defaults = {});
 
-/// Parses a /v1/chat/completions body. Throws ApiError(400) naming the field for invalid
+/// Parses a /v1/chat/completions body (sampling defaults as parse_completion_request). Throws ApiError(400) naming the field for invalid
 /// JSON, missing or empty `messages`, a message without a string role, a role other than
 /// system/developer/user/assistant/tool, content that is neither a string, null nor a
 /// list of {type:"text", text} parts, `chat_template_kwargs` that is not an object,
 /// out-of-range sampling fields, and logprobs, top_logprobs, penalties or logit_bias
 /// asked for. Never throws anything but ApiError.
-ApiRequest parse_chat_request(std::string_view body);
+ApiRequest parse_chat_request(std::string_view body, const SamplingParams& defaults = {});
 
 /// Checks that prompt_tokens + max_tokens fit in `max_context`. When the client gave no
 /// max_tokens, first sets request.sampling.max_tokens to min(kDefaultMaxTokens,

@@ -944,3 +944,28 @@ TEST_CASE("Metrics: histogram buckets are cumulative and label values escaped") 
   CHECK(m.find("# TYPE charm_worker_rpc_seconds histogram\n") != std::string::npos);
   CHECK(m.find("# TYPE charm_http_requests_total counter\n") != std::string::npos);
 }
+
+TEST_CASE("the model's generation_config.json gives the sampling a request leaves out") {
+  using charm::ApiRequest, charm::SamplingParams, charm::parse_chat_request, charm::parse_completion_request,
+      charm::sampling_defaults;
+  const SamplingParams d = sampling_defaults(
+      nlohmann::json{{"temperature", 0.7}, {"top_p", 0.8}, {"top_k", 20}, {"repetition_penalty", 1.1}}, "g.json");
+  CHECK(d.temperature == 0.7);
+  CHECK(d.top_p == 0.8);
+  CHECK(d.top_k == 20);
+  CHECK(sampling_defaults(nlohmann::json{{"do_sample", false}, {"temperature", 0.7}}, "g.json").temperature == 0);
+  const SamplingParams bad = sampling_defaults(nlohmann::json{{"temperature", "hot"}, {"top_p", 3}}, "g.json");
+  CHECK(bad.temperature == 1.0);  // ignored with a warning
+  CHECK(bad.top_p == 1.0);
+  CHECK(sampling_defaults(nlohmann::json::object(), "g.json").temperature == 1.0);
+
+  const ApiRequest left_out = parse_completion_request(R"({"prompt": "x"})", d);
+  CHECK(left_out.sampling.temperature == 0.7);
+  CHECK(left_out.sampling.top_p == 0.8);
+  CHECK(left_out.sampling.top_k == 20);
+  const ApiRequest given =
+      parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}], "temperature": 0, "top_k": -1})", d);
+  CHECK(given.sampling.temperature == 0);
+  CHECK(given.sampling.top_k == 0);
+  CHECK(given.sampling.top_p == 0.8);
+}
