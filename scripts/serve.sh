@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 config="${1:-${CHARM_CONFIG:-configs/demo-cluster.yaml}}"
-scripts/setup.sh
+scripts/setup.sh charm  # the program only; scripts/test.sh builds the tests
 charm="${CHARM_BUILD_DIR:-build}/charm"
 
 # The demo configs point at models/qwen2.5-0.5b-moe/checkpoint, a link into the cache.

@@ -2,7 +2,8 @@
 # Installs what charm needs to build and test on a fresh Debian 12 machine, then
 # configures and builds it in ./build. Idempotent: packages already present are skipped,
 # and the build is incremental.
-#   scripts/setup.sh            # packages + Python test client + build
+#   scripts/setup.sh            # packages + Python test client + build everything
+#   scripts/setup.sh charm      # ... + build only the named targets (serve.sh: the program)
 # Environment: CHARM_BUILD_DIR (default build), CHARM_BUILD_TYPE (default Release).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,5 +42,7 @@ done
 
 build_dir="${CHARM_BUILD_DIR:-build}"
 cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE="${CHARM_BUILD_TYPE:-Release}" >/dev/null
-cmake --build "$build_dir" -j"$(nproc)"
+targets=()
+for t in "$@"; do targets+=(--target "$t"); done
+cmake --build "$build_dir" -j"$(nproc)" "${targets[@]}"
 echo "setup: built $build_dir/charm"
