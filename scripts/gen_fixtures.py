@@ -606,6 +606,18 @@ def write_generation_config(model_dir: Path, cfg: dict, eos) -> None:
     (model_dir / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
 
 
+def check_recorded_outputs(model, model_dir: Path, ref: dict) -> None:
+    """Requires `model` to reproduce the written logits_<i>.f32 bit for bit and the
+    recorded greedy tokens of every prompt."""
+    with torch.no_grad():
+        for i, p in enumerate(ref["prompts"]):
+            logits = model(torch.tensor([p["prompt_ids"]]), use_cache=False).logits[0, -1]
+            saved = np.fromfile(model_dir / f"logits_{i}.f32", dtype="<f4")
+            assert np.array_equal(logits.numpy(), saved), f"{model_dir.name}: logits_{i} differ"
+            new, _ = greedy_generate(model, p["prompt_ids"])
+            assert new == p["new_ids"], f"{model_dir.name}: prompt {i} greedy differs on reload"
+
+
 def verify_reload(model_dir: Path, model, ref: dict) -> None:
     """from_pretrained of the written directory must give the same parameters and the same
     first-step logits, bit for bit, and the same greedy tokens."""
@@ -617,13 +629,7 @@ def verify_reload(model_dir: Path, model, ref: dict) -> None:
     mine = dict(model.named_parameters())
     for name, param in loaded.named_parameters():
         assert torch.equal(param, mine[name]), f"{model_dir.name}: {name} differs after reload"
-    with torch.no_grad():
-        for i, p in enumerate(ref["prompts"]):
-            logits = loaded(torch.tensor([p["prompt_ids"]]), use_cache=False).logits[0, -1]
-            saved = np.fromfile(model_dir / f"logits_{i}.f32", dtype="<f4")
-            assert np.array_equal(logits.numpy(), saved), f"{model_dir.name}: logits_{i} differ"
-            new, _ = greedy_generate(loaded, p["prompt_ids"])
-            assert new == p["new_ids"], f"{model_dir.name}: prompt {i} greedy differs on reload"
+    check_recorded_outputs(loaded, model_dir, ref)
     print(f"  reload check: parameters, logits and greedy tokens identical "
           f"({len(ref['prompts'])} prompts)")
 
@@ -953,13 +959,7 @@ def verify_fp8_reload(model_dir: Path, config_dir: Path, ref: dict, num_tokens: 
     config = AutoConfig.from_pretrained(config_dir)
     model = AutoModelForCausalLM.from_config(config, **LOAD_KW).eval()
     model.load_state_dict(model_state_from_hub(dequantised_hub(read_checkpoint(model_dir)), model))
-    with torch.no_grad():
-        for i, p in enumerate(ref["prompts"]):
-            logits = model(torch.tensor([p["prompt_ids"]]), use_cache=False).logits[0, -1]
-            saved = np.fromfile(model_dir / f"logits_{i}.f32", dtype="<f4")
-            assert np.array_equal(logits.numpy(), saved), f"{model_dir.name}: logits_{i} differ"
-            new, _ = greedy_generate(model, p["prompt_ids"])
-            assert new == p["new_ids"], f"{model_dir.name}: prompt {i} greedy differs on reload"
+    check_recorded_outputs(model, model_dir, ref)
     print(f"  fp8 reload check (files dequantised here): logits and greedy tokens identical "
           f"({len(ref['prompts'])} prompts)")
 
