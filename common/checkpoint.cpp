@@ -180,6 +180,24 @@ std::vector<float> Checkpoint::load_f32(const std::string& name, const std::vect
   return out;
 }
 
+StoredMatrix Checkpoint::load_matrix(const std::string& name, int64_t rows, int64_t cols) const {
+  StoredMatrix m;
+  m.shape.rows = rows;
+  m.shape.cols = cols;
+  const TensorInfo* info = find(name);
+  if (info == nullptr || info->dtype == DType::kF8E4M3) {
+    return StoredMatrix::from_f32(load_f32(name, {rows, cols}), rows, cols);  // throws for a missing tensor
+  }
+  if (info->shape != std::vector<int64_t>{rows, cols}) {
+    fail_invalid(info->file.string() + ": tensor '" + name + "' has shape " + shape_text(info->shape) +
+                 ", expected " + shape_text({rows, cols}));
+  }
+  m.shape.format = weight_format_of(info->dtype);
+  const auto* bytes = static_cast<const uint8_t*>(file_of(*info).mapped(*info));
+  m.data.assign(bytes, bytes + info->nbytes);
+  return m;
+}
+
 const TensorInfo& Checkpoint::fp8_scale_of(const TensorInfo& info) const {
   const std::string where = info.file.string() + ": F8_E4M3 tensor '" + info.name + "'";
   if (info.shape.size() != 2) fail_invalid(where + " has shape " + shape_text(info.shape) + ", expected 2-D");

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/safetensors.h"
+#include "common/weight_format.h"
 
 namespace charm {
 
@@ -96,6 +97,11 @@ class Checkpoint {
   /// that is not 2-D, lacks "<name>_scale_inv", has a scale of the wrong shape, or comes
   /// without quantization_config.weight_block_size.
   std::vector<float> load_f32(const std::string& name, const std::vector<int64_t>& shape) const;
+
+  /// Loads a 2-D weight [rows, cols] at the checkpoint's own precision (f32 / f16 / bf16
+  /// kept as stored: half the memory and bandwidth of f32 for bf16 checkpoints, and the
+  /// same values). F8_E4M3 is dequantised to f32 as load_f32 does. Same errors as load_f32.
+  StoredMatrix load_matrix(const std::string& name, int64_t rows, int64_t cols) const;
 
   /// Reads one routed expert (layer, expert) with pread, in whichever layout the file
   /// uses (see ExpertTensorNames), and checks shapes against hidden/intermediate sizes.

@@ -11,8 +11,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
-
 #include "common/weight_format.h"
 
 namespace charm {
@@ -25,15 +23,5 @@ void matmul(const MatrixView& w, const float* x, size_t rows, const float* bias,
 
 /// Same bits as matmul, single-threaded: for callers already inside a parallel region.
 void matmul_serial(const MatrixView& w, const float* x, size_t rows, const float* bias, float* y);
-
-/// A stored matrix that owns its bytes: a dense weight kept at the checkpoint's
-/// precision (f32 / f16 / bf16), or a quantised one.
-struct StoredMatrix {
-  MatrixShape shape;
-  std::vector<uint8_t> data;  ///< shape.data_bytes()
-  std::vector<float> scales;  ///< shape.scale_bytes() / 4 (empty unless quantised)
-  MatrixView view() const { return MatrixView{shape, data.data(), scales.empty() ? nullptr : scales.data()}; }
-  bool empty() const { return data.empty(); }
-};
 
 }  // namespace charm

@@ -76,6 +76,20 @@ uint64_t MatrixShape::scale_bytes() const {
   return static_cast<uint64_t>(rows) * static_cast<uint64_t>(groups_per_row()) * sizeof(float);
 }
 
+StoredMatrix StoredMatrix::from_f32(const std::vector<float>& values, int64_t rows, int64_t cols) {
+  if (rows < 0 || cols < 0 || values.size() != static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols)) {
+    fail_invalid("StoredMatrix::from_f32: " + std::to_string(values.size()) + " values for a [" + std::to_string(rows) +
+                 ", " + std::to_string(cols) + "] matrix");
+  }
+  StoredMatrix m;
+  m.shape.format = WeightFormat::kF32;
+  m.shape.rows = rows;
+  m.shape.cols = cols;
+  const auto* bytes = reinterpret_cast<const uint8_t*>(values.data());
+  m.data.assign(bytes, bytes + values.size() * sizeof(float));
+  return m;
+}
+
 void matrix_row_to_f32(const MatrixView& m, int64_t row, float* out) {
   const MatrixShape& s = m.shape;
   const uint8_t* src = m.data + static_cast<uint64_t>(row) * row_bytes(s);

@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/dtype.h"
 
@@ -61,6 +62,19 @@ struct MatrixView {
   MatrixShape shape;
   const uint8_t* data = nullptr;
   const float* scales = nullptr;
+};
+
+/// A stored matrix that owns its bytes: a dense weight kept at the checkpoint's
+/// precision (f32 / f16 / bf16), or a quantised one.
+struct StoredMatrix {
+  MatrixShape shape;
+  std::vector<uint8_t> data;  ///< shape.data_bytes()
+  std::vector<float> scales;  ///< shape.scale_bytes() / 4 (empty unless quantised)
+  MatrixView view() const { return MatrixView{shape, data.data(), scales.empty() ? nullptr : scales.data()}; }
+  bool empty() const { return data.empty(); }
+  /// An f32 matrix [rows, cols] holding `values` (row-major). Throws Error(kInvalidInput)
+  /// when values.size() != rows * cols.
+  static StoredMatrix from_f32(const std::vector<float>& values, int64_t rows, int64_t cols);
 };
 
 /// Writes row `row` of `m` as f32 into `out` [m.shape.cols]. Exact for f32/f16/bf16.

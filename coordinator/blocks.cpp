@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "common/kernels.h"
+#include "common/matmul.h"
 
 namespace charm {
 
@@ -13,13 +14,13 @@ Linear Linear::load(const Checkpoint& ckpt, const std::string& name, size_t out,
   Linear l;
   l.in = in;
   l.out = out;
-  l.weight = ckpt.load_f32(name + ".weight", {static_cast<int64_t>(out), static_cast<int64_t>(in)});
+  l.weight = ckpt.load_matrix(name + ".weight", static_cast<int64_t>(out), static_cast<int64_t>(in));
   if (with_bias) l.bias = ckpt.load_f32(name + ".bias", {static_cast<int64_t>(out)});
   return l;
 }
 
 void Linear::operator()(const float* x, size_t rows, float* y) const {
-  linear(x, rows, weight.data(), bias.empty() ? nullptr : bias.data(), in, out, y);
+  matmul(weight.view(), x, rows, bias.empty() ? nullptr : bias.data(), y);
 }
 
 RmsNorm RmsNorm::load(const Checkpoint& ckpt, const std::string& name, size_t n, double eps) {
@@ -219,13 +220,10 @@ OutputHead OutputHead::load(const Checkpoint& ckpt, size_t hidden, size_t vocab,
   return head;
 }
 
-void OutputHead::operator()(const float* hidden_row, const std::vector<float>& embed, size_t vocab,
-                            float* logits) const {
-  const size_t hidden = norm.weight.size();
-  std::vector<float> normed(hidden);
+void OutputHead::operator()(const float* hidden_row, const StoredMatrix& embed, float* logits) const {
+  std::vector<float> normed(norm.weight.size());
   norm(hidden_row, 1, normed.data());
-  const float* weight = lm_head.weight.empty() ? embed.data() : lm_head.weight.data();
-  linear(normed.data(), 1, weight, nullptr, hidden, vocab, logits);
+  matmul(lm_head.weight.empty() ? embed.view() : lm_head.weight.view(), normed.data(), 1, nullptr, logits);
 }
 
 SoftmaxTopkMoe SoftmaxTopkMoe::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,

@@ -10,14 +10,16 @@
 #include <vector>
 
 #include "common/checkpoint.h"
+#include "common/weight_format.h"
 #include "coordinator/expert_dispatch.h"
 #include "coordinator/kv_cache.h"
 
 namespace charm {
 
-/// nn.Linear: weight [out, in] f32, optional bias [out].
+/// nn.Linear: weight [out, in] at the checkpoint's precision (common/matmul.h computes
+/// from it in f32), optional bias [out] f32.
 struct Linear {
-  std::vector<float> weight;
+  StoredMatrix weight;
   std::vector<float> bias;
   size_t in = 0;
   size_t out = 0;
@@ -112,7 +114,7 @@ struct OutputHead {
   /// Loads "model.norm" and, unless `tied`, "lm_head" [vocab, hidden].
   static OutputHead load(const Checkpoint& ckpt, size_t hidden, size_t vocab, double eps, bool tied);
   /// logits [vocab] of one hidden row [hidden]; `embed` [vocab, hidden] is used when tied.
-  void operator()(const float* hidden_row, const std::vector<float>& embed, size_t vocab, float* logits) const;
+  void operator()(const float* hidden_row, const StoredMatrix& embed, float* logits) const;
 };
 
 /// Router decisions for `rows` positions: top_k experts per row, best first, with their

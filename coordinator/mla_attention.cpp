@@ -33,12 +33,14 @@ MlaAttention MlaAttention::load(const Checkpoint& ckpt, const std::string& prefi
   }
   a.kv_a_proj_with_mqa_ = Linear::load(ckpt, prefix + ".kv_a_proj_with_mqa", a.kv_lora_ + a.rope_dim_, h, bias);
   a.kv_a_layernorm_ = RmsNorm::load(ckpt, prefix + ".kv_a_layernorm", a.kv_lora_, 1e-6);
-  const Linear kv_b = Linear::load(ckpt, prefix + ".kv_b_proj", a.num_heads_ * (a.nope_ + a.v_dim_), a.kv_lora_);
+  const std::vector<float> kv_b = ckpt.load_f32(
+      prefix + ".kv_b_proj.weight",
+      {static_cast<int64_t>(a.num_heads_ * (a.nope_ + a.v_dim_)), static_cast<int64_t>(a.kv_lora_)});
   // kv_b_proj rows per head: nope key rows, then v_head_dim value rows.
   a.w_uk_t_.resize(a.num_heads_ * a.kv_lora_ * a.nope_);
   a.w_uv_.resize(a.num_heads_ * a.v_dim_ * a.kv_lora_);
   for (size_t head = 0; head < a.num_heads_; ++head) {
-    const float* rows = kv_b.weight.data() + head * (a.nope_ + a.v_dim_) * a.kv_lora_;
+    const float* rows = kv_b.data() + head * (a.nope_ + a.v_dim_) * a.kv_lora_;
     float* uk_t = a.w_uk_t_.data() + head * a.kv_lora_ * a.nope_;
     for (size_t d = 0; d < a.nope_; ++d) {
       for (size_t c = 0; c < a.kv_lora_; ++c) uk_t[c * a.nope_ + d] = rows[d * a.kv_lora_ + c];

@@ -31,7 +31,7 @@ DecoderModel::DecoderModel(const Checkpoint& ckpt, const ModelConfig& config, Ex
     : config_(config),
       dispatcher_(dispatcher),
       rope_(make_rope(config)),
-      embed_(ckpt.load_f32("model.embed_tokens.weight", {config.vocab_size, config.hidden_size})),
+      embed_(ckpt.load_matrix("model.embed_tokens.weight", config.vocab_size, config.hidden_size)),
       head_(OutputHead::load(ckpt, config.hidden_size, config.vocab_size, config.rms_norm_eps,
                              config.tie_word_embeddings)) {}
 
@@ -44,10 +44,7 @@ size_t DecoderModel::begin_forward(const int32_t* tokens, size_t n, KvCache& cac
   const size_t pos0 = cache.length();
   cache.advance(n);
   const size_t h = config_.hidden_size;
-  for (size_t i = 0; i < n; ++i) {
-    const float* row = embed_.data() + static_cast<size_t>(tokens[i]) * h;
-    std::copy(row, row + h, hidden + i * h);
-  }
+  for (size_t i = 0; i < n; ++i) matrix_row_to_f32(embed_.view(), tokens[i], hidden + i * h);
   return pos0;
 }
 
@@ -84,7 +81,7 @@ void DecoderModel::routed_moe(size_t layer, const SoftmaxTopkMoe& moe, const flo
 
 void DecoderModel::end_forward(const float* hidden, size_t n, float* logits) const {
   const size_t h = config_.hidden_size;
-  head_(hidden + (n - 1) * h, embed_, config_.vocab_size, logits);  // last position only
+  head_(hidden + (n - 1) * h, embed_, logits);  // last position only
 }
 
 }  // namespace charm

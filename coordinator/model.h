@@ -72,7 +72,7 @@ class DecoderModel : public Model {
   ModelConfig config_;
   ExpertDispatcher& dispatcher_;
   Rope rope_;
-  std::vector<float> embed_;
+  StoredMatrix embed_;  // [vocab, hidden] at the checkpoint's precision
   OutputHead head_;
 
  private:

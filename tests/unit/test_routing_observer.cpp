@@ -130,7 +130,7 @@ TEST_CASE("hint_next_moe_layer sends what the next router picks on the normalise
   SoftmaxTopkMoe moe;
   moe.router.in = 2;
   moe.router.out = 3;
-  moe.router.weight = {1, 0, 0, 1, -1, 0};
+  moe.router.weight = StoredMatrix::from_f32({1, 0, 0, 1, -1, 0}, 3, 2);
   moe.top_k = 1;
   RmsNorm norm;
   norm.weight = {1, 1};
