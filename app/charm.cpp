@@ -78,6 +78,7 @@ struct ServeArgs {
   std::optional<std::string> host;
   std::optional<uint16_t> port;
   std::optional<bool> prefetch;
+  size_t prefill_chunk = EngineOptions{}.prefill_chunk;
 };
 
 int serve(const ServeArgs& args) {
@@ -98,6 +99,7 @@ int serve(const ServeArgs& args) {
   Metrics metrics;  // outlives the engine and the API (declared first)
   EngineOptions engine_options;
   engine_options.metrics = &metrics;
+  engine_options.prefill_chunk = args.prefill_chunk;
   std::unique_ptr<Engine> engine = Engine::create(topology, engine_options);
   sigset_t signals = block_stop_signals();
   HttpApi api(*engine, host, port, &metrics);
@@ -186,6 +188,7 @@ struct RunArgs {
   std::string stats_json;
   std::string logits_out;  // first-step logits, raw little-endian f32 [vocab_size]
   std::string ids_out;     // {"prompt_ids": [...], "new_ids": [...]} as JSON
+  size_t prefill_chunk = EngineOptions{}.prefill_chunk;
 };
 
 /// The prefetch counters of one layer (or all) as JSON.
@@ -269,6 +272,7 @@ int run(const RunArgs& args) {
   apply_prefetch_flag(topology, args.prefetch);
   EngineOptions options;
   options.routing_trace = args.routing_trace;
+  options.prefill_chunk = args.prefill_chunk;
   std::unique_ptr<Engine> engine = Engine::create(topology, options);
   std::string text = args.prompt;
   if (args.chat) text = engine->chat_template().render({{"user", args.prompt}}, /*add_generation_prompt=*/true);
@@ -331,6 +335,8 @@ int run_cli(int argc, char** argv) {
   serve_cmd->add_option("--port", serve_args.port, "Listen port (default: the config's api port; 0 = any free)");
   CLI::Option* serve_prefetch = serve_cmd->add_flag("--prefetch,!--no-prefetch", serve_args.prefetch,
                                                     "Send prefetch hints (overrides the config's prefetch key)");
+  serve_cmd->add_option("--prefill-chunk", serve_args.prefill_chunk, "Prompt tokens per prefill step (default 512)")
+      ->check(CLI::Range(1, 1 << 20));
   serve_cmd->add_option("--ram-gb", serve_args.ram_gb, "Single-node: GiB of RAM for expert slots (default: every expert resident)")
       ->check(CLI::PositiveNumber);
 
@@ -380,6 +386,8 @@ int run_cli(int argc, char** argv) {
   run_cmd->add_option("--logits-out", run_args.logits_out,
                       "Also write the logits after the prompt (raw little-endian f32, [vocab_size])");
   run_cmd->add_option("--ids-out", run_args.ids_out, "Also write the prompt and generated token ids (JSON)");
+  run_cmd->add_option("--prefill-chunk", run_args.prefill_chunk, "Prompt tokens per prefill step (default 512)")
+      ->check(CLI::Range(1, 1 << 20));
   run_cmd->add_option("prompt", run_args.prompt, "Prompt text")->required();
 
   std::string workers_config;

@@ -44,7 +44,8 @@ std::vector<int32_t> eos_ids(const ModelConfig& config, const nlohmann::json& ge
 
 class EngineImpl final : public Engine {
  public:
-  EngineImpl(const Topology& topology, const EngineOptions& options) {
+  EngineImpl(const Topology& topology, const EngineOptions& options) : prefill_chunk_(options.prefill_chunk) {
+    if (prefill_chunk_ < 1) fail_invalid("prefill chunk must be at least 1 token, got 0");
     checkpoint_ = Checkpoint::open(topology.model);
     config_ = ModelConfig::parse(checkpoint_->config_json(), (topology.model / "config.json").string());
     tokenizer_ = Tokenizer::load(topology.model / "tokenizer.json");
@@ -95,7 +96,7 @@ class EngineImpl final : public Engine {
     };
 
     const auto start = Clock::now();
-    model_->forward(prompt.data(), prompt.size(), cache, logits.data());
+    prefill(prompt, cache, logits.data());
     Clock::time_point first_token, previous_token;
     result.finish_reason = "length";
     for (int64_t i = 0; i < params.max_tokens; ++i) {
@@ -133,7 +134,7 @@ class EngineImpl final : public Engine {
     check_prompt(prompt, 0);
     KvCache cache = model_->new_cache(prompt.size());
     std::vector<float> logits(config_.vocab_size);
-    model_->forward(prompt.data(), prompt.size(), cache, logits.data());
+    prefill(prompt, cache, logits.data());
     return logits;
   }
 
@@ -154,6 +155,17 @@ class EngineImpl final : public Engine {
     }
   }
 
+  /// Runs the prompt into `cache` chunk by chunk; logits [vocab] of its last token.
+  /// Each chunk's rows attend to the cache the earlier chunks filled, so the result is
+  /// the one unchunked forward gives, bit for bit (every kernel is row-independent).
+  void prefill(const std::vector<int32_t>& prompt, KvCache& cache, float* logits) {
+    for (size_t begin = 0; begin < prompt.size(); begin += prefill_chunk_) {
+      const size_t n = std::min(prefill_chunk_, prompt.size() - begin);
+      model_->forward(prompt.data() + begin, n, cache, logits);
+    }
+  }
+
+  size_t prefill_chunk_;
   std::unique_ptr<Checkpoint> checkpoint_;
   ModelConfig config_;
   std::unique_ptr<Tokenizer> tokenizer_;

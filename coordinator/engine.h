@@ -63,6 +63,11 @@ struct EngineOptions {
   /// Receives the workers' RPC latencies, errors, failovers and expert tier counts (may
   /// be null); must outlive the engine.
   Metrics* metrics = nullptr;
+  /// Prefill runs the prompt through each layer in chunks of at most this many tokens
+  /// (every expert of a chunk's batch-union is read and multiplied once per chunk; the
+  /// chunk bounds the activations, about 10 hidden-size rows of f32 per token). The
+  /// logits do not depend on it. Must be >= 1.
+  size_t prefill_chunk = 512;
 };
 
 class Engine {

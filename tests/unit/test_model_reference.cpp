@@ -5,15 +5,18 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "common/checkpoint.h"
+#include "common/error.h"
 #include "common/kernels.h"
 #include "common/model_config.h"
 #include "common/topology.h"
 #include "coordinator/dispatcher_factory.h"
+#include "coordinator/engine.h"
 #include "coordinator/model.h"
 
 namespace {
@@ -103,4 +106,45 @@ TEST_CASE("deepseek-v3-tiny (MLA, YaRN, group-limited sigmoid routing) matches t
 
 TEST_CASE("deepseek-v3-tiny-fp8 (block-scaled float8_e4m3fn weights) matches transformers on the dequantised weights") {
   check_fixture("deepseek-v3-tiny-fp8");
+}
+
+// --- Chunked prefill (issue 6) -------------------------------------------------------------
+
+TEST_CASE("chunked prefill gives the logits of one whole-prompt forward, bit for bit, for every family") {
+  for (const std::string name : {"qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny",
+                                 "deepseek-v3-tiny-fp8"}) {
+    CAPTURE(name);
+    Topology topology;
+    topology.model = kModels / name;
+    topology.single_node = true;
+    std::ifstream in(topology.model / "reference.json");
+    const auto reference = nlohmann::json::parse(in);
+    std::vector<int32_t> ids;  // every reference prompt back to back: long enough for several chunks
+    for (const auto& prompt : reference["prompts"]) {
+      for (int32_t id : prompt["prompt_ids"].get<std::vector<int32_t>>()) ids.push_back(id);
+    }
+    REQUIRE(ids.size() > 7);
+    std::vector<float> whole;
+    for (size_t chunk : {ids.size(), size_t{1}, size_t{3}, ids.size() - 1}) {
+      CAPTURE(chunk);
+      EngineOptions options;
+      options.prefill_chunk = chunk;
+      const std::vector<float> logits = Engine::create(topology, options)->prompt_logits(ids);
+      if (whole.empty()) {
+        whole = logits;
+      } else {
+        REQUIRE(logits.size() == whole.size());
+        CHECK(std::memcmp(logits.data(), whole.data(), whole.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("a prefill chunk of 0 tokens is refused by name") {
+  Topology topology;
+  topology.model = kModels / "olmoe-tiny";
+  topology.single_node = true;
+  EngineOptions options;
+  options.prefill_chunk = 0;
+  CHECK_THROWS_WITH_AS(Engine::create(topology, options), doctest::Contains("prefill chunk"), charm::Error);
 }
