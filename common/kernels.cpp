@@ -17,15 +17,6 @@ float dot(const float* a, const float* b, size_t n) {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + tail;
 }
 
-void linear(const float* x, size_t rows, const float* w, const float* bias, size_t in, size_t out, float* y) {
-#pragma omp parallel for schedule(static) if (out * in * rows > 32768)
-  for (size_t o = 0; o < out; ++o) {
-    const float* wo = w + o * in;
-    const float b = bias ? bias[o] : 0.0f;
-    for (size_t r = 0; r < rows; ++r) y[r * out + o] = dot(x + r * in, wo, in) + b;
-  }
-}
-
 void linear_serial(const float* x, size_t rows, const float* w, size_t in, size_t out, float* y) {
   for (size_t r = 0; r < rows; ++r) {
     for (size_t o = 0; o < out; ++o) y[r * out + o] = dot(x + r * in, w + o * in, in);

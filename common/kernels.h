@@ -12,11 +12,8 @@ namespace charm {
 /// Dot product of two f32 vectors of length n, summed in a fixed blocked order.
 float dot(const float* a, const float* b, size_t n);
 
-/// Y = X W^T: x [rows, in], w [out, in] (row-major, as nn.Linear stores weight),
-/// y [rows, out]. Parallel over output features. `bias` [out] may be null.
-void linear(const float* x, size_t rows, const float* w, const float* bias, size_t in, size_t out, float* y);
-
-/// Same as linear, but single-threaded (for work already running inside a parallel region).
+/// Y = X W^T: x [rows, in], w [out, in] f32 (row-major, as nn.Linear stores weight),
+/// y [rows, out]; single-threaded. Stored-form weights go through common/matmul.h.
 void linear_serial(const float* x, size_t rows, const float* w, size_t in, size_t out, float* y);
 
 /// RMSNorm over the last dim (T5LayerNorm / Qwen3MoeRMSNorm):
