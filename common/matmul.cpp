@@ -61,6 +61,7 @@ Avx2Scratch avx2_scratch(const MatrixView& w) {
 
 void tile_on(KernelPath path, const MatrixView& w, const float* x, size_t rows, const float* bias, float* y,
              int64_t o0, int64_t o1) {
+  if (rows == 0 || o0 >= o1) return;
   if (path == KernelPath::kAvx2) {
     matmul_tile_avx2(w, x, rows, bias, y, o0, o1, avx2_scratch(w));
   } else {
