@@ -138,8 +138,30 @@ void swiglu_per_matmul(const std::vector<SwigluJob>& jobs, std::vector<float>& g
   }
 }
 
+/// The executor before the batch-union became GEMMs: OpenMP over (row, expert) pairs,
+/// one matrix-vector chain each (on the portable path this is the old matvec_stored).
+void swiglu_per_row(const std::vector<SwigluJob>& jobs) {
+  std::vector<std::pair<const SwigluJob*, size_t>> pairs;
+  for (const SwigluJob& job : jobs) {
+    for (size_t r = 0; r < job.rows; ++r) pairs.emplace_back(&job, r);
+  }
+#pragma omp parallel
+  {
+    std::vector<float> gate(kInter), up(kInter);
+#pragma omp for schedule(dynamic)
+    for (size_t p = 0; p < pairs.size(); ++p) {
+      const SwigluJob& job = *pairs[p].first;
+      const size_t r = pairs[p].second;
+      matmul_serial(job.weights->gate, job.x + r * kHidden, 1, nullptr, gate.data());
+      matmul_serial(job.weights->up, job.x + r * kHidden, 1, nullptr, up.data());
+      for (int64_t i = 0; i < kInter; ++i) gate[i] = silu(gate[i]) * up[i];
+      matmul_serial(job.weights->down, gate.data(), 1, nullptr, job.y + r * kHidden);
+    }
+  }
+}
+
 /// The worker's layer: 8 BF16 experts of `rows` rows each, out of enough distinct
-/// experts that their weights come from RAM; ms per layer for both threading schemes.
+/// experts that their weights come from RAM; ms per layer for each threading scheme.
 void bench_batch_union(double seconds) {
   const FormSpec bf16{"BF16", WeightFormat::kBF16, 0};
   constexpr size_t kExperts = 24;  // 24 x 12 MiB: beyond L3
@@ -151,7 +173,8 @@ void bench_batch_union(double seconds) {
   for (size_t e = 0; e < kExperts; ++e) views.push_back(ExpertView{gates[e].view(), ups[e].view(), downs[e].view()});
   std::printf("\nbatch-union, %zu BF16 OLMoE experts per layer (hidden %lld, intermediate %lld), ms per layer\n",
               kPerLayer, static_cast<long long>(kHidden), static_cast<long long>(kInter));
-  std::printf("%-9s %-14s %22s %24s\n", "path", "rows/expert", "swiglu_batch (items)", "matmul per matrix");
+  std::printf("%-9s %-12s %21s %18s %22s\n", "path", "rows/expert", "swiglu_batch (items)", "matmul per matrix",
+              "per row (old executor)");
   for (KernelPath path : available_paths()) {
     set_kernel_path(path);
     for (size_t rows : {size_t{1}, size_t{16}}) {
@@ -166,7 +189,9 @@ void bench_batch_union(double seconds) {
       };
       const double batch = median_call_seconds(seconds, [&](uint64_t i) { swiglu_batch(jobs_for(i), kHidden, kInter); });
       const double per_matmul = median_call_seconds(seconds, [&](uint64_t i) { swiglu_per_matmul(jobs_for(i), gate, up); });
-      std::printf("%-9s %-14zu %22.3f %24.3f\n", kernel_path_name(path), rows, 1e3 * batch, 1e3 * per_matmul);
+      const double per_row = median_call_seconds(seconds, [&](uint64_t i) { swiglu_per_row(jobs_for(i)); });
+      std::printf("%-9s %-12zu %21.3f %18.3f %22.3f\n", kernel_path_name(path), rows, 1e3 * batch, 1e3 * per_matmul,
+                  1e3 * per_row);
       std::fflush(stdout);
     }
   }

@@ -117,6 +117,7 @@ const FormCase kForms[] = {
     {"BF16", WeightFormat::kBF16, 0},      {"I8G gs32", WeightFormat::kInt8, 32},
     {"I8G gs5", WeightFormat::kInt8, 5},   {"I8G gs20", WeightFormat::kInt8, 20},
     {"I4G gs32", WeightFormat::kInt4, 32}, {"I4G gs5", WeightFormat::kInt4, 5},
+    {"I4G gs8", WeightFormat::kInt4, 8},
     {"F8_E4M3B 3x5", WeightFormat::kF8E4M3Block, 0},
 };
 
