@@ -28,6 +28,7 @@ constexpr uint64_t kStreamBytes = uint64_t{256} << 20;
 struct BenchArgs {
   std::optional<int> threads;
   double seconds = 1.0;
+  std::string part = "all";  ///< all, matmul or batch-union
 };
 
 struct FormSpec {
@@ -202,8 +203,8 @@ int bench_kernels(const BenchArgs& args) {
   const KernelPath saved = active_kernel_path();
   std::printf("charm bench kernels: %d thread(s) (physical cores: %d), default kernel path %s, %.1f s per number (median call)\n",
               threads, physical_core_count(), kernel_path_name(saved), args.seconds);
-  bench_matmul(args.seconds);
-  bench_batch_union(args.seconds);
+  if (args.part != "batch-union") bench_matmul(args.seconds);
+  if (args.part != "matmul") bench_batch_union(args.seconds);
   set_kernel_path(saved);
   return 0;
 }
@@ -216,6 +217,8 @@ void add_bench_kernels(CLI::App& bench) {
   cmd->add_option("--threads", args->threads, "OpenMP threads (default: physical cores; OMP_NUM_THREADS wins)")
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--seconds", args->seconds, "Time per measurement")->check(CLI::Range(0.01, 3600.0));
+  cmd->add_option("--part", args->part, "Which tables: all, matmul or batch-union")
+      ->check(CLI::IsMember({"all", "matmul", "batch-union"}));
   cmd->callback([args] { bench_kernels(*args); });
 }
 

@@ -52,14 +52,16 @@ inline __m256 load_raw(const uint8_t* row, int64_t i) {
     const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + i));
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
   } else {  // kI4: 4 bytes, low nibble first, each nibble q + 8 (i is a multiple of 8)
+    // Lane k shifts the 4 bytes right by 4k and keeps a nibble; the nibble OR'd into
+    // the bits of 2^23 is the float 2^23 + q + 8, and subtracting 2^23 + 8 leaves q
+    // exactly. No shuffles: int4 GEMV is bound by this integer work, not by memory.
     uint32_t packed;
     std::memcpy(&packed, row + i / 2, sizeof packed);
-    const __m128i bytes = _mm_cvtsi32_si128(static_cast<int>(packed));
-    const __m128i mask = _mm_set1_epi8(0x0f);
-    const __m128i lo = _mm_and_si128(bytes, mask);
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-    const __m256i q = _mm256_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
-    return _mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(8)));
+    const __m256i shifted = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(packed)),
+                                              _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    const __m256i nibbles = _mm256_and_si256(shifted, _mm256_set1_epi32(0x0f));
+    const __m256 biased = _mm256_castsi256_ps(_mm256_or_si256(nibbles, _mm256_set1_epi32(0x4b000000)));
+    return _mm256_sub_ps(biased, _mm256_set1_ps(8388616.0f));  // 2^23 + 8
   }
 }
 
@@ -81,20 +83,6 @@ inline __m256 apply_scales(const Source& s, __m256 raw, const float* scales, int
 template <Form F, Scale S>
 inline __m256 widen8(const Source& s, const uint8_t* row, const float* scales, int64_t group, int64_t i) {
   return apply_scales<S>(s, load_raw<F>(row, i), scales, group, i);
-}
-
-/// Columns [i, i + 16) of an int4 row before the scales (i a multiple of 8): 8 bytes
-/// unpacked at once, nibble - 8 by one table lookup, so the integer work per column is
-/// about half of two load_raw<kI4> calls (int4 GEMV is bound by it, not by memory).
-inline void load_raw16_i4(const uint8_t* row, int64_t i, __m256& first, __m256& second) {
-  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + i / 2));
-  const __m128i mask = _mm_set1_epi8(0x0f);
-  const __m128i nibbles =
-      _mm_unpacklo_epi8(_mm_and_si128(bytes, mask), _mm_and_si128(_mm_srli_epi16(bytes, 4), mask));
-  const __m128i minus8 = _mm_setr_epi8(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-  const __m128i q = _mm_shuffle_epi8(minus8, nibbles);
-  first = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
-  second = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(q, q)));
 }
 
 /// Column i of a stored row, widened as matrix_row_to_f32 does (the tails).
@@ -139,8 +127,6 @@ struct GroupCounter {
       ++group;
     }
   }
-  /// The group of the chunk after this one.
-  int64_t following() const { return in_group + 1 == chunks_per_group ? group + 1 : group; }
 };
 
 /// GEMV, decode: y[o + k] for k < N, widening N stored rows in registers per chunk of x
@@ -157,25 +143,7 @@ void gemv_rows(const Source& s, const float* x, const float* bias, float* y, int
   }
   const int64_t full = s.cols / 8 * 8;
   GroupCounter g{S == Scale::kPerChunk ? s.group_size / 8 : 1};
-  int64_t i = 0;
-  if constexpr (F == Form::kI4) {  // two chunks per step, each added in its turn
-    for (; i + 16 <= full; i += 16) {
-      const __m256 x0 = _mm256_loadu_ps(x + i);
-      const __m256 x1 = _mm256_loadu_ps(x + i + 8);
-      const int64_t group1 = g.following();
-      for (int k = 0; k < N; ++k) {
-        __m256 w0, w1;
-        load_raw16_i4(row[k], i, w0, w1);
-        w0 = apply_scales<S>(s, w0, scales[k], g.group, i);
-        w1 = apply_scales<S>(s, w1, scales[k], group1, i + 8);
-        acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(x0, w0));
-        acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(x1, w1));
-      }
-      g.next();
-      g.next();
-    }
-  }
-  for (; i < full; i += 8) {
+  for (int64_t i = 0; i < full; i += 8) {
     const __m256 xv = _mm256_loadu_ps(x + i);
     for (int k = 0; k < N; ++k) {
       acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(xv, widen8<F, S>(s, row[k], scales[k], g.group, i)));
