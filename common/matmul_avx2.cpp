@@ -129,6 +129,15 @@ struct GroupCounter {
   }
 };
 
+/// Columns of a stored row in one 64-byte cache line.
+template <Form F>
+constexpr int64_t columns_per_line() {
+  if constexpr (F == Form::kF32) return 16;
+  if constexpr (F == Form::kI8) return 64;
+  if constexpr (F == Form::kI4) return 128;
+  return 32;  // f16, bf16
+}
+
 /// GEMV, decode: y[o + k] for k < N, widening N stored rows in registers per chunk of x
 /// (N rows in flight hide the latency of streaming them from memory).
 template <Form F, Scale S, int N>
@@ -143,8 +152,17 @@ void gemv_rows(const Source& s, const float* x, const float* bias, float* y, int
   }
   const int64_t full = s.cols / 8 * 8;
   GroupCounter g{S == Scale::kPerChunk ? s.group_size / 8 : 1};
+  // Software prefetch of the next N rows, a cache line at a time as this block reaches
+  // the same column: the hardware prefetcher alone left a core at 3-6 G columns/s from
+  // RAM; with this, about twice that (measured on the 2-core Zen 3 box).
+  constexpr int64_t kLineColumns = columns_per_line<F>();
+  const uint64_t ahead = N * s.row_bytes;
   for (int64_t i = 0; i < full; i += 8) {
     const __m256 xv = _mm256_loadu_ps(x + i);
+    if (i % kLineColumns == 0) {
+      const uint64_t at = ahead + static_cast<uint64_t>(i) * 64 / kLineColumns;
+      for (int k = 0; k < N; ++k) _mm_prefetch(reinterpret_cast<const char*>(row[k] + at), _MM_HINT_T0);
+    }
     for (int k = 0; k < N; ++k) {
       acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(xv, widen8<F, S>(s, row[k], scales[k], g.group, i)));
     }
