@@ -6,7 +6,10 @@
 // Bits: y[r][o] equals dot(x_r, w_o) of common/kernels.h, with w_o the row widened to
 // f32 by matrix_row_to_f32 (plus bias[o]), whatever `rows`, the other rows, the thread
 // count or the instruction set. That is the placement invariant of DESIGN.md: a row's
-// result never depends on which batch, worker or tier produced it.
+// result never depends on which batch, worker or tier produced it. (One caveat: where
+// several NaNs meet in one sum, which NaN's payload survives follows the compiler's
+// operand order, which IEEE 754 leaves open; the result is NaN on every path.)
+// Without a bias nothing is added (not even +0, which would turn -0 into +0).
 #pragma once
 
 #include <cstddef>
