@@ -20,6 +20,7 @@
 #include <omp.h>
 #include <spdlog/spdlog.h>
 
+#include "app/bench_kernels.h"
 #include "common/error.h"
 #include "common/stop_signals.h"
 #include "common/topology.h"
@@ -394,6 +395,10 @@ int run_cli(int argc, char** argv) {
   CLI::App* workers_cmd = app.add_subcommand("workers", "List the worker names of a topology, one per line");
   workers_cmd->add_option("--config", workers_config, "Topology YAML")->required();
 
+  CLI::App* bench_cmd = app.add_subcommand("bench", "Microbenchmarks of this machine");
+  bench_cmd->require_subcommand(1);
+  add_bench_kernels(*bench_cmd);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help
@@ -411,6 +416,7 @@ int run_cli(int argc, char** argv) {
   if (*convert_cmd) return convert(convert_args);
   if (*status_cmd) return status(status_config, status_timeout_ms, status_layers);
   if (*workers_cmd) return list_workers(workers_config);
+  if (*bench_cmd) return 0;  // its subcommand ran as a parse callback
   return run(run_args);
 }
 

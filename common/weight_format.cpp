@@ -5,7 +5,6 @@
 #include <cstring>
 
 #include "common/error.h"
-#include "common/kernels.h"
 
 namespace charm {
 
@@ -117,22 +116,6 @@ void matrix_row_to_f32(const MatrixView& m, int64_t row, float* out) {
       }
       return;
     }
-  }
-}
-
-void matvec_stored(const MatrixView& m, const float* x, float* y, float* scratch) {
-  const MatrixShape& s = m.shape;
-  const auto cols = static_cast<size_t>(s.cols);
-  if (s.format == WeightFormat::kF32) {
-    const auto* w = reinterpret_cast<const float*>(m.data);
-    for (int64_t o = 0; o < s.rows; ++o) y[o] = dot(x, w + o * s.cols, cols);
-    return;
-  }
-  // Other forms: widen one row at a time, then the same dot, so a bf16 expert gives the
-  // bits of its f32 conversion (the tier invariant) without holding f32 copies.
-  for (int64_t o = 0; o < s.rows; ++o) {
-    matrix_row_to_f32(m, o, scratch);
-    y[o] = dot(x, scratch, cols);
   }
 }
 

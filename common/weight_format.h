@@ -1,5 +1,5 @@
-// How a routed expert's weight matrix is stored in memory and on disk, and the one
-// matrix-vector kernel that computes from any of those forms in f32.
+// How a routed expert's weight matrix is stored in memory and on disk, and how a row
+// widens to f32 (the kernels that compute from these forms are common/matmul.h).
 //
 // Stored forms: the checkpoint's own f32 / f16 / bf16 (lossless: charm's default), or
 // int8 / int4 with one f32 scale per group of `group_size` consecutive elements of a row
@@ -79,11 +79,6 @@ struct StoredMatrix {
 
 /// Writes row `row` of `m` as f32 into `out` [m.shape.cols]. Exact for f32/f16/bf16.
 void matrix_row_to_f32(const MatrixView& m, int64_t row, float* out);
-
-/// y [rows] = m x, x [cols]: y[o] = dot(x, row o as f32) with common/kernels.h `dot`, so
-/// for f32/f16/bf16 the bits equal linear_serial over the same weights converted to f32
-/// beforehand. Single-threaded. `scratch` holds cols floats (unused for f32).
-void matvec_stored(const MatrixView& m, const float* x, float* y, float* scratch);
 
 /// Quantises `src` [rows, cols] f32 into `shape` (format kInt8 or kInt4, rows/cols/
 /// group_size set): `data` receives data_bytes(), `scales` scale_bytes(). Throws

@@ -8,24 +8,9 @@
 #include <vector>
 
 #include "common/error.h"
-#include "common/kernels.h"
-#include "common/weight_format.h"
+#include "worker/swiglu_batch.h"
 
 namespace charm {
-namespace {
-
-/// y [H] = down(silu(gate(x)) * up(x)) for one row; scratch [2 * I + max(H, I)].
-void swiglu_expert(const ExpertView& w, const float* x, int64_t hidden, int64_t inter, float* scratch, float* y) {
-  float* g = scratch;
-  float* u = scratch + inter;
-  float* row = scratch + 2 * inter;
-  matvec_stored(w.gate, x, g, row);
-  matvec_stored(w.up, x, u, row);
-  for (int64_t i = 0; i < inter; ++i) g[i] = silu(g[i]) * u[i];
-  matvec_stored(w.down, g, y, row);
-}
-
-}  // namespace
 
 ExpertStats ExpertExecutor::run_into(uint32_t layer, const float* hidden, uint32_t num_rows,
                                      const std::vector<ExpertAssignment>& assignments, float* outputs) const {
@@ -48,29 +33,34 @@ ExpertStats ExpertExecutor::run_into(uint32_t layer, const float* hidden, uint32
   std::vector<uint32_t> distinct;
   for (const auto& [expert, rows] : rows_of) distinct.push_back(expert);
   std::unique_ptr<ExpertFetch> fetch = store_.fetch(layer, distinct);
-  // Resident experts come first, missing ones as their reads land. Each assignment is
-  // independent and computed by the same serial code, so the result of one row never
-  // depends on the batch it was in or on the thread that ran it.
+  // Resident experts come first, missing ones as their reads land. Each expert's rows
+  // are gathered into one block and computed as GEMMs (worker/swiglu_batch.h), whose
+  // bits for a row never depend on the other rows, the batch or the thread count.
   std::vector<ExpertLease> batch;
+  std::vector<float> x, y;  // gathered rows in, their outputs, expert by expert
+  std::vector<SwigluJob> jobs;
   for (;;) {
     batch.clear();  // give the slots back before asking for more (a layer may have one)
     batch = fetch->next();
     if (batch.empty()) break;
-    std::vector<std::pair<size_t, const ExpertView*>> work;  // (assignment, weights)
+    size_t total = 0;
+    for (const ExpertLease& lease : batch) total += rows_of[lease.expert()].size();
+    x.resize(total * h);
+    y.resize(total * h);
+    jobs.clear();
+    size_t at = 0;  // first gathered row of the current expert
     for (const ExpertLease& lease : batch) {
-      for (size_t i : rows_of[lease.expert()]) work.emplace_back(i, &lease.view());
-    }
-    // Threads only pay off past a few hundred thousand multiply-adds; below that, waking
-    // them costs more than the work (measured: 28 tiny assignments, 0.35 ms serial).
-    const bool parallel = work.size() > 1 && work.size() * 3 * h * inter > (1u << 18);
-#pragma omp parallel if (parallel)
-    {
-      std::vector<float> scratch(2 * inter + std::max(h, inter));
-#pragma omp for schedule(dynamic)
-      for (size_t j = 0; j < work.size(); ++j) {
-        const size_t i = work[j].first;
-        swiglu_expert(*work[j].second, hidden + assignments[i].row * h, h, inter, scratch.data(), outputs + i * h);
+      const std::vector<size_t>& rows = rows_of[lease.expert()];
+      for (size_t k = 0; k < rows.size(); ++k) {
+        std::copy_n(hidden + assignments[rows[k]].row * h, h, x.data() + (at + k) * h);
       }
+      jobs.push_back(SwigluJob{&lease.view(), x.data() + at * h, rows.size(), y.data() + at * h});
+      at += rows.size();
+    }
+    swiglu_batch(jobs, h, inter);
+    at = 0;
+    for (const ExpertLease& lease : batch) {  // scatter: one output per assignment
+      for (size_t i : rows_of[lease.expert()]) std::copy_n(y.data() + (at++) * h, h, outputs + i * h);
     }
   }
   const TierStats& tier = fetch->stats();

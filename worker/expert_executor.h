@@ -1,9 +1,10 @@
 // Runs a layer's batch-union on the experts a worker holds: for every assignment
 // (row, expert), y = down_proj(silu(gate_proj(x)) * up_proj(x)) (SwiGLU, as
 // Qwen3MoeMLP / OlmoeMLP), unweighted. Experts already resident are computed first while
-// the missing ones are read (worker/expert_store.h). Each output row is computed by the
-// same code in the same order whatever else is in the batch and whichever tier held the
-// expert, so results are bit-identical across topologies and budgets.
+// the missing ones are read (worker/expert_store.h); the rows sharing an expert are one
+// GEMM (worker/swiglu_batch.h). Each output row has the same bits whatever else is in
+// the batch and whichever tier held the expert, so results are bit-identical across
+// topologies and budgets.
 #pragma once
 
 #include "common/moe_types.h"

@@ -1,0 +1,21 @@
+// How many OpenMP threads charm computes with. The kernels are bound by memory
+// bandwidth and by the vector units of a core, and SMT siblings share both, so the
+// default is one thread per physical core this process may run on.
+#pragma once
+
+#include <optional>
+
+namespace charm {
+
+/// Physical cores among the CPUs this process may run on (sched_getaffinity): distinct
+/// (physical_package_id, core_id) pairs under /sys/devices/system/cpu/cpu*/topology.
+/// Falls back to omp_get_num_procs() where that topology cannot be read. At least 1.
+int physical_core_count();
+
+/// Sets the OpenMP team size: `requested` when given, else physical_core_count() —
+/// unless OMP_NUM_THREADS is set in the environment, which then wins (it is the user's
+/// explicit choice, and libgomp has already applied it). Returns the team size in use
+/// (omp_get_max_threads()). Throws Error(kInvalidInput) when requested < 1.
+int configure_threads(std::optional<int> requested);
+
+}  // namespace charm

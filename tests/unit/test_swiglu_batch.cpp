@@ -1,0 +1,98 @@
+// worker/swiglu_batch.h: the batch-union as GEMMs gives every row the bits of that row
+// computed alone (one GEMV chain), whatever the other rows and experts, the thread
+// count and the kernel path.
+#include <doctest/doctest.h>
+#include <omp.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/kernels.h"
+#include "common/matmul.h"
+#include "worker/swiglu_batch.h"
+
+using namespace charm;
+
+namespace {
+
+StoredMatrix bf16_matrix(int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uniform(-0.5f, 0.5f);
+  StoredMatrix m;
+  m.shape = MatrixShape{WeightFormat::kBF16, rows, cols, 0};
+  m.data.resize(m.shape.data_bytes());
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    const uint16_t bits = f32_to_bf16(uniform(rng));
+    std::memcpy(m.data.data() + 2 * i, &bits, 2);
+  }
+  return m;
+}
+
+struct Expert {
+  StoredMatrix gate, up, down;
+  ExpertView view;
+  Expert(int64_t hidden, int64_t inter, uint32_t seed)
+      : gate(bf16_matrix(inter, hidden, seed)), up(bf16_matrix(inter, hidden, seed + 1)),
+        down(bf16_matrix(hidden, inter, seed + 2)) {
+    view = ExpertView{gate.view(), up.view(), down.view()};
+  }
+};
+
+/// One row alone, one matrix-vector product at a time: the pre-GEMM executor's order.
+std::vector<float> one_row(const ExpertView& w, const float* x, int64_t hidden, int64_t inter) {
+  std::vector<float> g(inter), u(inter), y(hidden);
+  matmul_serial(w.gate, x, 1, nullptr, g.data());
+  matmul_serial(w.up, x, 1, nullptr, u.data());
+  for (int64_t i = 0; i < inter; ++i) g[i] = silu(g[i]) * u[i];
+  matmul_serial(w.down, g.data(), 1, nullptr, y.data());
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("swiglu_batch: every row has the bits of that row alone; 1 or 2 threads; both kernel paths") {
+  const int64_t hidden = 200, inter = 136;  // several tiles of 64, with partial ones
+  std::vector<Expert> experts;
+  for (uint32_t e = 0; e < 3; ++e) experts.emplace_back(hidden, inter, 10 * e);
+  const std::vector<size_t> rows_per_expert = {1, 7, 3};
+  size_t total = 0;
+  for (size_t r : rows_per_expert) total += r;
+  std::mt19937 rng(4);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<float> x(total * hidden);
+  for (float& v : x) v = uniform(rng);
+
+  std::vector<float> want(total * hidden);
+  for (size_t e = 0, at = 0; e < experts.size(); at += rows_per_expert[e], ++e) {
+    for (size_t r = at; r < at + rows_per_expert[e]; ++r) {
+      const std::vector<float> y = one_row(experts[e].view, x.data() + r * hidden, hidden, inter);
+      std::memcpy(want.data() + r * hidden, y.data(), y.size() * sizeof(float));
+    }
+  }
+  const KernelPath saved_path = active_kernel_path();
+  const int saved_threads = omp_get_max_threads();
+  std::vector<KernelPath> paths = {KernelPath::kPortable};
+  if (cpu_supports_avx2()) {
+    paths.push_back(KernelPath::kAvx2);
+  } else {
+    MESSAGE("this CPU lacks avx2/f16c: swiglu_batch was NOT checked on the AVX2 path");
+  }
+  for (KernelPath path : paths) {
+    set_kernel_path(path);
+    for (int threads : {1, 2}) {
+      CAPTURE(std::string(kernel_path_name(path)));
+      CAPTURE(threads);
+      omp_set_num_threads(threads);
+      std::vector<float> got(total * hidden, -1.0f);
+      std::vector<SwigluJob> jobs;
+      for (size_t e = 0, at = 0; e < experts.size(); at += rows_per_expert[e], ++e) {
+        jobs.push_back(SwigluJob{&experts[e].view, x.data() + at * hidden, rows_per_expert[e], got.data() + at * hidden});
+      }
+      swiglu_batch(jobs, hidden, inter);
+      CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+    }
+  }
+  set_kernel_path(saved_path);
+  omp_set_num_threads(saved_threads);
+}
