@@ -30,6 +30,8 @@
 #include "coordinator/metrics.h"
 
 #include "common/checkpoint.h"
+#include "common/cpu_threads.h"
+#include "common/matmul.h"
 #include "common/model_config.h"
 #include "coordinator/status_report.h"
 #include "worker/expert_convert.h"
@@ -309,6 +311,14 @@ int run(const RunArgs& args) {
   return 0;
 }
 
+/// Sets the compute thread count (--threads, else one per physical core) and picks the
+/// kernel path (CHARM_KERNELS errors surface here, before any parallel region).
+void configure_compute(std::optional<int> threads) {
+  const int n = configure_threads(threads);
+  spdlog::info("compute: {} OpenMP threads ({} physical cores), {} kernels", n, physical_core_count(),
+               kernel_path_name(active_kernel_path()));
+}
+
 /// `charm workers`: the names scripts/serve.sh starts a `charm worker` for.
 int list_workers(const std::string& config) {
   for (const WorkerSpec& w : Topology::load(config).workers) std::printf("%s\n", w.name.c_str());
@@ -329,6 +339,8 @@ int run_cli(int argc, char** argv) {
   CLI::App app{"charm: serves mixture-of-experts models over a cluster of expert workers"};
   app.require_subcommand(1);
 
+  std::optional<int> threads;  // serve, worker, run
+  const char* threads_help = "Compute threads (default: one per physical core; OMP_NUM_THREADS wins when set)";
   ServeArgs serve_args;
   CLI::App* serve_cmd = app.add_subcommand("serve", "Run the coordinator and the OpenAI-compatible HTTP API");
   serve_cmd->add_option("--config", serve_args.config, "Topology YAML")->required();
@@ -336,6 +348,7 @@ int run_cli(int argc, char** argv) {
   serve_cmd->add_option("--port", serve_args.port, "Listen port (default: the config's api port; 0 = any free)");
   CLI::Option* serve_prefetch = serve_cmd->add_flag("--prefetch,!--no-prefetch", serve_args.prefetch,
                                                     "Send prefetch hints (overrides the config's prefetch key)");
+  serve_cmd->add_option("--threads", threads, threads_help)->check(CLI::Range(1, 4096));
   serve_cmd->add_option("--prefill-chunk", serve_args.prefill_chunk, "Prompt tokens per prefill step (default 512)")
       ->check(CLI::Range(1, 1 << 20));
   serve_cmd->add_option("--ram-gb", serve_args.ram_gb, "Single-node: GiB of RAM for expert slots (default: every expert resident)")
@@ -346,6 +359,7 @@ int run_cli(int argc, char** argv) {
   worker_cmd->add_option("--config", worker_config, "Topology YAML")->required();
   worker_cmd->add_option("--name", worker_name, "This worker's name in the topology")->required();
   std::optional<double> worker_ram_gb;
+  worker_cmd->add_option("--threads", threads, threads_help)->check(CLI::Range(1, 4096));
   worker_cmd->add_option("--ram-gb", worker_ram_gb, "GiB of RAM for expert slots (overrides the worker's ram_gb)")
       ->check(CLI::PositiveNumber);
   int64_t worker_delay_ms = 0;
@@ -387,6 +401,7 @@ int run_cli(int argc, char** argv) {
   run_cmd->add_option("--logits-out", run_args.logits_out,
                       "Also write the logits after the prompt (raw little-endian f32, [vocab_size])");
   run_cmd->add_option("--ids-out", run_args.ids_out, "Also write the prompt and generated token ids (JSON)");
+  run_cmd->add_option("--threads", threads, threads_help)->check(CLI::Range(1, 4096));
   run_cmd->add_option("--prefill-chunk", run_args.prefill_chunk, "Prompt tokens per prefill step (default 512)")
       ->check(CLI::Range(1, 1 << 20));
   run_cmd->add_option("prompt", run_args.prompt, "Prompt text")->required();
@@ -411,6 +426,7 @@ int run_cli(int argc, char** argv) {
   // config says".
   if (serve_prefetch->count() == 0) serve_args.prefetch.reset();
   if (run_prefetch->count() == 0) run_args.prefetch.reset();
+  if (*serve_cmd || *worker_cmd || *run_cmd) configure_compute(threads);
   if (*serve_cmd) return serve(serve_args);
   if (*worker_cmd) return worker(worker_config, worker_name, worker_ram_gb, worker_delay_ms);
   if (*convert_cmd) return convert(convert_args);
