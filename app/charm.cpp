@@ -4,6 +4,7 @@
 //   status  the health of every worker of a topology
 //   run     one generation without HTTP, streamed to stdout, stats to stderr
 //   convert write an expert container (one worker's shard or every expert) from a checkpoint
+//   bench   microbenchmarks of this machine (memory: STREAM-like bandwidth)
 // Exit status: 0 success, 1 failure, 2 invalid input (bad flags, config or prompt).
 #include <csignal>
 #include <cstdio>
@@ -20,6 +21,7 @@
 #include <omp.h>
 #include <spdlog/spdlog.h>
 
+#include "app/bench_memory.h"
 #include "common/error.h"
 #include "common/stop_signals.h"
 #include "common/topology.h"
@@ -386,6 +388,10 @@ int run_cli(int argc, char** argv) {
   CLI::App* workers_cmd = app.add_subcommand("workers", "List the worker names of a topology, one per line");
   workers_cmd->add_option("--config", workers_config, "Topology YAML")->required();
 
+  CLI::App* bench_cmd = app.add_subcommand("bench", "Microbenchmarks of this machine");
+  bench_cmd->require_subcommand(1);
+  add_bench_memory(*bench_cmd);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help
@@ -403,6 +409,7 @@ int run_cli(int argc, char** argv) {
   if (*convert_cmd) return convert(convert_args);
   if (*status_cmd) return status(status_config, status_timeout_ms, status_layers);
   if (*workers_cmd) return list_workers(workers_config);
+  if (*bench_cmd) return 0;  // its subcommand ran in its parse callback
   return run(run_args);
 }
 
