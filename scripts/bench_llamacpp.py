@@ -19,7 +19,7 @@ Steps (each skipped when its output exists):
   4. charm expert containers: `charm convert --quant int8|int4 --group-size 32`;
   5. `charm bench memory` (STREAM-like copy GB/s) at the benchmark's thread count;
   6. per precision pair (charm bf16 / BF16, int8 / Q8_0, int4 gs32 / Q4_0), --repeat
-     times, alternating: `llama-bench -p PP -n TG -t T -r 1 -o json`, then `charm run`
+     times, alternating: `llama-bench -p PP -n TG -t T -r 1 -lm mmap+mlock -o json`, then `charm run`
      (single node, every expert resident in RAM, --stats-json) on a PP-token prompt for
      TG tokens. One engine at a time; peak RSS from wait4's rusage.
   7. the roofline: bytes a decode step must read (below) / copy GB/s = the tok/s a
@@ -234,7 +234,7 @@ def run_measured(cmd: list, timeout: float, log_prefix: Path) -> dict:
 
 def run_llama(bin_dir: Path, gguf: Path, args, log_prefix: Path) -> dict:
     r = run_measured([bin_dir / "llama-bench", "-m", gguf, "-p", args.pp, "-n", args.tg, "-t", args.threads,
-                      "-r", "1", "-o", "json"], args.timeout, log_prefix)
+                      "-r", "1", "-lm", args.llama_load_mode, "-o", "json"], args.timeout, log_prefix)
     tests = json.loads(r["stdout"])
     pp = next(t for t in tests if t["n_prompt"] == args.pp and t["n_gen"] == 0)
     tg = next(t for t in tests if t["n_gen"] == args.tg and t["n_prompt"] == 0)
@@ -360,6 +360,10 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2, help="parallel compile jobs for llama.cpp")
     ap.add_argument("--llama-cpp-python", dest="lcp_version", help="sdist version (default: the newest)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per engine run")
+    ap.add_argument("--llama-load-mode", default="mmap+mlock",
+                    help="llama-bench -lm: mmap+mlock makes every weight resident before timing, as charm's "
+                         "store does (plain mmap faults in the experts a run first routes to from disk "
+                         "when the page cache lost the GGUF, e.g. to the previous charm run)")
     ap.add_argument("--out", type=Path, help="JSON results (default: WORK/results/bench_llamacpp.json)")
     ap.add_argument("--report", type=Path, help="only print the table of an earlier --out file")
     args = ap.parse_args()
