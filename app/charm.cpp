@@ -4,6 +4,7 @@
 //   status  the health of every worker of a topology
 //   run     one generation without HTTP, streamed to stdout, stats to stderr
 //   convert write an expert container (one worker's shard or every expert) from a checkpoint
+//   bench   microbenchmarks of this machine (kernels: matmul per weight format; memory: STREAM-like bandwidth)
 // Exit status: 0 success, 1 failure, 2 invalid input (bad flags, config or prompt).
 #include <csignal>
 #include <cstdio>
@@ -21,6 +22,7 @@
 #include <spdlog/spdlog.h>
 
 #include "app/bench_kernels.h"
+#include "app/bench_memory.h"
 #include "common/error.h"
 #include "common/stop_signals.h"
 #include "common/topology.h"
@@ -413,6 +415,7 @@ int run_cli(int argc, char** argv) {
   CLI::App* bench_cmd = app.add_subcommand("bench", "Microbenchmarks of this machine");
   bench_cmd->require_subcommand(1);
   add_bench_kernels(*bench_cmd);
+  add_bench_memory(*bench_cmd);
 
   try {
     app.parse(argc, argv);

@@ -33,7 +33,6 @@ import os
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,31 +42,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 import replay_routing  # noqa: E402
+from bench_util import fmt_spread, log, machine, sh  # noqa: E402
 
 CACHE = Path.home() / ".cache/charm"
 LAYERS, EXPERTS, HIDDEN, INTER = 16, 64, 2048, 1024
 SLOT_BYTES = 3 * HIDDEN * INTER * 2  # one bf16 expert: 12 MiB, already 4 KiB aligned
 PROMPT = "The history of the city begins with a small village on the river"
-
-
-def log(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-
-def sh(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
-    log(" ".join(str(c) for c in cmd))
-    return subprocess.run(cmd, timeout=timeout, text=True, capture_output=True, **kw)
-
-
-def machine() -> dict:
-    def out(cmd):
-        try:
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.TimeoutExpired):
-            return ""
-    cpu = next((l.split(":", 1)[1].strip() for l in out(["lscpu"]).splitlines() if l.startswith("Model name")), "?")
-    return {"cpu": cpu, "cores": os.cpu_count(), "free": out(["free", "-g"]), "df": out(["df", "-h", str(CACHE)]),
-            "loadavg": Path("/proc/loadavg").read_text().split()[:3]}
 
 
 def free_port() -> int:
@@ -218,15 +198,6 @@ def ensure_inputs(args) -> tuple[Path, Path]:
     return ck, ct
 
 
-def fmt_spread(values: list[float], digits: int = 2) -> str:
-    if not values:
-        return "-"
-    m = statistics.mean(values)
-    if len(values) == 1:
-        return f"{m:.{digits}f}"
-    return f"{m:.{digits}f}±{(max(values) - min(values)) / 2:.{digits}f}"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--charm", type=Path, default=REPO / "build/charm")
@@ -250,7 +221,7 @@ def main() -> int:
         report(args.report, args.budgets)
         return 0
 
-    results = {"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()}, "runs": [], "replay": {}}
+    results = {"machine": machine(CACHE), "args": {k: str(v) for k, v in vars(args).items()}, "runs": [], "replay": {}}
     ck, ct = ensure_inputs(args)
     blob = sorted(p for p in ct.rglob("*") if p.is_file() and p.stat().st_size > 1 << 30)
     results["disk"] = fio_baseline(blob[0], args.io_threads, args.fio_seconds) if blob else {}

@@ -80,5 +80,16 @@ expect 1 "$tmp/unsupported/config.json: architecture 'DbrxForCausalLM' is not su
 expect 2 "$tmp/missing/config.json: missing required field 'num_local_experts'" -- \
   run --config "$tmp/missing.yaml" hello
 
+# charm bench memory: a bench subcommand is required; arrays beyond the RAM are refused
+# before allocating; a small run prints every STREAM kernel and writes its JSON.
+expect 2 "subcommand" -- bench
+expect 2 "lower --array-mib" -- bench memory --array-mib 1000000
+expect 0 "" -- bench memory --array-mib 8 --repeat 2 --threads 2 --json "$tmp/memory.json"
+for kernel in copy scale add triad; do
+  if ! grep -q "^$kernel " "$tmp/out" || ! grep -q "\"$kernel\"" "$tmp/memory.json"; then
+    echo "FAIL: charm bench memory printed or wrote no $kernel rate"; failures=$((failures + 1))
+  fi
+done
+
 [[ $failures -eq 0 ]] && echo PASS
 exit $((failures > 0))

@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Runs llama.cpp's own convert_hf_to_gguf.py on the synthetic OLMoE checkpoint, with ONE
+change: the tokenizer's vocabulary is cut to the model's vocab_size.
+
+Why: scripts/make_synthetic_olmoe.py gives its checkpoint vocab_size 50304 (OLMoE's) but
+the repository's Qwen2 fixture tokenizer, whose ids reach 151 k. The converter asserts
+max(tokenizer id) < vocab_size (TextModel.get_vocab_base) and stops. Here
+transformers.AutoTokenizer.from_pretrained returns the real tokenizer behind a proxy whose
+`vocab` holds only the ids < vocab_size; everything else (encoding, the pre-tokenizer
+hash that picks "qwen2", merges, special tokens) is the real tokenizer's. Tokens with
+larger ids (Qwen2's special tokens among them) are left out of the GGUF; llama.cpp warns
+about the special-token ids it then cannot find. Timing is not affected: llama-bench feeds
+random token ids < n_vocab and never tokenizes text.
+
+Usage (in a Python environment with torch, transformers, sentencepiece, numpy):
+  llamacpp_convert.py LLAMA_CPP_DIR MODEL_DIR --outtype bf16 --outfile OUT.gguf
+(every argument after LLAMA_CPP_DIR goes to convert_hf_to_gguf.py unchanged)
+"""
+from __future__ import annotations
+
+import json
+import runpy
+import sys
+from pathlib import Path
+
+
+class CutVocabTokenizer:
+    """A tokenizer whose `vocab` property keeps only ids < vocab_size; the rest delegates."""
+
+    def __init__(self, tokenizer, vocab_size: int):
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+    @property
+    def vocab(self) -> dict[str, int]:
+        return {t: i for t, i in self._tokenizer.vocab.items() if i < self._vocab_size}
+
+    def get_vocab(self) -> dict[str, int]:
+        return self.vocab
+
+
+def main() -> int:
+    if len(sys.argv) < 3:
+        print(__doc__, file=sys.stderr)
+        return 2
+    llama_cpp = Path(sys.argv[1]).resolve()
+    model_dir = Path(sys.argv[2])
+    vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+
+    import transformers
+    load = transformers.AutoTokenizer.from_pretrained
+
+    def from_pretrained(*args, **kwargs):
+        return CutVocabTokenizer(load(*args, **kwargs), vocab_size)
+
+    transformers.AutoTokenizer.from_pretrained = from_pretrained
+    sys.path.insert(0, str(llama_cpp / "gguf-py"))
+    sys.path.insert(0, str(llama_cpp))
+    sys.argv = [str(llama_cpp / "convert_hf_to_gguf.py")] + sys.argv[2:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
