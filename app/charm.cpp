@@ -42,10 +42,21 @@
 namespace charm {
 namespace {
 
-/// Loads the topology and applies its process-wide settings (OpenMP thread count).
-Topology load_config(const std::string& path) {
+/// The compute thread count (charm's --threads, else the topology's `threads`, else
+/// OMP_NUM_THREADS, else one per physical core) and the kernel path, logged; a bad
+/// CHARM_KERNELS fails here, before any parallel region.
+void configure_compute(std::optional<int> threads, const Topology& topology) {
+  if (!threads && topology.threads > 0) threads = static_cast<int>(topology.threads);
+  const int n = configure_threads(threads);
+  spdlog::info("compute: {} OpenMP threads ({} physical cores), {} kernels", n, physical_core_count(),
+               kernel_path_name(active_kernel_path()));
+}
+
+/// Loads the topology of a command that computes (serve, worker, run) and applies its
+/// process-wide settings: threads (`--threads` given as `threads`) and the kernel path.
+Topology load_compute_config(const std::string& path, std::optional<int> threads) {
   Topology topology = Topology::load(path);
-  if (topology.threads > 0) omp_set_num_threads(static_cast<int>(topology.threads));
+  configure_compute(threads, topology);
   return topology;
 }
 
@@ -84,10 +95,11 @@ struct ServeArgs {
   std::optional<uint16_t> port;
   std::optional<bool> prefetch;
   size_t prefill_chunk = EngineOptions{}.prefill_chunk;
+  std::optional<int> threads;
 };
 
 int serve(const ServeArgs& args) {
-  Topology topology = load_config(args.config);
+  Topology topology = load_compute_config(args.config, args.threads);
   if (args.ram_gb && !topology.single_node) {
     fail_invalid("--ram-gb applies to the in-process experts of mode: single-node; set ram_gb on each worker entry, "
                  "or pass --ram-gb to charm worker");
@@ -122,8 +134,8 @@ int serve(const ServeArgs& args) {
 }
 
 int worker(const std::string& config, const std::string& name, const std::optional<double>& ram_gb,
-           int64_t debug_delay_ms) {
-  Topology topology = load_config(config);
+           std::optional<int> threads, int64_t debug_delay_ms) {
+  Topology topology = load_compute_config(config, threads);
   topology.worker(name);  // an unknown name fails here, naming the known ones
   for (WorkerSpec& w : topology.workers) {
     if (w.name == name) override_ram(w.store, ram_gb);
@@ -143,7 +155,7 @@ struct ConvertArgs {
 /// `charm convert`: every MoE layer's experts, or only those the topology gives --worker.
 int convert(const ConvertArgs& args) {
   std::optional<Topology> topology;
-  if (!args.config.empty()) topology = load_config(args.config);
+  if (!args.config.empty()) topology = Topology::load(args.config);
   if (!args.worker.empty() && !topology) fail_invalid("--worker needs --config (the topology that places the experts)");
   if (args.checkpoint.empty() && !topology) fail_invalid("give --checkpoint DIR (or --config, whose model is used)");
   const std::filesystem::path model = args.checkpoint.empty() ? topology->model : std::filesystem::path(args.checkpoint);
@@ -175,7 +187,7 @@ int convert(const ConvertArgs& args) {
 
 /// Prints the cluster table; exit 1 when a worker did not answer.
 int status(const std::string& config, int timeout_ms, bool layers) {
-  Topology topology = load_config(config);
+  Topology topology = Topology::load(config);
   ClusterStatus report = collect_status(topology, timeout_ms);
   std::cout << format_status(report, layers) << std::flush;
   return report.all_up ? 0 : 1;
@@ -194,6 +206,7 @@ struct RunArgs {
   std::string logits_out;  // first-step logits, raw little-endian f32 [vocab_size]
   std::string ids_out;     // {"prompt_ids": [...], "new_ids": [...]} as JSON
   size_t prefill_chunk = EngineOptions{}.prefill_chunk;
+  std::optional<int> threads;
 };
 
 /// The prefetch counters of one layer (or all) as JSON.
@@ -273,7 +286,7 @@ void write_file(const std::string& path, const void* data, size_t size) {
 }
 
 int run(const RunArgs& args) {
-  Topology topology = load_config(args.config);
+  Topology topology = load_compute_config(args.config, args.threads);
   apply_prefetch_flag(topology, args.prefetch);
   EngineOptions options;
   options.routing_trace = args.routing_trace;
@@ -313,14 +326,6 @@ int run(const RunArgs& args) {
   return 0;
 }
 
-/// Sets the compute thread count (--threads, else one per physical core) and picks the
-/// kernel path (CHARM_KERNELS errors surface here, before any parallel region).
-void configure_compute(std::optional<int> threads) {
-  const int n = configure_threads(threads);
-  spdlog::info("compute: {} OpenMP threads ({} physical cores), {} kernels", n, physical_core_count(),
-               kernel_path_name(active_kernel_path()));
-}
-
 /// `charm workers`: the names scripts/serve.sh starts a `charm worker` for.
 int list_workers(const std::string& config) {
   for (const WorkerSpec& w : Topology::load(config).workers) std::printf("%s\n", w.name.c_str());
@@ -341,8 +346,7 @@ int run_cli(int argc, char** argv) {
   CLI::App app{"charm: serves mixture-of-experts models over a cluster of expert workers"};
   app.require_subcommand(1);
 
-  std::optional<int> threads;  // serve, worker, run
-  const char* threads_help = "Compute threads (default: one per physical core; OMP_NUM_THREADS wins when set)";
+  const char* threads_help = "Compute threads (default: the config's threads, else OMP_NUM_THREADS, else one per physical core)";
   ServeArgs serve_args;
   CLI::App* serve_cmd = app.add_subcommand("serve", "Run the coordinator and the OpenAI-compatible HTTP API");
   serve_cmd->add_option("--config", serve_args.config, "Topology YAML")->required();
@@ -350,7 +354,7 @@ int run_cli(int argc, char** argv) {
   serve_cmd->add_option("--port", serve_args.port, "Listen port (default: the config's api port; 0 = any free)");
   CLI::Option* serve_prefetch = serve_cmd->add_flag("--prefetch,!--no-prefetch", serve_args.prefetch,
                                                     "Send prefetch hints (overrides the config's prefetch key)");
-  serve_cmd->add_option("--threads", threads, threads_help)->check(CLI::Range(1, 4096));
+  serve_cmd->add_option("--threads", serve_args.threads, threads_help)->check(CLI::Range(1, 4096));
   serve_cmd->add_option("--prefill-chunk", serve_args.prefill_chunk, "Prompt tokens per prefill step (default 512)")
       ->check(CLI::Range(1, 1 << 20));
   serve_cmd->add_option("--ram-gb", serve_args.ram_gb, "Single-node: GiB of RAM for expert slots (default: every expert resident)")
@@ -361,7 +365,8 @@ int run_cli(int argc, char** argv) {
   worker_cmd->add_option("--config", worker_config, "Topology YAML")->required();
   worker_cmd->add_option("--name", worker_name, "This worker's name in the topology")->required();
   std::optional<double> worker_ram_gb;
-  worker_cmd->add_option("--threads", threads, threads_help)->check(CLI::Range(1, 4096));
+  std::optional<int> worker_threads;
+  worker_cmd->add_option("--threads", worker_threads, threads_help)->check(CLI::Range(1, 4096));
   worker_cmd->add_option("--ram-gb", worker_ram_gb, "GiB of RAM for expert slots (overrides the worker's ram_gb)")
       ->check(CLI::PositiveNumber);
   int64_t worker_delay_ms = 0;
@@ -403,7 +408,7 @@ int run_cli(int argc, char** argv) {
   run_cmd->add_option("--logits-out", run_args.logits_out,
                       "Also write the logits after the prompt (raw little-endian f32, [vocab_size])");
   run_cmd->add_option("--ids-out", run_args.ids_out, "Also write the prompt and generated token ids (JSON)");
-  run_cmd->add_option("--threads", threads, threads_help)->check(CLI::Range(1, 4096));
+  run_cmd->add_option("--threads", run_args.threads, threads_help)->check(CLI::Range(1, 4096));
   run_cmd->add_option("--prefill-chunk", run_args.prefill_chunk, "Prompt tokens per prefill step (default 512)")
       ->check(CLI::Range(1, 1 << 20));
   run_cmd->add_option("prompt", run_args.prompt, "Prompt text")->required();
@@ -429,9 +434,8 @@ int run_cli(int argc, char** argv) {
   // config says".
   if (serve_prefetch->count() == 0) serve_args.prefetch.reset();
   if (run_prefetch->count() == 0) run_args.prefetch.reset();
-  if (*serve_cmd || *worker_cmd || *run_cmd) configure_compute(threads);
   if (*serve_cmd) return serve(serve_args);
-  if (*worker_cmd) return worker(worker_config, worker_name, worker_ram_gb, worker_delay_ms);
+  if (*worker_cmd) return worker(worker_config, worker_name, worker_ram_gb, worker_threads, worker_delay_ms);
   if (*convert_cmd) return convert(convert_args);
   if (*status_cmd) return status(status_config, status_timeout_ms, status_layers);
   if (*workers_cmd) return list_workers(workers_config);

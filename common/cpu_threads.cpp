@@ -42,7 +42,11 @@ int physical_core_count() {
 
 int configure_threads(std::optional<int> requested) {
   if (requested && *requested < 1) fail_invalid("--threads must be >= 1, got " + std::to_string(*requested));
-  if (std::getenv("OMP_NUM_THREADS") == nullptr) omp_set_num_threads(requested ? *requested : physical_core_count());
+  if (requested) {
+    omp_set_num_threads(*requested);
+  } else if (std::getenv("OMP_NUM_THREADS") == nullptr) {
+    omp_set_num_threads(physical_core_count());
+  }
   return omp_get_max_threads();
 }
 

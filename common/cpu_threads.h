@@ -12,10 +12,10 @@ namespace charm {
 /// Falls back to omp_get_num_procs() where that topology cannot be read. At least 1.
 int physical_core_count();
 
-/// Sets the OpenMP team size: `requested` when given, else physical_core_count() —
-/// unless OMP_NUM_THREADS is set in the environment, which then wins (it is the user's
-/// explicit choice, and libgomp has already applied it). Returns the team size in use
-/// (omp_get_max_threads()). Throws Error(kInvalidInput) when requested < 1.
+/// Sets the OpenMP team size: `requested` when given (charm's own --threads or the
+/// topology's `threads`: an explicit choice wins); otherwise OMP_NUM_THREADS when it is
+/// set (libgomp has already applied it), else physical_core_count(). Returns the team
+/// size in use (omp_get_max_threads()). Throws Error(kInvalidInput) when requested < 1.
 int configure_threads(std::optional<int> requested);
 
 }  // namespace charm

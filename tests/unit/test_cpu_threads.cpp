@@ -16,7 +16,7 @@ TEST_CASE("physical_core_count is at least 1 and at most the CPUs this process m
   CHECK(cores <= omp_get_num_procs());
 }
 
-TEST_CASE("configure_threads: an explicit request is honoured, the default is the core count, OMP_NUM_THREADS wins") {
+TEST_CASE("configure_threads: an explicit request wins, then OMP_NUM_THREADS, then the core count") {
   const int saved = omp_get_max_threads();
   const char* env = std::getenv("OMP_NUM_THREADS");
   const std::string env_value = env ? env : "";
@@ -27,8 +27,9 @@ TEST_CASE("configure_threads: an explicit request is honoured, the default is th
   CHECK_THROWS_AS(configure_threads(0), Error);
 
   setenv("OMP_NUM_THREADS", "1", 1);
-  omp_set_num_threads(2);  // what libgomp would hold; configure_threads must leave it
-  CHECK(configure_threads(5) == 2);
+  omp_set_num_threads(2);  // what libgomp would hold; the default must leave it
+  CHECK(configure_threads(std::nullopt) == 2);
+  CHECK(configure_threads(5) == 5);
 
   if (env) {
     setenv("OMP_NUM_THREADS", env_value.c_str(), 1);
