@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/cpu_threads.h"
+#include "common/error.h"
 #include "common/dtype.h"
 #include "common/kernels.h"
 #include "common/matmul.h"
@@ -199,6 +200,7 @@ void bench_batch_union(double seconds) {
 }
 
 int bench_kernels(const BenchArgs& args) {
+  if (!(args.seconds >= 0.01)) fail_invalid("--seconds must be a number >= 0.01");  // CLI11's Range lets NaN through
   const int threads = configure_threads(args.threads);
   const KernelPath saved = active_kernel_path();
   std::printf("charm bench kernels: %d thread(s) (physical cores: %d), default kernel path %s, %.1f s per number (median call)\n",
@@ -214,8 +216,8 @@ int bench_kernels(const BenchArgs& args) {
 void add_bench_kernels(CLI::App& bench) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = bench.add_subcommand("kernels", "GEMV / GEMM speed of every stored form and kernel path");
-  cmd->add_option("--threads", args->threads, "OpenMP threads (default: physical cores; OMP_NUM_THREADS wins)")
-      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--threads", args->threads, "OpenMP threads (default: OMP_NUM_THREADS, else physical cores)")
+      ->check(CLI::Range(1, kMaxThreads));
   cmd->add_option("--seconds", args->seconds, "Time per measurement")->check(CLI::Range(0.01, 3600.0));
   cmd->add_option("--part", args->part, "Which tables: all, matmul or batch-union")
       ->check(CLI::IsMember({"all", "matmul", "batch-union"}));

@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/cpu_threads.h"
 #include "common/error.h"
 
 namespace charm {
@@ -118,6 +119,7 @@ struct KernelTimes {
 };
 
 int bench_memory(const MemoryArgs& args) {
+  if (!(args.array_mib >= 1.0)) fail_invalid("--array-mib must be a number >= 1");  // CLI11's Range lets NaN through
   if (args.threads > 0) omp_set_num_threads(args.threads);
   const auto n = static_cast<int64_t>(args.array_mib * 1024 * 1024 / sizeof(double));
   const double total = 3.0 * static_cast<double>(n) * sizeof(double);
@@ -189,7 +191,7 @@ void add_bench_memory(CLI::App& bench) {
   cmd->add_option("--repeat", args->repeat, "Timed passes; the best is reported (plus one untimed warm-up)")
       ->check(CLI::Range(1, 1000));
   cmd->add_option("--threads", args->threads, "OpenMP threads (0 = OMP_NUM_THREADS or every core)")
-      ->check(CLI::Range(0, 65536));
+      ->check(CLI::Range(0, kMaxThreads));
   cmd->add_option("--json", args->json, "Also write the results to this JSON file");
   cmd->callback([args] { bench_memory(*args); });
 }

@@ -46,6 +46,7 @@ namespace {
 /// OMP_NUM_THREADS, else one per physical core) and the kernel path, logged; a bad
 /// CHARM_KERNELS fails here, before any parallel region.
 void configure_compute(std::optional<int> threads, const Topology& topology) {
+  if (threads == 0) threads.reset();  // --threads 0: the default, as the YAML's 0
   if (!threads && topology.threads > 0) threads = static_cast<int>(topology.threads);
   const int n = configure_threads(threads);
   spdlog::info("compute: {} OpenMP threads ({} physical cores), {} kernels", n, physical_core_count(),
@@ -346,7 +347,7 @@ int run_cli(int argc, char** argv) {
   CLI::App app{"charm: serves mixture-of-experts models over a cluster of expert workers"};
   app.require_subcommand(1);
 
-  const char* threads_help = "Compute threads (default: the config's threads, else OMP_NUM_THREADS, else one per physical core)";
+  const char* threads_help = "Compute threads (0 or absent: the config's threads, else OMP_NUM_THREADS, else one per physical core)";
   ServeArgs serve_args;
   CLI::App* serve_cmd = app.add_subcommand("serve", "Run the coordinator and the OpenAI-compatible HTTP API");
   serve_cmd->add_option("--config", serve_args.config, "Topology YAML")->required();
@@ -354,7 +355,7 @@ int run_cli(int argc, char** argv) {
   serve_cmd->add_option("--port", serve_args.port, "Listen port (default: the config's api port; 0 = any free)");
   CLI::Option* serve_prefetch = serve_cmd->add_flag("--prefetch,!--no-prefetch", serve_args.prefetch,
                                                     "Send prefetch hints (overrides the config's prefetch key)");
-  serve_cmd->add_option("--threads", serve_args.threads, threads_help)->check(CLI::Range(1, 4096));
+  serve_cmd->add_option("--threads", serve_args.threads, threads_help)->check(CLI::Range(0, kMaxThreads));
   serve_cmd->add_option("--prefill-chunk", serve_args.prefill_chunk, "Prompt tokens per prefill step (default 512)")
       ->check(CLI::Range(1, 1 << 20));
   serve_cmd->add_option("--ram-gb", serve_args.ram_gb, "Single-node: GiB of RAM for expert slots (default: every expert resident)")
@@ -366,7 +367,7 @@ int run_cli(int argc, char** argv) {
   worker_cmd->add_option("--name", worker_name, "This worker's name in the topology")->required();
   std::optional<double> worker_ram_gb;
   std::optional<int> worker_threads;
-  worker_cmd->add_option("--threads", worker_threads, threads_help)->check(CLI::Range(1, 4096));
+  worker_cmd->add_option("--threads", worker_threads, threads_help)->check(CLI::Range(0, kMaxThreads));
   worker_cmd->add_option("--ram-gb", worker_ram_gb, "GiB of RAM for expert slots (overrides the worker's ram_gb)")
       ->check(CLI::PositiveNumber);
   int64_t worker_delay_ms = 0;
@@ -408,7 +409,7 @@ int run_cli(int argc, char** argv) {
   run_cmd->add_option("--logits-out", run_args.logits_out,
                       "Also write the logits after the prompt (raw little-endian f32, [vocab_size])");
   run_cmd->add_option("--ids-out", run_args.ids_out, "Also write the prompt and generated token ids (JSON)");
-  run_cmd->add_option("--threads", run_args.threads, threads_help)->check(CLI::Range(1, 4096));
+  run_cmd->add_option("--threads", run_args.threads, threads_help)->check(CLI::Range(0, kMaxThreads));
   run_cmd->add_option("--prefill-chunk", run_args.prefill_chunk, "Prompt tokens per prefill step (default 512)")
       ->check(CLI::Range(1, 1 << 20));
   run_cmd->add_option("prompt", run_args.prompt, "Prompt text")->required();

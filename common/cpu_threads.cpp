@@ -41,7 +41,9 @@ int physical_core_count() {
 }
 
 int configure_threads(std::optional<int> requested) {
-  if (requested && *requested < 1) fail_invalid("--threads must be >= 1, got " + std::to_string(*requested));
+  if (requested && (*requested < 1 || *requested > kMaxThreads)) {
+    fail_invalid("threads must be between 1 and " + std::to_string(kMaxThreads) + ", got " + std::to_string(*requested));
+  }
   if (requested) {
     omp_set_num_threads(*requested);
   } else if (std::getenv("OMP_NUM_THREADS") == nullptr) {

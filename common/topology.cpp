@@ -3,6 +3,8 @@
 // without reading code; unknown keys are errors so a typo never silently means "default".
 #include "common/topology.h"
 
+#include "common/cpu_threads.h"
+
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -285,7 +287,7 @@ Topology Topology::parse(const std::string& yaml, const std::filesystem::path& p
     r.check_keys(cluster, "cluster", {"secret_file", "secret_env"});
     t.cluster_secret = parse_secret(r, cluster, "cluster", "secret", path.parent_path());
   }
-  if (root["threads"]) t.threads = r.int_value(root["threads"], "threads", 0, 65536);
+  if (root["threads"]) t.threads = r.int_value(root["threads"], "threads", 0, kMaxThreads);
   if (root["prefetch"]) t.prefetch = r.bool_value(root["prefetch"], "prefetch");
   if (const auto timeouts = root["timeouts"]) {
     r.check_keys(timeouts, "timeouts",
