@@ -19,6 +19,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <omp.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include "app/bench_kernels.h"
@@ -449,6 +450,10 @@ int run_cli(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   charm::prefer_passive_openmp(argv);
+  // Logs go to stderr: stdout is the generated text of `charm run` and the tables of
+  // `charm status` and `charm bench`, which users redirect and scripts read.
+  spdlog::set_default_logger(
+      std::make_shared<spdlog::logger>("", std::make_shared<spdlog::sinks::stderr_color_sink_mt>()));
   try {
     return charm::run_cli(argc, argv);
   } catch (const charm::Error& e) {
