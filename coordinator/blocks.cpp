@@ -12,8 +12,6 @@ namespace charm {
 
 Linear Linear::load(const Checkpoint& ckpt, const std::string& name, size_t out, size_t in, bool with_bias) {
   Linear l;
-  l.in = in;
-  l.out = out;
   l.weight = ckpt.load_matrix(name + ".weight", static_cast<int64_t>(out), static_cast<int64_t>(in));
   if (with_bias) l.bias = ckpt.load_f32(name + ".bias", {static_cast<int64_t>(out)});
   return l;
@@ -121,7 +119,7 @@ RopeGqaAttention RopeGqaAttention::load(const Checkpoint& ckpt, const std::strin
 
 void RopeGqaAttention::operator()(const Rope& rope, const float* x, size_t rows, size_t pos0, KvCache& cache,
                                   size_t layer, float* out) const {
-  std::vector<float> q(rows * q_proj.out), k(rows * k_proj.out), v(rows * v_proj.out);
+  std::vector<float> q(rows * q_proj.out()), k(rows * k_proj.out()), v(rows * v_proj.out());
   q_proj(x, rows, q.data());
   k_proj(x, rows, k.data());
   v_proj(x, rows, v.data());
@@ -136,8 +134,8 @@ DenseMlp DenseMlp::load(const Checkpoint& ckpt, const std::string& prefix, size_
 }
 
 void DenseMlp::operator()(const float* x, size_t rows, float* y) const {
-  std::vector<float> g(rows * gate.out);
-  std::vector<float> u(rows * up.out);
+  std::vector<float> g(rows * gate.out());
+  std::vector<float> u(rows * up.out());
   gate(x, rows, g.data());
   up(x, rows, u.data());
   for (size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * u[i];
@@ -233,13 +231,13 @@ SoftmaxTopkMoe SoftmaxTopkMoe::load(const Checkpoint& ckpt, const std::string& p
 
 RoutedExpertsCall SoftmaxTopkMoe::begin(ExpertDispatcher& dispatcher, uint32_t layer, const float* x,
                                         size_t rows) const {
-  return RoutedExpertsCall(dispatcher, layer, x, rows, router.in, route(x, rows));
+  return RoutedExpertsCall(dispatcher, layer, x, rows, router.in(), route(x, rows));
 }
 
 Routing SoftmaxTopkMoe::route(const float* x, size_t rows) const {
-  std::vector<float> router_logits(rows * router.out);
+  std::vector<float> router_logits(rows * router.out());
   router(x, rows, router_logits.data());
-  return softmax_topk(router_logits.data(), rows, router.out, top_k, norm_topk_prob);
+  return softmax_topk(router_logits.data(), rows, router.out(), top_k, norm_topk_prob);
 }
 
 std::vector<uint32_t> SoftmaxTopkMoe::predict(const float* x, size_t rows) const {
@@ -264,7 +262,7 @@ GatedSharedExpert GatedSharedExpert::load(const Checkpoint& ckpt, const std::str
 }
 
 void GatedSharedExpert::operator()(const float* x, size_t rows, float* out) const {
-  const size_t hidden = gate.in;
+  const size_t hidden = gate.in();
   std::vector<float> g(rows);
   gate(x, rows, g.data());
   mlp(x, rows, out);

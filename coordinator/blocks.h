@@ -21,8 +21,8 @@ namespace charm {
 struct Linear {
   StoredMatrix weight;
   std::vector<float> bias;
-  size_t in = 0;
-  size_t out = 0;
+  size_t in() const { return static_cast<size_t>(weight.shape.cols); }
+  size_t out() const { return static_cast<size_t>(weight.shape.rows); }
   /// Loads "<name>.weight" (and "<name>.bias" when `with_bias`), checking [out, in].
   static Linear load(const Checkpoint& ckpt, const std::string& name, size_t out, size_t in, bool with_bias = false);
   /// y [rows, out] = x [rows, in] W^T + b.

@@ -39,7 +39,7 @@ struct DeepseekV3Moe {
   /// out [rows, hidden] = routed(x) + shared_experts(x). The shared experts run here
   /// while the routed requests are in flight.
   void operator()(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows, float* out) const {
-    const size_t hidden = gate.gate.in;
+    const size_t hidden = gate.gate.in();
     RoutedExpertsCall routed(dispatcher, layer, x, rows, hidden, gate(x, rows));
     std::vector<float> shared(has_shared ? rows * hidden : 0);
     if (has_shared) shared_experts(x, rows, shared.data());

@@ -54,11 +54,11 @@ MlaAttention MlaAttention::load(const Checkpoint& ckpt, const std::string& prefi
 
 std::vector<float> MlaAttention::queries(const float* x, size_t rows) const {
   std::vector<float> q(rows * num_heads_ * (nope_ + rope_dim_));
-  if (q_a_proj_.out == 0) {
+  if (q_a_proj_.out() == 0) {
     q_proj_(x, rows, q.data());
     return q;
   }
-  std::vector<float> q_latent(rows * q_a_proj_.out);
+  std::vector<float> q_latent(rows * q_a_proj_.out());
   q_a_proj_(x, rows, q_latent.data());
   q_a_layernorm_(q_latent.data(), rows, q_latent.data());
   q_b_proj_(q_latent.data(), rows, q.data());

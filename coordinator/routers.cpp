@@ -78,9 +78,9 @@ GroupLimitedRouter GroupLimitedRouter::load(const Checkpoint& ckpt, const std::s
 }
 
 Routing GroupLimitedRouter::operator()(const float* x, size_t rows) const {
-  std::vector<float> logits(rows * gate.out);
+  std::vector<float> logits(rows * gate.out());
   gate(x, rows, logits.data());
-  return sigmoid_group_topk(logits.data(), rows, gate.out, e_score_correction_bias.data(), params);
+  return sigmoid_group_topk(logits.data(), rows, gate.out(), e_score_correction_bias.data(), params);
 }
 
 }  // namespace charm
