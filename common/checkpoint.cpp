@@ -5,11 +5,10 @@
 #include "common/checkpoint.h"
 
 #include <algorithm>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "common/error.h"
+#include "common/json_reader.h"
 
 namespace charm {
 namespace {
@@ -20,25 +19,19 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-/// Parses a JSON file; throws Error(kInvalidInput) naming it if it is absent or malformed.
-nlohmann::json read_json(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) fail_invalid(path.string() + ": missing or unreadable");
-  std::stringstream text;
-  text << in.rdbuf();
-  try {
-    nlohmann::json json = nlohmann::json::parse(text.str());
-    if (!json.is_object()) fail_invalid(path.string() + ": top-level JSON value is not an object");
-    return json;
-  } catch (const nlohmann::json::exception& e) {
-    fail_invalid(path.string() + ": not valid JSON: " + e.what());
-  }
+/// Parses a JSON file within `limits`; throws Error(kInvalidInput) naming it if it is
+/// absent, too large, nested too deep, malformed or not an object.
+nlohmann::json read_json(const std::filesystem::path& path, const JsonLimits& limits) {
+  if (!std::filesystem::is_regular_file(path)) fail_invalid(path.string() + ": missing or unreadable");
+  nlohmann::json json = read_json_file(path, limits, "a checkpoint JSON file");
+  if (!json.is_object()) fail_invalid(path.string() + ": top-level JSON value is not an object");
+  return json;
 }
 
 /// The weight_map of an index file: tensor name -> shard file name (relative to `dir`).
 /// Rejects shard names that leave the directory, so a checkpoint cannot point elsewhere.
 std::map<std::string, std::string> read_weight_map(const std::filesystem::path& index_path) {
-  const nlohmann::json index = read_json(index_path);
+  const nlohmann::json index = read_json(index_path, kIndexJsonLimits);
   const std::string where = index_path.string();
   if (!index.contains("weight_map")) fail_invalid(where + ": missing 'weight_map'");
   const auto& map = index["weight_map"];
@@ -105,11 +98,11 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::filesystem::path& dir) {
   std::unique_ptr<Checkpoint> self(new Checkpoint());
   self->dir_ = dir;
   if (!std::filesystem::is_directory(dir)) fail_invalid(dir.string() + ": not a checkpoint directory");
-  self->config_ = read_json(dir / "config.json");
+  self->config_ = read_json(dir / "config.json", kConfigJsonLimits);
   self->fp8_block_ = read_fp8_block(self->config_, (dir / "config.json").string());
   const auto gen_path = dir / "generation_config.json";
   self->generation_config_ =
-      std::filesystem::exists(gen_path) ? read_json(gen_path) : nlohmann::json::object();
+      std::filesystem::exists(gen_path) ? read_json(gen_path, kConfigJsonLimits) : nlohmann::json::object();
 
   const auto index_path = dir / "model.safetensors.index.json";
   std::map<std::string, std::string> weight_map;

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/json_reader.h"
 
 namespace charm {
 namespace {
@@ -169,12 +170,7 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::pa
 
   std::string header(header_len, '\0');
   pread_all(self->fd_, 8, header_len, header.data(), file);
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(header);
-  } catch (const nlohmann::json::exception& e) {
-    fail_invalid(file + ": header is not valid JSON: " + e.what());
-  }
+  const nlohmann::json json = parse_json(header, file + ": header", kSafetensorsHeaderLimits);
   if (!json.is_object()) fail_invalid(file + ": header JSON is not an object");
 
   const uint64_t data_start = 8 + header_len;

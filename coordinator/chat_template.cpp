@@ -3,11 +3,10 @@
 // render_jinja_template passes (transformers/utils/chat_template_utils.py).
 #include "coordinator/chat_template.h"
 
-#include <fstream>
 #include <optional>
-#include <sstream>
 
 #include "common/error.h"
+#include "common/json_reader.h"
 #include "coordinator/jinja_ast.h"
 #include "coordinator/jinja_eval.h"
 
@@ -72,15 +71,6 @@ class JinjaChatTemplate final : public ChatTemplate {
   std::optional<std::string> eos_;
 };
 
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail_io("cannot open " + path.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) fail_io("cannot read " + path.string());
-  return ss.str();
-}
-
 // A special token in tokenizer_config.json: a string, an AddedToken object {"content": ...}, or null.
 std::optional<std::string> special_token(const ordered_json& config, const char* key, const std::filesystem::path& path) {
   if (!config.contains(key) || config[key].is_null()) return std::nullopt;
@@ -93,7 +83,7 @@ std::optional<std::string> special_token(const ordered_json& config, const char*
 std::string template_text(const ordered_json& config, const std::filesystem::path& path) {
   if (!config.contains("chat_template") || config["chat_template"].is_null()) {
     std::filesystem::path sibling = path.parent_path() / "chat_template.jinja";
-    if (std::filesystem::exists(sibling)) return read_file(sibling);
+    if (std::filesystem::exists(sibling)) return read_text_file(sibling, kConfigJsonLimits.max_bytes, "a chat template");
     fail_invalid(path.string() + ": no \"chat_template\" field (and no chat_template.jinja beside it)");
   }
   const ordered_json& t = config["chat_template"];
@@ -116,13 +106,7 @@ std::unique_ptr<ChatTemplate> make(const std::string& source, std::optional<std:
 }  // namespace
 
 std::unique_ptr<ChatTemplate> ChatTemplate::load(const std::filesystem::path& tokenizer_config_json) {
-  std::string text = read_file(tokenizer_config_json);
-  ordered_json config;
-  try {
-    config = ordered_json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail_invalid(tokenizer_config_json.string() + ": not valid JSON: " + e.what());
-  }
+  const ordered_json config = read_ordered_json_file(tokenizer_config_json, kConfigJsonLimits, "a tokenizer config");
   if (!config.is_object()) fail_invalid(tokenizer_config_json.string() + ": expected a JSON object");
   std::string source = template_text(config, tokenizer_config_json);
   auto bos = special_token(config, "bos_token", tokenizer_config_json);

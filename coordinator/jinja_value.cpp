@@ -10,6 +10,44 @@
 #include "coordinator/jinja_ast.h"
 
 namespace charm::jinja {
+namespace {
+
+// The depth argument of every recursive walk: the walk at `depth` is about to look inside a
+// container, so its children are at depth + 1.
+int nested(int depth, const char* walk) {
+  if (depth >= kMaxValueDepth) {
+    fail_invalid(std::string("chat template: value nested deeper than ") + std::to_string(kMaxValueDepth) +
+                 " levels in " + walk);
+  }
+  return depth + 1;
+}
+
+Value value_from_json(const nlohmann::ordered_json& j, int depth) {
+  switch (j.type()) {
+    case nlohmann::ordered_json::value_t::null: return Value::none();
+    case nlohmann::ordered_json::value_t::boolean: return Value::boolean(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer: return Value::integer(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned:
+      return Value::integer(static_cast<int64_t>(j.get<uint64_t>()));
+    case nlohmann::ordered_json::value_t::number_float: return Value::floating(j.get<double>());
+    case nlohmann::ordered_json::value_t::string: return Value::string(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::array: {
+      const int inner = nested(depth, "a JSON value passed to the template");
+      ValueList items;
+      for (const auto& e : j) items.push_back(value_from_json(e, inner));
+      return Value::new_list(std::move(items));
+    }
+    case nlohmann::ordered_json::value_t::object: {
+      const int inner = nested(depth, "a JSON value passed to the template");
+      ValueDict items;
+      for (const auto& [k, e] : j.items()) items.emplace_back(Value::string(k), value_from_json(e, inner));
+      return Value::new_dict(std::move(items));
+    }
+    default: fail_invalid("chat template: cannot pass JSON value of type " + std::string(j.type_name()));
+  }
+}
+
+}  // namespace
 
 Value Value::undefined(std::string why) {
   Value v;
@@ -68,27 +106,7 @@ Value Value::new_namespace(ValueDict items) {
   return v;
 }
 
-Value Value::from_json(const nlohmann::ordered_json& j) {
-  switch (j.type()) {
-    case nlohmann::ordered_json::value_t::null: return none();
-    case nlohmann::ordered_json::value_t::boolean: return boolean(j.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer: return integer(j.get<int64_t>());
-    case nlohmann::ordered_json::value_t::number_unsigned: return integer(static_cast<int64_t>(j.get<uint64_t>()));
-    case nlohmann::ordered_json::value_t::number_float: return floating(j.get<double>());
-    case nlohmann::ordered_json::value_t::string: return string(j.get<std::string>());
-    case nlohmann::ordered_json::value_t::array: {
-      ValueList items;
-      for (const auto& e : j) items.push_back(from_json(e));
-      return new_list(std::move(items));
-    }
-    case nlohmann::ordered_json::value_t::object: {
-      ValueDict items;
-      for (const auto& [k, e] : j.items()) items.emplace_back(string(k), from_json(e));
-      return new_dict(std::move(items));
-    }
-    default: fail_invalid("chat template: cannot pass JSON value of type " + std::string(j.type_name()));
-  }
-}
+Value Value::from_json(const nlohmann::ordered_json& j) { return value_from_json(j, 0); }
 
 const Value* Value::find(const Value& key) const {
   if (!dict) return nullptr;
@@ -201,22 +219,43 @@ std::string repr_string(const std::string& s) {
   return out + q;
 }
 
-std::string join_repr(const ValueList& items) {
+std::string repr_at(const Value& v, int depth);
+
+std::string join_repr(const ValueList& items, int depth) {
+  const int inner = nested(depth, "repr()");
   std::string out;
   for (size_t k = 0; k < items.size(); ++k) {
     if (k) out += ", ";
-    out += to_repr(items[k]);
+    out += repr_at(items[k], inner);
   }
   return out;
 }
 
-std::string dict_repr(const ValueDict& items) {
+std::string dict_repr(const ValueDict& items, int depth) {
+  const int inner = nested(depth, "repr()");
   std::string out = "{";
   for (size_t k = 0; k < items.size(); ++k) {
     if (k) out += ", ";
-    out += to_repr(items[k].first) + ": " + to_repr(items[k].second);
+    out += repr_at(items[k].first, inner) + ": " + repr_at(items[k].second, inner);
   }
   return out + "}";
+}
+
+std::string repr_at(const Value& v, int depth) {
+  switch (v.kind) {
+    case Kind::kUndefined: return "Undefined";
+    case Kind::kNone: return "None";
+    case Kind::kBool: return v.b ? "True" : "False";
+    case Kind::kInt: return std::to_string(v.i);
+    case Kind::kFloat: return float_repr(v.f);
+    case Kind::kString: return repr_string(v.s);
+    case Kind::kList: return "[" + join_repr(*v.list, depth) + "]";
+    case Kind::kTuple: return "(" + join_repr(*v.list, depth) + (v.list->size() == 1 ? ",)" : ")");
+    case Kind::kDict: return dict_repr(*v.dict, depth);
+    case Kind::kNamespace: return "<Namespace " + dict_repr(*v.dict, depth) + ">";
+    case Kind::kMacro: return "<Macro '" + v.macro->targets[0] + "'>";
+  }
+  return "?";
 }
 
 double as_double(const Value& v) {
@@ -298,10 +337,11 @@ void json_dump(const Value& v, int indent, bool sort_keys, bool ascii, int depth
     case Kind::kTuple: {
       if (v.list->empty()) { out += "[]"; return; }
       out += "[";
+      const int inner = nested(depth, "tojson");
       for (size_t k = 0; k < v.list->size(); ++k) {
         if (k) out += item_sep;
-        newline(depth + 1);
-        json_dump((*v.list)[k], indent, sort_keys, ascii, depth + 1, out);
+        newline(inner);
+        json_dump((*v.list)[k], indent, sort_keys, ascii, inner, out);
       }
       newline(depth);
       out += "]";
@@ -313,13 +353,14 @@ void json_dump(const Value& v, int indent, bool sort_keys, bool ascii, int depth
       if (sort_keys)
         std::stable_sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return less_than(a.first, b.first); });
       out += "{";
+      const int inner = nested(depth, "tojson");
       for (size_t k = 0; k < items.size(); ++k) {
         if (k) out += item_sep;
-        newline(depth + 1);
+        newline(inner);
         // json.dumps writes non-string keys as their JSON scalar text, quoted.
         json_string(items[k].first.is_string() ? items[k].first.s : to_str(items[k].first), out, ascii);
         out += ": ";
-        json_dump(items[k].second, indent, sort_keys, ascii, depth + 1, out);
+        json_dump(items[k].second, indent, sort_keys, ascii, inner, out);
       }
       newline(depth);
       out += "}";
@@ -328,35 +369,7 @@ void json_dump(const Value& v, int indent, bool sort_keys, bool ascii, int depth
   }
 }
 
-}  // namespace
-
-std::string to_str(const Value& v) {
-  switch (v.kind) {
-    case Kind::kUndefined: return "";
-    case Kind::kString: return v.s;
-    case Kind::kNamespace: return "<Namespace " + dict_repr(*v.dict) + ">";
-    default: return to_repr(v);
-  }
-}
-
-std::string to_repr(const Value& v) {
-  switch (v.kind) {
-    case Kind::kUndefined: return "Undefined";
-    case Kind::kNone: return "None";
-    case Kind::kBool: return v.b ? "True" : "False";
-    case Kind::kInt: return std::to_string(v.i);
-    case Kind::kFloat: return float_repr(v.f);
-    case Kind::kString: return repr_string(v.s);
-    case Kind::kList: return "[" + join_repr(*v.list) + "]";
-    case Kind::kTuple: return "(" + join_repr(*v.list) + (v.list->size() == 1 ? ",)" : ")");
-    case Kind::kDict: return dict_repr(*v.dict);
-    case Kind::kNamespace: return "<Namespace " + dict_repr(*v.dict) + ">";
-    case Kind::kMacro: return "<Macro '" + v.macro->targets[0] + "'>";
-  }
-  return "?";
-}
-
-bool equals(const Value& a, const Value& b) {
+bool equals_at(const Value& a, const Value& b, int depth) {
   if (a.is_number() && b.is_number()) return compare_numbers(a, b) == 0;
   if (a.kind != b.kind) return false;  // also Python's [1] != (1,)
   switch (a.kind) {
@@ -366,15 +379,17 @@ bool equals(const Value& a, const Value& b) {
     case Kind::kList:
     case Kind::kTuple: {
       if (a.list->size() != b.list->size()) return false;
+      const int inner = nested(depth, "==");
       for (size_t k = 0; k < a.list->size(); ++k)
-        if (!equals((*a.list)[k], (*b.list)[k])) return false;
+        if (!equals_at((*a.list)[k], (*b.list)[k], inner)) return false;
       return true;
     }
     case Kind::kDict: {
       if (a.dict->size() != b.dict->size()) return false;
+      const int inner = nested(depth, "==");
       for (const auto& [k, v] : *a.dict) {
         const Value* other = b.find(k);
-        if (!other || !equals(v, *other)) return false;
+        if (!other || !equals_at(v, *other, inner)) return false;
       }
       return true;
     }
@@ -384,19 +399,36 @@ bool equals(const Value& a, const Value& b) {
   }
 }
 
-bool less_than(const Value& a, const Value& b) {
+bool less_than_at(const Value& a, const Value& b, int depth) {
   if (a.is_number() && b.is_number()) return compare_numbers(a, b) < 0;
   if (a.is_string() && b.is_string()) return a.s < b.s;  // UTF-8 byte order == code point order
   if (a.kind == b.kind && a.is_sequence()) {
+    const int inner = nested(depth, "<");
     size_t n = std::min(a.list->size(), b.list->size());
     for (size_t k = 0; k < n; ++k) {
-      if (!equals((*a.list)[k], (*b.list)[k])) return less_than((*a.list)[k], (*b.list)[k]);
+      if (!equals_at((*a.list)[k], (*b.list)[k], inner)) return less_than_at((*a.list)[k], (*b.list)[k], inner);
     }
     return a.list->size() < b.list->size();
   }
   fail_invalid("'<' not supported between instances of '" + type_name(a) + "' and '" +
                type_name(b) + "'");
 }
+
+}  // namespace
+
+std::string to_str(const Value& v) {
+  switch (v.kind) {
+    case Kind::kUndefined: return "";
+    case Kind::kString: return v.s;
+    default: return repr_at(v, 0);
+  }
+}
+
+std::string to_repr(const Value& v) { return repr_at(v, 0); }
+
+bool equals(const Value& a, const Value& b) { return equals_at(a, b, 0); }
+
+bool less_than(const Value& a, const Value& b) { return less_than_at(a, b, 0); }
 
 std::string to_json_text(const Value& v, int indent, bool sort_keys, bool ensure_ascii) {
   std::string out;

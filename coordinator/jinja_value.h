@@ -49,7 +49,8 @@ struct Value {
   static Value new_tuple(ValueList items);
   static Value new_dict(ValueDict items = {});
   static Value new_namespace(ValueDict items = {});
-  /// Converts JSON (objects keep their key order) to a Value; null -> None.
+  /// Converts JSON (objects keep their key order) to a Value; null -> None. Throws
+  /// charm::Error(kInvalidInput) for JSON nested deeper than kMaxValueDepth.
   static Value from_json(const nlohmann::ordered_json& j);
 
   bool is_undefined() const { return kind == Kind::kUndefined; }
@@ -65,6 +66,12 @@ struct Value {
   /// Sets `key` in a dict or namespace, appending when absent.
   void set(const Value& key, Value v);
 };
+
+/// How deeply lists, tuples and dicts may nest in the walks over a Value (from_json, str,
+/// repr, ==, <, tojson), so that no value, whether passed in or built by a template's loop,
+/// can overflow the stack; deeper values throw charm::Error(kInvalidInput), as Python's
+/// RecursionError makes jinja2 fail (at about 1000 frames).
+constexpr int kMaxValueDepth = 256;
 
 /// Python's type name ("str", "int", "list", "dict", "NoneType", ...), for error messages.
 std::string type_name(const Value& v);

@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_reader.h"
+
 namespace charm {
 
 using json = nlohmann::json;
@@ -23,11 +25,11 @@ namespace {
 }
 
 /// Tracks where the parser is ("messages[0].content") from nlohmann's parse events, so
-/// that an error the parser raises inside a value (a number overflowing a double) can
-/// name the field. Elements of arrays are counted as they end.
+/// that a limit the parser enforces inside a value (a number overflowing a double, a
+/// container nested too deep) can name the field. Elements of arrays are counted as they end.
 class FieldPath {
  public:
-  bool on_event(int, json::parse_event_t event, const json& parsed) {
+  void on_event(int, json::parse_event_t event, const json& parsed) {
     using E = json::parse_event_t;
     switch (event) {
       case E::object_start: frames_.push_back({false, "", 0}); break;
@@ -42,7 +44,6 @@ class FieldPath {
         break;
       case E::value: next_element(); break;
     }
-    return true;
   }
 
   /// The field being parsed, e.g. "temperature" or "messages[0].content"; "" at the top.
@@ -76,17 +77,16 @@ json parse_body(std::string_view body) {
   json doc;
   FieldPath path;
   try {
-    doc = json::parse(body.begin(), body.end(),
-                      [&path](int depth, json::parse_event_t event, json& parsed) {
-                        return path.on_event(depth, event, parsed);
-                      });
-  } catch (const json::out_of_range& e) {
-    // nlohmann raises out_of_range 406 for a number that overflows a double (1e400).
+    doc = parse_json(body, "request body", kHttpJsonLimits,
+                     [&path](int depth, json::parse_event_t event, const json& parsed) {
+                       path.on_event(depth, event, parsed);
+                     });
+  } catch (const JsonLimitError& e) {
+    // Over a limit inside a value: name the field where it happened.
     std::string param = path.current();
-    throw ApiError(400, (param.empty() ? std::string("request body") : "'" + param + "'") +
-                            " holds a number out of range: " + e.what(), param);
-  } catch (const json::exception& e) {
-    throw ApiError(400, std::string("request body is not valid JSON: ") + e.what());
+    throw ApiError(400, (param.empty() ? std::string() : "'" + param + "': ") + e.message(), param);
+  } catch (const Error& e) {
+    throw ApiError(400, e.message());
   }
   if (!doc.is_object()) throw ApiError(400, "request body must be a JSON object");
   return doc;

@@ -13,6 +13,7 @@
 #include "common/checkpoint.h"
 #include "common/cluster_auth.h"
 #include "common/error.h"
+#include "common/json_reader.h"
 #include "common/fingerprint.h"
 #include "common/model_config.h"
 
@@ -241,8 +242,12 @@ void judge_worker(WorkerStatusRow& row, const std::string& fingerprint) {
 }
 
 std::vector<WorkerStatus> parse_cluster_status(const std::string& body) {
-  nlohmann::json doc = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) fail_protocol("/cluster/status: the body is not JSON");
+  nlohmann::json doc;
+  try {
+    doc = parse_json(body, "/cluster/status", kHttpJsonLimits);
+  } catch (const Error& e) {
+    fail_protocol(e.message());
+  }
   if (!doc.is_object() || !doc.contains("workers") || !doc["workers"].is_array()) {
     fail_protocol("/cluster/status: expected an object with a \"workers\" array");
   }

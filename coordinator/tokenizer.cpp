@@ -6,10 +6,8 @@
 
 #include <algorithm>
 #include <array>
-#include <fstream>
 #include <mutex>
 #include <queue>
-#include <sstream>
 #include <unordered_map>
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -18,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/json_reader.h"
 #include "common/utf8.h"
 #include "coordinator/unicode_nfc.h"
 
@@ -547,15 +546,7 @@ int32_t BpeTokenizer::token_id(std::string_view token) const {
 }
 
 json read_json(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail_io(path.string() + ": cannot open tokenizer file");
-  std::stringstream buf;
-  buf << in.rdbuf();
-  try {
-    return json::parse(buf.str());
-  } catch (const json::exception& e) {
-    fail_invalid(path.string() + ": not valid JSON: " + e.what());
-  }
+  return read_json_file(path, kTokenizerJsonLimits, "a tokenizer file");
 }
 
 }  // namespace

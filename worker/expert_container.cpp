@@ -6,12 +6,11 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include <xxhash.h>
 
 #include "common/error.h"
+#include "common/json_reader.h"
 
 namespace charm {
 namespace {
@@ -62,14 +61,6 @@ MatrixShape matrix_shape(const json& j, const std::string& where, const Containe
                  " (container group_size " + std::to_string(h.group_size) + ")");
   }
   return s;
-}
-
-std::string read_text(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail_io(path.string() + ": cannot open");
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 std::string key_text(const ExpertKey& key) {
@@ -178,12 +169,7 @@ std::unique_ptr<ExpertContainer> ExpertContainer::open(const std::filesystem::pa
                              : "; write one with charm convert)"));
   }
   const std::string where = index_path.string();
-  json index;
-  try {
-    index = json::parse(read_text(index_path));
-  } catch (const json::exception& e) {
-    fail_invalid(where + ": not valid JSON: " + e.what());
-  }
+  const json index = read_json_file(index_path, kIndexJsonLimits, "an expert container index");
   std::unique_ptr<ExpertContainer> c(new ExpertContainer());
   c->dir_ = dir;
   c->header_ = container_header_from_json(index, where);

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/json_reader.h"
 #include "common/fingerprint.h"
 #include "worker/expert_container.h"
 
@@ -131,7 +132,7 @@ std::vector<ContainerRecord> verified_prefix(const fs::path& journal, const fs::
   if (!std::getline(in, line)) return {};
   ContainerHeader previous;
   try {
-    previous = container_header_from_json(json::parse(line), journal.string() + ": header");
+    previous = container_header_from_json(parse_json(line, journal.string(), kIndexJsonLimits), journal.string() + ": header");
   } catch (const std::exception&) {
     return {};  // torn before the header was whole: nothing to keep
   }
@@ -147,7 +148,7 @@ std::vector<ContainerRecord> verified_prefix(const fs::path& journal, const fs::
   while (kept.size() < plan.size() && std::getline(in, line)) {
     ContainerRecord r;
     try {
-      r = ContainerRecord::from_json(json::parse(line), header, journal.string());
+      r = ContainerRecord::from_json(parse_json(line, journal.string(), kIndexJsonLimits), header, journal.string());
     } catch (const std::exception&) {
       break;  // a torn last line
     }

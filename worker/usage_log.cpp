@@ -7,12 +7,12 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
+#include "common/json_reader.h"
 
 namespace charm {
 namespace {
@@ -59,12 +59,9 @@ UsageCounts parse_counts(const json& j) {
 }  // namespace
 
 UsageCounts read_usage_file(const fs::path& path, const std::string& fingerprint, std::string* warning) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return {};
-  std::stringstream text;
-  text << in.rdbuf();
+  if (!fs::exists(path)) return {};
   try {
-    const json j = json::parse(text.str());
+    const json j = read_json_file(path, kIndexJsonLimits, "a usage file");
     UsageCounts counts = parse_counts(j);
     const std::string fp = j.value("model_fingerprint", "");
     if (!fingerprint.empty() && fp != fingerprint) {

@@ -641,6 +641,33 @@ TEST_CASE("a number that overflows a double is a 400 naming the field, never a 5
   CHECK(json::parse(res->body)["error"]["message"].get<std::string>().find("empty") != std::string::npos);
 }
 
+TEST_CASE("JSON nested deeper than the limit is a 400 naming the field, and the server lives") {
+  Served s;
+  // 20000 levels in 40 KB: one unauthenticated request used to take the process down.
+  const std::string deep = std::string(20000, '[') + std::string(20000, ']');
+  auto res = s.client->Post(
+      "/v1/chat/completions",
+      R"({"messages": [{"role": "user", "content": "hi", "tool_calls": )" + deep + "}]}", "application/json");
+  std::string where = "messages[0].tool_calls";  // then one [0] per array down to the 65th level
+  for (int level = 4; level < 66; ++level) where += "[0]";
+  check_error(res, 400, where);
+  CHECK(json::parse(res->body)["error"]["message"].get<std::string>().find("limit of 64 levels") != std::string::npos);
+  res = s.client->Post("/v1/chat/completions",
+                       R"({"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"x": )" + deep +
+                           "}}",
+                       "application/json");
+  REQUIRE(res);
+  CHECK(res->status == 400);
+  CHECK(json::parse(res->body)["error"]["param"].get<std::string>().rfind("chat_template_kwargs.x[0]", 0) == 0);
+  res = s.client->Post("/v1/completions", deep, "application/json");
+  REQUIRE(res);
+  CHECK(res->status == 400);
+  CHECK(json::parse(res->body)["error"]["param"].get<std::string>().rfind("[0][0]", 0) == 0);
+  auto health = s.client->Get("/health");
+  REQUIRE(health);
+  CHECK(health->status == 200);
+}
+
 TEST_CASE("errors httplib raises before routing carry the JSON error body") {
   Served s;
   // POST with neither Content-Length nor Transfer-Encoding (curl -X POST, no -d): the
