@@ -17,8 +17,9 @@ using nlohmann::ordered_json;
 
 class JinjaChatTemplate final : public ChatTemplate {
  public:
-  JinjaChatTemplate(jinja::Body body, std::optional<std::string> bos, std::optional<std::string> eos)
-      : body_(std::move(body)), bos_(std::move(bos)), eos_(std::move(eos)) {}
+  JinjaChatTemplate(jinja::Body body, std::optional<std::string> bos, std::optional<std::string> eos,
+                    LocalTime local_time)
+      : body_(std::move(body)), bos_(std::move(bos)), eos_(std::move(eos)), env_{std::move(local_time)} {}
 
   std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const override {
     ordered_json list = ordered_json::array();
@@ -42,7 +43,7 @@ class JinjaChatTemplate final : public ChatTemplate {
     vars["add_generation_prompt"] = jinja::Value::boolean(add_generation_prompt);
     if (!vars.count("tools")) vars["tools"] = jinja::Value::none();
     if (!vars.count("documents")) vars["documents"] = jinja::Value::none();
-    return jinja::render_body(body_, vars);
+    return jinja::render_body(body_, vars, env_);
   }
 
  private:
@@ -69,6 +70,7 @@ class JinjaChatTemplate final : public ChatTemplate {
   jinja::Body body_;
   std::optional<std::string> bos_;
   std::optional<std::string> eos_;
+  jinja::Environment env_;
 };
 
 // A special token in tokenizer_config.json: a string, an AddedToken object {"content": ...}, or null.
@@ -99,28 +101,34 @@ std::string template_text(const ordered_json& config, const std::filesystem::pat
 }
 
 std::unique_ptr<ChatTemplate> make(const std::string& source, std::optional<std::string> bos,
-                                   std::optional<std::string> eos) {
-  return std::make_unique<JinjaChatTemplate>(jinja::parse_template(source), std::move(bos), std::move(eos));
+                                   std::optional<std::string> eos, LocalTime local_time) {
+  return std::make_unique<JinjaChatTemplate>(jinja::parse_template(source), std::move(bos), std::move(eos),
+                                             std::move(local_time));
 }
 
 }  // namespace
 
-std::unique_ptr<ChatTemplate> ChatTemplate::load(const std::filesystem::path& tokenizer_config_json) {
+LocalTime fixed_local_time(const std::tm& t) {
+  return [t] { return t; };
+}
+
+std::unique_ptr<ChatTemplate> ChatTemplate::load(const std::filesystem::path& tokenizer_config_json,
+                                                 LocalTime local_time) {
   const ordered_json config = read_ordered_json_file(tokenizer_config_json, kConfigJsonLimits, "a tokenizer config");
   if (!config.is_object()) fail_invalid(tokenizer_config_json.string() + ": expected a JSON object");
   std::string source = template_text(config, tokenizer_config_json);
   auto bos = special_token(config, "bos_token", tokenizer_config_json);
   auto eos = special_token(config, "eos_token", tokenizer_config_json);
   try {
-    return make(source, std::move(bos), std::move(eos));
+    return make(source, std::move(bos), std::move(eos), std::move(local_time));
   } catch (const Error& e) {
     throw Error(e.category(), tokenizer_config_json.string() + ": " + e.message());
   }
 }
 
 std::unique_ptr<ChatTemplate> ChatTemplate::parse(const std::string& source, const std::string& bos_token,
-                                                  const std::string& eos_token) {
-  return make(source, bos_token, eos_token);
+                                                  const std::string& eos_token, LocalTime local_time) {
+  return make(source, bos_token, eos_token, std::move(local_time));
 }
 
 }  // namespace charm

@@ -5,7 +5,9 @@
 // raise_exception, tools=None) and trim_blocks/lstrip_blocks on, as transformers sets.
 #pragma once
 
+#include <ctime>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +22,14 @@ struct ChatMessage {
   std::string content;
 };
 
+/// The local wall-clock time, broken down, that a template's strftime_now() formats (gpt-oss
+/// templates print "Current date: ..."). Empty: the system clock in the process's time
+/// zone, as transformers' `datetime.now()`. Tests and reproducible runs pass a fixed value.
+using LocalTime = std::function<std::tm()>;
+
+/// A LocalTime that always answers `t` (fields as std::tm: tm_year = year - 1900, ...).
+LocalTime fixed_local_time(const std::tm& t);
+
 /// A parsed chat template. Immutable after load; render is thread-safe.
 class ChatTemplate {
  public:
@@ -29,10 +39,12 @@ class ChatTemplate {
   /// saves it there) is used. Throws Error(kIo) when a file cannot be read, and
   /// Error(kInvalidInput) naming the file when it is not JSON or has no chat template, and
   /// naming the line and construct when the template does not parse.
-  static std::unique_ptr<ChatTemplate> load(const std::filesystem::path& tokenizer_config_json);
+  /// `local_time` is what strftime_now() reads (empty: the system clock).
+  static std::unique_ptr<ChatTemplate> load(const std::filesystem::path& tokenizer_config_json,
+                                            LocalTime local_time = {});
   /// Parses template `source` directly (tests, and templates given in YAML).
   static std::unique_ptr<ChatTemplate> parse(const std::string& source, const std::string& bos_token,
-                                             const std::string& eos_token);
+                                             const std::string& eos_token, LocalTime local_time = {});
   virtual ~ChatTemplate() = default;
 
   /// The prompt text for `messages`. Throws Error(kInvalidInput) with the template's own

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "coordinator/jinja_eval.h"
 #include "coordinator/jinja_value.h"
 
 namespace charm::jinja {
@@ -33,8 +34,10 @@ bool apply_test(const std::string& name, const Value& value, const ValueList& ar
 Value call_method(const Value& obj, const std::string& name, const ValueList& args, const KwArgs& kwargs, int line);
 /// True when `name` is a global function (raise_exception, namespace, range, dict, strftime_now).
 bool is_global_function(const std::string& name);
-/// Calls a global function; raise_exception throws Error(kInvalidInput) "chat template: <message>".
-Value call_global(const std::string& name, const ValueList& args, const KwArgs& kwargs, int line);
+/// Calls a global function; raise_exception throws Error(kInvalidInput) "chat template: <message>";
+/// strftime_now formats env.local_time() (the system's local time when it is empty).
+Value call_global(const std::string& name, const ValueList& args, const KwArgs& kwargs, int line,
+                  const Environment& env);
 
 /// Python binary operator (+ - * / // % ** ~) on two values.
 Value binary_op(const std::string& op, const Value& a, const Value& b, int line);

@@ -15,7 +15,7 @@ enum class Flow { kNormal, kBreak, kContinue };
 
 class Evaluator {
  public:
-  explicit Evaluator(const Variables& vars) { scopes_.push_back(vars); }
+  Evaluator(const Variables& vars, const Environment& env) : env_(env) { scopes_.push_back(vars); }
 
   Flow run(const Body& body, std::string& out) {
     for (const StmtPtr& s : body) {
@@ -164,7 +164,7 @@ class Evaluator {
     if (callee.kind == Expr::Kind::kName && !is_variable(callee.name)) {
       if (!is_global_function(callee.name)) fail_at(e.line, "'" + callee.name + "' is undefined (called as a function)");
       eval_args(e, args, kwargs);
-      return call_global(callee.name, args, kwargs, e.line);
+      return call_global(callee.name, args, kwargs, e.line, env_);
     }
     if (callee.kind == Expr::Kind::kAttr) {
       Value obj = eval(*callee.args[0]);
@@ -296,14 +296,15 @@ class Evaluator {
   }
 
   static constexpr int kMaxMacroDepth = 64;
+  const Environment& env_;
   std::vector<Variables> scopes_;
   int macro_depth_ = 0;
 };
 
 }  // namespace
 
-std::string render_body(const Body& body, const Variables& vars) {
-  Evaluator ev(vars);
+std::string render_body(const Body& body, const Variables& vars, const Environment& env) {
+  Evaluator ev(vars, env);
   std::string out;
   ev.run(body, out);
   return out;

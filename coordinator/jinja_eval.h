@@ -4,6 +4,8 @@
 // variables; break/continue (the loopcontrols extension).
 #pragma once
 
+#include <ctime>
+#include <functional>
 #include <string>
 #include <unordered_map>
 
@@ -15,10 +17,21 @@ namespace charm::jinja {
 /// Template variables by name (messages, add_generation_prompt, bos_token, ...).
 using Variables = std::unordered_map<std::string, Value>;
 
-/// Renders `body` with `vars` as the template's context. Reentrant (no shared state).
+/// The local wall-clock time, broken down (what strftime_now() formats).
+using LocalTime = std::function<std::tm()>;
+
+/// What a template's globals read from outside the template: only the clock today.
+/// `local_time` empty means the system clock in the process's time zone, as transformers'
+/// `datetime.now()`; tests inject a fixed value so that no output depends on the date.
+struct Environment {
+  LocalTime local_time;
+};
+
+/// Renders `body` with `vars` as the template's context and `env` behind its globals.
+/// Reentrant (no shared state).
 /// Throws Error(kInvalidInput) "chat template line N: ..." on evaluation errors (undefined
 /// values used, wrong types, unknown filters/tests/methods) and "chat template: <message>"
 /// from raise_exception.
-std::string render_body(const Body& body, const Variables& vars);
+std::string render_body(const Body& body, const Variables& vars, const Environment& env = {});
 
 }  // namespace charm::jinja

@@ -359,7 +359,8 @@ bool is_global_function(const std::string& name) {
   return names.count(name) != 0;
 }
 
-Value call_global(const std::string& name, const ValueList& args, const KwArgs& kwargs, int line) {
+Value call_global(const std::string& name, const ValueList& args, const KwArgs& kwargs, int line,
+                  const Environment& env) {
   if (name == "raise_exception") {
     // transformers raises jinja2.TemplateError(message); the message is the template's own.
     fail_invalid("chat template: " + (args.empty() ? std::string() : to_str(args[0])));
@@ -375,9 +376,13 @@ Value call_global(const std::string& name, const ValueList& args, const KwArgs& 
   if (name == "range") return range(args, line);
   if (name == "strftime_now") {
     if (args.empty() || !args[0].is_string()) fail_at(line, "strftime_now() needs a format string");
-    std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
     std::tm local{};
-    localtime_r(&now, &local);
+    if (env.local_time) {
+      local = env.local_time();
+    } else {
+      const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+      localtime_r(&now, &local);
+    }
     char buf[256];
     size_t n = std::strftime(buf, sizeof buf, args[0].s.c_str(), &local);
     return Value::string(std::string(buf, n));

@@ -19,6 +19,10 @@ which is what tokenizer.apply_chat_template calls: ImmutableSandboxedEnvironment
 trim_blocks, lstrip_blocks, loopcontrols, raise_exception, strftime_now, namespace, and
 messages normalised (None-valued keys dropped, reasoning fields aliased).
 
+strftime_now() reads a fixed local time, FIXED_LOCAL_TIME, instead of the clock (gpt-oss's
+template prints "Current date: ..."), and every case records it as "local_time", which the
+C++ test injects: the fixtures, and the test, are the same on any day.
+
 Usage: python3 scripts/gen_chat_cases.py [--llama-templates DIR]   (needs transformers, jinja2)
 """
 import argparse
@@ -27,11 +31,28 @@ import pathlib
 import random
 import shutil
 
+import datetime
+
+import transformers.utils.chat_template_utils as chat_template_utils
 from transformers.utils.chat_template_utils import _normalize_chat_messages, render_jinja_template
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "fixtures" / "chat_template"
 ASSETS = pathlib.Path("/tmp/assets")
+
+FIXED_LOCAL_TIME = datetime.datetime(2025, 3, 14, 15, 9, 26)
+
+
+class _FixedDatetime(datetime.datetime):
+    """datetime whose now() is FIXED_LOCAL_TIME: what the template's strftime_now() sees."""
+
+    @classmethod
+    def now(cls, tz=None):
+        return FIXED_LOCAL_TIME
+
+
+# transformers' strftime_now calls `datetime.now()` through its module's global name.
+chat_template_utils.datetime = _FixedDatetime
 
 QWEN_TOKENS = {"eos_token": "<|im_end|>"}  # Qwen's tokenizer_config has bos_token null
 
@@ -323,7 +344,8 @@ def main():
     cases = []
     for tname, case_name, msgs, agp, kwargs in plan:
         cases.append({"name": f"{tname.removesuffix('.jinja')}/{case_name}", "template": tname, "messages": msgs,
-                      "add_generation_prompt": agp, "kwargs": kwargs, **render(templates[tname], msgs, agp, kwargs)})
+                      "add_generation_prompt": agp, "kwargs": kwargs,
+                      "local_time": FIXED_LOCAL_TIME.isoformat(), **render(templates[tname], msgs, agp, kwargs)})
     (OUT / "cases.json").write_text(json.dumps(cases, indent=1, ensure_ascii=False) + "\n")
     print(f"wrote {len(cases)} cases to {OUT / 'cases.json'}")
     for c in cases:

@@ -3,6 +3,8 @@
 // scripts/gen_chat_cases.py produced with transformers' own render_jinja_template.
 #include <doctest/doctest.h>
 
+#include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -45,8 +47,25 @@ std::string error_of(Fn&& fn, ErrorCategory want = ErrorCategory::kInvalidInput)
   return "";
 }
 
+// "2025-03-14T15:09:26" (a case's "local_time") as broken-down local time.
+std::tm parse_local_time(const std::string& iso) {
+  std::tm t{};
+  REQUIRE_MESSAGE(std::sscanf(iso.c_str(), "%d-%d-%dT%d:%d:%d", &t.tm_year, &t.tm_mon, &t.tm_mday, &t.tm_hour,
+                              &t.tm_min, &t.tm_sec) == 6,
+                  "bad local_time " << iso);
+  t.tm_year -= 1900;
+  t.tm_mon -= 1;
+  // Fills tm_wday / tm_yday for %A, %j. timegm, not mktime: no time zone or DST may move
+  // the fields (the test must not depend on the machine's zone).
+  ::timegm(&t);
+  return t;
+}
+
+// No test reads the clock: strftime_now() in these templates sees this fixed time.
+charm::LocalTime fixed_time() { return charm::fixed_local_time(parse_local_time("2025-03-14T15:09:26")); }
+
 std::string render(const std::string& source, const std::vector<ChatMessage>& messages, bool agp = false) {
-  return ChatTemplate::parse(source, "<s>", "</s>")->render(messages, agp);
+  return ChatTemplate::parse(source, "<s>", "</s>", fixed_time())->render(messages, agp);
 }
 
 // A scratch directory removed at scope exit.
@@ -74,8 +93,11 @@ TEST_CASE("every transformers-rendered case matches byte for byte") {
     const std::string name = c["name"].get<std::string>();
     CAPTURE(name);
     const ordered_json& kwargs = c["kwargs"];
+    // The generator pinned strftime_now() to this time; the same goes in here.
+    REQUIRE(c.contains("local_time"));
     auto tmpl = ChatTemplate::parse(slurp(kFixtures / c["template"].get<std::string>()), kwargs.value("bos_token", ""),
-                                    kwargs.value("eos_token", ""));
+                                    kwargs.value("eos_token", ""),
+                                    charm::fixed_local_time(parse_local_time(c["local_time"].get<std::string>())));
     auto run = [&] { return tmpl->render_json(c["messages"], c["add_generation_prompt"].get<bool>(), kwargs); };
     if (c.contains("expected")) {
       std::string got;
@@ -99,6 +121,20 @@ TEST_CASE("every transformers-rendered case matches byte for byte") {
   }
   CHECK(rendered >= 150);
   CHECK(errors >= 2);
+}
+
+TEST_CASE("strftime_now formats the injected local time, so no output depends on today's date") {
+  const std::string src = "{{ strftime_now('%Y-%m-%d %H:%M:%S %A') }}";
+  CHECK(render(src, {}) == "2025-03-14 15:09:26 Friday");
+  auto leap = ChatTemplate::parse(src, "", "", charm::fixed_local_time(parse_local_time("2024-02-29T23:59:58")));
+  CHECK(leap->render({}, false) == "2024-02-29 23:59:58 Thursday");
+  // gpt-oss prints the date in its system header; two clocks, two dates, nothing else differs.
+  const std::string gpt_oss = slurp(kFixtures / "openai-gpt-oss-120b.jinja");
+  const std::string a = ChatTemplate::parse(gpt_oss, "", "", fixed_time())->render({{"user", "hi"}}, true);
+  const std::string b = ChatTemplate::parse(gpt_oss, "", "", charm::fixed_local_time(parse_local_time("2024-02-29T00:00:00")))
+                            ->render({{"user", "hi"}}, true);
+  CHECK(a.find("Current date: 2025-03-14") != std::string::npos);
+  CHECK(b.find("Current date: 2024-02-29") != std::string::npos);
 }
 
 TEST_CASE("render with ChatMessage matches render_json for role/content messages") {
