@@ -1,9 +1,5 @@
 #include "common/json_reader.h"
 
-#include <fstream>
-#include <sstream>
-#include <system_error>
-
 #include "common/error.h"
 
 namespace charm {
@@ -49,29 +45,6 @@ nlohmann::ordered_json parse_ordered_json(std::string_view text, const std::stri
                                           const JsonLimits& limits,
                                           const JsonObserver<nlohmann::ordered_json>& observer) {
   return parse_limited<nlohmann::ordered_json>(text, source, limits, observer);
-}
-
-std::string read_text_file(const std::filesystem::path& path, uint64_t max_bytes, const std::string& what) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) fail_io(path.string() + ": cannot open: not a readable file");
-  const uintmax_t size = std::filesystem::file_size(path, ec);
-  if (ec) fail_io(path.string() + ": cannot read its size: " + ec.message());
-  if (size > max_bytes) {
-    fail_invalid(path.string() + ": " + std::to_string(size) + " bytes is over the limit of " +
-                 std::to_string(max_bytes) + " bytes for " + what);
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail_io(path.string() + ": cannot open");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) fail_io(path.string() + ": read failed");
-  // A file that grew between the size check and the read is still held to the limit.
-  std::string out = std::move(text).str();
-  if (out.size() > max_bytes) {
-    fail_invalid(path.string() + ": " + std::to_string(out.size()) + " bytes is over the limit of " +
-                 std::to_string(max_bytes) + " bytes for " + what);
-  }
-  return out;
 }
 
 nlohmann::json read_json_file(const std::filesystem::path& path, const JsonLimits& limits, const std::string& what) {

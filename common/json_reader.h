@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/text_file.h"
 
 namespace charm {
 
@@ -68,12 +69,6 @@ nlohmann::json parse_json(std::string_view text, const std::string& source, cons
 nlohmann::ordered_json parse_ordered_json(std::string_view text, const std::string& source,
                                           const JsonLimits& limits,
                                           const JsonObserver<nlohmann::ordered_json>& observer = {});
-
-/// The bytes of `path`, refusing a file over `max_bytes` before reading it. Throws
-/// Error(kIo) "<path>: cannot open ..." when it is absent, not a regular file or cannot be
-/// opened, or a read fails; Error(kInvalidInput) "<path>: N bytes is over the limit of M
-/// bytes for <what>" when too large.
-std::string read_text_file(const std::filesystem::path& path, uint64_t max_bytes, const std::string& what);
 
 /// read_text_file + parse_json; errors name the path.
 nlohmann::json read_json_file(const std::filesystem::path& path, const JsonLimits& limits, const std::string& what);

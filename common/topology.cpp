@@ -9,11 +9,10 @@
 
 #include <algorithm>
 #include <charconv>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "common/error.h"
+#include "common/text_file.h"
 
 namespace charm {
 namespace {
@@ -247,11 +246,9 @@ std::vector<WorkerSpec> parse_workers(const Reader& r, const YAML::Node& node, c
 }  // namespace
 
 Topology Topology::load(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail_io(path.string() + ": cannot open");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse(text.str(), path);
+  // A topology is a few KB; a bound keeps a wrong path (a model file) from being read whole.
+  constexpr uint64_t kMaxTopologyBytes = 16u << 20;
+  return parse(read_text_file(path, kMaxTopologyBytes, "a topology file"), path);
 }
 
 Topology Topology::parse(const std::string& yaml, const std::filesystem::path& path) {

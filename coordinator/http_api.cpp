@@ -79,27 +79,6 @@ void guarded(httplib::Response& res, F&& body) {
   }
 }
 
-/// The prompt's token ids: the client's ids (checked against the vocabulary), the
-/// completion prompt encoded, or the chat rendered with the model's template and encoded
-/// with special tokens parsed (the template writes them as text).
-std::vector<int32_t> prompt_tokens(const Engine& engine, const ApiRequest& req) {
-  const Tokenizer& tok = engine.tokenizer();
-  if (req.kind == RequestKind::kChat) {
-    // render_json, not render: keys beyond role/content (tool_calls, reasoning_content)
-    // and chat_template_kwargs reach the template as apply_chat_template passes them.
-    std::string text =
-        engine.chat_template().render_json(req.messages_json, /*add_generation_prompt=*/true, req.template_kwargs);
-    return tok.encode(text, /*parse_special=*/true);
-  }
-  if (!req.has_prompt_ids) return tok.encode(req.prompt_text, /*parse_special=*/true);
-  for (int32_t id : req.prompt_ids)
-    if (id >= tok.vocab_size())
-      throw ApiError(400, "'prompt' token id " + std::to_string(id) + " is outside the vocabulary of " +
-                              std::to_string(tok.vocab_size()),
-                     "prompt");
-  return req.prompt_ids;
-}
-
 /// One streamed generation: everything the content provider needs after the handler
 /// has returned.
 struct StreamJob {
@@ -153,7 +132,7 @@ void serve_generation(Engine& engine, Metrics& metrics, const std::atomic<bool>&
   const SamplingParams& defaults = engine.default_sampling();
   ApiRequest request = kind == RequestKind::kChat ? parse_chat_request(req.body, defaults)
                                                   : parse_completion_request(req.body, defaults);
-  std::vector<int32_t> prompt = prompt_tokens(engine, request);
+  std::vector<int32_t> prompt = prompt_token_ids(request, engine.chat_template(), engine.tokenizer());
   check_context(request, int64_t(prompt.size()), engine.max_context());
   ResponseMeta meta = new_response_meta(kind, engine.model_name());
 

@@ -84,7 +84,9 @@ json parse_body(std::string_view body) {
   } catch (const JsonLimitError& e) {
     // Over a limit inside a value: name the field where it happened.
     std::string param = path.current();
-    throw ApiError(400, (param.empty() ? std::string() : "'" + param + "': ") + e.message(), param);
+    // A path 60 levels deep says little more than its start; the param keeps all of it.
+    const std::string shown = param.size() > 80 ? param.substr(0, 60) + "..." : param;
+    throw ApiError(400, (param.empty() ? std::string() : "'" + shown + "': ") + e.message(), param);
   } catch (const Error& e) {
     throw ApiError(400, e.message());
   }
@@ -352,6 +354,22 @@ void check_context(ApiRequest& request, int64_t prompt_tokens, int64_t max_conte
     reject("max_tokens", "prompt (" + std::to_string(prompt_tokens) + " tokens) + max_tokens (" +
                              std::to_string(request.sampling.max_tokens) + ") exceeds the model's context of " +
                              std::to_string(max_context));
+}
+
+std::vector<int32_t> prompt_token_ids(const ApiRequest& req, const ChatTemplate& chat_template,
+                                      const Tokenizer& tokenizer) {
+  if (req.kind == RequestKind::kChat) {
+    const std::string text =
+        chat_template.render_json(req.messages_json, /*add_generation_prompt=*/true, req.template_kwargs);
+    return tokenizer.encode(text, /*parse_special=*/true);
+  }
+  if (!req.has_prompt_ids) return tokenizer.encode(req.prompt_text, /*parse_special=*/true);
+  for (int32_t id : req.prompt_ids)
+    if (id >= tokenizer.vocab_size())
+      throw ApiError(400, "'prompt' token id " + std::to_string(id) + " is outside the vocabulary of " +
+                              std::to_string(tokenizer.vocab_size()),
+                     "prompt");
+  return req.prompt_ids;
 }
 
 }  // namespace charm

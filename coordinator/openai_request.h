@@ -87,4 +87,13 @@ ApiRequest parse_chat_request(std::string_view body, const SamplingParams& defau
 /// explicit max_tokens (or max_completion_tokens) does not fit.
 void check_context(ApiRequest& request, int64_t prompt_tokens, int64_t max_context);
 
+/// The prompt's token ids: the client's ids (checked against the vocabulary), the
+/// completion prompt encoded, or the chat rendered with `chat_template` (render_json, so
+/// keys beyond role/content and chat_template_kwargs reach it as apply_chat_template
+/// passes them) and encoded with special tokens parsed (the template writes them as
+/// text). Throws ApiError(400) naming "prompt" for an id outside the vocabulary, and what
+/// render_json and Tokenizer::encode throw (charm::Error).
+std::vector<int32_t> prompt_token_ids(const ApiRequest& request, const ChatTemplate& chat_template,
+                                      const Tokenizer& tokenizer);
+
 }  // namespace charm

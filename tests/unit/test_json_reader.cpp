@@ -84,19 +84,6 @@ TEST_CASE("a hostile depth is refused at once, whatever the limits") {
                ErrorCategory::kInvalidInput, {"deep.json", "limit of 64 levels"});
 }
 
-TEST_CASE("read_text_file refuses a file over its limit before reading it, naming it") {
-  TempDir dir("json");
-  write_bytes(dir / "a.json", std::string(100, ' ') + "{}");
-  CHECK(charm::read_json_file(dir / "a.json", {102, 4}, "a test file").is_object());
-  expect_error([&] { charm::read_json_file(dir / "a.json", {101, 4}, "a test file"); }, ErrorCategory::kInvalidInput,
-               {(dir / "a.json").string(), "102 bytes", "limit of 101 bytes for a test file"});
-  expect_error([&] { charm::read_json_file(dir / "missing.json", {101, 4}, "a test file"); }, ErrorCategory::kIo,
-               {(dir / "missing.json").string(), "cannot open"});
-  fs::create_directory(dir / "folder.json");
-  expect_error([&] { charm::read_json_file(dir / "folder.json", {101, 4}, "a test file"); }, ErrorCategory::kIo,
-               {"folder.json", "not a readable file"});
-}
-
 // --- every entry point ---------------------------------------------------------------
 
 TEST_CASE("config.json, generation_config.json and the index nested too deep are refused by name") {

@@ -147,6 +147,20 @@ TEST_CASE("files that cannot be read or parsed") {
   expect_invalid("- a\n- b\n", "", "expected a mapping");
 }
 
+TEST_CASE("a topology nested very deeply or far too large is refused naming the file, never a crash") {
+  // yaml-cpp's parser recurses per level and stops itself at a depth limit; both block and
+  // flow nesting must end in an error naming the file.
+  expect_invalid(kModel + "x: " + std::string(100000, '[') + std::string(100000, ']') + "\n", "",
+                 "YAML does not parse");
+  std::string block = kModel + "x:";
+  for (int i = 0; i < 20000; ++i) block += " -";
+  expect_invalid(block + " 1\n", "", "YAML does not parse");
+  TempDir dir("topo");
+  charm::testing::write_bytes(dir / "big.yaml", kModel + "# " + std::string(17u << 20, 'x') + "\n");
+  expect_error([&] { Topology::load(dir / "big.yaml"); }, ErrorCategory::kInvalidInput,
+               {"big.yaml", "over the limit of 16777216 bytes for a topology file"});
+}
+
 TEST_CASE("missing model, unknown and repeated keys") {
   expect_invalid("mode: single-node\n", "model", "required key is missing");
   expect_invalid("model:\nmode: single-node\n", "model", "expected a non-empty string, got nothing");
