@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -236,6 +237,30 @@ def post_completion(base, body):
         return json.loads(r.read())
 
 
+def test_hostile_json(base, procs):
+    """40 KB of nested arrays in a message, or in chat_template_kwargs, used to kill the
+    coordinator with SIGSEGV (and serve.sh then stopped the workers): now a 400 naming
+    the field, and the server keeps serving."""
+    deep = "[" * 20000 + "]" * 20000
+    for where, body in (("messages[0].tool_calls", '{"messages": [{"role": "user", "content": "hi", "tool_calls": '
+                         + deep + '}], "max_tokens": 2}'),
+                        ("chat_template_kwargs.x", '{"messages": [{"role": "user", "content": "hi"}], '
+                         '"chat_template_kwargs": {"x": ' + deep + '}, "max_tokens": 2}')):
+        request = urllib.request.Request(base + "/v1/chat/completions", data=body.encode(), method="POST",
+                                         headers={"Authorization": "Bearer " + API_KEY,
+                                                  "Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S)
+            raise AssertionError(f"a {len(body)}-byte request nested 20000 deep in {where} was accepted")
+        except urllib.error.HTTPError as e:
+            error = json.loads(e.read())["error"]
+            check(e.code == 400 and error["param"].startswith(where + "[0]") and "limit of 64 levels" in error["message"],
+                  f"deep JSON in {where}: 400 naming the field and the limit: {e.code} {error}")
+    procs.check_alive()
+    with urllib.request.urlopen(base + "/health", timeout=10) as r:
+        check(r.status == 200, "the server answers /health after the deep requests")
+
+
 def test_client_hangup(base):
     """A non-streamed request whose client hangs up stops generating (it would otherwise
     run to max_tokens while every other request queues): the layer requests it causes are
@@ -295,6 +320,7 @@ def main():
             wait_health(base, procs)
             test_openai_client(base, doc.get("model_name") or Path(doc["model"]).name)
             test_metrics(base, doc)
+            test_hostile_json(base, procs)
             test_client_hangup(base)
             test_status(a.charm, topology, doc)
             test_run(a.charm, topology)
