@@ -148,7 +148,20 @@ std::vector<WorkerStatus> query_coordinator(const Topology& topology, int timeou
   client.set_write_timeout(seconds, micros);
   if (!topology.api_key.empty()) client.set_bearer_token_auth(topology.api_key.c_str());
   status.coordinator_address = topology.api_host + ":" + std::to_string(topology.api_port);
-  auto res = client.Get("/cluster/status");
+  // The body is gathered here, not by httplib, so that whatever answers at the API's
+  // address cannot make `charm status` hold more than the JSON limit.
+  std::string body;
+  bool too_large = false;
+  auto res = client.Get("/cluster/status", [&](const char* data, size_t n) {
+    too_large = body.size() + n > kHttpJsonLimits.max_bytes;
+    if (!too_large) body.append(data, n);
+    return !too_large;
+  });
+  if (too_large) {
+    status.coordinator_error = "GET /cluster/status: the reply is over the limit of " +
+                               std::to_string(kHttpJsonLimits.max_bytes) + " bytes";
+    return {};
+  }
   if (!res) {
     status.coordinator_error = "GET /cluster/status: " + httplib::to_string(res.error());
     return {};
@@ -158,7 +171,7 @@ std::vector<WorkerStatus> query_coordinator(const Topology& topology, int timeou
     return {};
   }
   try {
-    auto view = parse_cluster_status(res->body);
+    auto view = parse_cluster_status(body);
     status.coordinator_reachable = true;
     return view;
   } catch (const Error& e) {

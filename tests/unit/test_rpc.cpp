@@ -15,6 +15,7 @@
 #include "common/checkpoint.h"
 #include "common/error.h"
 #include "common/fingerprint.h"
+#include "common/json_reader.h"
 #include "common/wire.h"
 #include "coordinator/cluster_dispatch.h"
 #include "coordinator/status_report.h"
@@ -628,4 +629,33 @@ TEST_CASE("health carries the worker's tier counters; charm status shows hit rat
   CHECK(table.find("a layer 0: hits 3, misses 1 (75.0% hit), read 3.0 MiB, io wait 2.00 ms, disk 5.00 ms, "
                    "prefetch used 2/4") != std::string::npos);
   CHECK(format_status(status).find("a layer 0") == std::string::npos);
+}
+
+TEST_CASE("charm status: a /cluster/status reply over the JSON limit is refused without holding it") {
+  Cluster cluster;
+  // Whatever answers at the API's address streams 80 MiB of spaces.
+  httplib::Server server;
+  server.Get("/cluster/status", [](const httplib::Request&, httplib::Response& res) {
+    res.set_chunked_content_provider("application/json", [](size_t offset, httplib::DataSink& sink) {
+      static const std::string chunk(1u << 20, ' ');
+      if (offset >= (80u << 20)) {
+        sink.done();
+      } else {
+        sink.write(chunk.data(), chunk.size());
+      }
+      return true;
+    });
+  });
+  const int port = server.bind_to_any_port("127.0.0.1");
+  std::thread thread([&] { server.listen_after_bind(); });
+  while (!server.is_running()) std::this_thread::sleep_for(1ms);
+  cluster.topology.api_port = static_cast<uint16_t>(port);
+  ClusterStatus status = collect_status(cluster.topology, 10000);
+  server.stop();
+  thread.join();
+  CHECK_FALSE(status.coordinator_reachable);
+  CHECK_FALSE(status.all_up);
+  CHECK_MESSAGE(status.coordinator_error.find("over the limit of " + std::to_string(kHttpJsonLimits.max_bytes)) !=
+                    std::string::npos,
+                status.coordinator_error);
 }
