@@ -178,8 +178,7 @@ int convert(const ConvertArgs& args) {
   options.group_size = args.group_size;
   options.worker = args.worker;
   const ConvertResult result =
-      convert_experts(*checkpoint, expert_tensor_names(config.architecture), experts, config.hidden_size,
-                      config.moe_intermediate_size, options);
+      convert_experts(*checkpoint, config, experts, options);
   if (result.already_complete) {
     std::fprintf(stderr, "charm convert: %s is already a complete container of these %llu experts; nothing to do\n",
                  args.out.c_str(), static_cast<unsigned long long>(result.experts));

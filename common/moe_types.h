@@ -3,9 +3,13 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace charm {
+
+/// (layer, expert) ids of one routed expert: decoder layer index, expert index on it.
+using ExpertKey = std::pair<uint32_t, uint32_t>;
 
 /// One (row, expert) pair of a layer's batch-union: row `row` of the request's hidden
 /// rows is to be run through routed expert `expert`.

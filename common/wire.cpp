@@ -174,6 +174,12 @@ HelloReplyMsg decode_hello_reply(wire::HelloReply::Reader r) {
     auto [it, fresh] = msg.held.try_emplace(held[i].getLayer());
     if (!fresh) fail_protocol(at + ".layer " + std::to_string(it->first) + " is listed twice");
     auto experts = held[i].getExperts();
+    capnp::Data::Reader identities = held[i].getIdentities();
+    if (identities.size() != uint64_t{experts.size()} * kContentHashBytes) {
+      fail_protocol(at + ".identities is " + std::to_string(identities.size()) + " bytes, expected " +
+                    std::to_string(kContentHashBytes) + " per expert (" + std::to_string(experts.size()) +
+                    " experts)");
+    }
     it->second.reserve(experts.size());
     for (uint32_t j = 0; j < experts.size(); ++j) {
       // Strictly ascending: the coordinator binary-searches these lists.
@@ -181,9 +187,12 @@ HelloReplyMsg decode_hello_reply(wire::HelloReply::Reader r) {
         fail_protocol(at + ".experts is not strictly ascending at index " + std::to_string(j));
       }
       it->second.push_back(experts[j]);
+      msg.identities.emplace(ExpertKey{it->first, experts[j]},
+                             ContentHash::from_bytes(identities.begin() + uint64_t{j} * kContentHashBytes));
     }
   }
   msg.worker_proof = bytes_of(r.getWorkerProof(), "helloReply.workerProof", kAuthProofBytes, true);
+  msg.lossy_form = text_of(r.getLossyForm(), "helloReply.lossyForm", kMaxWireNameBytes, true);
   return msg;
 }
 
@@ -307,8 +316,18 @@ Frame encode_auth_response(const AuthResponseMsg& response) {
   return finish_frame(builder);
 }
 
+uint64_t max_hello_reply_bytes(uint64_t moe_layers, uint64_t experts_per_layer) {
+  return 72 * 1024 + 64 * moe_layers + 24 * moe_layers * experts_per_layer;
+}
+
 Frame encode_hello_reply(const HelloReplyMsg& reply) {
-  capnp::MallocMessageBuilder builder;
+  uint64_t held_experts = 0;
+  for (const auto& [layer, experts] : reply.held) held_experts += experts.size();
+  // One segment (max_hello_reply_bytes counts on it): room for every field, generously.
+  const uint64_t payload = 1024 + reply.error.size() + reply.worker_name.size() + reply.model_fingerprint.size() +
+                           reply.worker_proof.size() + reply.lossy_form.size() + 32 * reply.held.size() +
+                           24 * held_experts;
+  capnp::MallocMessageBuilder builder(first_segment_words(payload));
   auto r = builder.initRoot<wire::Message>().initHelloReply();
   r.setOk(reply.ok);
   r.setError(reply.error);
@@ -320,10 +339,21 @@ Frame encode_hello_reply(const HelloReplyMsg& reply) {
   for (const auto& [layer, experts] : reply.held) {
     held[i].setLayer(layer);
     auto list = held[i].initExperts(static_cast<unsigned>(experts.size()));
-    for (unsigned j = 0; j < experts.size(); ++j) list.set(j, experts[j]);
+    auto identities = held[i].initIdentities(static_cast<unsigned>(experts.size() * kContentHashBytes));
+    for (unsigned j = 0; j < experts.size(); ++j) {
+      list.set(j, experts[j]);
+      const auto identity = reply.identities.find({layer, experts[j]});
+      if (identity == reply.identities.end()) {
+        fail_invalid("helloReply: no content identity for layer " + std::to_string(layer) + " expert " +
+                     std::to_string(experts[j]));
+      }
+      const std::string bytes = identity->second.bytes();
+      std::memcpy(identities.begin() + uint64_t{j} * kContentHashBytes, bytes.data(), kContentHashBytes);
+    }
     ++i;
   }
   r.setWorkerProof(as_data(reply.worker_proof));
+  r.setLossyForm(reply.lossy_form);
   return finish_frame(builder);
 }
 

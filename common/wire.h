@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/expert_identity.h"
 #include "common/moe_types.h"
 
 namespace charm {
@@ -30,7 +31,9 @@ namespace charm {
 /// 2: the shared-secret handshake (authChallenge / authResponse, hello.clientNonce,
 /// helloReply.workerProof), the tier statistics (layerResponse.stats, healthReply tier
 /// fields) and `prefetchHint` (a message that gets no reply): one bump for all three.
-constexpr uint32_t kProtocolVersion = 2;
+/// 3: helloReply carries each held expert's content identity (held[].identities) and
+/// the worker's lossy form (lossyForm), which the client checks.
+constexpr uint32_t kProtocolVersion = 3;
 
 /// Upper bound on the experts one prefetchHint may name (no layer has more experts).
 constexpr uint32_t kMaxHintExperts = 1u << 16;
@@ -92,8 +95,21 @@ struct HelloReplyMsg {
   uint32_t protocol_version = kProtocolVersion;
   std::string model_fingerprint;
   std::map<uint32_t, std::vector<uint32_t>> held;  ///< layer -> expert ids held
+  /// The content identity of every held expert (the encoder requires one for each).
+  ExpertIdentities identities;
   std::string worker_proof;       ///< kAuthProofBytes after an authChallenge, else empty
+  std::string lossy_form;         ///< "" = the checkpoint's values; else e.g. "int8 group_size 32"
 };
+
+/// The largest helloReply frame body (bytes, the 4-byte length prefix excluded) a worker
+/// can send for a model with `moe_layers` MoE layers of `experts_per_layer` routed experts
+/// each, holding all of them, with every text field at its cap: a fixed 72 KiB (the
+/// kMaxWireTextBytes error text, names, fingerprint, lossy form, proof, Cap'n Proto
+/// headers) + 64 bytes per layer + 24 bytes per held expert (its 4-byte id and 16-byte
+/// identity, rounded up). What a client may accept before the handshake completes; for
+/// DeepSeek-V3 (58 x 256) 424 KiB. encode_hello_reply writes one segment, so
+/// this bound holds (tests/unit/test_wire.cpp encodes the worst case).
+uint64_t max_hello_reply_bytes(uint64_t moe_layers, uint64_t experts_per_layer);
 
 /// `layerResponse`: an ExpertResponse, or an error naming why the request failed.
 struct LayerResponseMsg {
@@ -144,6 +160,7 @@ const char* message_name(const WireMessage& message);
 // --- encoders: charm struct -> whole frame ------------------------------------------
 
 Frame encode_hello(const HelloMsg& hello);
+/// Throws Error(kInvalidInput) naming the expert when a held expert has no identity.
 Frame encode_hello_reply(const HelloReplyMsg& reply);
 /// Throws Error(kInvalidInput) when hidden.size() != num_rows * hidden_size.
 Frame encode_layer_request(const ExpertRequest& request);
@@ -170,7 +187,9 @@ FrameBody split_frame(const uint8_t* data, size_t size,
 /// limit of 2 * body words + 1024 exceeded, nesting over 16, trailing words), an unknown
 /// union member; names over kMaxWireNameBytes or not printable ASCII, fingerprints over
 /// kMaxWireFingerprintBytes, texts over kMaxWireTextBytes; a nonce or proof of the wrong
-/// size; in a helloReply: a layer listed twice or expert ids not strictly ascending; in
+/// size; in a helloReply: a layer listed twice or expert ids not strictly ascending,
+/// identities other than 16 bytes per expert, a lossyForm over kMaxWireNameBytes or not
+/// printable; in
 /// a layerRequest: hiddenSize 0 or over kMaxWireHiddenSize, a hidden payload that is not
 /// a multiple of 4 bytes or not numRows * hiddenSize * 4 bytes, an assignment row >=
 /// numRows; in a layerResponse: outputs not a multiple of 4 bytes, stats.hits +

@@ -111,8 +111,9 @@ struct ClusterDispatcher::PendingLayer {
 };
 
 ClusterDispatcher::ClusterDispatcher(const Topology& topology, Placement placement,
-                                     std::string model_fingerprint)
+                                     std::string model_fingerprint, ExpertIdentities identities)
     : model_fingerprint_(std::move(model_fingerprint)),
+      identities_(std::move(identities)),
       placement_(std::move(placement)),
       connect_timeout_(topology.connect_timeout_ms),
       handshake_timeout_(topology.handshake_timeout_ms),
@@ -131,6 +132,14 @@ ClusterDispatcher::ClusterDispatcher(const Topology& topology, Placement placeme
     worker->label = "worker '" + worker->spec.name + "' (" + worker->address + ")";
     worker->backoff = rejoin_min_;
     workers_.push_back(std::move(worker));
+  }
+  for (const auto& [layer, owners] : placement_) {
+    for (size_t e = 0; e < owners.size(); ++e) {
+      if (!identities_.count({static_cast<uint32_t>(layer), static_cast<uint32_t>(e)})) {
+        fail_internal("coordinator: no content identity for layer " + std::to_string(layer) + " expert " +
+                      std::to_string(e) + " of the placement");
+      }
+    }
   }
   // A worker still unreachable at the startup deadline is left to rejoin later, as long
   // as its experts have other replicas; a failed handshake (wrong model) is fatal.
@@ -205,6 +214,7 @@ void ClusterDispatcher::connect(Worker& worker) {
   // The worker must hold what the coordinator's placement sends it (same topology file).
   uint64_t held = 0;
   for (const auto& [layer, experts] : reply.held) held += experts.size();
+  std::vector<ExpertKey> assigned;
   for (const auto& [layer, owners] : placement_) {
     const auto it = reply.held.find(static_cast<uint32_t>(layer));
     for (size_t e = 0; e < owners.size(); ++e) {
@@ -214,7 +224,19 @@ void ClusterDispatcher::connect(Worker& worker) {
         fail_protocol(worker.label + " does not hold expert " + std::to_string(e) + " of layer " +
                       std::to_string(layer) + ", which the placement assigns it");
       }
+      assigned.emplace_back(static_cast<uint32_t>(layer), static_cast<uint32_t>(e));
     }
+  }
+  // ... and hold it with the coordinator's weights: the fingerprint covers shapes only.
+  if (const auto mismatches = compare_identities(identities_, reply.identities, assigned); !mismatches.empty()) {
+    fail_protocol(worker.label + " holds other weights than the coordinator's checkpoint: " +
+                  describe_mismatches(mismatches, "on the worker", "in the coordinator's checkpoint") +
+                  " (a different, edited or corrupted copy of the model, or a container converted from one)");
+  }
+  if (!reply.lossy_form.empty()) {
+    spdlog::warn("coordinator: {} serves LOSSY experts ({}) converted from this checkpoint: its outputs differ "
+                 "from the checkpoint's",
+                 worker.label, reply.lossy_form);
   }
   // Its RAM slots (experts_by_tier) from the start rather than from the first heartbeat:
   // a restarted worker may run with another budget.

@@ -38,13 +38,20 @@ class ClusterDispatcher final : public ExpertDispatcher {
   /// Every connection, the background rejoins' included, runs the shared-secret handshake
   /// (common/cluster_auth.h) when topology.cluster_secret is set.
   /// `placement` is Topology::placement's map (layer -> expert -> worker indices);
-  /// `model_fingerprint` is the coordinator's model_fingerprint().
+  /// `model_fingerprint` is the coordinator's model_fingerprint(); `identities` the
+  /// content identity of every placed expert in the coordinator's checkpoint
+  /// (worker/expert_manifest.h), which each worker's helloReply must report for the
+  /// experts the placement gives it. A worker serving a lossy container of these weights
+  /// (helloReply.lossyForm) is accepted with a warning naming it and the form.
   /// Throws Error(kUnavailable) naming the unreachable workers and the experts left without
   /// a replica, and Error(kProtocol) naming the worker and both values when a worker
   /// rejects the handshake or reports a different protocol version or model fingerprint,
-  /// and naming the worker and "shared secret" when the topology's cluster secret and the
-  /// worker's differ or only one side has one.
-  ClusterDispatcher(const Topology& topology, Placement placement, std::string model_fingerprint);
+  /// naming the worker, layer, expert and both content hashes when it holds other weights
+  /// (the first mismatch, then how many more), and naming the worker and "shared secret"
+  /// when the topology's cluster secret and the worker's differ or only one side has one.
+  /// Throws Error(kInternal) when `identities` lacks a placed expert.
+  ClusterDispatcher(const Topology& topology, Placement placement, std::string model_fingerprint,
+                    ExpertIdentities identities);
   /// Stops the background thread and closes every connection.
   ~ClusterDispatcher() override;
 
@@ -103,6 +110,7 @@ class ClusterDispatcher final : public ExpertDispatcher {
   void heartbeat_if_due(Worker& worker);
 
   std::string model_fingerprint_;
+  ExpertIdentities identities_;  // the coordinator's checkpoint, every placed expert
   Placement placement_;
   std::chrono::milliseconds connect_timeout_;
   std::chrono::milliseconds handshake_timeout_;

@@ -22,10 +22,14 @@ struct LocalExperts {
 };
 
 /// Single-node: opens every routed expert in `local` with topology.store's tier settings
-/// (worker/store_factory.h) and returns a LocalDispatcher over it. Cluster: connects to
-/// every worker of the topology (handshake with the model fingerprint) and returns a
-/// ClusterDispatcher. Either reports to `metrics` (may be null; must outlive the
-/// dispatcher). Throws Error naming the worker that cannot be reached or does not match.
+/// (worker/store_factory.h) and returns a LocalDispatcher over it; a container's experts
+/// must carry this checkpoint's content identities (Error(kInvalidInput) naming the
+/// layer, expert and both hashes otherwise; a lossy one is warned about). Cluster: loads
+/// the checkpoint's expert manifest (worker/expert_manifest.h: cached, else hashed now),
+/// connects to every worker of the topology (handshake with the model fingerprint and
+/// the experts' content identities) and returns a ClusterDispatcher. Either reports to
+/// `metrics` (may be null; must outlive the dispatcher). Throws Error naming the worker
+/// that cannot be reached or does not match.
 std::unique_ptr<ExpertDispatcher> make_dispatcher(const Topology& topology, const Checkpoint& checkpoint,
                                                   const ModelConfig& config, LocalExperts& local,
                                                   Metrics* metrics = nullptr);

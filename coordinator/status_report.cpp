@@ -16,6 +16,7 @@
 #include "common/json_reader.h"
 #include "common/fingerprint.h"
 #include "common/model_config.h"
+#include "worker/expert_manifest.h"
 
 namespace charm {
 namespace {
@@ -31,13 +32,15 @@ WorkerStatusRow query_worker(const WorkerSpec& spec, int timeout_ms, const std::
   try {
     const std::string label = "worker '" + spec.name + "'";
     auto conn = FrameConnection::connect(spec.host, spec.port, timeout, label);
-    // A worker with a shared secret answers nothing before the handshake; its helloReply
-    // may say the fingerprints differ, which the health reply then shows as wrong-model.
-    if (!secret.empty()) {
+    // The helloReply lists the experts' content identities (judged against the model's
+    // manifest), and a worker with a shared secret answers nothing before the handshake.
+    // Its reply may say the fingerprints differ, which the health reply then shows as
+    // wrong-model. Without a fingerprint to send (model unreadable) only health is asked.
+    if (!secret.empty() || !fingerprint.empty()) {
       HelloMsg hello;
       hello.client_name = "charm status";
       hello.model_fingerprint = fingerprint;
-      client_handshake(*conn, hello, secret, timeout, label);
+      row.hello = client_handshake(*conn, hello, secret, timeout, label).reply;
     }
     const auto start = Clock::now();
     conn->send(encode_health_request(), timeout);
@@ -186,6 +189,39 @@ std::string hit_rate(const TierStats& t) {
   return lookups == 0 ? "-" : fixed(100.0 * static_cast<double>(t.hits) / static_cast<double>(lookups), 1) + "%";
 }
 
+// What the worker's helloReply says it holds against the model's manifest; nothing when
+// no hello was made or nothing is known to compare with.
+std::vector<IdentityMismatch> weight_mismatches(const WorkerStatusRow& row, const ExpertIdentities& identities) {
+  if (!row.hello || identities.empty()) return {};
+  std::vector<ExpertKey> held;
+  for (const auto& [layer, experts] : row.hello->held) {
+    for (uint32_t e : experts) held.emplace_back(layer, e);
+  }
+  return compare_identities(identities, row.hello->identities, held);
+}
+
+// The model's expert identities from the manifest cache only (hashing a large checkpoint
+// for a status report would take minutes); a note says how many are not known.
+ExpertIdentities cached_identities(const Checkpoint& checkpoint, const ModelConfig& config,
+                                   const std::string& fingerprint, std::vector<std::string>& notes) {
+  std::vector<ExpertKey> all;
+  for (int64_t l : config.moe_layer_ids()) {
+    for (int64_t e = 0; e < config.num_experts; ++e) all.emplace_back(l, e);
+  }
+  ManifestOptions options;
+  options.cache_file = manifest_cache_file(checkpoint, fingerprint);
+  options.hash_missing = false;
+  ExpertIdentities identities = load_expert_manifest(checkpoint, config, all, options);
+  if (identities.size() < all.size()) {
+    notes.push_back("note: the content identities of " + std::to_string(all.size() - identities.size()) + " of " +
+                    std::to_string(all.size()) + " experts are not checked: no valid manifest of " +
+                    checkpoint.dir().string() + " is cached" +
+                    (options.cache_file.empty() ? "" : " at " + options.cache_file.string()) +
+                    " (charm serve writes it at start)");
+  }
+  return identities;
+}
+
 std::string tier_line(const std::string& worker, uint32_t layer, const TierStats& t) {
   return worker + " layer " + std::to_string(layer) + ": hits " + std::to_string(t.hits) + ", misses " +
          std::to_string(t.misses) + " (" + hit_rate(t) + " hit), read " + bytes_text(t.bytes_read) + ", io wait " +
@@ -210,6 +246,7 @@ StatusExpectations expected_status(const Topology& topology) {
   try {
     const ModelConfig config =
         ModelConfig::parse(checkpoint->config_json(), (topology.model / "config.json").string());
+    out.identities = cached_identities(*checkpoint, config, out.fingerprint, out.notes);
     const auto placement = topology.placement(config.moe_layer_ids(), config.num_experts);
     std::vector<uint64_t> counts(topology.workers.size(), 0);
     for (const auto& [layer, owners] : placement) {
@@ -225,7 +262,7 @@ StatusExpectations expected_status(const Topology& topology) {
   return out;
 }
 
-void judge_worker(WorkerStatusRow& row, const std::string& fingerprint) {
+void judge_worker(WorkerStatusRow& row, const std::string& fingerprint, const ExpertIdentities& identities) {
   if (!row.up || !row.health) {
     row.state = "down";
     return;
@@ -243,6 +280,10 @@ void judge_worker(WorkerStatusRow& row, const std::string& fingerprint) {
                                    ? "no model fingerprint (a build older than this charm)"
                                    : "model fingerprint " + h.model_fingerprint;
     row.error = "serves " + served + ", the topology's model has " + fingerprint;
+  } else if (const auto mismatches = weight_mismatches(row, identities); !mismatches.empty()) {
+    row.state = "wrong-weights";
+    row.error = "holds other weights than the topology's model: " +
+                describe_mismatches(mismatches, "on the worker", "in the model's manifest");
   } else if (row.expected_experts && h.experts_held != *row.expected_experts) {
     row.state = "wrong-experts";
     row.error = "holds " + std::to_string(h.experts_held) +
@@ -317,7 +358,7 @@ ClusterStatus collect_status(const Topology& topology, int timeout_ms) {
       if (s.name == row.name) row.coordinator = s;
     }
     if (i < expected.experts.size()) row.expected_experts = expected.experts[i];
-    judge_worker(row, status.expected_fingerprint);
+    judge_worker(row, status.expected_fingerprint, expected.identities);
     status.all_up = status.all_up && row.state == "up";
     status.workers.push_back(std::move(row));
   }
@@ -365,6 +406,9 @@ std::string format_status(const ClusterStatus& status, bool layers) {
   for (const WorkerStatusRow& w : status.workers) {
     const std::string state = state_of(w);
     if (state != "up") out += w.name + " is " + state + ": " + w.error + "\n";
+    if (w.hello && !w.hello->lossy_form.empty()) {
+      out += w.name + " serves LOSSY experts (" + w.hello->lossy_form + "): outputs differ from the checkpoint's\n";
+    }
     if (!w.coordinator) continue;
     if (w.coordinator->slow) out += w.name + " is slow: " + w.coordinator->slow_reason + "\n";
     if (w.coordinator->state == "down") {

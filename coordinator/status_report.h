@@ -22,13 +22,16 @@ struct WorkerStatusRow {
   std::string address;                  ///< host:port from the topology
   bool up = false;                      ///< answered the health request in time
   /// "up" (answered and matches the topology), "down" (did not answer), "wrong-protocol",
-  /// "wrong-model" (fingerprint differs from the topology's model) or "wrong-experts"
-  /// (holds a different number of (layer, expert) pairs than the placement assigns it).
+  /// "wrong-model" (fingerprint differs from the topology's model), "wrong-weights" (an
+  /// expert's content identity differs from the model's cached manifest) or
+  /// "wrong-experts" (holds a different number of (layer, expert) pairs than the
+  /// placement assigns it).
   /// Empty (a row not yet judged) reads as "up" or "down" from `up`.
   std::string state;
   std::string error;                    ///< why not up, or what does not match (both values)
   std::optional<uint64_t> expected_experts;  ///< pairs the placement assigns, when known
   std::optional<HealthReplyMsg> health; ///< the worker's own counters, when up
+  std::optional<HelloReplyMsg> hello;   ///< its helloReply (held experts, identities, lossy form), when asked
   double ping_ms = 0;                   ///< health request round trip, milliseconds
   std::optional<WorkerStatus> coordinator;  ///< the coordinator's view, when reachable
 };
@@ -52,22 +55,28 @@ struct ClusterStatus {
 /// What the topology expects of each worker, for judge_worker.
 struct StatusExpectations {
   std::string fingerprint;  ///< empty: do not check fingerprints
+  ExpertIdentities identities;  ///< from the cached manifest only; empty: do not check weights
   std::vector<std::optional<uint64_t>> experts;  ///< per topology.workers index; empty/nullopt: do not check
   std::vector<std::string> notes;  ///< why a check is skipped
 };
 
 /// Reads topology.model (Checkpoint::open + model_fingerprint; ModelConfig::parse +
-/// Topology::placement over moe_layer_ids()). Never throws: a check that cannot be made
-/// is skipped and named in `notes`. In single-node mode nothing is expected of workers.
+/// Topology::placement over moe_layer_ids(); the expert manifest as cached, never
+/// hashing: worker/expert_manifest.h). Never throws: a check that cannot be made is
+/// skipped and named in `notes` (experts with no cached identity too). In single-node
+/// mode nothing is expected of workers.
 StatusExpectations expected_status(const Topology& topology);
 
-/// Sets row.state and row.error from what the worker reported (row.health) against
-/// `fingerprint` (empty: not checked) and row.expected_experts (nullopt: not checked).
-/// A row that did not answer stays "down".
-void judge_worker(WorkerStatusRow& row, const std::string& fingerprint);
+/// Sets row.state and row.error from what the worker reported (row.health, row.hello)
+/// against `fingerprint` (empty: not checked), `identities` (the experts' content
+/// identities; empty or no row.hello: not checked; the error names the layer, expert and
+/// both hashes) and row.expected_experts (nullopt: not checked). A row that did not
+/// answer stays "down".
+void judge_worker(WorkerStatusRow& row, const std::string& fingerprint, const ExpertIdentities& identities = {});
 
-/// Queries every worker (in parallel, each within `timeout_ms`: connect, the
-/// shared-secret handshake when topology.cluster_secret is set, healthRequest) and the
+/// Queries every worker (in parallel, each within `timeout_ms`: connect, the hello (with
+/// the shared-secret handshake when topology.cluster_secret is set) when the model's
+/// fingerprint is known, healthRequest) and the
 /// coordinator's /cluster/status (within `timeout_ms`, with topology.api_key as a bearer
 /// token when set), and judges each worker
 /// (expected_status, judge_worker). Never throws for an unreachable peer or an unreadable
@@ -90,7 +99,8 @@ std::vector<WorkerStatus> parse_cluster_status(const std::string& body);
 /// rejoins, how long ago the coordinator last heard from it (LAST_SEEN, "120ms" under a
 /// second, else "2.5s"), and bytes in/out as the coordinator counts them ("-" where the
 /// coordinator is unreachable or a value is unknown); then one line per worker not "up"
-/// (why, naming both values for a mismatch), one per slow worker (both RTT numbers), one
+/// (why, naming both values for a mismatch), one per worker serving lossy experts (its
+/// form), one per slow worker (both RTT numbers), one
 /// per worker the coordinator holds down (its last error), one per note, and a line on
 /// the coordinator when it is unreachable. With `layers`, then one line per worker and
 /// MoE layer: hits, misses, hit rate, bytes read, I/O wait seen by requests, disk time,

@@ -43,6 +43,11 @@ struct AuthResponse {
 struct LayerExperts {
   layer @0 :UInt32;             # decoder layer index (0-based)
   experts @1 :List(UInt32);     # routed expert ids held on this layer, ascending
+  identities @2 :Data;          # protocol 3: 16 bytes per entry of `experts`, in its order:
+                                # the content identity of the checkpoint bytes the worker
+                                # serves for that expert (XXH3-128, canonical big-endian;
+                                # common/expert_identity.h); the client compares them with
+                                # its own checkpoint's
 }
 
 # Worker -> client, answer to `hello`.
@@ -56,6 +61,11 @@ struct HelloReply {
   workerProof @6 :Data;         # after an authChallenge: HMAC-SHA256(secret, worker
                                 # transcript), 32 bytes, so the client authenticates the
                                 # worker too; empty when the worker has no secret
+  lossyForm @7 :Text;           # protocol 3: empty when the worker computes with the
+                                # checkpoint's values exactly; else the lossy form its
+                                # experts were converted to ("int8 group_size 32"),
+                                # printable, <= 256 B; `identities` then name the source
+                                # experts they were converted from
 }
 
 # One (row, expert) pair of a layer's batch-union.

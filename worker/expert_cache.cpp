@@ -105,6 +105,8 @@ void ExpertCache::start_read(uint32_t layer_id, Layer& l, size_t slot, uint32_t 
     std::string error;
     try {
       bytes = source_.read({layer_id, expert}, l.slots[slot].buffer.data());
+    } catch (const Error& e) {
+      error = e.message();  // re-raised as Error(kIo) by whoever waits for it: no second category prefix
     } catch (const std::exception& e) {
       error = e.what();
     }

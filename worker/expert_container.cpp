@@ -97,7 +97,8 @@ ContainerHeader container_header_from_json(const json& j, const std::string& whe
   }
   if (const int64_t v = field<int64_t>(j, "version", where); v != kContainerVersion) {
     fail_invalid(where + ": container version " + std::to_string(v) + ", this charm reads version " +
-                 std::to_string(kContainerVersion));
+                 std::to_string(kContainerVersion) +
+                 (v < kContainerVersion ? " (its records carry no source content identity: convert again)" : ""));
   }
   ContainerHeader h;
   h.model_fingerprint = field<std::string>(j, "model_fingerprint", where);
@@ -119,7 +120,8 @@ ContainerHeader container_header_from_json(const json& j, const std::string& whe
 json ContainerRecord::to_json() const {
   return json{{"layer", key.first},       {"expert", key.second},
               {"offset", offset},         {"bytes", layout.bytes},
-              {"checksum", checksum_hex(checksum)}, {"gate", matrix_json(layout.gate)},
+              {"checksum", checksum_hex(checksum)}, {"source_hash", source_hash.hex()},
+              {"gate", matrix_json(layout.gate)},
               {"up", matrix_json(layout.up)}, {"down", matrix_json(layout.down)}};
 }
 
@@ -133,6 +135,10 @@ ContainerRecord ContainerRecord::from_json(const json& j, const ContainerHeader&
   char* end = nullptr;
   r.checksum = std::strtoull(sum.c_str(), &end, 16);
   if (sum.size() != 16 || end != sum.c_str() + sum.size()) fail_invalid(at + ": 'checksum' '" + sum + "' is not 16 hex digits");
+  const std::string source = field<std::string>(j, "source_hash", at);
+  const auto source_hash = ContentHash::from_hex(source);
+  if (!source_hash) fail_invalid(at + ": 'source_hash' '" + source + "' is not 32 lower-case hex digits");
+  r.source_hash = *source_hash;
   if (r.offset % kRecordAlignment != 0) {
     fail_invalid(at + ": offset " + std::to_string(r.offset) + " is not a multiple of " + std::to_string(kRecordAlignment));
   }
@@ -255,6 +261,17 @@ uint64_t ExpertContainer::read(const ExpertKey& key, uint8_t* dst) const {
             "): the container is corrupt; convert again");
   }
   return want;
+}
+
+std::optional<ContentHash> ExpertContainer::identity(const ExpertKey& key) const {
+  const auto it = records_.find(key);
+  if (it == records_.end()) return std::nullopt;
+  return it->second.source_hash;
+}
+
+std::string ExpertContainer::lossy_form() const {
+  if (header_.quant == "none") return "";
+  return header_.quant + " group_size " + std::to_string(header_.group_size);
 }
 
 void ExpertContainer::verify_all() const {

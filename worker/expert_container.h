@@ -5,8 +5,10 @@
 //                       on a 4 KiB boundary (zero padding between; the file ends on one)
 //   <dir>/index.json    written last (temp + fsync + rename): format, version, source
 //                       model fingerprint, sizes, quantisation, and per expert {layer,
-//                       expert, offset, bytes, checksum (XXH3-64 of the blob), gate/up/
-//                       down {dtype, shape, group_size, offset, scale_offset}}
+//                       expert, offset, bytes, checksum (XXH3-64 of the blob),
+//                       source_hash (the source expert's content identity, XXH3-128 of
+//                       its checkpoint bytes: common/expert_identity.h), gate/up/down
+//                       {dtype, shape, group_size, offset, scale_offset}}
 //   <dir>/convert.journal  only while a conversion is unfinished (worker/expert_convert.h)
 //   <dir>/usage.json    expert usage counts, when a worker serves from it (usage_log.h)
 //
@@ -26,7 +28,9 @@ namespace charm {
 
 /// index.json's "format" and "version" values.
 constexpr const char* kContainerFormat = "charm-expert-container";
-constexpr int kContainerVersion = 1;
+/// 2: every record carries source_hash, the content identity of the checkpoint expert it
+/// was converted from (version 1 containers must be converted again).
+constexpr int kContainerVersion = 2;
 
 /// The container-wide fields of index.json (and of the conversion journal's header).
 struct ContainerHeader {
@@ -47,11 +51,15 @@ struct ContainerRecord {
   uint64_t offset = 0;    ///< byte offset in experts.bin, a multiple of 4096
   ExpertLayout layout;    ///< layout.bytes is the record's length
   uint64_t checksum = 0;  ///< XXH3-64 of the layout.bytes bytes at offset
+  /// blob_identity of the source expert as the checkpoint stored it, hashed from the very
+  /// bytes this record was converted from. Equal to blob_identity of the record itself
+  /// when the record keeps the checkpoint's dtypes (quant none, not fp8).
+  ContentHash source_hash;
 
   nlohmann::json to_json() const;
   /// Parses and checks one record (types, dtypes, shapes against the header's sizes, the
   /// layout recomputed from dtype/shape/group_size agreeing with the recorded offsets and
-  /// bytes, 4 KiB-aligned offset). Throws Error(kInvalidInput) "<where>: <field>: ...".
+  /// bytes, 4 KiB-aligned offset, source_hash of 32 hex digits). Throws Error(kInvalidInput) "<where>: <field>: ...".
   static ContainerRecord from_json(const nlohmann::json& j, const ContainerHeader& header, const std::string& where);
 };
 
@@ -65,7 +73,7 @@ class ExpertContainer final : public ExpertSource {
  public:
   /// Opens `dir` and validates index.json completely. Throws Error(kInvalidInput) naming
   /// the file and field for: no index.json (an unfinished or absent conversion), JSON
-  /// that does not parse, a wrong format/version, a model fingerprint other than
+  /// that does not parse, a wrong format/version (version 1: convert again), a model fingerprint other than
   /// `expected_fingerprint` (both named), sizes other than hidden_size /
   /// intermediate_size, a missing experts.bin, a data file size other than the index's
   /// data_bytes (truncated), a record past the end of the file, two records that overlap
@@ -81,6 +89,12 @@ class ExpertContainer final : public ExpertSource {
   /// One pread of the record (rounded up to 4 KiB) into `dst`, then its checksum is
   /// checked: a mismatch throws Error(kIo) naming experts.bin, layer, expert and both sums.
   uint64_t read(const ExpertKey& key, uint8_t* dst) const override;
+  /// The record's source_hash: the identity of the checkpoint expert it was converted
+  /// from (lossy or not; lossy_form() says which).
+  std::optional<ContentHash> identity(const ExpertKey& key) const override;
+  /// "" for quant none (the checkpoint's values exactly, fp8 widened to f32), else
+  /// "<quant> group_size <n>", e.g. "int8 group_size 32".
+  std::string lossy_form() const override;
   std::string describe() const override { return "container " + dir_.string(); }
 
   const ContainerHeader& header() const { return header_; }

@@ -11,10 +11,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/durable_file.h"
 #include "common/error.h"
 #include "common/json_reader.h"
 #include "common/fingerprint.h"
 #include "worker/expert_container.h"
+#include "worker/expert_manifest.h"
 
 namespace charm {
 namespace {
@@ -63,19 +65,6 @@ class Fd {
   int fd_;
 };
 
-/// Writes `text` to `path` durably and atomically: temp file, fsync, rename, fsync dir.
-void publish(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    Fd fd(tmp, O_WRONLY | O_CREAT | O_TRUNC);
-    fd.pwrite_all(reinterpret_cast<const uint8_t*>(text.data()), text.size(), 0);
-    fd.sync();
-  }
-  fs::rename(tmp, path);
-  Fd dir(path.parent_path(), O_RDONLY | O_DIRECTORY);
-  dir.sync();
-}
-
 /// Every header field that differs, "quant (\"int8\" there, \"none\" now), ...".
 std::string differing_field(const ContainerHeader& a, const ContainerHeader& b) {
   const json ja = a.to_json();
@@ -103,30 +92,43 @@ ExpertLayout target_layout(const ExpertSlices& slices, const ConvertOptions& o) 
   return ExpertLayout::make(shape(slices.gate), shape(slices.up), shape(slices.down));
 }
 
-/// Reads one expert from the checkpoint into `blob` (zeroed, aligned) in `layout`.
-void build_blob(const Checkpoint& checkpoint, const ExpertSlices& slices, const ExpertLayout& layout,
-                const ConvertOptions& o, uint8_t* blob) {
-  const ExpertSlice* src[3] = {&slices.gate, &slices.up, &slices.down};
+/// Writes the expert held in `source` (a blob in the checkpoint's layout `from`, as
+/// read_checkpoint_expert fills it) into `blob` (zeroed, aligned) in `layout`: parts in
+/// the same form are copied, others widened to f32 (fp8 dequantised with its block
+/// scales, as Checkpoint::load_f32 does) and stored as f32 or quantised.
+void build_blob(const ExpertLayout& from, const uint8_t* source, const ExpertLayout& layout, uint8_t* blob) {
+  const ExpertView in = from.view(source);
+  const MatrixView* src[3] = {&in.gate, &in.up, &in.down};
   const MatrixPart* dst[3] = {&layout.gate, &layout.up, &layout.down};
   for (int m = 0; m < 3; ++m) {
-    if (dst[m]->shape.format == weight_format_of(src[m]->tensor->dtype)) {
-      checkpoint.read_slice(*src[m], blob + dst[m]->data_offset);  // as stored
+    const MatrixShape& shape = dst[m]->shape;
+    if (shape.format == src[m]->shape.format) {
+      std::memcpy(blob + dst[m]->data_offset, src[m]->data, shape.data_bytes());  // as stored
       continue;
     }
-    const std::vector<float> f32 = checkpoint.slice_f32(*src[m]);
-    if (dst[m]->shape.format == WeightFormat::kF32) {
+    std::vector<float> f32(static_cast<size_t>(shape.rows * shape.cols));
+    for (int64_t r = 0; r < shape.rows; ++r) matrix_row_to_f32(*src[m], r, f32.data() + r * shape.cols);
+    if (shape.format == WeightFormat::kF32) {
       std::memcpy(blob + dst[m]->data_offset, f32.data(), f32.size() * sizeof(float));
     } else {
-      quantize_matrix(f32.data(), dst[m]->shape, blob + dst[m]->data_offset,
-                      reinterpret_cast<float*>(blob + dst[m]->scale_offset));
+      quantize_matrix(f32.data(), shape, blob + dst[m]->data_offset, reinterpret_cast<float*>(blob + dst[m]->scale_offset));
     }
   }
+}
+
+/// The checkpoint's content identities of `keys` now (the manifest cache when valid).
+ExpertIdentities source_identities(const Checkpoint& checkpoint, const ModelConfig& config,
+                                   const std::vector<ExpertKey>& keys) {
+  ManifestOptions options;
+  options.cache_file = manifest_cache_file(checkpoint, model_fingerprint(checkpoint));
+  return load_expert_manifest(checkpoint, config, keys, options);
 }
 
 /// Keeps the verified prefix of an earlier run's journal: records that are the plan's
 /// next expert, at the next offset, whose bytes in experts.bin match their checksum.
 std::vector<ContainerRecord> verified_prefix(const fs::path& journal, const fs::path& data,
-                                             const ContainerHeader& header, const std::vector<ExpertKey>& plan) {
+                                             const ContainerHeader& header, const std::vector<ExpertKey>& plan,
+                                             const Checkpoint& checkpoint, const ModelConfig& config) {
   std::ifstream in(journal);
   std::string line;
   if (!std::getline(in, line)) return {};
@@ -158,6 +160,17 @@ std::vector<ContainerRecord> verified_prefix(const fs::path& journal, const fs::
     cursor = align_up(r.offset + r.layout.bytes, kRecordAlignment);
     kept.push_back(r);
   }
+  // Records converted from other bytes than the checkpoint holds now (a rerun on an
+  // edited or other copy of the model: same fingerprint, other weights) end the prefix.
+  std::vector<ExpertKey> keys;
+  for (const ContainerRecord& r : kept) keys.push_back(r.key);
+  const ExpertIdentities now = source_identities(checkpoint, config, keys);
+  for (size_t i = 0; i < kept.size(); ++i) {
+    if (!(now.at(kept[i].key) == kept[i].source_hash)) {
+      kept.resize(i);
+      break;
+    }
+  }
   return kept;
 }
 
@@ -169,9 +182,11 @@ void progress_line(const ConvertOptions& o, uint32_t layer, size_t done, size_t 
 
 }  // namespace
 
-ConvertResult convert_experts(const Checkpoint& checkpoint, const ExpertTensorNames& names,
-                              const std::vector<ExpertKey>& experts, int64_t hidden_size, int64_t intermediate_size,
-                              const ConvertOptions& options) {
+ConvertResult convert_experts(const Checkpoint& checkpoint, const ModelConfig& config,
+                              const std::vector<ExpertKey>& experts, const ConvertOptions& options) {
+  const ExpertTensorNames names = expert_tensor_names(config.architecture);
+  const int64_t hidden_size = config.hidden_size;
+  const int64_t intermediate_size = config.moe_intermediate_size;
   ConvertOptions o = options;
   if (o.quant != "none" && o.quant != "int8" && o.quant != "int4") {
     fail_invalid("--quant '" + o.quant + "' is unknown (expected int8 or int4; omit it to keep the checkpoint's precision)");
@@ -203,6 +218,16 @@ ConvertResult convert_experts(const Checkpoint& checkpoint, const ExpertTensorNa
                    (existing->header() == header ? std::string("expert set") : differing_field(existing->header(), header)) +
                    "); choose another --out or delete it");
     }
+    // Same options and experts, but converted from these weights? (An edited or other
+    // copy of the model has the same fingerprint.)
+    ExpertIdentities recorded;
+    for (const ExpertKey& key : keys) recorded.emplace(key, *existing->identity(key));
+    const auto mismatches = compare_identities(source_identities(checkpoint, config, keys), recorded, keys);
+    if (!mismatches.empty()) {
+      fail_invalid(o.out.string() + " already holds a finished container converted from other weights (" +
+                   describe_mismatches(mismatches, "in the container", "in " + checkpoint.dir().string()) +
+                   "); choose another --out or delete it");
+    }
     ConvertResult done;
     done.experts = keys.size();
     done.already_complete = true;
@@ -210,7 +235,7 @@ ConvertResult convert_experts(const Checkpoint& checkpoint, const ExpertTensorNa
     return done;
   }
 
-  std::vector<ContainerRecord> records = verified_prefix(journal, data, header, plan);
+  std::vector<ContainerRecord> records = verified_prefix(journal, data, header, plan, checkpoint, config);
   ConvertResult result;
   result.experts_resumed = records.size();
   uint64_t cursor = records.empty() ? 0 : align_up(records.back().offset + records.back().layout.bytes, kRecordAlignment);
@@ -221,7 +246,7 @@ ConvertResult convert_experts(const Checkpoint& checkpoint, const ExpertTensorNa
   {
     std::string text = header.to_json().dump() + "\n";
     for (const auto& r : records) text += r.to_json().dump() + "\n";
-    publish(journal, text);
+    write_file_atomically(journal, text);
   }
   Fd out(data, O_RDWR | O_CREAT);
   out.truncate(cursor);
@@ -235,9 +260,14 @@ ConvertResult convert_experts(const Checkpoint& checkpoint, const ExpertTensorNa
     r.key = key;
     r.offset = cursor;
     r.layout = target_layout(slices, o);
+    // One read of the checkpoint: its identity and the converted record come from the same bytes.
+    const ExpertLayout stored = layout_of(slices);
+    AlignedBuffer source(stored.bytes);
+    read_checkpoint_expert(checkpoint, slices, stored, source.data());
+    r.source_hash = blob_identity(stored, source.data());
     AlignedBuffer blob(r.layout.bytes);
     std::memset(blob.data(), 0, blob.size());
-    build_blob(checkpoint, slices, r.layout, o, blob.data());
+    build_blob(stored, source.data(), r.layout, blob.data());
     r.checksum = blob_checksum(blob.data(), r.layout.bytes);
     out.pwrite_all(blob.data(), blob.size(), cursor);  // padding included: the file ends aligned
     cursor += blob.size();
@@ -263,7 +293,7 @@ ConvertResult convert_experts(const Checkpoint& checkpoint, const ExpertTensorNa
   text += ",\n\"experts\": [\n";
   for (size_t i = 0; i < records.size(); ++i) text += records[i].to_json().dump() + (i + 1 < records.size() ? ",\n" : "\n");
   text += "]}\n";
-  publish(index, text);  // published last: only now is it a container
+  write_file_atomically(index, text);  // published last: only now is it a container
   fs::remove(journal);
   result.experts = records.size();
   result.data_bytes = cursor;

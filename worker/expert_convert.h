@@ -6,9 +6,14 @@
 // Resume: while converting, `<out>/convert.journal` holds a header line (the same fields
 // as index.json's header) and one JSON line per expert written, in plan order ((layer,
 // expert) ascending). A rerun with the same options reads the journal, re-reads each
-// journaled record and checks its checksum, keeps the verified prefix, truncates
+// journaled record and checks its checksum and that its source_hash is the checkpoint's
+// content identity of that expert now (worker/expert_manifest.h: a journal written from
+// other weights of the same shape is not kept), keeps the verified prefix, truncates
 // experts.bin after it and goes on from the next expert. Records are placed
 // deterministically, so a resumed conversion writes the same bytes as an uninterrupted one.
+//
+// Each record's source_hash is hashed from the very bytes it is converted from (one read
+// of the checkpoint per expert).
 #pragma once
 
 #include <cstdint>
@@ -17,6 +22,7 @@
 #include <vector>
 
 #include "common/checkpoint.h"
+#include "common/model_config.h"
 #include "worker/expert_source.h"
 
 namespace charm {
@@ -41,14 +47,15 @@ struct ConvertResult {
 /// Default group size for int8 and int4 (elements per f32 scale).
 constexpr int64_t kDefaultGroupSize = 32;
 
-/// Converts `experts` (any order; written in ascending order) of `checkpoint`.
+/// Converts `experts` (any order; written in ascending order) of `checkpoint`, whose
+/// config is `config` (expert tensor names and sizes).
 /// Throws Error(kInvalidInput) for an unknown quant, a group size < 1 or above the row
-/// width, an `out` that already holds a different container or a journal written with
-/// other options (naming the differing field), and what Checkpoint::locate_expert
+/// width, an `out` that already holds a different container, or one converted from
+/// other weights (naming the layer, expert and both content hashes), or a journal written
+/// with other options (naming the differing field), and what Checkpoint::locate_expert
 /// throws; Error(kIo) for write failures. Prints a warning naming the precision lost
 /// when quantising.
-ConvertResult convert_experts(const Checkpoint& checkpoint, const ExpertTensorNames& names,
-                              const std::vector<ExpertKey>& experts, int64_t hidden_size, int64_t intermediate_size,
-                              const ConvertOptions& options);
+ConvertResult convert_experts(const Checkpoint& checkpoint, const ModelConfig& config,
+                              const std::vector<ExpertKey>& experts, const ConvertOptions& options);
 
 }  // namespace charm

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
+#include "worker/expert_manifest.h"
 
 namespace charm {
 namespace {
@@ -125,8 +126,10 @@ ExpertStore::ExpertStore(std::unique_ptr<ExpertSource> source, const std::vector
 
 ExpertStore::ExpertStore(const Checkpoint& checkpoint, const ExpertTensorNames& names,
                          const std::vector<ExpertKey>& owned, int64_t hidden_size, int64_t intermediate_size)
-    : ExpertStore(std::make_unique<CheckpointSource>(checkpoint, names, owned, hidden_size, intermediate_size), owned,
-                  hidden_size, intermediate_size, StoreOptions{}) {}
+    : ExpertStore(std::make_unique<CheckpointSource>(
+                      checkpoint, names, owned, hidden_size, intermediate_size,
+                      hash_expert_identities(checkpoint, names, owned, hidden_size, intermediate_size)),
+                  owned, hidden_size, intermediate_size, StoreOptions{}) {}
 
 ExpertStore::~ExpertStore() = default;
 
@@ -146,6 +149,14 @@ size_t ExpertStore::prefetch(uint32_t layer, const std::vector<uint32_t>& expert
 std::map<uint32_t, std::vector<uint32_t>> ExpertStore::held() const {
   std::map<uint32_t, std::vector<uint32_t>> out;
   for (const auto& [layer, expert] : owned_) out[layer].push_back(expert);
+  return out;
+}
+
+ExpertIdentities ExpertStore::identities() const {
+  ExpertIdentities out;
+  for (const ExpertKey& key : owned_) {
+    if (auto identity = source_->identity(key)) out.emplace(key, *identity);
+  }
   return out;
 }
 

@@ -59,7 +59,8 @@ class ExpertStore {
               int64_t intermediate_size, StoreOptions options);
 
   /// Every expert of `owned` resident, read from `checkpoint` (which must outlive the
-  /// store), no usage recorded: the in-RAM store of tests and simple setups.
+  /// store), no usage recorded: the in-RAM store of tests and simple setups. The experts'
+  /// content identities are hashed from the checkpoint here (no manifest cache).
   ExpertStore(const Checkpoint& checkpoint, const ExpertTensorNames& names, const std::vector<ExpertKey>& owned,
               int64_t hidden_size, int64_t intermediate_size);
   ~ExpertStore();
@@ -79,6 +80,11 @@ class ExpertStore {
   int64_t intermediate_size() const { return intermediate_size_; }
   /// Held experts per layer (for status and the handshake).
   std::map<uint32_t, std::vector<uint32_t>> held() const;
+  /// The content identity of every held expert as its source reports it
+  /// (ExpertSource::identity): what the handshake compares with the coordinator's.
+  ExpertIdentities identities() const;
+  /// The source's lossy form ("" when it serves the checkpoint's values exactly).
+  std::string lossy_form() const { return source_->lossy_form(); }
   /// Tier counters per layer since start.
   std::map<uint32_t, TierStats> layer_stats() const { return cache_->stats(); }
   /// Their sum.

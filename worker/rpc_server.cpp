@@ -183,6 +183,8 @@ HelloReplyMsg WorkerServer::answer_hello(const HelloMsg& hello, const std::strin
   reply.worker_name = options_.worker_name;
   reply.model_fingerprint = options_.model_fingerprint;
   reply.held = service_.held();
+  reply.identities = service_.identities();
+  reply.lossy_form = service_.lossy_form();
   if (hello.protocol_version != kProtocolVersion) {
     reply.error = "protocol version mismatch: client '" + hello.client_name + "' speaks " +
                   std::to_string(hello.protocol_version) + ", worker '" +

@@ -30,6 +30,11 @@ class LayerService {
   virtual ExpertResponse run(const ExpertRequest& request) = 0;
   /// Experts held: layer -> expert ids, ascending.
   virtual std::map<uint32_t, std::vector<uint32_t>> held() const = 0;
+  /// The content identity of every held expert's bytes (ExpertStore::identities), asked
+  /// at every hello: after a read found an expert's bytes changed, it reports the hash read.
+  virtual ExpertIdentities identities() const = 0;
+  /// "" when the experts are the checkpoint's values exactly, else their lossy form.
+  virtual std::string lossy_form() const { return {}; }
   /// A prefetchHint: starts loading `experts` of `layer` if that helps, without waiting
   /// for the loads and without changing any later result. The default ignores hints (a
   /// store that holds everything in RAM has nothing to load). Must not block on I/O.
@@ -46,6 +51,8 @@ class ExecutorService final : public LayerService {
   std::map<uint32_t, std::vector<uint32_t>> held() const override {
     return executor_.store().held();
   }
+  ExpertIdentities identities() const override { return executor_.store().identities(); }
+  std::string lossy_form() const override { return executor_.store().lossy_form(); }
   /// Starts async reads of the hinted experts the store owns (ExpertStore::prefetch).
   void prefetch(uint32_t layer, const std::vector<uint32_t>& experts) override {
     executor_.store().prefetch(layer, experts);
@@ -94,7 +101,9 @@ struct WorkerServerOptions {
 /// the server first sends `authChallenge` and checks the client's `authResponse` (a wrong
 /// proof: logged at error level, an `error` frame naming the shared secret, connection
 /// closed), then answers `helloReply` (ok=false, naming both values, when the protocol
-/// version or the model fingerprint differ — and logs it at error level).
+/// version or the model fingerprint differ — and logs it at error level), which lists
+/// the held experts with their content identities and the lossy form (the client judges
+/// those: it knows what its own checkpoint holds).
 /// `layerRequest` is answered with a `layerResponse` (errors, including "no successful
 /// hello yet" and check_layer_request's, go in its error field and the connection stays
 /// up). `healthRequest` needs no hello, but with a shared secret it needs the

@@ -1,10 +1,12 @@
 #include "worker/store_factory.h"
 
+#include <algorithm>
 #include <cmath>
-#include <cstdlib>
 
+#include "common/cache_root.h"
 #include "common/error.h"
 #include "worker/expert_container.h"
+#include "worker/expert_manifest.h"
 
 namespace charm {
 
@@ -12,18 +14,8 @@ std::filesystem::path usage_file_for(const StoreSpec& spec, const std::string& f
   if (spec.usage_file == "none") return {};
   if (!spec.usage_file.empty()) return spec.usage_file;
   if (!spec.container.empty()) return spec.container / "usage.json";
-  // The same cache root scripts/moefy.py and serve.sh use: $CHARM_CACHE, else
-  // $XDG_CACHE_HOME/charm, else ~/.cache/charm.
-  std::filesystem::path root;
-  if (const char* charm = std::getenv("CHARM_CACHE"); charm && *charm) {
-    root = charm;
-  } else if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) {
-    root = std::filesystem::path(xdg) / "charm";
-  } else if (const char* home = std::getenv("HOME"); home && *home) {
-    root = std::filesystem::path(home) / ".cache" / "charm";
-  } else {
-    return {};
-  }
+  const std::filesystem::path root = cache_root();
+  if (root.empty()) return {};
   return root / fingerprint / "usage.json";
 }
 
@@ -39,8 +31,14 @@ std::unique_ptr<ExpertStore> open_store(const StoreSpec& spec, const Checkpoint&
       fail_invalid("worker '" + worker_name + "': io: odirect needs an expert container (container: DIR); "
                    "checkpoint tensors are not 4 KiB aligned");
     }
+    // What each read is checked against: the manifest's identities (cached, else hashed
+    // now, which reads every owned expert once).
+    ManifestOptions manifest;
+    manifest.cache_file = manifest_cache_file(checkpoint, fingerprint);
+    manifest.threads = static_cast<int>(std::max<int64_t>(spec.io_threads, 1));
     source = std::make_unique<CheckpointSource>(checkpoint, expert_tensor_names(config.architecture), owned,
-                                                config.hidden_size, config.moe_intermediate_size);
+                                                config.hidden_size, config.moe_intermediate_size,
+                                                load_expert_manifest(checkpoint, config, owned, manifest));
   }
   StoreOptions options;
   options.worker_name = worker_name;

@@ -22,9 +22,12 @@ namespace charm {
 std::filesystem::path usage_file_for(const StoreSpec& spec, const std::string& fingerprint);
 
 /// Opens the store for `owned` experts of `checkpoint` (which must outlive it) as `spec`
-/// says. `fingerprint` is model_fingerprint(checkpoint). Throws what ExpertContainer::open,
-/// CheckpointSource and ExpertStore throw, and Error(kInvalidInput) for io: odirect
-/// without a container.
+/// says. `fingerprint` is model_fingerprint(checkpoint). Serving from the checkpoint, it
+/// loads the owned experts' content identities (worker/expert_manifest.h: the cached
+/// manifest, else hashed now) for CheckpointSource to check every read against; a
+/// container carries its own (ExpertContainer::identity). Throws what
+/// ExpertContainer::open, load_expert_manifest, CheckpointSource and ExpertStore throw,
+/// and Error(kInvalidInput) for io: odirect without a container.
 std::unique_ptr<ExpertStore> open_store(const StoreSpec& spec, const Checkpoint& checkpoint, const ModelConfig& config,
                                         const std::vector<ExpertKey>& owned, const std::string& worker_name,
                                         const std::string& fingerprint);

@@ -1,16 +1,11 @@
 #include "worker/usage_log.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "common/durable_file.h"
 #include "common/error.h"
 #include "common/json_reader.h"
 
@@ -21,26 +16,6 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 
 constexpr const char* kUsageFormat = "charm-expert-usage";
-
-/// Holds an exclusive flock on a lock file for its lifetime.
-class FileLock {
- public:
-  explicit FileLock(const fs::path& path) : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
-    if (fd_ < 0) fail_io(path.string() + ": cannot open the usage lock: " + std::strerror(errno));
-    while (::flock(fd_, LOCK_EX) != 0) {
-      if (errno != EINTR) {
-        ::close(fd_);
-        fail_io(path.string() + ": cannot lock: " + std::strerror(errno));
-      }
-    }
-  }
-  ~FileLock() { ::close(fd_); }  // closing releases the lock
-  FileLock(const FileLock&) = delete;
-  FileLock& operator=(const FileLock&) = delete;
-
- private:
-  int fd_;
-};
 
 UsageCounts parse_counts(const json& j) {
   if (!j.is_object() || j.value("format", "") != kUsageFormat) throw std::runtime_error("not a charm usage file");

@@ -31,6 +31,7 @@ class EchoService final : public LayerService {
     return out;
   }
   std::map<uint32_t, std::vector<uint32_t>> held() const override { return {{0, {0, 1}}, {2, {0, 1}}}; }
+  ExpertIdentities identities() const override;
   /// Records the hints that reach the service (the server's checks passed).
   void prefetch(uint32_t layer, const std::vector<uint32_t>& experts) override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -45,6 +46,16 @@ class EchoService final : public LayerService {
   mutable std::mutex mutex_;
   std::vector<std::pair<uint32_t, std::vector<uint32_t>>> hints_;
 };
+
+/// The content identities EchoService reports (and a coordinator of the echo model expects).
+inline ExpertIdentities echo_identities() {
+  ExpertIdentities out;
+  for (uint32_t layer : {0u, 2u}) {
+    for (uint32_t e : {0u, 1u}) out[{layer, e}] = ContentHash{layer, e + 1};
+  }
+  return out;
+}
+inline ExpertIdentities EchoService::identities() const { return echo_identities(); }
 
 /// The model shape EchoService pretends to serve.
 inline ModelLimits echo_limits() { return ModelLimits{3, 4, kEchoHidden, {0, 2}}; }

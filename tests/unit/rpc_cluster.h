@@ -3,6 +3,7 @@
 // ports holding parts of it.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -14,10 +15,12 @@
 
 #include "common/checkpoint.h"
 #include "common/fingerprint.h"
+#include "common/model_config.h"
 #include "common/topology.h"
 #include "common/wire.h"
 #include "safetensors_writer.h"
 #include "worker/expert_executor.h"
+#include "worker/expert_manifest.h"
 #include "worker/expert_store.h"
 #include "worker/rpc_server.h"
 
@@ -47,6 +50,7 @@ struct TinyModel {
   TempDir dir{"charm-rpc"};
   std::unique_ptr<Checkpoint> checkpoint;
   std::string fingerprint;
+  ExpertIdentities identities;  // every expert's content identity (what a coordinator expects)
 
   TinyModel() {
     // A whole config.json (ModelConfig::parse accepts it), so `charm status` can work out
@@ -80,6 +84,19 @@ struct TinyModel {
     write_safetensors(dir / "model.safetensors", tensors);
     checkpoint = Checkpoint::open(dir.path());
     fingerprint = model_fingerprint(*checkpoint);
+    std::vector<ExpertKey> all;
+    for (uint32_t layer : kLayers) {
+      for (uint32_t e = 0; e < kExperts; ++e) all.emplace_back(layer, e);
+    }
+    identities = hash_expert_identities(*checkpoint, ExpertTensorNames{}, all, kHidden, kInter);
+  }
+
+  /// Writes the model's expert manifest into the cache, as a coordinator's start does.
+  void cache_manifest() const {
+    const ModelConfig config = ModelConfig::parse(checkpoint->config_json(), "config.json");
+    std::vector<ExpertKey> all(identities.size());
+    std::transform(identities.begin(), identities.end(), all.begin(), [](const auto& entry) { return entry.first; });
+    load_expert_manifest(*checkpoint, config, all, ManifestOptions{manifest_cache_file(*checkpoint, fingerprint)});
   }
 
   std::unique_ptr<ExpertStore> store(const std::vector<uint32_t>& experts) const {

@@ -40,7 +40,8 @@ void check_layer(ClusterDispatcher& dispatcher) {
 }
 
 std::unique_ptr<ClusterDispatcher> dispatcher_for(const EchoWorker& worker, const std::string& secret) {
-  return std::make_unique<ClusterDispatcher>(worker.topology(secret), EchoWorker::placement(), kEchoFingerprint);
+  return std::make_unique<ClusterDispatcher>(worker.topology(secret), EchoWorker::placement(), kEchoFingerprint,
+                                             echo_identities());
 }
 
 // A raw client connection that has sent hello and holds the worker's challenge.
@@ -200,6 +201,7 @@ TEST_CASE("an impostor worker that does not know the secret is found out") {
     reply.worker_name = "a";
     reply.model_fingerprint = hello.model_fingerprint;
     reply.held = {{0, {0, 1}}, {2, {0, 1}}};
+    reply.identities = echo_identities();
     reply.worker_proof = auth_proof(kOtherSecret, AuthRole::kWorker, {});
     conn->send(encode_hello_reply(reply), 5s);
   });

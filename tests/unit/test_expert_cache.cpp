@@ -45,6 +45,10 @@ class FakeSource final : public ExpertSource {
     for (uint64_t i = 0; i < layout_.bytes / 4; ++i) f[i] = static_cast<float>(key.second + 1);
     return layout_.bytes;
   }
+  std::optional<ContentHash> identity(const ExpertKey& key) const override {
+    if (!layout(key)) return std::nullopt;
+    return ContentHash{key.first, key.second};
+  }
   std::string describe() const override { return "fake"; }
 
   int reads(uint32_t layer, uint32_t expert) const {

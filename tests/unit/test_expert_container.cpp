@@ -48,8 +48,7 @@ struct Model {
     o.out = out;
     o.quant = quant;
     o.progress = false;
-    return convert_experts(*checkpoint, ExpertTensorNames{}, experts ? *experts : all, config.hidden_size,
-                           config.moe_intermediate_size, o);
+    return convert_experts(*checkpoint, config, experts ? *experts : all, o);
   }
   std::unique_ptr<ExpertContainer> open(const fs::path& dir) const {
     return ExpertContainer::open(dir, fingerprint, config.hidden_size, config.moe_intermediate_size);
@@ -239,7 +238,7 @@ TEST_CASE("an interrupted conversion resumes and writes the same bytes as an uni
 TEST_CASE("convert refuses to mix options with an unfinished or finished conversion") {
   const Model m("qwen3-moe-tiny");
   testing::TempDir dir("charm-mix");
-  json header = {{"format", kContainerFormat}, {"version", 1},      {"model_fingerprint", m.fingerprint},
+  json header = {{"format", kContainerFormat}, {"version", kContainerVersion}, {"model_fingerprint", m.fingerprint},
                  {"hidden_size", 64},          {"moe_intermediate_size", 32}, {"quant", "int8"},
                  {"group_size", 32},           {"worker", ""}};
   testing::write_bytes(dir / "convert.journal", header.dump() + "\n");

@@ -18,6 +18,7 @@
 #include "worker/expert_container.h"
 #include "worker/expert_convert.h"
 #include "worker/expert_executor.h"
+#include "worker/expert_manifest.h"
 
 using namespace charm;
 namespace fs = std::filesystem;
@@ -35,6 +36,7 @@ struct Case {
   uint32_t rows = 5;
   int64_t H, I;
   ExpertTensorNames names;
+  ExpertIdentities identities;  // every expert's, hashed from the checkpoint
 
   explicit Case(const std::string& name) {
     checkpoint = Checkpoint::open(kModels / name);
@@ -45,6 +47,7 @@ struct Case {
     for (int64_t l : config.moe_layer_ids()) {
       for (int64_t e = 0; e < config.num_experts; ++e) all.emplace_back(l, e);
     }
+    identities = hash_expert_identities(*checkpoint, names, all, H, I);
     hidden.resize(rows * H);
     for (size_t i = 0; i < hidden.size(); ++i) hidden[i] = std::cos(0.731f * static_cast<float>(i)) * 2.0f;
     // Every expert at least once, several rows per expert, in a scrambled order.
@@ -95,7 +98,7 @@ struct Case {
     return std::make_unique<ExpertStore>(std::move(source), all, H, I, o);
   }
   std::unique_ptr<ExpertSource> from_checkpoint() const {
-    return std::make_unique<CheckpointSource>(*checkpoint, names, all, H, I);
+    return std::make_unique<CheckpointSource>(*checkpoint, names, all, H, I, identities);
   }
 };
 
@@ -131,7 +134,7 @@ TEST_CASE("expert outputs are bit-identical for every tier, budget and source") 
     ConvertOptions o;
     o.out = dir.path();
     o.progress = false;
-    convert_experts(*c.checkpoint, c.names, c.all, c.H, c.I, o);
+    convert_experts(*c.checkpoint, c.config, c.all, o);
     const std::string fp = model_fingerprint(*c.checkpoint);
     auto container = [&](IoMode io = IoMode::kPread) { return ExpertContainer::open(dir.path(), fp, c.H, c.I, io); };
     const uint64_t one_per_layer = budget(*container(), 1);

@@ -91,9 +91,9 @@ TEST_CASE("replicas, no replicas and each replica alone give identical bytes; wo
   const auto assignments = routing(rows);
   const auto want = expected(r.model, 2, hidden, rows, assignments);
 
-  ClusterDispatcher both(r.topology, r.placement, r.model.fingerprint);
-  ClusterDispatcher only_a(r.topology, r.only(0), r.model.fingerprint);
-  ClusterDispatcher only_b(r.topology, r.only(1), r.model.fingerprint);
+  ClusterDispatcher both(r.topology, r.placement, r.model.fingerprint, r.model.identities);
+  ClusterDispatcher only_a(r.topology, r.only(0), r.model.fingerprint, r.model.identities);
+  ClusterDispatcher only_b(r.topology, r.only(1), r.model.fingerprint, r.model.identities);
   for (ClusterDispatcher* d : {&both, &only_a, &only_b}) {
     std::vector<float> got(want.size(), -7.0f);
     d->run_layer(2, hidden.data(), rows, kHidden, assignments, got.data());
@@ -107,7 +107,7 @@ TEST_CASE("replicas, no replicas and each replica alone give identical bytes; wo
 
 TEST_CASE("a worker killed mid-layer: its share goes to the replica, bytes unchanged, then it rejoins") {
   Replicas r(300ms);  // b holds each request 300 ms: long enough to be killed mid-request
-  ClusterDispatcher d(r.topology, r.placement, r.model.fingerprint);
+  ClusterDispatcher d(r.topology, r.placement, r.model.fingerprint, r.model.identities);
   const uint32_t rows = 5;
   const std::vector<float> hidden = noise(rows * kHidden, 5);
   const auto assignments = routing(rows);
@@ -144,7 +144,7 @@ TEST_CASE("a worker killed mid-layer: its share goes to the replica, bytes uncha
 TEST_CASE("a worker that does not answer within request_ms is failed over") {
   Replicas r(3000ms);
   r.topology.request_timeout_ms = 150;
-  ClusterDispatcher d(r.topology, r.placement, r.model.fingerprint);
+  ClusterDispatcher d(r.topology, r.placement, r.model.fingerprint, r.model.identities);
   const std::vector<float> hidden = noise(3 * kHidden, 8);
   const auto assignments = routing(3);
   const auto want = expected(r.model, 2, hidden, 3, assignments);
@@ -172,6 +172,7 @@ TEST_CASE("a malformed reply is failed over to the replica") {
     hello.worker_name = "b";
     hello.model_fingerprint = r.model.fingerprint;
     for (uint32_t layer : kLayers) hello.held[layer] = {0, 1, 2, 3};
+    hello.identities = r.model.identities;
     conn->send(encode_hello_reply(hello), 10s);
     decode_as<HealthRequestMsg>(conn->receive(10s));  // the coordinator asks for its RAM slots
     conn->send(encode_health_reply(HealthReplyMsg{}), 10s);
@@ -186,7 +187,7 @@ TEST_CASE("a malformed reply is failed over to the replica") {
     }
   });
   {
-    ClusterDispatcher d(r.topology, r.placement, r.model.fingerprint);
+    ClusterDispatcher d(r.topology, r.placement, r.model.fingerprint, r.model.identities);
     const std::vector<float> hidden = noise(4 * kHidden, 9);
     const auto assignments = routing(4);
     const auto want = expected(r.model, 0, hidden, 4, assignments);
@@ -202,7 +203,7 @@ TEST_CASE("a malformed reply is failed over to the replica") {
 
 TEST_CASE("no replica left: an error naming layer, experts and workers tried; then it recovers") {
   Replicas r;
-  ClusterDispatcher d(r.topology, r.placement, r.model.fingerprint);
+  ClusterDispatcher d(r.topology, r.placement, r.model.fingerprint, r.model.identities);
   r.a.server->stop();
   r.b.server->stop();
   const std::vector<float> hidden = noise(4 * kHidden, 10);
@@ -226,7 +227,7 @@ TEST_CASE("heartbeats find an idle worker gone; it rejoins when back") {
   // A failed rejoin attempt replaces last_error ("closed the connection"): the first one
   // comes a second after going down, long after the snapshot below (was flaky at 20 ms).
   r.topology.rejoin_min_ms = r.topology.rejoin_max_ms = 1000;
-  ClusterDispatcher d(r.topology, r.placement, r.model.fingerprint);
+  ClusterDispatcher d(r.topology, r.placement, r.model.fingerprint, r.model.identities);
   REQUIRE(eventually([&] { return r.b.server->health().bytes_in > 0 && named(d.status(), "b").bytes_out > 200; }));
   r.b.server->stop();
   WorkerStatus down;
@@ -252,7 +253,7 @@ TEST_CASE("with a shared secret: failover, a refused and an authenticated rejoin
   r.a.restart();
   r.b.restart(300ms);
   r.topology.cluster_secret = secret;
-  ClusterDispatcher d(r.topology, r.placement, r.model.fingerprint);
+  ClusterDispatcher d(r.topology, r.placement, r.model.fingerprint, r.model.identities);
   Metrics metrics;
   d.set_metrics(&metrics);
   const uint32_t rows = 5;
@@ -300,7 +301,7 @@ TEST_CASE("heartbeats over an authenticated connection keep a worker up") {
   }
   r.topology.cluster_secret = secret;
   r.topology.heartbeat_ms = 20;
-  ClusterDispatcher d(r.topology, r.placement, r.model.fingerprint);
+  ClusterDispatcher d(r.topology, r.placement, r.model.fingerprint, r.model.identities);
   const uint64_t before = r.b.server->health().bytes_in;
   // Several heartbeats answered (the worker counts their bytes); b never went down, as it
   // would if one went out unauthenticated (the worker drops such a peer).
@@ -315,7 +316,7 @@ TEST_CASE("startup: an unreachable replica is left to rejoin; an unreachable sol
   r.b.server->stop();
   r.topology.startup_timeout_ms = 0;
   {
-    ClusterDispatcher d(r.topology, r.placement, r.model.fingerprint);
+    ClusterDispatcher d(r.topology, r.placement, r.model.fingerprint, r.model.identities);
     CHECK(named(d.status(), "a").state == "up");
     CHECK(named(d.status(), "b").state == "down");
     r.b.restart();
@@ -323,7 +324,7 @@ TEST_CASE("startup: an unreachable replica is left to rejoin; an unreachable sol
     CHECK(named(d.status(), "b").rejoins == 0);  // first connection, not a rejoin
   }
   r.b.server->stop();
-  expect_error([&] { ClusterDispatcher(r.topology, r.only(1), r.model.fingerprint); },
+  expect_error([&] { ClusterDispatcher(r.topology, r.only(1), r.model.fingerprint, r.model.identities); },
                ErrorCategory::kUnavailable, {"worker 'b'", "layer 0 experts 0-3", "layer 2 experts 0-3"});
 }
 

@@ -52,7 +52,7 @@ TEST_CASE("two remote workers produce the bytes the local executor produces") {
   Cluster cluster;
   auto local_store = cluster.model.store({0, 1, 2, 3});
   ExpertExecutor local(*local_store);
-  ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint);
+  ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint, cluster.model.identities);
 
   for (uint32_t num_rows : {1u, 5u, 16u}) {
     for (uint32_t layer : kLayers) {
@@ -96,7 +96,7 @@ TEST_CASE("begin_layer returns with requests in flight; an abandoned layer is dr
   Cluster cluster;
   auto local_store = cluster.model.store({0, 1, 2, 3});
   ExpertExecutor local(*local_store);
-  ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint);
+  ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint, cluster.model.identities);
   const std::vector<float> hidden = noise(5 * kHidden, 21);
   const auto assignments = routing(5);
   std::vector<float> want(assignments.size() * kHidden);
@@ -146,7 +146,7 @@ TEST_CASE("bytes on the wire per token per layer") {
 TEST_CASE("a model fingerprint mismatch is rejected naming both fingerprints") {
   Cluster cluster;
   const std::string wrong = "0123456789abcdef";
-  require_error([&] { ClusterDispatcher(cluster.topology, cluster.placement, wrong); },
+  require_error([&] { ClusterDispatcher(cluster.topology, cluster.placement, wrong, cluster.model.identities); },
                 ErrorCategory::kProtocol, {"worker 'a'", wrong, cluster.model.fingerprint});
   // And the raw reply says ok=false with both values.
   auto conn = FrameConnection::connect("127.0.0.1", cluster.a.server->port(), 5s, "a");
@@ -167,7 +167,7 @@ TEST_CASE("a placement the worker does not hold is rejected at the handshake") {
   Cluster cluster;
   auto placement = cluster.placement;
   placement[0] = {{1}, {0}, {0}, {1}};  // claims "a" holds expert 1
-  require_error([&] { ClusterDispatcher(cluster.topology, placement, cluster.model.fingerprint); },
+  require_error([&] { ClusterDispatcher(cluster.topology, placement, cluster.model.fingerprint, cluster.model.identities); },
                 ErrorCategory::kProtocol, {"worker 'a'", "expert 1 of layer 0"});
 }
 
@@ -221,7 +221,7 @@ TEST_CASE("malformed frames get an error and a close; the server keeps serving")
   }
 
   // The next client is served normally.
-  ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint);
+  ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint, cluster.model.identities);
   const std::vector<float> hidden = noise(3 * kHidden, 9);
   const auto assignments = routing(3);
   std::vector<float> got(assignments.size() * kHidden);
@@ -269,7 +269,7 @@ TEST_CASE("errors inside a request come back as layerResponse.error; the connect
 
 TEST_CASE("a worker without a replica that goes away fails run_layer naming the worker, layer and experts") {
   Cluster cluster;
-  ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint);
+  ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint, cluster.model.identities);
   cluster.b.server->stop();
   const std::vector<float> hidden = noise(4 * kHidden, 3);
   const auto assignments = routing(4);
@@ -320,6 +320,7 @@ TEST_CASE("charm status: all up only with a reachable coordinator and matching w
   Cluster cluster;
   FakeCoordinator coordinator({"a", "b"});
   cluster.topology.api_port = static_cast<uint16_t>(coordinator.port);
+  cluster.model.cache_manifest();  // as the coordinator's start does: status then checks the weights too
   ClusterStatus status = collect_status(cluster.topology, 2000);
   std::string table = format_status(status);
   INFO(table);
@@ -466,7 +467,7 @@ TEST_CASE("charm status table joins the coordinator's /cluster/status view") {
 
   require_error([] { parse_cluster_status("{\"workers\":[{\"name\":\"w1\"}]}"); },
                 ErrorCategory::kProtocol, {"workers[0].address"});
-  require_error([] { parse_cluster_status("not json"); }, ErrorCategory::kProtocol, {"not JSON"});
+  require_error([] { parse_cluster_status("not json"); }, ErrorCategory::kProtocol, {"/cluster/status", "not valid JSON"});
 }
 
 namespace {
@@ -477,6 +478,7 @@ class RecordingService final : public LayerService {
   explicit RecordingService(const ExpertExecutor& executor) : inner_(executor) {}
   ExpertResponse run(const ExpertRequest& request) override { return inner_.run(request); }
   std::map<uint32_t, std::vector<uint32_t>> held() const override { return inner_.held(); }
+  ExpertIdentities identities() const override { return inner_.identities(); }
   void prefetch(uint32_t layer, const std::vector<uint32_t>& experts) override {
     std::lock_guard<std::mutex> lock(mutex_);
     hints_.emplace_back(layer, experts);
@@ -568,7 +570,7 @@ TEST_CASE("ClusterDispatcher::hint_layer sends each owner only its experts, behi
                       WorkerSpec{"b", "127.0.0.1", b.server->port(), {1, 3}, {}}};
   Placement placement;
   for (uint32_t layer : kLayers) placement[layer] = {{0}, {1}, {0}, {1}};
-  ClusterDispatcher dispatcher(topology, placement, model.fingerprint);
+  ClusterDispatcher dispatcher(topology, placement, model.fingerprint, model.identities);
 
   const std::vector<float> hidden = noise(3 * kHidden, 5);
   const auto assignments = routing(3);
@@ -596,7 +598,7 @@ TEST_CASE("ClusterDispatcher::hint_layer sends each owner only its experts, behi
 
 TEST_CASE("health carries the worker's tier counters; charm status shows hit rate, bytes read and layers") {
   Cluster cluster;
-  ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint);
+  ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint, cluster.model.identities);
   const std::vector<float> hidden = noise(3 * kHidden, 9);
   const auto assignments = routing(3);
   std::vector<float> got(assignments.size() * kHidden);

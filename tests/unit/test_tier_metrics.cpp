@@ -47,7 +47,8 @@ std::unique_ptr<ExpertStore> one_slot_per_layer(const TinyModel& model, const st
   o.worker_name = "a";
   o.ram_bytes = kLayers.size() * 4096;  // the tiny model's slot: 4 KiB
   o.pin = PinMode::kNone;
-  auto source = std::make_unique<CheckpointSource>(*model.checkpoint, ExpertTensorNames{}, owned, kHidden, kInter);
+  auto source = std::make_unique<CheckpointSource>(*model.checkpoint, ExpertTensorNames{}, owned, kHidden, kInter,
+                                                   model.identities);
   return std::make_unique<ExpertStore>(std::move(source), owned, kHidden, kInter, o);
 }
 
@@ -82,7 +83,7 @@ TEST_CASE("cluster: /metrics counts the hits, misses and bytes the workers repor
   cluster.a.service = std::make_unique<ExecutorService>(*cluster.a.executor);
   cluster.a.restart();
   // Heartbeats stay off (the fixture's default): the split is learnt when connecting.
-  ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint);
+  ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint, cluster.model.identities);
   Metrics metrics;
   dispatcher.set_metrics(&metrics);
   run_some_layers(dispatcher);

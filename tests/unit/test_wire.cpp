@@ -121,11 +121,16 @@ TEST_CASE("layerResponse, hello, helloReply, health and error round trip") {
   reply.worker_name = "w1";
   reply.model_fingerprint = "ff";
   reply.held = {{0, {1, 2, 3}}, {2, {}}, {5, {15}}};
+  reply.identities = {{{0, 1}, {1, 2}}, {{0, 2}, {0xfedcba9876543210ull, 3}}, {{0, 3}, {4, 0x0123456789abcdefull}},
+                      {{5, 15}, {~0ull, ~0ull}}};
+  reply.lossy_form = "int8 group_size 32";
   auto hr = decode_as<HelloReplyMsg>(body_of(encode_hello_reply(reply)));
   CHECK(hr.ok);
   CHECK(hr.worker_name == "w1");
   CHECK(hr.protocol_version == kProtocolVersion);
   CHECK(hr.held == reply.held);
+  CHECK(hr.identities == reply.identities);
+  CHECK(hr.lossy_form == "int8 group_size 32");
 
   CHECK(std::holds_alternative<HealthRequestMsg>(decode_message(body_of(encode_health_request()))));
 
@@ -368,5 +373,57 @@ TEST_CASE("healthReply: tier layers ascending and once each; prefetchHits <= pre
     auto layers = builder.initRoot<wire::Message>().initHealthReply().initTierLayers(1);
     layers[0].initCounters().setPrefetchHits(1);
     require_protocol_error([&] { decode_message(body_of(frame_from(builder))); }, "tierLayers[0].prefetchHits");
+  }
+}
+
+TEST_CASE("helloReply: every held expert needs a 16-byte identity; lossyForm is a printable name") {
+  HelloReplyMsg reply;
+  reply.held = {{2, {4, 7}}};
+  reply.identities = {{{2, 4}, {1, 2}}};
+  CHECK_THROWS_WITH_AS(encode_hello_reply(reply), doctest::Contains("no content identity for layer 2 expert 7"),
+                       Error);
+  reply.identities[{2, 7}] = {3, 4};
+  CHECK(decode_as<HelloReplyMsg>(body_of(encode_hello_reply(reply))).identities == reply.identities);
+  // A peer whose identities do not cover its list: 16 bytes for two experts.
+  capnp::MallocMessageBuilder builder;
+  auto r = builder.initRoot<wire::Message>().initHelloReply();
+  auto held = r.initHeld(1);
+  held[0].setLayer(2);
+  auto list = held[0].initExperts(2);
+  list.set(0, 4);
+  list.set(1, 7);
+  held[0].initIdentities(16);
+  require_protocol_error([&] { decode_message(body_of(frame_from(builder))); },
+                         "helloReply.held[0].identities is 16 bytes, expected 16 per expert (2 experts)");
+  HelloReplyMsg short_reply = reply;
+  short_reply.lossy_form = std::string("int8\x01");
+  require_protocol_error([&] { decode_message(body_of(encode_hello_reply(short_reply))); },
+                         "helloReply.lossyForm holds a byte that is not printable ASCII");
+  short_reply.lossy_form = std::string(kMaxWireNameBytes + 1, 'q');
+  require_protocol_error([&] { decode_message(body_of(encode_hello_reply(short_reply))); },
+                         "helloReply.lossyForm is 257 bytes, over the cap of 256");
+}
+
+TEST_CASE("max_hello_reply_bytes bounds the largest helloReply of a model's shape") {
+  for (auto [layers, experts] : {std::pair<uint32_t, uint32_t>{1, 1}, {3, 16}, {16, 64}, {58, 256}}) {
+    HelloReplyMsg reply;  // every text at its cap, every expert held
+    reply.error = std::string(kMaxWireTextBytes, 'e');
+    reply.worker_name = std::string(kMaxWireNameBytes, 'w');
+    reply.model_fingerprint = std::string(kMaxWireFingerprintBytes, 'f');
+    reply.worker_proof = std::string(kAuthProofBytes, 'p');
+    reply.lossy_form = std::string(kMaxWireNameBytes, 'l');
+    for (uint32_t l = 0; l < layers; ++l) {
+      for (uint32_t e = 0; e < experts; ++e) {
+        reply.held[l].push_back(e);
+        reply.identities[{l, e}] = ContentHash{l, e};
+      }
+    }
+    const Frame frame = encode_hello_reply(reply);
+    const uint64_t body = frame.size() - 4;
+    const uint64_t bound = max_hello_reply_bytes(layers, experts);
+    MESSAGE(layers << " x " << experts << ": helloReply body " << body << " B, bound " << bound << " B");
+    CHECK(body <= bound);
+    CHECK(bound - body < 8 * 1024 + 8 * uint64_t{layers} * experts);  // a bound, not a guess
+    CHECK(decode_as<HelloReplyMsg>(body_of(frame)).identities.size() == uint64_t{layers} * experts);
   }
 }

@@ -258,6 +258,7 @@ TEST_CASE("connections over max_connections get an error frame") {
 TEST_CASE("decoders: helloReply held lists, text caps, proofs") {
   auto decode = [](const Frame& frame) { return decode_message(split_frame(frame.data(), frame.size())); };
   HelloReplyMsg reply;
+  for (uint32_t e : {1u, 3u}) reply.identities[{0, e}] = ContentHash{0, e};
   reply.held = {{0, {3, 1}}};
   expect_error([&] { decode(encode_hello_reply(reply)); }, ErrorCategory::kProtocol,
                {"helloReply.held[0].experts is not strictly ascending at index 1"});
