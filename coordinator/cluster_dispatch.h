@@ -11,7 +11,6 @@
 // "Silent workers"). Idle workers get heartbeats on the probe connection.
 #pragma once
 
-#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>

@@ -125,6 +125,8 @@ TEST_CASE("a frozen sole owner: the layer fails with the named error long before
 TEST_CASE("a busy worker answers its probes: its request is waited for, not failed over") {
   Replicas r(700ms);  // b takes 700 ms per request, far over any learned deadline
   r.topology.request_timeout_ms = 20000;
+  // Probes go out every 50 ms; a loaded test machine must not make one look unanswered.
+  r.topology.probe_floor_ms = r.topology.probe_cap_ms = 2000;
   ClusterDispatcher d(r.topology, r.placement, r.model.fingerprint);
   const uint32_t rows = 3;
   const std::vector<float> hidden = noise(rows * kHidden, 33);
