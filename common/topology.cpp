@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <charconv>
 #include <set>
+#include <tuple>
 
 #include "common/error.h"
 #include "common/text_file.h"
@@ -289,21 +290,31 @@ Topology Topology::parse(const std::string& yaml, const std::filesystem::path& p
   if (const auto timeouts = root["timeouts"]) {
     r.check_keys(timeouts, "timeouts",
                  {"connect_ms", "handshake_ms", "request_ms", "startup_ms", "heartbeat_ms", "rejoin_min_ms",
-                  "rejoin_max_ms", "slow_ms"});
+                  "rejoin_max_ms", "slow_ms", "hedge_floor_ms", "hedge_cap_ms", "probe_floor_ms", "probe_cap_ms"});
     constexpr int64_t kDayMs = 86'400'000;
     const std::pair<const char*, int64_t*> keys[] = {
         {"connect_ms", &t.connect_timeout_ms}, {"handshake_ms", &t.handshake_timeout_ms},
         {"request_ms", &t.request_timeout_ms}, {"startup_ms", &t.startup_timeout_ms},
         {"heartbeat_ms", &t.heartbeat_ms},     {"rejoin_min_ms", &t.rejoin_min_ms},
-        {"rejoin_max_ms", &t.rejoin_max_ms},   {"slow_ms", &t.slow_ms}};
+        {"rejoin_max_ms", &t.rejoin_max_ms},   {"slow_ms", &t.slow_ms},
+        {"hedge_floor_ms", &t.hedge_floor_ms}, {"hedge_cap_ms", &t.hedge_cap_ms},
+        {"probe_floor_ms", &t.probe_floor_ms}, {"probe_cap_ms", &t.probe_cap_ms}};
     for (const auto& [key, value] : keys) {
       // 0 means "off" only where the key says so (startup: do not wait; heartbeat; slow_ms).
       const std::string k = key;
       const int64_t lo = (k == "startup_ms" || k == "heartbeat_ms" || k == "slow_ms") ? 0 : 1;
       if (timeouts[key]) *value = r.int_value(timeouts[key], "timeouts." + k, lo, kDayMs);
     }
-    if (t.rejoin_max_ms < t.rejoin_min_ms) {
-      r.fail("timeouts.rejoin_max_ms", "must be at least rejoin_min_ms (" + std::to_string(t.rejoin_min_ms) + ")");
+    // A cap below its floor: each pair is a range a learned deadline is clamped to.
+    const std::tuple<const char*, const char*, int64_t, int64_t> ranges[] = {
+        {"rejoin_max_ms", "rejoin_min_ms", t.rejoin_max_ms, t.rejoin_min_ms},
+        {"hedge_cap_ms", "hedge_floor_ms", t.hedge_cap_ms, t.hedge_floor_ms},
+        {"probe_cap_ms", "probe_floor_ms", t.probe_cap_ms, t.probe_floor_ms}};
+    for (const auto& [cap, floor, cap_value, floor_value] : ranges) {
+      if (cap_value < floor_value) {
+        r.fail(std::string("timeouts.") + cap,
+               std::string("must be at least ") + floor + " (" + std::to_string(floor_value) + ")");
+      }
     }
   }
 

@@ -62,11 +62,20 @@ struct Topology {
   int64_t startup_timeout_ms = 120000;  ///< how long `charm serve` waits for workers that are
                                         ///< not listening yet (still loading) at start
   int64_t heartbeat_ms = 1000;          ///< healthRequest to an idle up worker this often
-                                        ///< (also the reply deadline); 0 = no heartbeats
+                                        ///< (the reply deadline too, while no layer waits on
+                                        ///< it); 0 = no heartbeats
   int64_t rejoin_min_ms = 250;          ///< first reconnect attempt after a worker goes down
   int64_t rejoin_max_ms = 10000;        ///< back-off cap (doubling from rejoin_min_ms)
   int64_t slow_ms = 0;                  ///< layer RTT p50 above this reports a worker "slow"
                                         ///< (0 = only the relative test: 4x the others' median)
+  // Silent workers (docs/architecture.md, "Silent workers"): a layer reply later than 4x
+  // that worker's p99 for requests of its size, clamped to [hedge_floor_ms, hedge_cap_ms],
+  // gets the worker probed on its own connection; a probe unanswered after 4x its probe
+  // p99, clamped to [probe_floor_ms, probe_cap_ms], marks it down and fails its share over.
+  int64_t hedge_floor_ms = 50;
+  int64_t hedge_cap_ms = 1000;
+  int64_t probe_floor_ms = 100;
+  int64_t probe_cap_ms = 1000;
   int64_t threads = 0;               ///< OpenMP threads; 0 = library default
   /// The cluster's shared secret (`cluster: {secret_file | secret_env}`), read at load;
   /// empty: workers are open to anyone who reaches their port (common/cluster_auth.h).

@@ -267,6 +267,15 @@ class FrameConnection {
   void close();
   bool is_open() const;
 
+  /// Makes the send or receive another thread is blocked in, and every later one, fail at
+  /// once with Error(kUnavailable) "... was aborted" (the socket is shut down; its
+  /// descriptor stays the owner's to close). For a peer that went silent: nothing else
+  /// wakes a read from it before its deadline. Thread-safe: the one call another thread
+  /// may make while the owner uses the connection. Idempotent.
+  void abort();
+  /// True after abort().
+  bool aborted() const;
+
   const std::string& peer() const { return peer_; }
   void set_max_frame_bytes(uint64_t bytes) { max_frame_bytes_ = bytes; }
   uint64_t max_frame_bytes() const { return max_frame_bytes_; }
@@ -276,10 +285,22 @@ class FrameConnection {
   FrameConnection(std::unique_ptr<Impl> impl, std::string peer);
 
  private:
+  friend std::vector<size_t> wait_readable(const std::vector<FrameConnection*>& connections,
+                                           std::chrono::milliseconds timeout);
+
   std::unique_ptr<Impl> impl_;
   std::string peer_;
   uint64_t max_frame_bytes_ = kDefaultMaxFrameBytes;
 };
+
+/// Waits up to `timeout` until at least one of `connections` has bytes to read, was closed
+/// or reset by its peer, is closed or was aborted (a receive from it then returns or fails
+/// without waiting), and returns the indices of those, ascending; empty when the time ran
+/// out first. Reads nothing, so a frame is still whole for receive(). Throws
+/// Error(kUnavailable) when poll(2) itself fails. Thread-safety: the owner thread of every
+/// connection (others may abort() them meanwhile, which wakes the wait).
+std::vector<size_t> wait_readable(const std::vector<FrameConnection*>& connections,
+                                  std::chrono::milliseconds timeout);
 
 /// A listening TCP socket that yields FrameConnections. RAII: closed on destruction.
 /// Thread-safety: one thread at a time.

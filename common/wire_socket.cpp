@@ -9,7 +9,13 @@
 #endif
 #include <asio.hpp>
 
+#include <poll.h>
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
 #include <string>
 
 namespace charm {
@@ -17,6 +23,10 @@ namespace charm {
 struct FrameConnection::Impl {
   asio::io_context io;
   asio::ip::tcp::socket socket{io};
+  // Guards the descriptor against being closed (and its number reused) while abort()
+  // shuts it down from another thread.
+  std::mutex close_mutex;
+  std::atomic<bool> aborted{false};
 };
 
 struct FrameListener::Impl {
@@ -118,6 +128,7 @@ std::unique_ptr<FrameConnection> FrameConnection::connect(const std::string& hos
 }
 
 uint64_t FrameConnection::send(const Frame& frame, std::chrono::milliseconds timeout) {
+  if (aborted()) fail_unavailable("connection to " + peer_ + " was aborted");
   if (!is_open()) fail_unavailable("connection to " + peer_ + " is closed");
   asio::error_code ec;
   bool done = false;
@@ -133,6 +144,7 @@ uint64_t FrameConnection::send(const Frame& frame, std::chrono::milliseconds tim
   }
   if (ec) {
     close();
+    if (aborted()) fail_unavailable("connection to " + peer_ + " was aborted");
     fail_unavailable("cannot send to " + peer_ + ": " + ec.message());
   }
   return frame.size();
@@ -140,6 +152,7 @@ uint64_t FrameConnection::send(const Frame& frame, std::chrono::milliseconds tim
 
 FrameBody FrameConnection::receive(std::chrono::milliseconds timeout,
                                    const std::atomic<bool>* stop) {
+  if (aborted()) fail_unavailable("connection to " + peer_ + " was aborted");
   if (!is_open()) fail_unavailable("connection to " + peer_ + " is closed");
   const auto deadline = deadline_after(timeout);
   asio::error_code ec;
@@ -165,6 +178,7 @@ FrameBody FrameConnection::receive(std::chrono::milliseconds timeout,
   wait("a frame");
   if (ec) {
     close();
+    if (aborted()) fail_unavailable("connection to " + peer_ + " was aborted");
     if (ec == asio::error::eof && got == 0) fail_unavailable(peer_ + " closed the connection");
     if (ec == asio::error::eof) fail_protocol("truncated frame length prefix from " + peer_);
     fail_unavailable("cannot read from " + peer_ + ": " + ec.message());
@@ -186,6 +200,7 @@ FrameBody FrameConnection::receive(std::chrono::milliseconds timeout,
   wait("the rest of a frame");
   if (ec) {
     close();
+    if (aborted()) fail_unavailable("connection to " + peer_ + " was aborted");
     if (ec == asio::error::eof) {
       fail_protocol("truncated frame from " + peer_ + ": got " + std::to_string(got) + " of " +
                     std::to_string(length) + " bytes");
@@ -197,6 +212,7 @@ FrameBody FrameConnection::receive(std::chrono::milliseconds timeout,
 
 void FrameConnection::close() {
   if (!impl_) return;
+  std::lock_guard<std::mutex> lock(impl_->close_mutex);
   asio::error_code ignored;
   if (impl_->socket.is_open()) {
     impl_->socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
@@ -205,6 +221,47 @@ void FrameConnection::close() {
 }
 
 bool FrameConnection::is_open() const { return impl_ && impl_->socket.is_open(); }
+
+void FrameConnection::abort() {
+  if (!impl_) return;
+  std::lock_guard<std::mutex> lock(impl_->close_mutex);
+  impl_->aborted = true;
+  // shutdown(2) on the raw descriptor, not through Asio (whose socket object belongs to
+  // the owner thread): the kernel wakes the owner's pending read or write, which then
+  // fails, and poll() reports the socket readable.
+  if (impl_->socket.is_open()) ::shutdown(impl_->socket.native_handle(), SHUT_RDWR);
+}
+
+bool FrameConnection::aborted() const { return impl_ && impl_->aborted.load(); }
+
+std::vector<size_t> wait_readable(const std::vector<FrameConnection*>& connections,
+                                  std::chrono::milliseconds timeout) {
+  std::vector<pollfd> fds;
+  std::vector<size_t> ready;
+  for (size_t i = 0; i < connections.size(); ++i) {
+    FrameConnection& c = *connections[i];
+    if (!c.is_open() || c.aborted()) {
+      ready.push_back(i);  // a receive fails at once: nothing to wait for
+      continue;
+    }
+    fds.push_back({c.impl_->socket.native_handle(), POLLIN, 0});
+  }
+  if (!ready.empty() || fds.empty()) return ready;
+  const auto until = Clock::now() + timeout;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+    // Rounded up, so a wait never returns empty before its time.
+    const int wait_ms = static_cast<int>(std::clamp<int64_t>(left.count() + 1, 0, 1 << 30));
+    const int n = ::poll(fds.data(), fds.size(), left.count() <= 0 ? 0 : wait_ms);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail_unavailable(std::string("poll failed: ") + std::strerror(errno));
+    break;
+  }
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (fds[i].revents != 0) ready.push_back(i);  // every connection was polled: same index
+  }
+  return ready;
+}
 
 FrameListener::FrameListener(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <numeric>
 #include <optional>
 
@@ -9,10 +10,16 @@
 
 #include "common/cluster_auth.h"
 #include "common/error.h"
+#include "coordinator/cluster_worker.h"
 
 namespace charm {
 
-using Clock = std::chrono::steady_clock;
+using cluster_detail::Clock;
+using std::chrono::milliseconds;
+using cluster_detail::from_ticks;
+using cluster_detail::ms_since;
+using cluster_detail::ms_until;
+using cluster_detail::ticks;
 
 void RttWindow::add(double ms) {
   samples_.push_back(ms);
@@ -58,41 +65,14 @@ std::vector<std::string> slow_workers(const std::vector<double>& p50, const std:
   return why;
 }
 
-struct ClusterDispatcher::Worker {
-  WorkerSpec spec;
-  int index = 0;
-  std::string address;  // host:port
-  std::string label;    // "worker 'w1' (127.0.0.1:5001)" for messages
-  // The connection, guarded by `io`, which is held for every send, receive and heartbeat
-  // so a heartbeat never lands between a layer request and its reply.
-  std::mutex io;
-  std::unique_ptr<FrameConnection> conn;
-  bool busy = false;  // a layer request is in flight on `conn`
-  // State and statistics, guarded by stats_mutex_.
-  std::string state = "down";
-  bool ever_up = false;
-  uint64_t experts_held = 0;
-  uint64_t requests = 0;
-  uint64_t bytes_out = 0;
-  uint64_t bytes_in = 0;
-  uint64_t failovers = 0;
-  uint64_t rejoins = 0;
-  std::optional<Clock::time_point> last_seen;  // last handshake, reply or heartbeat reply
-  std::optional<uint64_t> ram_slots;  // HealthReply.slots of its last heartbeat since connecting
-  Clock::time_point next_retry;
-  std::chrono::milliseconds backoff{0};
-  std::string last_error;
-  RttWindow rtt;
-};
-
 // One worker's share of a layer in one round.
 struct ClusterDispatcher::Batch {
   std::vector<uint32_t> local_row;  // global row -> row in request (UINT32_MAX: unused)
   std::vector<uint32_t> rows;       // request row -> global row
   std::vector<uint32_t> origin;     // request assignment -> index in the caller's list
   ExpertRequest request;
+  std::shared_ptr<FrameConnection> conn;  // sent on this one: its reply comes on it
   Clock::time_point sent_at;
-  bool in_flight = false;
 };
 
 // The begun layer: what begin_layer was given, and its progress through failover rounds.
@@ -102,12 +82,43 @@ struct ClusterDispatcher::PendingLayer {
   uint32_t num_rows = 0;
   uint32_t hidden_size = 0;
   std::vector<ExpertAssignment> assignments;
-  float* outputs = nullptr;  // nullptr while draining an abandoned layer: replies dropped
+  float* outputs = nullptr;
+  bool abandoned = false;  // the caller has gone (threw, or the layer failed): replies dropped
   const std::vector<std::vector<int>>* owners = nullptr;
-  std::vector<Batch> batches;         // this round, one per worker
-  std::vector<bool> failed;           // failed in this layer: not chosen again for it
-  std::vector<uint32_t> retry;        // assignments whose worker failed at send this round
-  std::vector<std::string> failures;  // "worker 'b' (addr): why", in order
+  std::vector<std::deque<Batch>> inflight;  // per worker, in send order (its replies' order)
+  std::vector<bool> failed;                 // failed in this layer: not chosen again for it
+  std::vector<uint32_t> retry;              // assignments of failed workers, to resend
+  std::vector<std::string> failures;        // "worker 'b' (addr): why", in order
+
+  bool any_inflight() const {
+    return std::any_of(inflight.begin(), inflight.end(), [](const auto& q) { return !q.empty(); });
+  }
+};
+
+// One authenticated connection and what its handshake and first health reply said.
+struct ClusterDispatcher::Opened {
+  std::unique_ptr<FrameConnection> conn;
+  uint64_t held = 0;  // (layer, expert) pairs
+  HealthReplyMsg health;
+  uint64_t bytes_out = 0;
+  uint64_t bytes_in = 0;
+  double health_ms = 0;  // the health exchange's round trip
+};
+
+// Registers the connection open() is handshaking on, so that the destructor can abort it.
+struct ClusterDispatcher::Opening {
+  ClusterDispatcher& d;
+  Worker& worker;
+  Opening(ClusterDispatcher& dispatcher, Worker& w, FrameConnection& conn) : d(dispatcher), worker(w) {
+    worker.reached = true;
+    std::lock_guard<std::mutex> lock(d.stats_mutex_);
+    if (d.stopping_) fail_unavailable(worker.label + ": the coordinator is stopping");
+    worker.opening = &conn;
+  }
+  ~Opening() {
+    std::lock_guard<std::mutex> lock(d.stats_mutex_);
+    worker.opening = nullptr;
+  }
 };
 
 ClusterDispatcher::ClusterDispatcher(const Topology& topology, Placement placement,
@@ -122,6 +133,12 @@ ClusterDispatcher::ClusterDispatcher(const Topology& topology, Placement placeme
       heartbeat_interval_(topology.heartbeat_ms),
       rejoin_min_(topology.rejoin_min_ms),
       rejoin_max_(std::max(topology.rejoin_max_ms, topology.rejoin_min_ms)),
+      hedge_floor_(topology.hedge_floor_ms),
+      hedge_cap_(std::max(topology.hedge_cap_ms, topology.hedge_floor_ms)),
+      probe_floor_(topology.probe_floor_ms),
+      probe_cap_(std::max(topology.probe_cap_ms, topology.probe_floor_ms)),
+      // Under the hedge floor, so a probe goes out on time after the first look.
+      health_tick_(std::clamp<int64_t>(topology.hedge_floor_ms / 2, 1, 25)),
       slow_ms_(static_cast<double>(topology.slow_ms)),
       cluster_secret_(topology.cluster_secret) {
   for (size_t i = 0; i < topology.workers.size(); ++i) {
@@ -141,16 +158,50 @@ ClusterDispatcher::ClusterDispatcher(const Topology& topology, Placement placeme
       }
     }
   }
-  // A worker still unreachable at the startup deadline is left to rejoin later, as long
-  // as its experts have other replicas; a failed handshake (wrong model) is fatal.
+  connect_all_at_startup();
+  try {
+    for (auto& worker : workers_) {
+      Worker& w = *worker;
+      w.health_thread = std::thread([this, &w] { health_loop(w); });
+    }
+  } catch (...) {
+    stop_health_threads();  // no destructor runs for a constructor that throws
+    throw;
+  }
+}
+
+void ClusterDispatcher::connect_all_at_startup() {
+  // All at once: N silent or loading workers cost one wait, not N.
+  std::vector<std::exception_ptr> errors(workers_.size());
+  {
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      threads.emplace_back([this, i, &errors] {
+        try {
+          connect_at_startup(*workers_[i]);
+        } catch (const Error& e) {
+          errors[i] = std::current_exception();
+          // A wrong model or secret ends the start: the others stop retrying.
+          if (e.category() != ErrorCategory::kUnavailable) startup_failed_ = true;
+        } catch (...) {
+          errors[i] = std::current_exception();
+          startup_failed_ = true;
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  // A worker still unreachable is left to rejoin later, as long as its experts have other
+  // replicas; a failed handshake (wrong model) is fatal.
   std::string unreachable;
-  for (auto& worker : workers_) {
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    if (!errors[i]) continue;
     try {
-      connect_at_startup(*worker);
+      std::rethrow_exception(errors[i]);
     } catch (const Error& e) {
       if (e.category() != ErrorCategory::kUnavailable) throw;
-      mark_down(*worker, e.message());
-      unreachable += (unreachable.empty() ? "" : "; ") + e.message();
+      mark_down(*workers_[i], nullptr, e.message());
+      unreachable += (unreachable.empty() ? "" : "; ") + workers_[i]->label + " (" + e.message() + ")";
     }
   }
   if (!unreachable.empty()) {
@@ -159,37 +210,55 @@ ClusterDispatcher::ClusterDispatcher(const Topology& topology, Placement placeme
                  "worker will rejoin when it answers",
                  unreachable);
   }
-  health_thread_ = std::thread([this] { health_loop(); });
 }
 
 void ClusterDispatcher::connect_at_startup(Worker& worker) {
-  // Workers started together with the coordinator may still be loading their experts:
-  // retry refused connections until the startup deadline; handshake failures are final.
-  const auto deadline = std::chrono::steady_clock::now() + startup_timeout_;
+  // Workers started together with the coordinator may still be loading their experts (not
+  // listening yet): retry refused connections until the startup deadline. One that took
+  // the connection but did not complete the handshake is listening and silent (stopped,
+  // hung): waiting longer would stall the start, so it is left to rejoin. Handshake
+  // failures are final.
+  const auto deadline = Clock::now() + startup_timeout_;
   for (bool logged = false;; logged = true) {
     try {
       connect(worker);
       return;
     } catch (const Error& e) {
-      if (e.category() != ErrorCategory::kUnavailable || std::chrono::steady_clock::now() >= deadline) throw;
+      if (e.category() != ErrorCategory::kUnavailable || worker.reached || startup_failed_ ||
+          Clock::now() >= deadline) {
+        throw;
+      }
       if (!logged) spdlog::info("coordinator: waiting for {}: {}", worker.label, e.message());
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    std::this_thread::sleep_for(std::min<Clock::duration>(milliseconds(200), deadline - Clock::now()));
   }
 }
 
-ClusterDispatcher::~ClusterDispatcher() {
+ClusterDispatcher::~ClusterDispatcher() { stop_health_threads(); }
+
+void ClusterDispatcher::stop_health_threads() {
   {
     std::lock_guard<std::mutex> lock(health_mutex_);
-    health_stop_ = true;
+    stopping_ = true;
   }
   health_wake_.notify_all();
-  if (health_thread_.joinable()) health_thread_.join();
+  {
+    // A rejoin handshake in progress with a silent worker would wait handshake_ms.
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    for (auto& w : workers_) {
+      if (w->opening) w->opening->abort();
+    }
+  }
+  for (auto& w : workers_) {
+    if (w->health_thread.joinable()) w->health_thread.join();
+  }
 }
 
-void ClusterDispatcher::connect(Worker& worker) {
+ClusterDispatcher::Opened ClusterDispatcher::open(Worker& worker) {
+  worker.reached = false;
   auto conn = FrameConnection::connect(worker.spec.host, worker.spec.port, connect_timeout_,
                                        "worker '" + worker.spec.name + "'");
+  const Opening opening(*this, worker, *conn);  // a silent worker cannot hold up the destructor
   HelloMsg hello;
   hello.model_fingerprint = model_fingerprint_;
   hello.client_name = "coordinator";
@@ -240,41 +309,55 @@ void ClusterDispatcher::connect(Worker& worker) {
   }
   // Its RAM slots (experts_by_tier) from the start rather than from the first heartbeat:
   // a restarted worker may run with another budget.
+  const auto asked = Clock::now();
   const uint64_t health_out = conn->send(encode_health_request(), handshake_timeout_);
   const FrameBody health_body = conn->receive(handshake_timeout_);
-  const HealthReplyMsg health = decode_as<HealthReplyMsg>(health_body);
-  {
-    std::lock_guard<std::mutex> io(worker.io);
-    worker.conn = std::move(conn);
-    worker.busy = false;
-  }
+  Opened opened{std::move(conn), held, decode_as<HealthReplyMsg>(health_body), 0, 0, 0};
+  opened.health_ms = std::chrono::duration<double, std::milli>(Clock::now() - asked).count();
+  opened.bytes_out = handshake.bytes_out + health_out;
+  opened.bytes_in = handshake.bytes_in + health_body.bytes + 4;
+  return opened;
+}
+
+void ClusterDispatcher::connect(Worker& worker) {
+  // Two connections, each through the whole handshake: the data connection carries layer
+  // requests and hints, the probe connection healthRequests only, so a probe never queues
+  // behind a computation (the worker serves each connection on its own thread).
+  Opened data = open(worker);
+  Opened probe = open(worker);
+  worker.probe = std::move(probe.conn);
+  worker.unanswered = false;
   std::lock_guard<std::mutex> lock(stats_mutex_);
+  if (worker.conn) worker.conn->abort();
+  worker.conn = std::move(data.conn);
   if (worker.ever_up) ++worker.rejoins;
   worker.ever_up = true;
   worker.state = "up";
-  worker.experts_held = held;
-  worker.ram_slots = health.slots;
-  worker.bytes_out += handshake.bytes_out + health_out;
-  worker.bytes_in += handshake.bytes_in + health_body.bytes + 4;
-  worker.last_seen = Clock::now();
+  worker.experts_held = data.held;
+  worker.ram_slots = probe.health.slots;
+  worker.bytes_out += data.bytes_out + probe.bytes_out;
+  worker.bytes_in += data.bytes_in + probe.bytes_in;
+  worker.probe_rtt.add(data.health_ms);
+  worker.probe_rtt.add(probe.health_ms);
+  worker.last_seen = worker.last_probe_ok = Clock::now();
   worker.backoff = rejoin_min_;
-  spdlog::info("coordinator: connected to {} ({} experts{})", worker.label, held,
+  worker.rejoin_error.clear();
+  spdlog::info("coordinator: connected to {} ({} experts{})", worker.label, data.held,
                worker.rejoins > 0 ? ", rejoined" : "");
 }
 
-void ClusterDispatcher::mark_down(Worker& worker, const std::string& reason) {
-  std::lock_guard<std::mutex> io(worker.io);
-  mark_down_locked(worker, reason);
-}
-
-void ClusterDispatcher::mark_down_locked(Worker& worker, const std::string& reason) {
-  if (worker.conn) worker.conn->close();
-  worker.conn.reset();
-  worker.busy = false;
+void ClusterDispatcher::mark_down(Worker& worker, const FrameConnection* conn, const std::string& reason) {
   std::lock_guard<std::mutex> lock(stats_mutex_);
-  if (worker.state == "up") spdlog::warn("coordinator: {} is down: {}", worker.label, reason);
+  // A failure of a data connection already replaced (or dropped) says nothing new.
+  if (conn != nullptr && worker.conn.get() != conn) return;
+  // Aborted, not closed: the engine thread may be in a send or receive on it right now,
+  // which this ends at once (and a late reply can never be read from it).
+  if (worker.conn) worker.conn->abort();
+  worker.conn.reset();
+  if (worker.state != "down") spdlog::warn("coordinator: {} is down: {}", worker.label, reason);
   worker.state = "down";
-  worker.last_error = reason;
+  worker.down_reason = worker.last_error = reason;
+  worker.rejoin_error.clear();
   worker.backoff = rejoin_min_;
   worker.next_retry = Clock::now() + worker.backoff;
 }
@@ -297,7 +380,28 @@ void ClusterDispatcher::require_coverage(const std::string& why) const {
   if (!uncovered.empty()) fail_unavailable(why + "; no live replica holds " + uncovered);
 }
 
-void ClusterDispatcher::send_request(Worker& worker, Batch& batch) {
+void ClusterDispatcher::waiting(Worker& worker, uint32_t rows) {
+  int64_t none = 0;
+  worker.waiting_since.compare_exchange_strong(none, ticks(Clock::now()));
+  if (rows > worker.waiting_rows.load()) worker.waiting_rows = rows;
+}
+
+void ClusterDispatcher::progressed(size_t w) {
+  // A reply came (the worker lives: the countdown restarts for the next one), or the worker
+  // failed (nothing is awaited from it any more).
+  Worker& worker = *workers_[w];
+  const std::deque<Batch>* queue = pending_ ? &pending_->inflight[w] : nullptr;
+  if (queue == nullptr || queue->empty()) {
+    worker.waiting_since = 0;
+    worker.waiting_rows = 0;
+    return;
+  }
+  worker.waiting_since = ticks(Clock::now());
+  worker.waiting_rows = queue->front().request.num_rows;
+}
+
+void ClusterDispatcher::send_request(size_t w, Batch& batch) {
+  Worker& worker = *workers_[w];
   const PendingLayer& p = *pending_;
   ExpertRequest& req = batch.request;
   req.request_id = next_request_id_++;
@@ -310,13 +414,16 @@ void ClusterDispatcher::send_request(Worker& worker, Batch& batch) {
                 p.hidden_size * sizeof(float));
   }
   const Frame frame = encode_layer_request(req);
-  std::lock_guard<std::mutex> io(worker.io);
-  // Marked down by a heartbeat since this round chose it: fail over like any send error.
-  if (!worker.conn || !worker.conn->is_open()) fail_unavailable("not connected");
-  worker.busy = true;
+  {
+    // Marked down by its health thread since this round chose it: fail over like any
+    // send error.
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    if (!worker.conn) fail_unavailable("not connected" + (worker.last_error.empty() ? "" : ": " + worker.last_error));
+    batch.conn = worker.conn;
+  }
+  waiting(worker, req.num_rows);
   batch.sent_at = Clock::now();
-  const uint64_t out = worker.conn->send(frame, request_timeout_);
-  batch.in_flight = true;
+  const uint64_t out = batch.conn->send(frame, request_timeout_);
   std::lock_guard<std::mutex> lock(stats_mutex_);
   worker.requests += 1;
   worker.bytes_out += out;
@@ -324,13 +431,9 @@ void ClusterDispatcher::send_request(Worker& worker, Batch& batch) {
 
 void ClusterDispatcher::receive_reply(Worker& worker, Batch& batch) {
   const PendingLayer& p = *pending_;
-  std::lock_guard<std::mutex> io(worker.io);
-  if (!worker.conn) fail_unavailable("not connected");
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-      batch.sent_at + request_timeout_ - Clock::now());
-  FrameBody body = worker.conn->receive(std::max(left, std::chrono::milliseconds(1)));
-  batch.in_flight = false;
-  worker.busy = false;  // one frame back: the stream is between messages again
+  // Called once the reply has begun to arrive; the rest of it within the request's time
+  // (a worker frozen mid-frame is aborted by its health thread before that).
+  FrameBody body = batch.conn->receive(std::max(ms_until(batch.sent_at + request_timeout_), milliseconds(1)));
   const double rtt_ms =
       std::chrono::duration<double, std::milli>(Clock::now() - batch.sent_at).count();
   {
@@ -349,7 +452,7 @@ void ClusterDispatcher::receive_reply(Worker& worker, Batch& batch) {
                   " floats, expected " + std::to_string(batch.origin.size()) +
                   " assignments * hidden_size " + std::to_string(p.hidden_size));
   }
-  if (p.outputs != nullptr) {
+  if (!p.abandoned) {
     for (size_t j = 0; j < batch.origin.size(); ++j) {
       std::memcpy(p.outputs + size_t{batch.origin[j]} * p.hidden_size,
                   &reply.response.outputs[j * p.hidden_size], p.hidden_size * sizeof(float));
@@ -364,17 +467,31 @@ void ClusterDispatcher::receive_reply(Worker& worker, Batch& batch) {
   }
   std::lock_guard<std::mutex> lock(stats_mutex_);
   worker.rtt.add(rtt_ms);
+  worker.rtt_by_size[rtt_size_class(batch.request.num_rows)].add(rtt_ms);
   worker.last_seen = Clock::now();
 }
 
-void ClusterDispatcher::fail_worker(size_t w, Batch& batch, const Error& e, std::vector<uint32_t>& retry) {
+void ClusterDispatcher::fail_worker(size_t w, const Error& e) {
   Worker& worker = *workers_[w];
   PendingLayer& p = *pending_;
-  batch.in_flight = false;
-  mark_down(worker, "layer " + std::to_string(p.layer) + ": " + e.message());
+  std::deque<Batch>& queue = p.inflight[w];
+  const FrameConnection* conn = queue.empty() ? nullptr : queue.front().conn.get();
+  // An aborted connection's own error ("was aborted") is not why: the abort's reason is.
+  std::string why = e.message();
+  if (conn != nullptr && conn->aborted()) {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    if (!worker.down_reason.empty()) why = worker.down_reason;
+  }
+  const std::string reason = "layer " + std::to_string(p.layer) + ": " + why;
+  mark_down(worker, conn, reason);
   {
     std::lock_guard<std::mutex> lock(stats_mutex_);
     ++worker.failovers;
+    // Marked down by its health thread first (a probe): say which layer it failed, too.
+    if (!worker.conn) {
+      worker.down_reason = reason;
+      worker.last_error = reason + (worker.rejoin_error.empty() ? "" : "; rejoin: " + worker.rejoin_error);
+    }
   }
   // The same event in /metrics: one failed request, one failover (counted where
   // worker.failovers is, so the exported counter and /cluster/status agree).
@@ -383,16 +500,22 @@ void ClusterDispatcher::fail_worker(size_t w, Batch& batch, const Error& e, std:
     metrics_->failover(worker.spec.name);
   }
   p.failed[w] = true;
-  p.failures.push_back(worker.label + ": " + e.message());
-  retry.insert(retry.end(), batch.origin.begin(), batch.origin.end());
-  if (p.outputs != nullptr) {
+  p.failures.push_back(worker.label + ": " + why);
+  size_t resent = 0;
+  for (const Batch& b : queue) {
+    p.retry.insert(p.retry.end(), b.origin.begin(), b.origin.end());
+    resent += b.origin.size();
+  }
+  queue.clear();
+  progressed(w);
+  if (!p.abandoned) {
     spdlog::warn("coordinator: layer {}: {} failed ({}); resending its {} assignments to replicas", p.layer,
-                 worker.label, e.message(), batch.origin.size());
+                 worker.label, why, resent);
   }
 }
 
 void ClusterDispatcher::fail_uncovered(const std::vector<int64_t>& experts) {
-  const PendingLayer& p = *pending_;
+  PendingLayer& p = *pending_;
   std::string owners;
   {
     std::lock_guard<std::mutex> lock(stats_mutex_);
@@ -413,21 +536,30 @@ void ClusterDispatcher::fail_uncovered(const std::vector<int64_t>& experts) {
                               (experts.size() == 1 ? " " : "s ") + id_ranges(experts) +
                               "; workers tried in this layer: " + (tried.empty() ? "none" : tried) +
                               "; their owners: " + owners;
-  pending_.reset();
+  // Requests still in flight to other workers are drained (and dropped) by the next
+  // begin_layer, so their replies are never read as another layer's; the error is not
+  // held back for them.
+  p.abandoned = true;
+  p.retry.clear();
+  if (!p.any_inflight()) pending_.reset();
   fail_unavailable(message);
 }
 
 void ClusterDispatcher::send_round(const std::vector<uint32_t>& which) {
   PendingLayer& p = *pending_;
-  p.batches.assign(workers_.size(), Batch{});
-  std::vector<bool> live(workers_.size());
+  // Usable replicas: up ones first; a suspect one (probed, reply late) only when no replica
+  // of an expert is up; never one that failed in this layer.
+  std::vector<int> rank(workers_.size(), 0);
   {
     std::lock_guard<std::mutex> lock(stats_mutex_);
-    for (size_t w = 0; w < workers_.size(); ++w) live[w] = workers_[w]->state == "up" && !p.failed[w];
+    for (size_t w = 0; w < workers_.size(); ++w) {
+      const std::string& state = workers_[w]->state;
+      rank[w] = p.failed[w] ? 0 : state == "up" ? 2 : state == "suspect" ? 1 : 0;
+    }
   }
-  // Per expert, ascending: the live replica with the fewest assignments so far in this
-  // round, ties to the lower index. Deterministic, and the bytes do not depend on it:
-  // every replica computes an expert's rows identically and the combine is the caller's.
+  // Per expert, ascending: the best-ranked live replica with the fewest assignments so far
+  // in this round, ties to the lower index. Deterministic, and the bytes do not depend on
+  // it: every replica computes an expert's rows identically and the combine is the caller's.
   std::map<uint32_t, size_t> count;  // expert -> assignments of it in `which`
   for (uint32_t i : which) ++count[p.assignments[i].expert];
   std::vector<size_t> load(workers_.size(), 0);
@@ -436,7 +568,10 @@ void ClusterDispatcher::send_round(const std::vector<uint32_t>& which) {
   for (const auto& [expert, n] : count) {
     int best = -1;
     for (int w : (*p.owners)[expert]) {
-      if (live[static_cast<size_t>(w)] && (best < 0 || load[static_cast<size_t>(w)] < load[static_cast<size_t>(best)])) {
+      const size_t u = static_cast<size_t>(w);
+      if (rank[u] == 0) continue;
+      if (best < 0 || rank[u] > rank[static_cast<size_t>(best)] ||
+          (rank[u] == rank[static_cast<size_t>(best)] && load[u] < load[static_cast<size_t>(best)])) {
         best = w;
       }
     }
@@ -450,9 +585,10 @@ void ClusterDispatcher::send_round(const std::vector<uint32_t>& which) {
   if (!uncovered.empty()) fail_uncovered(uncovered);
 
   // Group by chosen worker in assignment order, remapping rows to each worker's own rows.
+  std::vector<Batch> batches(workers_.size());
   for (uint32_t i : which) {
     const ExpertAssignment& a = p.assignments[i];
-    Batch& b = p.batches[static_cast<size_t>(chosen.at(a.expert))];
+    Batch& b = batches[static_cast<size_t>(chosen.at(a.expert))];
     if (b.local_row.empty()) b.local_row.assign(p.num_rows, UINT32_MAX);
     if (b.local_row[a.row] == UINT32_MAX) {
       b.local_row[a.row] = static_cast<uint32_t>(b.rows.size());
@@ -463,12 +599,48 @@ void ClusterDispatcher::send_round(const std::vector<uint32_t>& which) {
   }
   // Every request goes out before any reply is read, so the workers compute in parallel.
   for (size_t w = 0; w < workers_.size(); ++w) {
-    if (p.batches[w].origin.empty()) continue;
+    if (batches[w].origin.empty()) continue;
+    p.inflight[w].push_back(std::move(batches[w]));
     try {
-      send_request(*workers_[w], p.batches[w]);
+      send_request(w, p.inflight[w].back());
     } catch (const Error& e) {
-      fail_worker(w, p.batches[w], e, p.retry);
+      fail_worker(w, e);
     }
+  }
+}
+
+void ClusterDispatcher::read_replies() {
+  PendingLayer& p = *pending_;
+  // Every worker's next reply at once, read in the order they arrive: one slow or frozen
+  // worker neither delays reading the others nor inflates their round trips.
+  std::vector<size_t> who;
+  std::vector<FrameConnection*> conns;
+  auto deadline = Clock::time_point::max();
+  for (size_t w = 0; w < workers_.size(); ++w) {
+    if (p.inflight[w].empty()) continue;
+    const Batch& front = p.inflight[w].front();
+    who.push_back(w);
+    conns.push_back(front.conn.get());
+    deadline = std::min(deadline, front.sent_at + request_timeout_);
+  }
+  for (size_t i : wait_readable(conns, ms_until(deadline))) {
+    const size_t w = who[i];
+    try {
+      receive_reply(*workers_[w], p.inflight[w].front());
+      p.inflight[w].pop_front();
+      progressed(w);
+    } catch (const Error& e) {
+      fail_worker(w, e);
+    }
+  }
+  // A worker that answers probes but not the request (alive, hung or very slow) fails when
+  // its request's time is up.
+  const auto now = Clock::now();
+  for (size_t w : who) {
+    if (p.inflight[w].empty() || now < p.inflight[w].front().sent_at + request_timeout_) continue;
+    fail_worker(w, Error(ErrorCategory::kUnavailable,
+                         "timed out after " + std::to_string(request_timeout_.count()) +
+                             " ms waiting for a layer reply from " + workers_[w]->label));
   }
 }
 
@@ -477,18 +649,13 @@ void ClusterDispatcher::begin_layer(uint32_t layer, const float* hidden, uint32_
                                     const std::vector<ExpertAssignment>& assignments,
                                     float* outputs) {
   if (pending_) {
-    // The caller threw between begin and finish: read the stale replies so every
-    // connection is back in step, and drop them (its outputs may be gone).
-    pending_->outputs = nullptr;
-    for (size_t w = 0; w < workers_.size(); ++w) {
-      Batch& b = pending_->batches[w];
-      if (!b.in_flight) continue;
-      try {
-        receive_reply(*workers_[w], b);
-      } catch (const Error& e) {
-        std::vector<uint32_t> dropped;
-        fail_worker(w, b, e, dropped);
-      }
+    // The caller threw between begin and finish, or the layer failed with requests still
+    // out: read the stale replies so every connection is back in step, and drop them (its
+    // outputs may be gone). Bounded: a frozen worker is aborted by its health thread.
+    pending_->abandoned = true;
+    while (pending_->any_inflight()) {
+      pending_->retry.clear();
+      read_replies();
     }
     spdlog::warn("coordinator: dropped an unfinished layer {}", pending_->layer);
     pending_.reset();
@@ -517,6 +684,7 @@ void ClusterDispatcher::begin_layer(uint32_t layer, const float* hidden, uint32_
   p->assignments = assignments;
   p->outputs = outputs;
   p->owners = &found->second;
+  p->inflight.resize(workers_.size());
   p->failed.assign(workers_.size(), false);
   pending_ = std::move(p);
   std::vector<uint32_t> all(assignments.size());
@@ -525,84 +693,22 @@ void ClusterDispatcher::begin_layer(uint32_t layer, const float* hidden, uint32_
 }
 
 void ClusterDispatcher::finish_layer() {
-  if (!pending_) fail_internal("finish_layer without begin_layer");
+  if (!pending_ || pending_->abandoned) fail_internal("finish_layer without begin_layer");
   PendingLayer& p = *pending_;
-  // Each round reads every reply; what failed goes to other replicas in the next round.
+  // What a failed worker had is resent to other replicas at once, while the rest of the
+  // layer's replies keep arriving.
   for (;;) {
-    std::vector<uint32_t> retry = std::move(p.retry);
-    p.retry.clear();
-    for (size_t w = 0; w < workers_.size(); ++w) {
-      Batch& b = p.batches[w];
-      if (!b.in_flight) continue;
-      try {
-        receive_reply(*workers_[w], b);
-      } catch (const Error& e) {
-        fail_worker(w, b, e, retry);
-      }
+    if (!p.retry.empty()) {
+      std::vector<uint32_t> retry = std::move(p.retry);
+      p.retry.clear();
+      std::sort(retry.begin(), retry.end());
+      send_round(retry);  // throws when an expert has no live replica
+      continue;
     }
-    if (retry.empty()) break;
-    std::sort(retry.begin(), retry.end());
-    send_round(retry);  // throws (and clears pending_) when an expert has no live replica
+    if (!p.any_inflight()) break;
+    read_replies();
   }
   pending_.reset();
-}
-
-void ClusterDispatcher::health_loop() {
-  // Short ticks: each worker's own deadline (next_retry, last_seen + heartbeat) decides.
-  constexpr std::chrono::milliseconds kTick{25};
-  std::unique_lock<std::mutex> lock(health_mutex_);
-  while (!health_stop_) {
-    health_wake_.wait_for(lock, kTick, [this] { return health_stop_; });
-    if (health_stop_) break;
-    lock.unlock();
-    for (auto& worker : workers_) {
-      rejoin_if_due(*worker);
-      heartbeat_if_due(*worker);
-    }
-    lock.lock();
-  }
-}
-
-void ClusterDispatcher::rejoin_if_due(Worker& worker) {
-  {
-    std::lock_guard<std::mutex> lock(stats_mutex_);
-    if (worker.state != "down" || Clock::now() < worker.next_retry) return;
-  }
-  try {
-    connect(worker);  // the full handshake again: a restarted worker may serve another model
-  } catch (const Error& e) {
-    std::lock_guard<std::mutex> lock(stats_mutex_);
-    worker.backoff = std::min(worker.backoff * 2, rejoin_max_);
-    worker.next_retry = Clock::now() + worker.backoff;
-    if (e.message() != worker.last_error) {
-      spdlog::info("coordinator: {} has not rejoined: {} (next try in {} ms)", worker.label, e.message(),
-                   worker.backoff.count());
-    }
-    worker.last_error = e.message();
-  }
-}
-
-void ClusterDispatcher::heartbeat_if_due(Worker& worker) {
-  if (heartbeat_interval_.count() == 0) return;
-  {
-    std::lock_guard<std::mutex> lock(stats_mutex_);
-    if (worker.state != "up" || (worker.last_seen && Clock::now() - *worker.last_seen < heartbeat_interval_)) return;
-  }
-  // Never wait for the engine: a worker busy with a layer is heard from by its reply.
-  std::unique_lock<std::mutex> io(worker.io, std::try_to_lock);
-  if (!io.owns_lock() || worker.busy || !worker.conn) return;
-  try {
-    const uint64_t out = worker.conn->send(encode_health_request(), heartbeat_interval_);
-    const FrameBody body = worker.conn->receive(heartbeat_interval_);
-    const HealthReplyMsg health = decode_as<HealthReplyMsg>(body);
-    std::lock_guard<std::mutex> lock(stats_mutex_);
-    worker.last_seen = Clock::now();
-    worker.ram_slots = health.slots;
-    worker.bytes_out += out;
-    worker.bytes_in += body.bytes + 4;
-  } catch (const Error& e) {
-    mark_down_locked(worker, "heartbeat: " + e.message());
-  }
 }
 
 void ClusterDispatcher::hint_layer(uint32_t layer, const std::vector<uint32_t>& experts) {
@@ -620,18 +726,26 @@ void ClusterDispatcher::hint_layer(uint32_t layer, const std::vector<uint32_t>& 
     Worker& worker = *workers_[w];
     if (hints[w].experts.empty()) continue;
     hints[w].layer = layer;
-    // `io` keeps the hint's bytes from interleaving with a heartbeat's; a hint never waits
-    // for one (it is dropped instead). It has no reply, so a layer request in flight
-    // (busy) still gets the next frame back.
-    std::unique_lock<std::mutex> io(worker.io, std::try_to_lock);
-    // No reconnect for a hint: a broken connection is the next request's to report.
-    if (!io.owns_lock() || !worker.conn || !worker.conn->is_open()) continue;
+    std::shared_ptr<FrameConnection> conn;
+    {
+      // No reconnect for a hint: a broken connection is the next request's to report.
+      std::lock_guard<std::mutex> lock(stats_mutex_);
+      if (!worker.conn || !worker.conn->is_open()) continue;
+      conn = worker.conn;
+    }
+    // It has no reply, so a layer request in flight still gets the next frame back. A send
+    // that blocks (the worker stopped reading) is watched like a late reply.
+    waiting(worker, 0);
     try {
-      const uint64_t out = worker.conn->send(encode_prefetch_hint(hints[w]), request_timeout_);
+      const uint64_t out = conn->send(encode_prefetch_hint(hints[w]), request_timeout_);
       std::lock_guard<std::mutex> lock(stats_mutex_);
       worker.bytes_out += out;
     } catch (const Error& e) {
       spdlog::debug("coordinator: prefetch hint to {} dropped: {}", worker.label, e.message());
+    }
+    if (!pending_ || pending_->inflight[w].empty()) {
+      worker.waiting_since = 0;
+      worker.waiting_rows = 0;
     }
   }
 }
@@ -642,7 +756,7 @@ std::vector<WorkerStatus> ClusterDispatcher::status() const {
   std::vector<size_t> samples;
   for (const auto& w : workers_) {
     p50.push_back(w->rtt.percentile(0.50));
-    samples.push_back(w->state == "up" ? w->rtt.size() : 0);  // a down worker is not judged
+    samples.push_back(w->state != "down" ? w->rtt.size() : 0);  // a down worker is not judged
   }
   const std::vector<std::string> slow = slow_workers(p50, samples, slow_ms_);
   const auto now = Clock::now();

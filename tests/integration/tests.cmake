@@ -25,7 +25,12 @@ if(Python3_Interpreter_FOUND)
   add_test(NAME integration_load
     COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_load.py
             --charm $<TARGET_FILE:charm> --source-dir ${PROJECT_SOURCE_DIR})
-  set_tests_properties(integration_failover integration_load PROPERTIES
+  # A worker that goes silent (SIGSTOP, a cut link) with the default timeouts: the stream
+  # goes on after a learned deadline, not request_ms.
+  add_test(NAME integration_frozen_worker
+    COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_frozen_worker.py
+            --charm $<TARGET_FILE:charm> --source-dir ${PROJECT_SOURCE_DIR})
+  set_tests_properties(integration_failover integration_load integration_frozen_worker PROPERTIES
     LABELS integration TIMEOUT 300 SKIP_RETURN_CODE 77 ENVIRONMENT OMP_WAIT_POLICY=passive
     RESOURCE_LOCK charm_cluster_ports)
 endif()

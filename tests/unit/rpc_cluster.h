@@ -1,14 +1,18 @@
-// Test support for the coordinator <-> worker tests (test_rpc.cpp, test_failover.cpp): a
-// tiny checkpoint written to a temp dir and in-process WorkerServers on ephemeral loopback
-// ports holding parts of it.
+// Test support for the coordinator <-> worker tests (test_rpc.cpp, test_failover.cpp,
+// test_frozen_worker.cpp): a tiny checkpoint written to a temp dir, in-process
+// WorkerServers on ephemeral loopback ports holding parts of it, and replicated clusters.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -18,6 +22,7 @@
 #include "common/model_config.h"
 #include "common/topology.h"
 #include "common/wire.h"
+#include "coordinator/expert_dispatch.h"
 #include "safetensors_writer.h"
 #include "worker/expert_executor.h"
 #include "worker/expert_manifest.h"
@@ -157,6 +162,9 @@ struct Cluster {
     topology.connect_timeout_ms = 5000;
     topology.request_timeout_ms = 30000;
     topology.heartbeat_ms = 0;  // byte counts compared below must not move under a heartbeat
+    // ... nor under a probe of a reply that a loaded machine made late (probes start only
+    // at the request's own deadline: never).
+    topology.hedge_floor_ms = topology.hedge_cap_ms = topology.request_timeout_ms;
     topology.api_host = "127.0.0.1";
     topology.api_port = unused_port();
     for (uint32_t layer : kLayers) placement[layer] = {{0}, {1}, {0}, {1}};
@@ -176,6 +184,67 @@ std::vector<ExpertAssignment> routing(uint32_t num_rows) {
     out.push_back({r, (r * 3 + 2) % kExperts});
   }
   return out;
+}
+
+// Polls `done` every 10 ms for up to `limit` (a bound, not a timing assertion).
+inline bool eventually(const std::function<bool()>& done,
+                       std::chrono::milliseconds limit = std::chrono::milliseconds(10000)) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < until) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
+
+// Workers "a" and "b" both hold all 4 experts (replicas of each other); the placement
+// lists both owners of every expert.
+struct Replicas {
+  TinyModel model;
+  TestWorker a;
+  TestWorker b;
+  Topology topology;
+  Placement placement;
+
+  explicit Replicas(std::chrono::milliseconds b_delay = std::chrono::milliseconds(0))
+      : a(model, "a", {0, 1, 2, 3}), b(model, "b", {0, 1, 2, 3}, b_delay) {
+    topology.model = model.dir.path();
+    topology.workers = {WorkerSpec{"a", "127.0.0.1", a.server->port(), {0, 1, 2, 3}, {}, {}},
+                        WorkerSpec{"b", "127.0.0.1", b.server->port(), {0, 1, 2, 3}, {}, {}}};
+    topology.request_timeout_ms = 30000;
+    topology.heartbeat_ms = 0;
+    topology.rejoin_min_ms = 20;
+    topology.rejoin_max_ms = 100;
+    for (uint32_t layer : kLayers) placement[layer] = {{0, 1}, {0, 1}, {0, 1}, {0, 1}};
+  }
+
+  // Placement with only worker `w` owning everything (the other still in `topology`).
+  Placement only(int w) const {
+    Placement p;
+    for (uint32_t layer : kLayers) p[layer] = {{w}, {w}, {w}, {w}};
+    return p;
+  }
+};
+
+// The local executor's bytes for `assignments` on `layer`.
+inline std::vector<float> expected(const TinyModel& model, uint32_t layer, const std::vector<float>& hidden,
+                                   uint32_t rows, const std::vector<ExpertAssignment>& assignments) {
+  auto store = model.store({0, 1, 2, 3});
+  ExpertExecutor local(*store);
+  std::vector<float> want(assignments.size() * kHidden);
+  local.run_into(layer, hidden.data(), rows, assignments, want.data());
+  return want;
+}
+
+inline bool same_bytes(const std::vector<float>& x, const std::vector<float>& y) {
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+}
+
+inline const WorkerStatus& named(const std::vector<WorkerStatus>& all, const std::string& name) {
+  for (const auto& s : all) {
+    if (s.name == name) return s;
+  }
+  throw std::runtime_error("no worker " + name);
 }
 
 }  // namespace charm::rpc_test

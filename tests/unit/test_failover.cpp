@@ -21,68 +21,6 @@ using namespace charm::rpc_test;
 using charm::test::expect_error;
 using namespace std::chrono_literals;
 
-namespace {
-
-// Polls `done` every 10 ms for up to 10 s (a bound, not a timing assertion).
-bool eventually(const std::function<bool()>& done) {
-  for (int i = 0; i < 1000; ++i) {
-    if (done()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return done();
-}
-
-// Workers "a" and "b" both hold all 4 experts (replicas of each other); the placement
-// lists both owners of every expert.
-struct Replicas {
-  TinyModel model;
-  TestWorker a;
-  TestWorker b;
-  Topology topology;
-  Placement placement;
-
-  explicit Replicas(std::chrono::milliseconds b_delay = 0ms)
-      : a(model, "a", {0, 1, 2, 3}), b(model, "b", {0, 1, 2, 3}, b_delay) {
-    topology.model = model.dir.path();
-    topology.workers = {WorkerSpec{"a", "127.0.0.1", a.server->port(), {0, 1, 2, 3}, {}},
-                        WorkerSpec{"b", "127.0.0.1", b.server->port(), {0, 1, 2, 3}, {}}};
-    topology.request_timeout_ms = 30000;
-    topology.heartbeat_ms = 0;
-    topology.rejoin_min_ms = 20;
-    topology.rejoin_max_ms = 100;
-    for (uint32_t layer : kLayers) placement[layer] = {{0, 1}, {0, 1}, {0, 1}, {0, 1}};
-  }
-
-  // Placement with only worker `w` owning everything (the other still in `topology`).
-  Placement only(int w) const {
-    Placement p;
-    for (uint32_t layer : kLayers) p[layer] = {{w}, {w}, {w}, {w}};
-    return p;
-  }
-};
-
-// The local executor's bytes for `assignments` on `layer`.
-std::vector<float> expected(const TinyModel& model, uint32_t layer, const std::vector<float>& hidden,
-                            uint32_t rows, const std::vector<ExpertAssignment>& assignments) {
-  auto store = model.store({0, 1, 2, 3});
-  ExpertExecutor local(*store);
-  std::vector<float> want(assignments.size() * kHidden);
-  local.run_into(layer, hidden.data(), rows, assignments, want.data());
-  return want;
-}
-
-bool same_bytes(const std::vector<float>& x, const std::vector<float>& y) {
-  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
-}
-
-const WorkerStatus& named(const std::vector<WorkerStatus>& all, const std::string& name) {
-  for (const auto& s : all) {
-    if (s.name == name) return s;
-  }
-  throw std::runtime_error("no worker " + name);
-}
-
-}  // namespace
 
 TEST_CASE("replicas, no replicas and each replica alone give identical bytes; work is spread") {
   Replicas r;
@@ -164,18 +102,25 @@ TEST_CASE("a malformed reply is failed over to the replica") {
   r.topology.workers[1].port = listener->port();
   r.topology.rejoin_min_ms = r.topology.rejoin_max_ms = 60000;  // the fake answers one hello only
   std::thread fake([&] {
-    auto conn = listener->accept(10s);
-    if (!conn) return;
-    decode_as<HelloMsg>(conn->receive(10s));
-    HelloReplyMsg hello;
-    hello.ok = true;
-    hello.worker_name = "b";
-    hello.model_fingerprint = r.model.fingerprint;
-    for (uint32_t layer : kLayers) hello.held[layer] = {0, 1, 2, 3};
-    hello.identities = r.model.identities;
-    conn->send(encode_hello_reply(hello), 10s);
-    decode_as<HealthRequestMsg>(conn->receive(10s));  // the coordinator asks for its RAM slots
-    conn->send(encode_health_reply(HealthReplyMsg{}), 10s);
+    // Two connections, data then probe, each with its handshake.
+    auto accept = [&] {
+      auto conn = listener->accept(10s);
+      if (!conn) return conn;
+      decode_as<HelloMsg>(conn->receive(10s));
+      HelloReplyMsg hello;
+      hello.ok = true;
+      hello.worker_name = "b";
+      hello.model_fingerprint = r.model.fingerprint;
+      for (uint32_t layer : kLayers) hello.held[layer] = {0, 1, 2, 3};
+      hello.identities = r.model.identities;
+      conn->send(encode_hello_reply(hello), 10s);
+      decode_as<HealthRequestMsg>(conn->receive(10s));  // the coordinator asks for its RAM slots
+      conn->send(encode_health_reply(HealthReplyMsg{}), 10s);
+      return conn;
+    };
+    auto conn = accept();
+    auto probe = accept();
+    if (!conn || !probe) return;
     const ExpertRequest req = decode_as<ExpertRequest>(conn->receive(10s));
     LayerResponseMsg reply;
     reply.response.request_id = req.request_id;

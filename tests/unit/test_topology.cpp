@@ -337,3 +337,24 @@ TEST_CASE("expert tier keys: bad values are rejected naming the key") {
                  "only with mode: single-node");
   expect_invalid(kModel + "mode: single-node\nstore: {experts: 3}\n", "store.experts", "unknown key");
 }
+
+TEST_CASE("timeouts: the silent-worker deadlines' floors and caps") {
+  TempDir dir("topo");
+  const std::string single = kModel + "mode: single-node\n";
+  const Topology defaults = load_text(dir, single);
+  CHECK(defaults.hedge_floor_ms == 50);
+  CHECK(defaults.hedge_cap_ms == 1000);
+  CHECK(defaults.probe_floor_ms == 100);
+  CHECK(defaults.probe_cap_ms == 1000);
+  const Topology t = load_text(
+      dir, single + "timeouts: {hedge_floor_ms: 20, hedge_cap_ms: 300, probe_floor_ms: 40, probe_cap_ms: 40}\n");
+  CHECK(t.hedge_floor_ms == 20);
+  CHECK(t.hedge_cap_ms == 300);
+  CHECK(t.probe_floor_ms == 40);
+  CHECK(t.probe_cap_ms == 40);
+  expect_invalid(single + "timeouts: {hedge_floor_ms: 0}\n", "timeouts.hedge_floor_ms", "expected an integer 1-");
+  expect_invalid(single + "timeouts: {probe_cap_ms: x}\n", "timeouts.probe_cap_ms", "got 'x'");
+  expect_invalid(single + "timeouts: {hedge_floor_ms: 500, hedge_cap_ms: 100}\n", "timeouts.hedge_cap_ms",
+                 "at least hedge_floor_ms (500)");
+  expect_invalid(single + "timeouts: {probe_cap_ms: 10}\n", "timeouts.probe_cap_ms", "at least probe_floor_ms (100)");
+}

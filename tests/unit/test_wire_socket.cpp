@@ -1,0 +1,102 @@
+// FrameConnection::abort and wait_readable (common/wire.h, common/wire_socket.cpp): what
+// the coordinator uses to wait on several workers at once and to end a read or write to a
+// worker that went silent. Loopback only; the bounds are functional (an abort ends a wait
+// of 20 s within a few seconds), not speed assertions.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "common/error.h"
+#include "common/wire.h"
+
+using namespace charm;
+using namespace std::chrono_literals;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A connected pair over loopback: `client` from FrameConnection::connect, `server` accepted.
+struct Pair {
+  std::unique_ptr<FrameListener> listener = FrameListener::listen("127.0.0.1", 0);
+  std::unique_ptr<FrameConnection> client = FrameConnection::connect("127.0.0.1", listener->port(), 5s, "peer");
+  std::unique_ptr<FrameConnection> server = listener->accept(5s);
+};
+
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+}  // namespace
+
+TEST_CASE("abort ends a receive from a silent peer at once, and every later call") {
+  Pair p;
+  REQUIRE(p.server);
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(100ms);
+    p.client->abort();
+  });
+  const auto start = Clock::now();
+  try {
+    p.client->receive(20s);
+    FAIL("receive returned a frame from a silent peer");
+  } catch (const Error& e) {
+    CHECK(e.category() == ErrorCategory::kUnavailable);
+    CHECK(e.message().find("aborted") != std::string::npos);
+  }
+  CHECK(ms_since(start) < 5000);
+  aborter.join();
+  CHECK(p.client->aborted());
+  CHECK_THROWS_AS(p.client->send(encode_health_request(), 1s), Error);
+  CHECK_THROWS_AS(p.client->receive(1s), Error);
+  p.client->abort();  // idempotent
+}
+
+TEST_CASE("abort ends a send that blocks because the peer stopped reading") {
+  Pair p;
+  REQUIRE(p.server);
+  // One frame far larger than both socket buffers: the write blocks until the abort.
+  ExpertRequest big;
+  big.hidden_size = 1024;
+  big.num_rows = 16384;  // 64 MiB of floats
+  big.hidden.assign(size_t{big.num_rows} * big.hidden_size, 0.5f);
+  const Frame frame = encode_layer_request(big);
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(200ms);
+    p.client->abort();
+  });
+  const auto start = Clock::now();
+  CHECK_THROWS_AS(p.client->send(frame, 20s), Error);
+  CHECK(ms_since(start) < 5000);
+  aborter.join();
+}
+
+TEST_CASE("wait_readable: empty after its time with silent peers; the ready ones, frames left whole") {
+  Pair a, b;
+  REQUIRE(a.server);
+  REQUIRE(b.server);
+  std::vector<FrameConnection*> both = {a.client.get(), b.client.get()};
+  const auto start = Clock::now();
+  CHECK(wait_readable(both, 50ms).empty());
+  CHECK(ms_since(start) >= 50);
+
+  b.server->send(encode_health_request(), 1s);
+  CHECK(wait_readable(both, 5000ms) == std::vector<size_t>{1});
+  decode_as<HealthRequestMsg>(b.client->receive(1s));  // nothing was consumed by the wait
+
+  a.client->abort();  // aborted: ready at once (a receive fails without waiting)
+  CHECK(wait_readable(both, 5000ms) == std::vector<size_t>{0});
+  CHECK(wait_readable({}, 10ms).empty());
+}
+
+TEST_CASE("wait_readable wakes when another thread aborts a connection it waits on") {
+  Pair p;
+  REQUIRE(p.server);
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(100ms);
+    p.client->abort();
+  });
+  const auto start = Clock::now();
+  CHECK(wait_readable({p.client.get()}, 20000ms) == std::vector<size_t>{0});
+  CHECK(ms_since(start) < 5000);
+  aborter.join();
+}
