@@ -53,6 +53,7 @@ class ByteTokenizer : public charm::Tokenizer {
   int32_t token_id(std::string_view token) const override { return token == "<|end|>" ? 256 : -1; }
   int32_t vocab_size() const override { return 300; }
   bool is_special(int32_t id) const override { return id == 256; }
+  bool has_token(int32_t id) const override { return id >= 0 && id <= 256; }
 };
 
 /// "<role>content\n" per message, then "<assistant>"; content "RAISE" raises, as a
