@@ -112,6 +112,7 @@ int serve(const ServeArgs& args) {
   apply_prefetch_flag(topology, args.prefetch);
   std::string host = args.host.value_or(topology.api_host);
   uint16_t port = args.port.value_or(topology.api_port);
+  check_api_listen(topology, host, port);  // before minutes of loading, not after
   spdlog::info("charm serve: loading {} from {}", topology.model_name, topology.model.string());
   // Until the engine is up, SIGINT/SIGTERM keep their default action, so Ctrl-C ends a
   // start-up that is still waiting for workers at once. Engine::create starts no threads,
@@ -125,10 +126,6 @@ int serve(const ServeArgs& args) {
   sigset_t signals = block_stop_signals();
   HttpApi api(*engine, host, port, &metrics);
   api.set_api_key(topology.api_key);
-  if (topology.api_key.empty() && host != "127.0.0.1" && host != "localhost" && host != "::1") {
-    spdlog::warn("charm serve: no API key configured and the API listens on {}: anyone who reaches it can use it "
-                 "(set api.api_key_file; see docs/configuration.md)", host);
-  }
   api.start();
   spdlog::info("charm serve: {} listening on http://{}:{}", engine->model_name(), host, api.port());
   int sig = wait_for_stop_signal(signals);

@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
+#include "common/listen_check.h"
 #include "common/secret.h"
 #include "coordinator/api_errors.h"
 #include "coordinator/client_watch.h"
@@ -275,6 +276,19 @@ int64_t unix_now() {
 }
 
 }  // namespace
+
+void check_api_listen(const Topology& topology, const std::string& host, uint16_t port) {
+  ListenSpec listen;
+  listen.what = "the HTTP API";
+  listen.host = host;
+  listen.port = port;
+  listen.authenticated = !topology.api_key.empty();
+  listen.insecure = topology.api_insecure;
+  listen.insecure_key = "api.insecure";
+  listen.remedy = "Create an API key with `charm secret new api.key` and set `api: {api_key_file: api.key}` in " +
+                  topology.source.string() + "; clients then send `Authorization: Bearer <the file's text>`.";
+  check_listen(listen);
+}
 
 HttpApi::HttpApi(Engine& engine, std::string host, uint16_t port, Metrics* metrics)
     : engine_(engine),
