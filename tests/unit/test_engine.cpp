@@ -90,3 +90,28 @@ TEST_CASE("a tokenizer with more ids than the model's vocab_size is refused at l
   test::expect_error([&] { single_node(dir.path()); }, ErrorCategory::kInvalidInput,
                      {(dir / "tokenizer.json").string(), "151669", (dir / "config.json").string(), "151000"});
 }
+
+// The refusal reaches HTTP clients as a 400 (a chat request to such a model is the
+// request's mistake), so it names the model, not the server's files; the load logged why.
+TEST_CASE("a model without a usable chat template refuses chat without naming its files") {
+  testing::TempDir dir("charm-engine");
+  for (const auto& entry : std::filesystem::directory_iterator(kModels / "qwen3-moe-tiny")) {
+    if (entry.path().filename() != "tokenizer_config.json")
+      std::filesystem::create_symlink(entry.path(), dir / entry.path().filename().string());
+  }
+  auto engine = single_node(dir.path());
+  try {
+    engine->chat_template();
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.category() == ErrorCategory::kInvalidInput);
+    CHECK(e.message().find("'" + dir.path().filename().string() + "'") != std::string::npos);  // the model's name
+    CHECK(e.message().find(dir.path().string()) == std::string::npos);
+    CHECK(e.message().find("no usable chat template") != std::string::npos);
+    CHECK(e.message().find("/v1/completions") != std::string::npos);
+  }
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.max_tokens = 2;
+  CHECK(engine->generate({9707}, greedy, {}).completion_tokens == 2);  // completions still work
+}
