@@ -30,8 +30,9 @@ std::unique_ptr<Engine> single_node(const std::filesystem::path& dir) {
 
 // The fixtures' config.json pads vocab_size (151936) past the tokenizer's 151669 ids, as
 // Qwen's checkpoints do; the padded rows have logits like any other. Near-uniform
-// sampling (temperature 50) picks one of the 267 padded ids about once in 570 tokens
-// (before the mask, seed 1 did within its first 250).
+// sampling (temperature 50) without the mask picks one of the 267 padded ids about once
+// in 870 draws (23 of 20000 from this prompt's first-step logits); before the mask,
+// seed 1 hit one within its first 250 tokens.
 TEST_CASE("padded vocabulary ids are never sampled, and the generation succeeds") {
   auto engine = single_node(kModels / "qwen3-moe-tiny");
   const int32_t decodable = engine->tokenizer().vocab_size();
