@@ -98,7 +98,12 @@ class FakeEngine : public charm::Engine {
   static constexpr int64_t kForever = 200000;  // ~30 MB of events: more than socket buffers hold
 
   const charm::Tokenizer& tokenizer() const override { return tokenizer_; }
-  const charm::ChatTemplate& chat_template() const override { return template_; }
+  /// As the real engine when the model has no usable template (no_template).
+  const charm::ChatTemplate& chat_template() const override {
+    if (no_template) charm::fail_invalid("model 'fake-moe' has no usable chat template (the server log says why)");
+    return template_;
+  }
+  bool no_template = false;
   const std::string& model_name() const override { return name_; }
   int64_t max_context() const override { return 1000; }
 
@@ -642,6 +647,22 @@ TEST_CASE("request errors are 400; server failures 500 / 503 without paths or ad
   auto health = s.client->Get("/health");
   REQUIRE(health);
   CHECK(health->status == 200);
+}
+
+// Completions never need the chat template: a model without one still serves them.
+TEST_CASE("a model without a chat template serves completions; chat gets a 400 naming the model") {
+  Served s;
+  s.engine.no_template = true;
+  auto res = s.post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 3}});
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  res = s.post("/v1/completions", {{"prompt", json::array({104, 105})}, {"max_tokens", 3}});
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  res = s.post("/v1/chat/completions", {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}});
+  check_error(res, 400, "");
+  CHECK(json::parse(res->body)["error"]["message"].get<std::string>().find("no usable chat template") !=
+        std::string::npos);
 }
 
 TEST_CASE("a client that disconnects mid-stream cancels the generation") {
