@@ -5,6 +5,7 @@
 //   run     one generation without HTTP, streamed to stdout, stats to stderr
 //   convert write an expert container (one worker's shard or every expert) from a checkpoint
 //   bench   microbenchmarks of this machine (kernels: matmul per weight format; memory: STREAM-like bandwidth)
+//   secret  `secret new FILE`: a random shared secret or API key, mode 0600
 // Exit status: 0 success, 1 failure, 2 invalid input (bad flags, config or prompt).
 #include <csignal>
 #include <cstdio>
@@ -25,6 +26,7 @@
 #include "app/bench_kernels.h"
 #include "app/bench_memory.h"
 #include "common/error.h"
+#include "common/secret.h"
 #include "common/stop_signals.h"
 #include "common/topology.h"
 #include "common/wire.h"
@@ -110,6 +112,7 @@ int serve(const ServeArgs& args) {
   apply_prefetch_flag(topology, args.prefetch);
   std::string host = args.host.value_or(topology.api_host);
   uint16_t port = args.port.value_or(topology.api_port);
+  check_api_listen(topology, host, port);  // before minutes of loading, not after
   spdlog::info("charm serve: loading {} from {}", topology.model_name, topology.model.string());
   // Until the engine is up, SIGINT/SIGTERM keep their default action, so Ctrl-C ends a
   // start-up that is still waiting for workers at once. Engine::create starts no threads,
@@ -123,10 +126,6 @@ int serve(const ServeArgs& args) {
   sigset_t signals = block_stop_signals();
   HttpApi api(*engine, host, port, &metrics);
   api.set_api_key(topology.api_key);
-  if (topology.api_key.empty() && host != "127.0.0.1" && host != "localhost" && host != "::1") {
-    spdlog::warn("charm serve: no API key configured and the API listens on {}: anyone who reaches it can use it "
-                 "(set api.api_key_file; see docs/configuration.md)", host);
-  }
   api.start();
   spdlog::info("charm serve: {} listening on http://{}:{}", engine->model_name(), host, api.port());
   int sig = wait_for_stop_signal(signals);
@@ -327,6 +326,16 @@ int run(const RunArgs& args) {
   return 0;
 }
 
+/// `charm secret new FILE`: a fresh shared secret or API key (common/secret.h).
+int new_secret(const std::string& file) {
+  create_secret_file(file);
+  std::fprintf(stderr,
+               "charm: wrote a new secret to %s (mode 0600). Name it as cluster.secret_file (the same file on every "
+               "machine of the cluster) or api.api_key_file in the topology.\n",
+               file.c_str());
+  return 0;
+}
+
 /// `charm workers`: the names scripts/serve.sh starts a `charm worker` for.
 int list_workers(const std::string& config) {
   for (const WorkerSpec& w : Topology::load(config).workers) std::printf("%s\n", w.name.c_str());
@@ -418,6 +427,13 @@ int run_cli(int argc, char** argv) {
   CLI::App* workers_cmd = app.add_subcommand("workers", "List the worker names of a topology, one per line");
   workers_cmd->add_option("--config", workers_config, "Topology YAML")->required();
 
+  CLI::App* secret_cmd = app.add_subcommand("secret", "Make the cluster's shared secret or an API key");
+  secret_cmd->require_subcommand(1);
+  std::string secret_file;
+  CLI::App* secret_new_cmd =
+      secret_cmd->add_subcommand("new", "Write a new random secret to FILE: 64 hex digits, mode 0600; never overwrites");
+  secret_new_cmd->add_option("file", secret_file, "The file to create")->required();
+
   CLI::App* bench_cmd = app.add_subcommand("bench", "Microbenchmarks of this machine");
   bench_cmd->require_subcommand(1);
   add_bench_kernels(*bench_cmd);
@@ -440,6 +456,7 @@ int run_cli(int argc, char** argv) {
   if (*convert_cmd) return convert(convert_args);
   if (*status_cmd) return status(status_config, status_timeout_ms, status_layers);
   if (*workers_cmd) return list_workers(workers_config);
+  if (*secret_new_cmd) return new_secret(secret_file);
   if (*bench_cmd) return 0;  // its subcommand ran as a parse callback
   return run(run_args);
 }

@@ -223,6 +223,17 @@ std::string parse_secret(const Reader& r, const YAML::Node& node, const std::str
   return read_secret(source);
 }
 
+/// `<path>.insecure` (default false): serving beyond loopback without the secret that
+/// `<prefix>_file` / `<prefix>_env` would configure. Both at once is a contradiction.
+bool parse_insecure(const Reader& r, const YAML::Node& node, const std::string& path, const std::string& prefix) {
+  const std::string key = Reader::join(path, "insecure");
+  if (!node["insecure"] || !r.bool_value(node["insecure"], key)) return false;
+  if (node[prefix + "_file"] || node[prefix + "_env"]) {
+    r.fail(key, "true waives the " + prefix + "_file / " + prefix + "_env this section also gives; remove one");
+  }
+  return true;
+}
+
 /// Parses `workers:`, rejecting duplicate names and duplicate host:port pairs.
 std::vector<WorkerSpec> parse_workers(const Reader& r, const YAML::Node& node, const std::filesystem::path& base) {
   if (!node.IsSequence() || node.size() == 0) r.fail("workers", "expected a non-empty list of workers");
@@ -276,13 +287,15 @@ Topology Topology::parse(const std::string& yaml, const std::filesystem::path& p
     t.single_node = mode == "single-node";
   }
   if (const auto api = root["api"]) {
-    r.check_keys(api, "api", {"host", "port", "api_key_file", "api_key_env"});
+    r.check_keys(api, "api", {"host", "port", "api_key_file", "api_key_env", "insecure"});
     if (api["host"]) t.api_host = r.string_value(api["host"], "api.host");
     if (api["port"]) t.api_port = static_cast<uint16_t>(r.int_value(api["port"], "api.port", 1, 65535));
+    t.api_insecure = parse_insecure(r, api, "api", "api_key");
     t.api_key = parse_secret(r, api, "api", "api_key", path.parent_path());
   }
   if (const auto cluster = root["cluster"]) {
-    r.check_keys(cluster, "cluster", {"secret_file", "secret_env"});
+    r.check_keys(cluster, "cluster", {"secret_file", "secret_env", "insecure"});
+    t.cluster_insecure = parse_insecure(r, cluster, "cluster", "secret");
     t.cluster_secret = parse_secret(r, cluster, "cluster", "secret", path.parent_path());
   }
   if (root["threads"]) t.threads = r.int_value(root["threads"], "threads", 0, kMaxThreads);

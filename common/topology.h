@@ -82,6 +82,12 @@ struct Topology {
   std::string cluster_secret;
   /// The HTTP API key (`api: {api_key_file | api_key_env}`), read at load; empty: none.
   std::string api_key;
+  /// `cluster.insecure: true`: workers may listen beyond loopback without a shared secret
+  /// (common/listen_check.h; otherwise they refuse to start). Never set with a secret.
+  bool cluster_insecure = false;
+  /// `api.insecure: true`: the HTTP API may listen beyond loopback without an API key.
+  /// Never set with a key.
+  bool api_insecure = false;
   bool prefetch = false;             ///< send prefetch hints (next layer's router applied to
                                      ///< this layer's state) to the expert store / workers
   StoreSpec store;                   ///< single-node mode: the in-process worker's tiers (`store:`)
@@ -91,7 +97,8 @@ struct Topology {
   /// ports, ports out of range, bad expert ranges, and a cluster mode with no workers
   /// (also: a missing model key, and workers listed in single-node mode; a secret or API
   /// key given both as a file and an environment variable, or that read_secret cannot
-  /// read). Throws Error(kIo) when the file cannot be opened.
+  /// read or refuses; `insecure: true` beside the secret or key it waives). Throws
+  /// Error(kIo) when the file cannot be opened.
   static Topology load(const std::filesystem::path& path);
 
   /// load() on YAML text already in memory; `source` names it in messages and is the

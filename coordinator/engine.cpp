@@ -49,12 +49,20 @@ class EngineImpl final : public Engine {
     checkpoint_ = Checkpoint::open(topology.model);
     config_ = ModelConfig::parse(checkpoint_->config_json(), (topology.model / "config.json").string());
     tokenizer_ = Tokenizer::load(topology.model / "tokenizer.json");
+    check_tokenizer_fits(topology.model);
     try {
       chat_template_ = ChatTemplate::load(topology.model / "tokenizer_config.json");
     } catch (const Error& e) {
-      chat_template_error_ = e.message();  // completions still work; chat requests get this error
+      // Completions still work; chat requests are refused, without the file's path
+      // (chat_template()), so the reason is told here, to the operator.
+      spdlog::warn("no usable chat template, chat requests will be refused: {}", e.message());
     }
     eos_ids_ = eos_ids(config_, checkpoint_->generation_config_json());
+    unsampleable_ = unsampleable_ids(*tokenizer_, static_cast<size_t>(config_.vocab_size), eos_ids_);
+    if (!unsampleable_.empty()) {
+      spdlog::info("{} of the model's {} vocabulary ids have no token in tokenizer.json ({} tokens); they are never "
+                   "sampled", unsampleable_.size(), config_.vocab_size, tokenizer_->vocab_size());
+    }
     sampling_defaults_ =
         sampling_defaults(checkpoint_->generation_config_json(), (topology.model / "generation_config.json").string());
     model_name_ = topology.model_name.empty() ? topology.model.filename().string() : topology.model_name;
@@ -71,7 +79,10 @@ class EngineImpl final : public Engine {
 
   const Tokenizer& tokenizer() const override { return *tokenizer_; }
   const ChatTemplate& chat_template() const override {
-    if (!chat_template_) fail_invalid("model '" + model_name_ + "' has no usable chat template: " + chat_template_error_);
+    if (!chat_template_) {
+      fail_invalid("model '" + model_name_ + "' has no usable chat template (the server log says why); send the "
+                   "prompt to /v1/completions instead");
+    }
     return *chat_template_;
   }
   const std::string& model_name() const override { return model_name_; }
@@ -100,6 +111,7 @@ class EngineImpl final : public Engine {
     Clock::time_point first_token, previous_token;
     result.finish_reason = "length";
     for (int64_t i = 0; i < params.max_tokens; ++i) {
+      mask_logits(logits.data(), unsampleable_);  // ids the tokenizer cannot decode
       const int32_t token = sample_token(logits.data(), logits.size(), params, rng);
       if (i == 0) {
         first_token = previous_token = Clock::now();
@@ -155,6 +167,17 @@ class EngineImpl final : public Engine {
     }
   }
 
+  /// Every id the tokenizer produces must have an embedding and lm_head row; a larger
+  /// tokenizer (one from another checkpoint) would index past them.
+  void check_tokenizer_fits(const std::filesystem::path& model) const {
+    if (tokenizer_->vocab_size() <= config_.vocab_size) return;
+    fail_invalid((model / "tokenizer.json").string() + " has " + std::to_string(tokenizer_->vocab_size()) +
+                 " token ids, more than vocab_size " + std::to_string(config_.vocab_size) + " of " +
+                 (model / "config.json").string() + ": ids " + std::to_string(config_.vocab_size) + "-" +
+                 std::to_string(tokenizer_->vocab_size() - 1) +
+                 " have no embedding row (is the tokenizer from another checkpoint?)");
+  }
+
   /// Runs the prompt into `cache` chunk by chunk; logits [vocab] of its last token.
   /// Each chunk's rows attend to the cache the earlier chunks filled, so the result is
   /// the one unchunked forward gives, bit for bit (every kernel is row-independent).
@@ -170,8 +193,8 @@ class EngineImpl final : public Engine {
   ModelConfig config_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ChatTemplate> chat_template_;
-  std::string chat_template_error_;
   std::vector<int32_t> eos_ids_;
+  std::vector<int32_t> unsampleable_;  // ids with no token (unsampleable_ids), masked before sampling
   SamplingParams sampling_defaults_;
   std::string model_name_;
   LocalExperts experts_;  // the in-process worker role (single-node mode only)

@@ -74,12 +74,18 @@ class Engine {
  public:
   /// Loads the model the topology names and connects to its workers (or builds the
   /// in-process expert store in single-node mode), reporting to options.metrics when
-  /// set. Throws Error on any failure.
+  /// set. Throws Error on any failure; Error(kInvalidInput) naming tokenizer.json and
+  /// config.json when the tokenizer has more ids than the model's vocab_size.
+  /// The ids of the model's vocabulary that the tokenizer has no token for (padding
+  /// past its last id, holes) are masked before every sampling step, greedy included
+  /// (coordinator/sampler.h, unsampleable_ids); the EOS ids are never masked.
   static std::unique_ptr<Engine> create(const Topology& topology, const EngineOptions& options = {});
   virtual ~Engine() = default;
 
   virtual const Tokenizer& tokenizer() const = 0;
-  /// The model's chat template; throws Error(kInvalidInput) if the model has none.
+  /// The model's chat template; throws Error(kInvalidInput) if the model has none (the
+  /// message names the model, not its files: it reaches HTTP clients; the reason was
+  /// logged at load).
   virtual const ChatTemplate& chat_template() const = 0;
   virtual const std::string& model_name() const = 0;
   virtual int64_t max_context() const = 0;
@@ -97,7 +103,9 @@ class Engine {
   virtual GenerationResult generate(const std::vector<int32_t>& prompt, const SamplingParams& params,
                                     const std::function<bool(std::string_view)>& on_text) = 0;
 
-  /// Logits [vocab_size] f32 for the token after `prompt` (a fresh sequence). For tests.
+  /// Logits [vocab_size] f32 for the token after `prompt` (a fresh sequence), as the model
+  /// computes them: the unsampleable ids are not masked here. For tests and
+  /// `charm run --logits-out`.
   virtual std::vector<float> prompt_logits(const std::vector<int32_t>& prompt) = 0;
 
   /// Per-worker status, as the coordinator sees it.

@@ -14,7 +14,9 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
+#include "common/listen_check.h"
 #include "common/secret.h"
+#include "coordinator/api_errors.h"
 #include "coordinator/client_watch.h"
 #include "coordinator/openai_request.h"
 #include "coordinator/openai_response.h"
@@ -47,35 +49,16 @@ void send_error(httplib::Response& res, const ApiError& error) {
   res.set_content(dump_json(error_body(error)), kJson);
 }
 
-/// The ApiError an exception thrown while serving maps to: the engine's and template's
-/// kInvalidInput is the client's fault (400); anything else is the server's (500).
-ApiError to_api_error(std::exception_ptr ep) {
-  try {
-    std::rethrow_exception(ep);
-  } catch (const ApiError& e) {
-    return e;
-  } catch (const Error& e) {
-    if (e.category() == ErrorCategory::kInvalidInput) return ApiError(400, e.message());
-    // No live replica for an expert: the cluster, not the request, is at fault, and a retry
-    // may succeed once a worker rejoins.
-    if (e.category() == ErrorCategory::kUnavailable) return ApiError(503, e.message(), "", "server_error");
-    return ApiError(500, e.what(), "", "server_error");
-  } catch (const std::exception& e) {
-    return ApiError(500, std::string("internal error: ") + e.what(), "", "server_error");
-  } catch (...) {
-    return ApiError(500, "internal error", "", "server_error");
-  }
-}
-
-/// Runs `body`, turning any exception into an OpenAI-style error response.
+/// Runs `body` for request `request_id`, turning any exception into an OpenAI-style error
+/// response (api_errors.h: the request stage's own errors are ApiErrors by then). Every
+/// response it guards carries X-Request-Id, which the 5xx texts and the server log name.
 template <class F>
-void guarded(httplib::Response& res, F&& body) {
+void guarded(httplib::Response& res, const std::string& request_id, F&& body) {
+  res.set_header("X-Request-Id", request_id);
   try {
     body();
   } catch (...) {
-    ApiError error = to_api_error(std::current_exception());
-    if (error.status() >= 500) spdlog::error("http api: {}", error.what());
-    send_error(res, error);
+    send_error(res, client_error(std::current_exception(), FailureStage::kGeneration, request_id));
   }
 }
 
@@ -118,23 +101,37 @@ bool write_stream(Engine& engine, Metrics& metrics, const std::atomic<bool>& sto
     if (usage) send(sse_event(usage_chunk(job.meta, result)));
   } catch (...) {
     // Headers (200) are gone already: report the error as an event, as OpenAI does.
-    ApiError error = to_api_error(std::current_exception());
-    spdlog::warn("http api: stream {} failed: {}", job.meta.id, error.what());
-    send(sse_event(error_body(error)));
+    send(sse_event(error_body(client_error(std::current_exception(), FailureStage::kGeneration, job.meta.id))));
   }
   send(std::string(kSseDone));
   if (open) sink.done();
   return open;
 }
 
+/// The request stage of a generation: the validated request and its prompt. Errors are
+/// ApiErrors (client_error, FailureStage::kRequest: a template's or the engine's
+/// kInvalidInput is the request's fault here, anything else the server's).
+std::pair<ApiRequest, std::vector<int32_t>> read_request(const Engine& engine, const httplib::Request& req,
+                                                         const ResponseMeta& meta) {
+  try {
+    const SamplingParams& defaults = engine.default_sampling();
+    ApiRequest request = meta.kind == RequestKind::kChat ? parse_chat_request(req.body, defaults)
+                                                         : parse_completion_request(req.body, defaults);
+    // Only a chat request reads the template: a model without one still serves completions.
+    const ChatTemplate* chat_template = request.kind == RequestKind::kChat ? &engine.chat_template() : nullptr;
+    std::vector<int32_t> prompt = prompt_token_ids(request, chat_template, engine.tokenizer());
+    check_context(request, int64_t(prompt.size()), engine.max_context());
+    return {std::move(request), std::move(prompt)};
+  } catch (...) {
+    throw client_error(std::current_exception(), FailureStage::kRequest, meta.id);
+  }
+}
+
+/// Serves one /v1/completions or /v1/chat/completions request whose response id is
+/// meta.id. Whatever fails once the request is read is the server's fault.
 void serve_generation(Engine& engine, Metrics& metrics, const std::atomic<bool>& stopping,
-                      const httplib::Request& req, httplib::Response& res, RequestKind kind) {
-  const SamplingParams& defaults = engine.default_sampling();
-  ApiRequest request = kind == RequestKind::kChat ? parse_chat_request(req.body, defaults)
-                                                  : parse_completion_request(req.body, defaults);
-  std::vector<int32_t> prompt = prompt_token_ids(request, engine.chat_template(), engine.tokenizer());
-  check_context(request, int64_t(prompt.size()), engine.max_context());
-  ResponseMeta meta = new_response_meta(kind, engine.model_name());
+                      const httplib::Request& req, httplib::Response& res, ResponseMeta meta) {
+  auto [request, prompt] = read_request(engine, req, meta);
 
   if (!request.stream) {
     // Cancel when the client hangs up: nobody would read the answer, and every other
@@ -261,6 +258,19 @@ int64_t unix_now() {
 
 }  // namespace
 
+void check_api_listen(const Topology& topology, const std::string& host, uint16_t port) {
+  ListenSpec listen;
+  listen.what = "the HTTP API";
+  listen.host = host;
+  listen.port = port;
+  listen.authenticated = !topology.api_key.empty();
+  listen.insecure = topology.api_insecure;
+  listen.insecure_key = "api.insecure";
+  listen.remedy = "Create an API key with `charm secret new api.key` and set `api: {api_key_file: api.key}` in " +
+                  topology.source.string() + "; clients then send `Authorization: Bearer <the file's text>`.";
+  check_listen(listen);
+}
+
 HttpApi::HttpApi(Engine& engine, std::string host, uint16_t port, Metrics* metrics)
     : engine_(engine),
       own_metrics_(metrics ? nullptr : std::make_unique<Metrics>()),
@@ -282,19 +292,21 @@ void HttpApi::install_routes() {
     res.set_content(dump_json({{"object", "list"}, {"data", json::array({model})}}), kJson);
   });
   s.Get("/cluster/status", [this](const httplib::Request&, httplib::Response& res) {
-    guarded(res, [&] { res.set_content(dump_json(cluster_status_body(engine_)), kJson); });
+    guarded(res, new_request_id(), [&] { res.set_content(dump_json(cluster_status_body(engine_)), kJson); });
   });
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    guarded(res, [&] {
+    guarded(res, new_request_id(), [&] {
       res.set_content(metrics_.render(engine_.cluster_status()), "text/plain; version=0.0.4; charset=utf-8");
     });
   });
-  s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    guarded(res, [&] { serve_generation(engine_, metrics_, stopping_, req, res, RequestKind::kCompletion); });
-  });
-  s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    guarded(res, [&] { serve_generation(engine_, metrics_, stopping_, req, res, RequestKind::kChat); });
-  });
+  for (const auto& [path, kind] : {std::pair{"/v1/completions", RequestKind::kCompletion},
+                                   std::pair{"/v1/chat/completions", RequestKind::kChat}}) {
+    s.Post(path, [this, kind](const httplib::Request& req, httplib::Response& res) {
+      ResponseMeta meta = new_response_meta(kind, engine_.model_name());
+      const std::string id = meta.id;
+      guarded(res, id, [&] { serve_generation(engine_, metrics_, stopping_, req, res, std::move(meta)); });
+    });
+  }
   // Every other method on a known path is answered 405 by fill_routing_error.
   for (const auto& [path, methods] : known_paths()) {
     auto not_allowed = [](const httplib::Request&, httplib::Response& res) { res.status = 404; };
@@ -321,7 +333,9 @@ void HttpApi::install_routes() {
   });
   s.set_error_handler(httplib::Server::HandlerWithResponse(fill_error_body));
   s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    send_error(res, to_api_error(ep));
+    const std::string id = new_request_id();
+    res.set_header("X-Request-Id", id);
+    send_error(res, client_error(ep, FailureStage::kGeneration, id));
   });
   s.set_payload_max_length(kMaxBodyBytes);
   // httplib's default also sets SO_REUSEPORT, which lets a second server bind the same

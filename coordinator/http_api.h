@@ -20,6 +20,12 @@ class Server;
 
 namespace charm {
 
+/// The rule of common/listen_check.h for the HTTP API about to listen on host:port (the
+/// topology's api.host / api.port or the command line's): beyond loopback it needs an API
+/// key or `api.insecure: true`. Throws Error(kInvalidInput) saying how to create a key
+/// (`charm secret new`), and what is_loopback_host throws. Call before loading the model.
+void check_api_listen(const Topology& topology, const std::string& host, uint16_t port);
+
 /// Serves one Engine over HTTP. The server runs on its own thread pool; the Engine must
 /// outlive the HttpApi (it serialises generation itself). Not copyable.
 class HttpApi {

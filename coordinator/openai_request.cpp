@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/error.h"
 #include "common/json_reader.h"
 
 namespace charm {
@@ -356,11 +357,12 @@ void check_context(ApiRequest& request, int64_t prompt_tokens, int64_t max_conte
                              std::to_string(max_context));
 }
 
-std::vector<int32_t> prompt_token_ids(const ApiRequest& req, const ChatTemplate& chat_template,
+std::vector<int32_t> prompt_token_ids(const ApiRequest& req, const ChatTemplate* chat_template,
                                       const Tokenizer& tokenizer) {
   if (req.kind == RequestKind::kChat) {
+    if (chat_template == nullptr) fail_internal("prompt_token_ids: a chat request without a chat template");
     const std::string text =
-        chat_template.render_json(req.messages_json, /*add_generation_prompt=*/true, req.template_kwargs);
+        chat_template->render_json(req.messages_json, /*add_generation_prompt=*/true, req.template_kwargs);
     return tokenizer.encode(text, /*parse_special=*/true);
   }
   if (!req.has_prompt_ids) return tokenizer.encode(req.prompt_text, /*parse_special=*/true);

@@ -91,9 +91,11 @@ void check_context(ApiRequest& request, int64_t prompt_tokens, int64_t max_conte
 /// completion prompt encoded, or the chat rendered with `chat_template` (render_json, so
 /// keys beyond role/content and chat_template_kwargs reach it as apply_chat_template
 /// passes them) and encoded with special tokens parsed (the template writes them as
-/// text). Throws ApiError(400) naming "prompt" for an id outside the vocabulary, and what
-/// render_json and Tokenizer::encode throw (charm::Error).
-std::vector<int32_t> prompt_token_ids(const ApiRequest& request, const ChatTemplate& chat_template,
+/// text). `chat_template` is read only for a chat request (it may be null otherwise).
+/// Throws ApiError(400) naming "prompt" for an id outside the vocabulary, Error(kInternal)
+/// for a chat request without a template, and what render_json and Tokenizer::encode
+/// throw (charm::Error).
+std::vector<int32_t> prompt_token_ids(const ApiRequest& request, const ChatTemplate* chat_template,
                                       const Tokenizer& tokenizer);
 
 }  // namespace charm

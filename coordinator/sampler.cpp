@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
 #include "common/kernels.h"
 #include "coordinator/engine.h"
+#include "coordinator/tokenizer.h"
 
 namespace charm {
 namespace {
@@ -60,11 +62,29 @@ int32_t sample_token(float* logits, size_t vocab, const SamplingParams& params, 
   // Inverse-CDF draw over the kept candidates in their current (fixed) order.
   const double u = std::uniform_real_distribution<double>(0.0, total)(rng);
   double cumulative = 0;
+  int32_t last_possible = ids.front();
   for (int32_t id : ids) {
+    if (weight[id] == 0) continue;  // a masked (-inf) logit, or one that underflowed
     cumulative += weight[id];
+    last_possible = id;
     if (u < cumulative) return id;
   }
-  return ids.back();  // u == total after rounding
+  // u == total after rounding: the last candidate that can be drawn (never a masked one,
+  // which ids.back() may be: the padding sits at the end of the vocabulary).
+  return last_possible;
+}
+
+std::vector<int32_t> unsampleable_ids(const Tokenizer& tokenizer, size_t model_vocab, std::span<const int32_t> keep) {
+  std::vector<int32_t> ids;
+  for (size_t id = 0; id < model_vocab; ++id) {
+    const auto i = static_cast<int32_t>(id);
+    if (!tokenizer.has_token(i) && std::find(keep.begin(), keep.end(), i) == keep.end()) ids.push_back(i);
+  }
+  return ids;
+}
+
+void mask_logits(float* logits, std::span<const int32_t> ids) {
+  for (int32_t id : ids) logits[id] = -std::numeric_limits<float>::infinity();
 }
 
 }  // namespace charm

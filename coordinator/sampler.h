@@ -5,15 +5,31 @@
 
 #include <cstdint>
 #include <random>
+#include <span>
+#include <vector>
 
 namespace charm {
 
 struct SamplingParams;
+class Tokenizer;
 
 /// Picks the next token from logits [vocab] f32. temperature == 0 -> argmax (first index
 /// on ties). Otherwise softmax(logits / temperature) restricted to the top_k most likely
 /// (top_k > 0) and then to the smallest set whose probability reaches top_p (always at
-/// least one token), sampled with `rng`. `logits` is used as scratch and modified.
+/// least one token), sampled with `rng`. `logits` is used as scratch and modified. A
+/// logit of -infinity (mask_logits) is never picked while any other is finite.
 int32_t sample_token(float* logits, size_t vocab, const SamplingParams& params, std::mt19937_64& rng);
+
+/// The ids of a model's vocabulary [0, model_vocab) that must never be sampled because
+/// `tokenizer` has no token for them (Tokenizer::has_token): the padding config.json's
+/// vocab_size often adds past the tokenizer's last id (Qwen: 151936 rows for 151669
+/// tokens), and holes below it. Ids in `keep` (the EOS ids: they end a generation and are
+/// never decoded) are left out. Ascending. Computed once per model; the caller checks
+/// that the tokenizer fits the model (vocab_size() <= model_vocab).
+std::vector<int32_t> unsampleable_ids(const Tokenizer& tokenizer, size_t model_vocab, std::span<const int32_t> keep);
+
+/// Sets logits[id] = -infinity for every id of `ids` (each < the logits' length), so that
+/// neither greedy nor temperature sampling can pick it. Other logits are untouched.
+void mask_logits(float* logits, std::span<const int32_t> ids);
 
 }  // namespace charm

@@ -133,6 +133,9 @@ class BpeTokenizer final : public Tokenizer {
   bool is_special(int32_t id) const override {
     return id >= 0 && id < vocab_size() && special_[static_cast<size_t>(id)];
   }
+  bool has_token(int32_t id) const override {
+    return id >= 0 && id < vocab_size() && present_[static_cast<size_t>(id)];
+  }
 
  private:
   [[noreturn]] void bad(const std::string& what) const { fail_invalid(file_ + ": " + what); }
@@ -163,6 +166,7 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<AddedToken> added_;        // sorted longest content first
   std::vector<std::string> bytes_;       // id -> raw bytes
   std::vector<bool> special_;            // id -> special added token
+  std::vector<bool> present_;            // id -> in model.vocab or added_tokens (else a hole)
   bool nfc_ = false;
   bool ignore_merges_ = false;
   std::vector<RegexPtr> splits_;  // applied in order, Isolated
@@ -328,11 +332,16 @@ void BpeTokenizer::finish_tables() {
   for (const AddedToken& t : added_) size = std::max(size, t.id + 1);
   bytes_.assign(static_cast<size_t>(size), std::string());
   special_.assign(static_cast<size_t>(size), false);
+  present_.assign(static_cast<size_t>(size), false);
   const ByteMap& map = byte_map();
-  for (const auto& [token, id] : vocab_) bytes_[static_cast<size_t>(id)] = map.to_bytes(token);
+  for (const auto& [token, id] : vocab_) {
+    bytes_[static_cast<size_t>(id)] = map.to_bytes(token);
+    present_[static_cast<size_t>(id)] = true;
+  }
   for (const AddedToken& t : added_) {
     bytes_[static_cast<size_t>(t.id)] = map.to_bytes(t.content);
     special_[static_cast<size_t>(t.id)] = t.special;
+    present_[static_cast<size_t>(t.id)] = true;
     vocab_.emplace(t.content, t.id);
   }
   for (int b = 0; b < 256; ++b) {

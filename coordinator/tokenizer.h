@@ -44,6 +44,11 @@ class Tokenizer {
   /// One past the largest id (vocab plus added tokens).
   virtual int32_t vocab_size() const = 0;
 
+  /// True when `id` names a token: one of model.vocab or added_tokens. False for ids
+  /// outside [0, vocab_size()) and for holes (ids below vocab_size() that neither lists),
+  /// which decode to nothing; the engine never samples either (coordinator/sampler.h).
+  virtual bool has_token(int32_t id) const = 0;
+
   /// True for added tokens marked "special": true.
   virtual bool is_special(int32_t id) const = 0;
 };

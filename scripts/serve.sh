@@ -9,7 +9,8 @@
 # 1.26 GB checkpoint + the 491 MB GGUF), a few minutes; later runs reuse the cache.
 #   scripts/serve.sh [config.yaml]     # or CHARM_CONFIG=config.yaml scripts/serve.sh
 # Any other topology serves its own model, e.g. configs/local-cluster.yaml (the tiny test
-# fixture, no download). Environment: CHARM_BUILD_DIR, CHARM_CACHE.
+# fixture, no download). Environment: CHARM_BUILD_DIR, CHARM_CACHE. The demo cluster runs
+# with a shared secret this script makes once (below); everything listens on 127.0.0.1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 config="${1:-${CHARM_CONFIG:-configs/demo-cluster.yaml}}"
@@ -31,6 +32,20 @@ if grep -q "$demo_link" "$config"; then
   checkpoint=$(python3 scripts/moefy.py build --reuse | tail -n 1)
   ln -sfn "$checkpoint" "$demo_link"
   echo "serve.sh: demo model at $checkpoint"
+fi
+
+# The cluster's shared secret (configs/demo-cluster.yaml: cluster.secret_file, the link
+# models/cluster.secret): made once with `charm secret new` (64 random hex digits, mode
+# 0600) under the cache root, beside the checkpoint, and reused; the workers and the
+# coordinator then accept only each other. Any config that names the link gets it.
+secret_link=models/cluster.secret
+if grep -q "$secret_link" "$config"; then
+  cache="${CHARM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/charm}"
+  mkdir -p "$cache"
+  if [ ! -e "$cache/cluster.secret" ]; then
+    "$charm" secret new "$cache/cluster.secret"
+  fi
+  ln -sfn "$cache/cluster.secret" "$secret_link"
 fi
 
 pids=()

@@ -8,6 +8,7 @@
 #include "common/checkpoint.h"
 #include "common/error.h"
 #include "common/fingerprint.h"
+#include "common/listen_check.h"
 #include "common/stop_signals.h"
 #include "worker/expert_executor.h"
 #include "worker/rpc_server.h"
@@ -45,9 +46,24 @@ ModelLimits model_limits(const ModelConfig& config) {
 
 }  // namespace
 
+void check_worker_listen(const Topology& topology, const WorkerSpec& spec) {
+  ListenSpec listen;
+  listen.what = "worker '" + spec.name + "'";
+  listen.host = spec.host;
+  listen.port = spec.port;
+  listen.authenticated = !topology.cluster_secret.empty();
+  listen.insecure = topology.cluster_insecure;
+  listen.insecure_key = "cluster.insecure";
+  listen.remedy = "Create a shared secret with `charm secret new cluster.secret`, copy that file to every machine "
+                  "of the cluster (mode 0600) and set `cluster: {secret_file: cluster.secret}` in " +
+                  topology.source.string() + " (docs/configuration.md, \"Shared secret\").";
+  check_listen(listen);
+}
+
 int run_worker(const Topology& topology, const std::string& worker_name, int64_t debug_delay_ms) {
   const sigset_t signals = block_stop_signals();  // before any thread starts
   const WorkerSpec& spec = topology.worker(worker_name);
+  check_worker_listen(topology, spec);  // before minutes of loading, not after
   std::unique_ptr<Checkpoint> checkpoint = Checkpoint::open(topology.model);
   const ModelConfig config =
       ModelConfig::parse(checkpoint->config_json(), (topology.model / "config.json").string());
@@ -69,11 +85,6 @@ int run_worker(const Topology& topology, const std::string& worker_name, int64_t
   options.handshake_timeout = std::chrono::milliseconds(topology.connect_timeout_ms + topology.handshake_timeout_ms);
   options.shared_secret = topology.cluster_secret;
   options.limits = model_limits(config);
-  if (options.shared_secret.empty()) {
-    spdlog::warn("worker {}: no cluster shared secret configured: anyone who reaches {}:{} can use this worker "
-                 "(set cluster.secret_file; see docs/configuration.md)",
-                 worker_name, spec.host, spec.port);
-  }
   options.debug_delay = std::chrono::milliseconds(debug_delay_ms);
   if (debug_delay_ms > 0) spdlog::warn("worker {}: test-only delay of {} ms before every layer reply", worker_name, debug_delay_ms);
   WorkerServer server(std::move(options), service);

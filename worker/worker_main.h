@@ -17,7 +17,14 @@ namespace charm {
 std::vector<ExpertKey> owned_experts(const Topology& topology, const ModelConfig& config,
                                      int worker_index);
 
-/// Runs worker `worker_name`: opens topology.model (Checkpoint::open), parses its config,
+/// The rule of common/listen_check.h for worker `spec`'s socket: on an address other
+/// machines can reach it needs the cluster's shared secret or `cluster.insecure: true`.
+/// Throws Error(kInvalidInput) saying how to create a secret (`charm secret new`), and
+/// what is_loopback_host throws.
+void check_worker_listen(const Topology& topology, const WorkerSpec& spec);
+
+/// Runs worker `worker_name`: checks its address (check_worker_listen), then opens
+/// topology.model (Checkpoint::open), parses its config,
 /// opens only the experts the placement assigns it in an ExpertStore with the worker's
 /// tier settings (worker/store_factory.h: budget, container, pin), binds exactly the
 /// worker's host:port and serves (worker/rpc_server.h) until SIGINT or SIGTERM, then

@@ -55,7 +55,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const bool chat = (mode & 1) != 0;
     const charm::ApiRequest request = chat ? charm::parse_chat_request(body) : charm::parse_completion_request(body);
     const charm::ChatTemplate& tmpl = (mode & 2) != 0 ? *m.gpt_oss : *m.qwen3;
-    charm::prompt_token_ids(request, tmpl, *m.tokenizer);
+    charm::prompt_token_ids(request, &tmpl, *m.tokenizer);
   } catch (const charm::ApiError&) {
   } catch (const charm::Error&) {
   }

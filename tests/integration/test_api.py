@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """End-to-end test of `charm serve` + two `charm worker`s over loopback, driven by the
 official `openai` Python client, then /metrics, `charm status` and `charm run`. The
-cluster runs with a shared secret and the API with a key (both from 0600 files), so the
-handshake, the bearer check and the authenticated `charm status` are exercised too.
+cluster runs with a shared secret made by `charm secret new` and the API with a key (both
+0600 files), so the handshake, the bearer check and the authenticated `charm status` are
+exercised too. High-temperature requests check that no id the tokenizer cannot decode is
+ever sampled (the fixture's vocab_size is padded past its tokenizer).
 
 Copies the given topology (configs/local-cluster.yaml) to a temporary YAML with free
 loopback ports and an absolute model path, starts the workers and the server, and always
@@ -11,7 +13,6 @@ stops every process it started at the end. Every wait is bounded. Exit 0 = pass,
 """
 import argparse
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -36,16 +37,16 @@ def free_port():
         return s.getsockname()[1]
 
 
-def write_topology(config_path, out_dir):
+def write_topology(charm, config_path, out_dir):
     """The config with free ports and an absolute model path; returns (path, doc)."""
     doc = yaml.safe_load(Path(config_path).read_text())
     model = Path(doc["model"])
     if not model.is_absolute():
         doc["model"] = str((Path(config_path).parent / model).resolve())
     secret, key = Path(out_dir) / "cluster.secret", Path(out_dir) / "api.key"
-    for path, text in ((secret, os.urandom(32).hex() + "\n"), (key, API_KEY + "\n")):
-        path.write_text(text)
-        path.chmod(0o600)
+    subprocess.run([charm, "secret", "new", str(secret)], check=True, timeout=60)
+    key.write_text(API_KEY + "\n")
+    key.chmod(0o600)
     doc["api"] = {"host": "127.0.0.1", "port": free_port(), "api_key_file": str(key)}
     doc["cluster"] = {"secret_file": str(secret)}
     for w in doc["workers"]:
@@ -182,6 +183,31 @@ def test_openai_client(base, model_name):
         check(e.status_code == 400 and body.get("param") == "temperature", f"400 naming temperature: {body}")
 
 
+def test_undecodable_never_sampled(base, model_name):
+    """Near-uniform sampling (temperature 50) over the fixture's 151936 logits, 267 of them
+    padding past the tokenizer's 151669 ids: before charm masked them, seed 1 picked one
+    within 250 tokens and the request failed with a 400 naming tokenizer.json. Every
+    request must now succeed, whole and streamed, on both endpoints."""
+    import openai
+
+    client = openai.OpenAI(base_url=base + "/v1", api_key=API_KEY, timeout=REQUEST_TIMEOUT_S, max_retries=0)
+    args = dict(model=model_name, max_tokens=250, temperature=50, seed=1)
+    whole = client.completions.create(prompt=[9707, 11, 1879], **args)
+    check(whole.usage.completion_tokens == 250, f"hot completion: {whole.usage.completion_tokens} tokens")
+    streamed = ""
+    for chunk in client.completions.create(prompt=[9707, 11, 1879], stream=True, **args):
+        streamed += "".join(c.text for c in chunk.choices)
+    check(streamed == whole.choices[0].text, "hot streamed completion equals the whole one")
+    messages = [{"role": "user", "content": "Say anything."}]
+    for seed in (1, 2):
+        chat = client.chat.completions.create(messages=messages, **dict(args, seed=seed))
+        check(chat.choices[0].finish_reason in ("stop", "length"), f"hot chat, seed {seed}")
+        pieces = [c.choices[0].delta.content or "" for c in
+                  client.chat.completions.create(messages=messages, stream=True, **dict(args, seed=seed))
+                  if c.choices]
+        check("".join(pieces) == (chat.choices[0].message.content or ""), f"hot chat stream, seed {seed}")
+
+
 def test_metrics(base, doc):
     """GET /metrics after the generations above: tokens, TTFT and per-worker RPC moved."""
     request = urllib.request.Request(base + "/metrics", headers={"Authorization": "Bearer " + API_KEY})
@@ -306,7 +332,7 @@ def main():
     a = ap.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="charm-api-") as tmp:
-        topology, doc = write_topology(a.config, tmp)
+        topology, doc = write_topology(a.charm, a.config, tmp)
         if not (Path(doc["model"]) / "config.json").exists():
             print(f"skipped: model fixture {doc['model']} is absent", file=sys.stderr)
             return SKIP
@@ -319,6 +345,7 @@ def main():
             base = f"http://127.0.0.1:{doc['api']['port']}"
             wait_health(base, procs)
             test_openai_client(base, doc.get("model_name") or Path(doc["model"]).name)
+            test_undecodable_never_sampled(base, doc.get("model_name") or Path(doc["model"]).name)
             test_metrics(base, doc)
             test_hostile_json(base, procs)
             test_client_hangup(base)

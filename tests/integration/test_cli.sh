@@ -91,5 +91,59 @@ for kernel in copy scale add triad; do
   fi
 done
 
+# charm secret new: 64 hex digits and a newline, mode 0600; never overwrites.
+expect 0 "" -- secret new "$tmp/cluster.secret"
+if [[ $(stat -c %a "$tmp/cluster.secret") != 600 ]] || ! grep -qxE '[0-9a-f]{64}' "$tmp/cluster.secret" ||
+   [[ $(wc -c <"$tmp/cluster.secret") -ne 65 ]]; then
+  echo "FAIL: charm secret new wrote $(stat -c %a "$tmp/cluster.secret") $(wc -c <"$tmp/cluster.secret") bytes"
+  failures=$((failures + 1))
+fi
+cp "$tmp/cluster.secret" "$tmp/before"
+expect 2 "already exists" -- secret new "$tmp/cluster.secret"
+cmp -s "$tmp/cluster.secret" "$tmp/before" || { echo "FAIL: charm secret new changed an existing file"; failures=$((failures + 1)); }
+expect 2 "subcommand" -- secret
+expect 1 "cannot create" -- secret new /nonexistent/dir/s
+chmod 644 "$tmp/before"
+printf 'model: /nonexistent/model\ncluster: {secret_file: %s}\nworkers:\n  - {name: w0, port: 7701, experts: 0-3}\n' \
+  "$tmp/before" >"$tmp/open-secret.yaml"
+expect 2 "chmod 600" -- worker --config "$tmp/open-secret.yaml" --name w0
+
+# Secure by default on a LAN: a worker or the API on an address other machines can reach,
+# without a secret / key, refuses to start (before loading anything) and says how to make
+# one; `insecure: true` lets it start with a warning; loopback needs nothing. The model
+# does not exist, so a start that gets past the check fails on it instead (nothing binds).
+lan_worker() {  # lan_worker <host> <extra cluster keys>
+  printf 'model: /nonexistent/model\ncluster: {%s}\nworkers:\n  - {name: w0, host: "%s", port: 7701, experts: 0-3}\n' \
+    "$2" "$1" >"$tmp/lan.yaml"
+}
+for host in 0.0.0.0 :: 192.168.77.10; do
+  lan_worker "$host" ""
+  expect 2 "charm secret new cluster.secret" -- worker --config "$tmp/lan.yaml" --name w0
+  lan_worker "$host" "insecure: true"
+  expect 2 "not a checkpoint directory" -- worker --config "$tmp/lan.yaml" --name w0
+  grep -q "WITHOUT AUTHENTICATION because cluster.insecure is true" "$tmp/err" ||
+    { echo "FAIL: no warning for cluster.insecure on $host"; failures=$((failures + 1)); }
+  lan_worker "$host" "secret_file: $tmp/cluster.secret"
+  expect 2 "not a checkpoint directory" -- worker --config "$tmp/lan.yaml" --name w0
+done
+for host in 127.0.0.1 127.0.0.2 ::1 localhost; do
+  lan_worker "$host" ""
+  expect 2 "not a checkpoint directory" -- worker --config "$tmp/lan.yaml" --name w0
+done
+api_config() {  # api_config <host> <extra api keys>
+  printf 'model: /nonexistent/model\nmode: single-node\napi: {host: "%s", port: 8080%s}\n' "$1" "$2" >"$tmp/api.yaml"
+}
+api_config 0.0.0.0 ""
+expect 2 "charm secret new api.key" -- serve --config "$tmp/api.yaml"
+api_config 0.0.0.0 ", insecure: true"
+expect 2 "not a checkpoint directory" -- serve --config "$tmp/api.yaml"
+grep -q "WITHOUT AUTHENTICATION because api.insecure is true" "$tmp/err" ||
+  { echo "FAIL: no warning for api.insecure"; failures=$((failures + 1)); }
+api_config 0.0.0.0 ", api_key_file: $tmp/cluster.secret"
+expect 2 "not a checkpoint directory" -- serve --config "$tmp/api.yaml"
+api_config 127.0.0.1 ""
+expect 2 "not a checkpoint directory" -- serve --config "$tmp/api.yaml"
+expect 2 "the HTTP API would listen on 0.0.0.0:9" -- serve --config "$tmp/api.yaml" --host 0.0.0.0 --port 9
+
 [[ $failures -eq 0 ]] && echo PASS
 exit $((failures > 0))

@@ -18,6 +18,7 @@ runs the same scenario with the workers on 127.0.0.1 ports. Namespaces and proce
 removed at exit, also on failure. Exit 0 = pass, 77 = skipped (model fixture absent).
 """
 import argparse
+import re
 import signal
 import sys
 import tempfile
@@ -127,14 +128,22 @@ def scenario(c, report):
     check(cluster_status(c.base)["w1"]["requests"] > w1["requests"], "w1 takes traffic again")
     report["tok/s after rejoin"] = tokens_per_s(again["chunks"])
 
-    # 4. No replica left for experts 0-4 (w0 and w2 gone): 503 naming them; server stays up.
+    # 4. No replica left for experts 0-4 (w0 and w2 gone): a 503 (or error event) telling
+    # the client to retry, with a request id and no worker address; the server log names
+    # the layer and experts under that id. The server stays up.
     c.kill("w0")
     c.kill("w2")
     failed = stream_completion(c.base, PROMPT, MAX_TOKENS)
     message = (failed["error"] or {}).get("message", "")
     check(failed["error"] is not None, f"with no replica left the request fails: {message[:300]!r}")
-    check("no live replica" in message and "layer" in message, "the error names the layer and experts")
     check(failed["status"] in (200, 503), f"503 or an error event (status {failed['status']})")
+    request = re.search(r"\(request (\S+);", message)
+    check("retry later" in message and request is not None, f"the error says retry, with a request id: {message!r}")
+    check(not any(w["host"] + ":" in message for w in c.doc["workers"]), "the error shows no worker address")
+    logged = [line for line in (c.procs.log_dir / "serve.log").read_text(errors="replace").splitlines()
+              if f"request {request.group(1)} failed (503)" in line]
+    check(len(logged) == 1 and "no live replica" in logged[0] and "layer" in logged[0],
+          f"the server log names the layer and experts under the request id: {logged}")
     c.start_worker(0, "-restarted")
     c.start_worker(2, "-restarted")
     wait_for("w0 and w2 rejoin",

@@ -238,8 +238,14 @@ TEST_CASE("topology: secrets come from a file or the environment, never inline")
     write_bytes(dir / "t.yaml", head + yaml);
     return Topology::load(dir / "t.yaml");
   };
-  write_bytes(dir / "secret", kSecret + "\n");
-  write_bytes(dir / "key", "sk-0123456789abcdef0123\n");
+  // Secret files are refused unless only their owner (and at most the group, reading)
+  // may access them: test_secret.cpp checks that; these are 0600.
+  auto write_secret = [](const std::filesystem::path& path, const std::string& text) {
+    write_bytes(path, text);
+    std::filesystem::permissions(path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  };
+  write_secret(dir / "secret", kSecret + "\n");
+  write_secret(dir / "key", "sk-0123456789abcdef0123\n");
   Topology t = load("cluster: {secret_file: secret}\napi: {port: 8080, api_key_file: key}\n");
   CHECK(t.cluster_secret == kSecret);  // the final newline dropped
   CHECK(t.api_key == "sk-0123456789abcdef0123");
@@ -252,9 +258,9 @@ TEST_CASE("topology: secrets come from a file or the environment, never inline")
                {"cluster.secret_env", "CHARM_TEST_SECRET", "is not set"});
   expect_error([&] { load("cluster: {secret_file: nope}\n"); }, ErrorCategory::kInvalidInput,
                {"cluster.secret_file", "nope", "cannot be read"});
-  write_bytes(dir / "short", "hunter2\n");
+  write_secret(dir / "short", "hunter2\n");
   expect_error([&] { load("cluster: {secret_file: short}\n"); }, ErrorCategory::kInvalidInput,
-               {"cluster.secret_file", "7 bytes", "at least 16", "openssl rand"});
+               {"cluster.secret_file", "7 bytes", "at least 16", "charm secret new"});
   expect_error([&] { load("cluster: {secret_file: secret, secret_env: X}\n"); }, ErrorCategory::kInvalidInput,
                {"cluster.secret_file", "not both"});
   expect_error([&] { load("cluster: {secret: inline-secret-is-not-allowed}\n"); }, ErrorCategory::kInvalidInput,

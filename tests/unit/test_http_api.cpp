@@ -17,6 +17,9 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
 #include "common/error.h"
 #include "coordinator/http_api.h"
 #include "coordinator/openai_request.h"
@@ -53,6 +56,7 @@ class ByteTokenizer : public charm::Tokenizer {
   int32_t token_id(std::string_view token) const override { return token == "<|end|>" ? 256 : -1; }
   int32_t vocab_size() const override { return 300; }
   bool is_special(int32_t id) const override { return id == 256; }
+  bool has_token(int32_t id) const override { return id >= 0 && id <= 256; }
 };
 
 /// "<role>content\n" per message, then "<assistant>"; content "RAISE" raises, as a
@@ -84,7 +88,9 @@ class TagTemplate : public charm::ChatTemplate {
 };
 
 /// Replies with kReply one byte per token (stop strings and max_tokens honoured). A
-/// prompt containing "boom" fails with an I/O error, "invalid" with kInvalidInput,
+/// prompt containing "boom" fails with an I/O error, "nobody" with kUnavailable,
+/// "invalid" with kInvalidInput (as a bad tokenizer file would), "unsupported" with
+/// kUnsupported, each naming server files or addresses;
 /// "forever" emits "x" until cancelled (at most kForever pieces, whatever max_tokens).
 class FakeEngine : public charm::Engine {
  public:
@@ -92,7 +98,12 @@ class FakeEngine : public charm::Engine {
   static constexpr int64_t kForever = 200000;  // ~30 MB of events: more than socket buffers hold
 
   const charm::Tokenizer& tokenizer() const override { return tokenizer_; }
-  const charm::ChatTemplate& chat_template() const override { return template_; }
+  /// As the real engine when the model has no usable template (no_template).
+  const charm::ChatTemplate& chat_template() const override {
+    if (no_template) charm::fail_invalid("model 'fake-moe' has no usable chat template (the server log says why)");
+    return template_;
+  }
+  bool no_template = false;
   const std::string& model_name() const override { return name_; }
   int64_t max_context() const override { return 1000; }
 
@@ -106,9 +117,14 @@ class FakeEngine : public charm::Engine {
       cancelled_ = false;
       finished_ = false;
     }
+    // What the real engine's failures carry: files, worker addresses, tensor names.
     if (text.find("boom") != std::string::npos) charm::fail_io("expert file /x/e3.bin: disk on fire");
-    if (text.find("nobody") != std::string::npos) charm::fail_unavailable("layer 3: no live replica of expert 5");
-    if (text.find("invalid") != std::string::npos) charm::fail_invalid("engine refused the prompt");
+    if (text.find("nobody") != std::string::npos)
+      charm::fail_unavailable("layer 3: no live replica of expert 5; worker 'w1' (10.0.0.7:7702) down");
+    if (text.find("invalid") != std::string::npos)
+      charm::fail_invalid("/srv/models/m/tokenizer.json: token id 151771 is outside [0, 151669)");
+    if (text.find("unsupported") != std::string::npos)
+      charm::fail_unsupported("/srv/models/m/model.safetensors: tensor 'lm_head.weight' has dtype F8_E5M2");
     bool forever = text.find("forever") != std::string::npos;
     charm::GenerationResult r;
     r.prompt_tokens = int64_t(prompt.size());
@@ -547,37 +563,106 @@ TEST_CASE("unknown paths get 404, wrong methods 405") {
   CHECK(res->status == 405);
 }
 
-TEST_CASE("engine and template errors map to 400 / 500 and the server stays up") {
+/// Collects what spdlog logs while it lives (the default logger's sinks, swapped).
+struct LogCapture {
+  std::ostringstream text;
+  std::shared_ptr<spdlog::logger> previous = spdlog::default_logger();
+  LogCapture() {
+    spdlog::set_default_logger(
+        std::make_shared<spdlog::logger>("capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(text)));
+  }
+  ~LogCapture() { spdlog::set_default_logger(previous); }
+};
+
+/// Checks a 5xx error (a response body's or a stream event's) for request `id`: the
+/// fixed text naming the id and none of `hidden`, type server_error; the server log
+/// names the id with the detail.
+void check_server_error(const json& body, int status, const std::string& id, const LogCapture& log,
+                        const std::vector<std::string>& hidden) {
+  const std::string message = body["error"]["message"];
+  CAPTURE(message);
+  CHECK(body["error"]["type"] == "server_error");
+  CHECK(message.find(status == 503 ? "retry later" : "internal server error") != std::string::npos);
+  CHECK(message.find("request " + id) != std::string::npos);
+  const std::string logged = log.text.str();
+  CAPTURE(logged);
+  CHECK(logged.find("request " + id) != std::string::npos);
+  for (const std::string& h : hidden) {
+    CHECK(message.find(h) == std::string::npos);
+    CHECK(logged.find(h) != std::string::npos);
+  }
+}
+
+TEST_CASE("request errors are 400; server failures 500 / 503 without paths or addresses, the detail logged") {
   Served s;
-  auto res = s.post("/v1/completions", {{"prompt", "invalid"}});
-  check_error(res, 400, "");
-  CHECK(json::parse(res->body)["error"]["message"] == "engine refused the prompt");
-
-  res = s.post("/v1/completions", {{"prompt", "boom"}});
-  check_error(res, 500, "");
-  CHECK(json::parse(res->body)["error"]["message"].get<std::string>().find("disk on fire") != std::string::npos);
-
-  // No live replica: 503, naming the layer and expert, and the next request is served.
-  res = s.post("/v1/completions", {{"prompt", "nobody"}});
-  check_error(res, 503, "");
-  CHECK(json::parse(res->body)["error"]["message"].get<std::string>().find("layer 3") != std::string::npos);
-
-  res = s.post("/v1/chat/completions", {{"messages", json::array({{{"role", "user"}, {"content", "RAISE"}}})}});
+  // A template's raise_exception: the request's fault, its text reaches the client.
+  auto res = s.post("/v1/chat/completions", {{"messages", json::array({{{"role", "user"}, {"content", "RAISE"}}})}});
   check_error(res, 400, "");
   CHECK(json::parse(res->body)["error"]["message"].get<std::string>().find("alternate") != std::string::npos);
 
-  // A failure after the stream began arrives as an error event, then [DONE].
-  res = s.post("/v1/completions", {{"prompt", "boom"}, {"stream", true}});
-  REQUIRE(res);
-  CHECK(res->status == 200);
-  std::vector<std::string> events = sse_payloads(res->body);
-  REQUIRE(events.size() == 2);
-  CHECK(json::parse(events[0])["error"]["type"] == "server_error");
-  CHECK(events[1] == "[DONE]");
+  struct Case {
+    std::string prompt;
+    int status;
+    std::vector<std::string> hidden;
+  };
+  const std::vector<Case> cases = {
+      {"boom", 500, {"/x/e3.bin", "disk on fire"}},
+      // kInvalidInput while generating is a bad server file (tokenizer.json), not the client.
+      {"invalid", 500, {"/srv/models/m/tokenizer.json", "151771"}},
+      {"unsupported", 500, {"/srv/models/m/model.safetensors", "lm_head.weight"}},
+      // No live replica: 503 (a retry may succeed), without the worker's address.
+      {"nobody", 503, {"10.0.0.7", "w1"}},
+  };
+  for (const Case& c : cases) {
+    for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
+      CAPTURE(c.prompt);
+      CAPTURE(path);
+      const bool chat = std::string(path) == "/v1/chat/completions";
+      json body = chat ? json{{"messages", json::array({{{"role", "user"}, {"content", c.prompt}}})}}
+                       : json{{"prompt", c.prompt}};
+      {
+        LogCapture log;
+        res = s.post(path, body);
+        check_error(res, c.status, "");
+        const std::string id = res->get_header_value("X-Request-Id");
+        CHECK(id.rfind(chat ? "chatcmpl-" : "cmpl-", 0) == 0);
+        check_server_error(json::parse(res->body), c.status, id, log, c.hidden);
+      }
+      // After the stream began (200 sent): the same error as an event, then [DONE].
+      LogCapture log;
+      body["stream"] = true;
+      res = s.post(path, body);
+      REQUIRE(res);
+      CHECK(res->status == 200);
+      std::vector<std::string> events = sse_payloads(res->body);
+      REQUIRE(events.size() >= 2);
+      CHECK(events.back() == "[DONE]");
+      const json error = json::parse(events[events.size() - 2]);
+      REQUIRE(error.contains("error"));
+      check_server_error(error, c.status, res->get_header_value("X-Request-Id"), log, c.hidden);
+      if (chat) CHECK(json::parse(events[0])["id"] == res->get_header_value("X-Request-Id"));
+    }
+  }
 
   auto health = s.client->Get("/health");
   REQUIRE(health);
   CHECK(health->status == 200);
+}
+
+// Completions never need the chat template: a model without one still serves them.
+TEST_CASE("a model without a chat template serves completions; chat gets a 400 naming the model") {
+  Served s;
+  s.engine.no_template = true;
+  auto res = s.post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 3}});
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  res = s.post("/v1/completions", {{"prompt", json::array({104, 105})}, {"max_tokens", 3}});
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  res = s.post("/v1/chat/completions", {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}});
+  check_error(res, 400, "");
+  CHECK(json::parse(res->body)["error"]["message"].get<std::string>().find("no usable chat template") !=
+        std::string::npos);
 }
 
 TEST_CASE("a client that disconnects mid-stream cancels the generation") {
@@ -922,15 +1007,22 @@ TEST_CASE("/metrics: Prometheus text whose counters move with requests") {
   REQUIRE(bad);
   REQUIRE(bad->status == 400);
 
-  auto after = s.client->Get("/metrics");
-  REQUIRE(after);
-  const std::string& m = after->body;
+  // httplib counts a request (its logger) after writing the response, so the 400 may not
+  // be counted yet when the next request arrives on a new connection: poll, bounded.
+  std::string m;
+  for (int i = 0; i < 500; ++i) {
+    auto after = s.client->Get("/metrics");
+    REQUIRE(after);
+    m = after->body;
+    if (m.find("charm_http_requests_total{endpoint=\"/v1/completions\",status=\"400\"}") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   INFO(m);
   CHECK(sample(m, "charm_prompt_tokens_total") == 4);
   CHECK(sample(m, "charm_completion_tokens_total") == 10);
   CHECK(sample(m, "charm_http_requests_total{endpoint=\"/v1/completions\",status=\"200\"}") == 2);
   CHECK(sample(m, "charm_http_requests_total{endpoint=\"/v1/completions\",status=\"400\"}") == 1);
-  CHECK(sample(m, "charm_http_requests_total{endpoint=\"/metrics\",status=\"200\"}") == 1);
+  CHECK(sample(m, "charm_http_requests_total{endpoint=\"/metrics\",status=\"200\"}") >= 1);
   // TTFT 5 ms per generation: in the 0.01 s bucket, not in the 0.0025 one it does not reach.
   CHECK(sample(m, "charm_time_to_first_token_seconds_count") == 2);
   CHECK(sample(m, "charm_time_to_first_token_seconds_bucket{le=\"0.01\"}") == 2);

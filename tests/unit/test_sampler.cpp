@@ -1,13 +1,83 @@
 // Sampling (coordinator/sampler.h) and stop strings (coordinator/stop_strings.h).
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <map>
 
 #include "coordinator/engine.h"
 #include "coordinator/sampler.h"
 #include "coordinator/stop_strings.h"
+#include "coordinator/tokenizer.h"
 
 using namespace charm;
+
+namespace {
+
+/// A tokenizer of `size` ids with holes at `holes`; only has_token and vocab_size matter.
+class HoleyTokenizer : public Tokenizer {
+ public:
+  HoleyTokenizer(int32_t size, std::vector<int32_t> holes) : size_(size), holes_(std::move(holes)) {}
+  std::vector<int32_t> encode(std::string_view, bool) const override { return {}; }
+  std::string decode(std::span<const int32_t>, bool) const override { return {}; }
+  std::string token_bytes(int32_t) const override { return {}; }
+  int32_t token_id(std::string_view) const override { return -1; }
+  int32_t vocab_size() const override { return size_; }
+  bool is_special(int32_t) const override { return false; }
+  bool has_token(int32_t id) const override {
+    return id >= 0 && id < size_ && std::find(holes_.begin(), holes_.end(), id) == holes_.end();
+  }
+
+ private:
+  int32_t size_;
+  std::vector<int32_t> holes_;
+};
+
+}  // namespace
+
+TEST_CASE("unsampleable ids: the model's padding past the tokenizer and its holes, EOS kept") {
+  const HoleyTokenizer tok(6, {2});
+  const std::vector<int32_t> none, eos = {7};
+  CHECK(unsampleable_ids(tok, 6, none) == std::vector<int32_t>{2});
+  CHECK(unsampleable_ids(tok, 9, none) == std::vector<int32_t>{2, 6, 7, 8});
+  CHECK(unsampleable_ids(tok, 9, eos) == std::vector<int32_t>{2, 6, 8});
+  CHECK(unsampleable_ids(HoleyTokenizer(4, {}), 4, none).empty());
+}
+
+TEST_CASE("masked logits are never picked, greedy or sampled; the others keep their values") {
+  // The masked ids hold the largest logits, and the last id is masked (the padding sits
+  // at the end of a vocabulary).
+  const std::vector<float> raw = {0.5f, 9.0f, 0.2f, 0.1f, 8.0f};
+  const std::vector<int32_t> masked = {1, 4};
+  std::vector<float> logits = raw;
+  mask_logits(logits.data(), masked);
+  CHECK(std::isinf(logits[1]));
+  CHECK(logits[1] < 0);
+  for (int32_t id : {0, 2, 3}) CHECK(logits[id] == raw[id]);
+
+  SamplingParams p;
+  p.temperature = 0;
+  std::mt19937_64 rng(5);
+  std::vector<float> scratch = logits;
+  CHECK(sample_token(scratch.data(), scratch.size(), p, rng) == 0);
+  std::map<int32_t, int> counts;
+  for (double temperature : {1.0, 1e3, 1e6}) {
+    for (int64_t top_k : {0, 2}) {
+      for (double top_p : {1.0, 0.5}) {
+        p.temperature = temperature;
+        p.top_k = top_k;
+        p.top_p = top_p;
+        for (int i = 0; i < 500; ++i) {
+          scratch = logits;
+          counts[sample_token(scratch.data(), scratch.size(), p, rng)]++;
+        }
+      }
+    }
+  }
+  CHECK(counts[1] == 0);
+  CHECK(counts[4] == 0);
+  CHECK(counts[0] > 0);
+  CHECK(counts[3] > 0);  // the masked ids took nothing from the rest: 3 still drawn
+}
 
 TEST_CASE("temperature 0 is argmax, first index on ties") {
   std::vector<float> logits = {0.0f, 3.0f, 3.0f, -1.0f};

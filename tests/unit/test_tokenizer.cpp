@@ -282,6 +282,19 @@ TEST_CASE("a tiny valid tokenizer.json, merges in both formats") {
   CHECK(t2->encode("ab") == std::vector<int32_t>{2});
 }
 
+TEST_CASE("has_token: vocabulary and added ids only, not holes or ids past the end") {
+  json j = tiny_tokenizer();
+  j["model"]["vocab"] = json::parse(R"({"a": 0, "b": 1, "ab": 2, "Ġ": 5})");  // 4 is a hole
+  j["added_tokens"][0]["id"] = 3;
+  auto t = Tokenizer::load(write_temp("holes.json", j.dump()));
+  CHECK(t->vocab_size() == 6);
+  for (int32_t id : {0, 1, 2, 3, 5}) CHECK(t->has_token(id));
+  for (int32_t id : {-1, 4, 6, 1 << 30}) CHECK_FALSE(t->has_token(id));
+  CHECK(t->token_bytes(4).empty());  // a hole decodes to nothing, as tokenizers skips it
+  CHECK(qwen().has_token(151668));
+  CHECK_FALSE(qwen().has_token(151669));
+}
+
 TEST_CASE("malformed tokenizer.json files name the file and the problem") {
   using C = charm::ErrorCategory;
   expect_error("bad.json", "{\"model\": {", C::kInvalidInput, "not valid JSON");

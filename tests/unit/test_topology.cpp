@@ -202,6 +202,24 @@ TEST_CASE("prefetch is off unless the key says true") {
   CHECK_FALSE(load_text(dir, kModel + "mode: single-node\nprefetch: false\n").prefetch);
 }
 
+TEST_CASE("insecure: off unless api / cluster say true, and never beside the secret it waives") {
+  TempDir dir("topo");
+  const Topology plain = load_text(dir, kTwoWorkers);
+  CHECK_FALSE(plain.api_insecure);
+  CHECK_FALSE(plain.cluster_insecure);
+  const Topology both = load_text(dir, kTwoWorkers + "api: {insecure: true}\ncluster: {insecure: true}\n");
+  CHECK(both.api_insecure);
+  CHECK(both.cluster_insecure);
+  const Topology api_only = load_text(dir, kTwoWorkers + "api: {insecure: true}\ncluster: {insecure: false}\n");
+  CHECK(api_only.api_insecure);
+  CHECK_FALSE(api_only.cluster_insecure);
+  expect_invalid(kTwoWorkers + "cluster: {insecure: yes please}\n", "cluster.insecure", "expected true or false");
+  expect_invalid(kTwoWorkers + "cluster: {insecure: true, secret_env: CHARM_X}\n", "cluster.insecure",
+                 "waives the secret_file / secret_env");
+  expect_invalid(kTwoWorkers + "api: {insecure: true, api_key_file: k}\n", "api.insecure", "waives the api_key_file");
+  expect_invalid(kTwoWorkers + "insecure: true\n", "insecure", "unknown key");
+}
+
 TEST_CASE("workers: required in cluster mode, forbidden in single-node mode, well-formed") {
   expect_invalid(kModel, "workers", "required in cluster mode");
   expect_invalid(kModel + "mode: cluster\nworkers: []\n", "workers", "non-empty list");

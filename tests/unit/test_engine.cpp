@@ -1,0 +1,118 @@
+// Tests of the generation engine (coordinator/engine.h) on the committed fixtures:
+// what it may sample, and what it refuses at load.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/topology.h"
+#include "coordinator/engine.h"
+#include "safetensors_writer.h"
+#include "tests/support/expect_error.h"
+
+namespace {
+
+using namespace charm;
+
+const std::filesystem::path kModels = std::filesystem::path(CHARM_SOURCE_DIR) / "tests/fixtures/models";
+
+std::unique_ptr<Engine> single_node(const std::filesystem::path& dir) {
+  Topology topology;
+  topology.model = dir;
+  topology.single_node = true;
+  return Engine::create(topology);
+}
+
+}  // namespace
+
+// The fixtures' config.json pads vocab_size (151936) past the tokenizer's 151669 ids, as
+// Qwen's checkpoints do; the padded rows have logits like any other. Near-uniform
+// sampling (temperature 50) without the mask picks one of the 267 padded ids about once
+// in 870 draws (23 of 20000 from this prompt's first-step logits); before the mask,
+// seed 1 hit one within its first 250 tokens.
+TEST_CASE("padded vocabulary ids are never sampled, and the generation succeeds") {
+  auto engine = single_node(kModels / "qwen3-moe-tiny");
+  const int32_t decodable = engine->tokenizer().vocab_size();
+  REQUIRE(decodable == 151669);
+  SamplingParams params;
+  params.temperature = 50;
+  params.max_tokens = 250;
+  int64_t sampled = 0;
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    CAPTURE(seed);
+    params.seed = seed;
+    GenerationResult r;
+    REQUIRE_NOTHROW(r = engine->generate({9707, 11, 1879}, params, {}));
+    for (int32_t id : r.tokens) CHECK(id < decodable);
+    sampled += r.completion_tokens;
+  }
+  MESSAGE("sampled " << sampled << " tokens at temperature 50");
+}
+
+// The mask covers only ids with no token: greedy generation through the engine gives the
+// transformers reference's tokens on every fixture (test_model_reference.cpp checks the
+// same with the bare model and argmax).
+TEST_CASE("the sampling mask leaves greedy generation as the reference has it, for every family") {
+  for (const char* name : {"qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny",
+                           "deepseek-v3-tiny-fp8"}) {
+    CAPTURE(name);
+    auto engine = single_node(kModels / name);
+    std::ifstream in(kModels / name / "reference.json");
+    const auto reference = nlohmann::json::parse(in);
+    for (const auto& prompt : reference["prompts"]) {
+      CAPTURE(prompt["name"].get<std::string>());
+      const auto expected = prompt["new_ids"].get<std::vector<int32_t>>();
+      SamplingParams greedy;
+      greedy.temperature = 0;
+      greedy.max_tokens = static_cast<int64_t>(expected.size());
+      const GenerationResult r = engine->generate(prompt["prompt_ids"].get<std::vector<int32_t>>(), greedy, {});
+      // An EOS id ends the generation and is not in r.tokens; compare up to it.
+      REQUIRE(r.tokens.size() <= expected.size());
+      CHECK(std::equal(r.tokens.begin(), r.tokens.end(), expected.begin()));
+      if (r.tokens.size() < expected.size()) CHECK(r.finish_reason == "stop");
+    }
+  }
+}
+
+TEST_CASE("a tokenizer with more ids than the model's vocab_size is refused at load, naming both files") {
+  testing::TempDir dir("charm-engine");
+  const auto fixture = kModels / "qwen3-moe-tiny";
+  for (const auto& entry : std::filesystem::directory_iterator(fixture)) {
+    if (entry.path().filename() != "config.json")
+      std::filesystem::create_symlink(entry.path(), dir / entry.path().filename().string());
+  }
+  std::ifstream in(fixture / "config.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  config["vocab_size"] = 151000;  // below the tokenizer's 151669
+  testing::write_bytes(dir / "config.json", config.dump());
+  test::expect_error([&] { single_node(dir.path()); }, ErrorCategory::kInvalidInput,
+                     {(dir / "tokenizer.json").string(), "151669", (dir / "config.json").string(), "151000"});
+}
+
+// The refusal reaches HTTP clients as a 400 (a chat request to such a model is the
+// request's mistake), so it names the model, not the server's files; the load logged why.
+TEST_CASE("a model without a usable chat template refuses chat without naming its files") {
+  testing::TempDir dir("charm-engine");
+  for (const auto& entry : std::filesystem::directory_iterator(kModels / "qwen3-moe-tiny")) {
+    if (entry.path().filename() != "tokenizer_config.json")
+      std::filesystem::create_symlink(entry.path(), dir / entry.path().filename().string());
+  }
+  auto engine = single_node(dir.path());
+  try {
+    engine->chat_template();
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.category() == ErrorCategory::kInvalidInput);
+    CHECK(e.message().find("'" + dir.path().filename().string() + "'") != std::string::npos);  // the model's name
+    CHECK(e.message().find(dir.path().string()) == std::string::npos);
+    CHECK(e.message().find("no usable chat template") != std::string::npos);
+    CHECK(e.message().find("/v1/completions") != std::string::npos);
+  }
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.max_tokens = 2;
+  CHECK(engine->generate({9707}, greedy, {}).completion_tokens == 2);  // completions still work
+}
