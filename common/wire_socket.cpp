@@ -17,6 +17,8 @@ namespace charm {
 struct FrameConnection::Impl {
   asio::io_context io;
   asio::ip::tcp::socket socket{io};
+  std::atomic<bool> interrupted{false};  // set by interrupt() from any thread
+  bool reading = false;  // a receive's read is pending; touched on the owner's thread only
 };
 
 struct FrameListener::Impl {
@@ -72,8 +74,8 @@ std::string endpoint_text(const asio::ip::tcp::endpoint& ep) {
 
 }  // namespace
 
-FrameConnection::FrameConnection(std::unique_ptr<Impl> impl, std::string peer)
-    : impl_(std::move(impl)), peer_(std::move(peer)) {}
+FrameConnection::FrameConnection(std::unique_ptr<Impl> impl, std::string peer, std::string remote_address)
+    : impl_(std::move(impl)), peer_(std::move(peer)), remote_address_(std::move(remote_address)) {}
 
 FrameConnection::~FrameConnection() { close(); }
 
@@ -114,7 +116,9 @@ std::unique_ptr<FrameConnection> FrameConnection::connect(const std::string& hos
   if (ec) fail_unavailable("cannot connect to " + where + ": " + ec.message());
   // Frames are whole messages; Nagle would delay the small ones (hello, health).
   impl->socket.set_option(asio::ip::tcp::no_delay(true), ec);
-  return std::make_unique<FrameConnection>(std::move(impl), peer);
+  asio::error_code ep_ec;
+  const auto remote = impl->socket.remote_endpoint(ep_ec);
+  return std::make_unique<FrameConnection>(std::move(impl), peer, ep_ec ? std::string() : remote.address().to_string());
 }
 
 uint64_t FrameConnection::send(const Frame& frame, std::chrono::milliseconds timeout) {
@@ -141,6 +145,8 @@ uint64_t FrameConnection::send(const Frame& frame, std::chrono::milliseconds tim
 FrameBody FrameConnection::receive(std::chrono::milliseconds timeout,
                                    const std::atomic<bool>* stop) {
   if (!is_open()) fail_unavailable("connection to " + peer_ + " is closed");
+  const auto interrupted_text = [&] { return "reading from " + peer_ + " interrupted"; };
+  if (interrupted()) fail_unavailable(interrupted_text());
   const auto deadline = deadline_after(timeout);
   asio::error_code ec;
   size_t got = 0;
@@ -150,8 +156,17 @@ FrameBody FrameConnection::receive(std::chrono::milliseconds timeout,
     got = n;
     done = true;
   };
+  // interrupt() cancels a pending read (its handler runs on this thread, inside the
+  // run_for below): the read then ends with operation_aborted, and the connection stays
+  // open so the owner can still say why.
+  auto fail_if_interrupted = [&] {
+    if (ec == asio::error::operation_aborted && interrupted()) fail_unavailable(interrupted_text());
+  };
   auto wait = [&](const char* what) {
-    if (!run_until(impl_->io, done, deadline, stop)) {
+    impl_->reading = true;
+    const bool completed = run_until(impl_->io, done, deadline, stop);
+    impl_->reading = false;
+    if (!completed) {
       abandon(impl_->io, impl_->socket);
       close();
       if (stop && stop->load()) fail_unavailable("stopped while reading from " + peer_);
@@ -164,20 +179,15 @@ FrameBody FrameConnection::receive(std::chrono::milliseconds timeout,
   asio::async_read(impl_->socket, asio::buffer(prefix), on_read);
   wait("a frame");
   if (ec) {
+    fail_if_interrupted();
     close();
     if (ec == asio::error::eof && got == 0) fail_unavailable(peer_ + " closed the connection");
     if (ec == asio::error::eof) fail_protocol("truncated frame length prefix from " + peer_);
     fail_unavailable("cannot read from " + peer_ + ": " + ec.message());
   }
-  const uint64_t length = uint64_t{prefix[0]} | uint64_t{prefix[1]} << 8 |
-                          uint64_t{prefix[2]} << 16 | uint64_t{prefix[3]} << 24;
-  if (length > max_frame_bytes_ || length % 8 != 0) {
-    // Left open so the caller can answer with an `error` frame before closing.
-    fail_protocol("frame length " + std::to_string(length) + " bytes from " + peer_ +
-                  (length > max_frame_bytes_
-                       ? " exceeds the cap of " + std::to_string(max_frame_bytes_) + " bytes"
-                       : " is not a whole number of 8-byte Cap'n Proto words"));
-  }
+  // Checked before the body is allocated; on failure the connection is left open so the
+  // caller can answer with an `error` frame before closing.
+  const uint64_t length = frame_length(prefix, max_frame_bytes_, peer_);
   FrameBody body;
   body.bytes = length;
   body.words.resize(length / 8);
@@ -185,6 +195,7 @@ FrameBody FrameConnection::receive(std::chrono::milliseconds timeout,
   asio::async_read(impl_->socket, asio::buffer(body.words.data(), length), on_read);
   wait("the rest of a frame");
   if (ec) {
+    fail_if_interrupted();
     close();
     if (ec == asio::error::eof) {
       fail_protocol("truncated frame from " + peer_ + ": got " + std::to_string(got) + " of " +
@@ -205,6 +216,21 @@ void FrameConnection::close() {
 }
 
 bool FrameConnection::is_open() const { return impl_ && impl_->socket.is_open(); }
+
+void FrameConnection::interrupt() {
+  if (!impl_) return;
+  impl_->interrupted = true;  // a receive that starts later fails at once
+  // Posting is thread-safe; the handler runs on the owner's thread, inside its next
+  // run_for (at once when a read is pending), and cancels only a read: a last `error`
+  // frame sent after the interrupt goes out.
+  Impl* impl = impl_.get();
+  asio::post(impl->io, [impl] {
+    asio::error_code ignored;
+    if (impl->reading) impl->socket.cancel(ignored);
+  });
+}
+
+bool FrameConnection::interrupted() const { return impl_ && impl_->interrupted.load(); }
 
 FrameListener::FrameListener(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
@@ -256,7 +282,8 @@ std::unique_ptr<FrameConnection> FrameListener::accept(std::chrono::milliseconds
   asio::error_code ep_ec;
   const auto remote = conn->socket.remote_endpoint(ep_ec);
   std::string peer = ep_ec ? std::string("client") : "client " + endpoint_text(remote);
-  return std::make_unique<FrameConnection>(std::move(conn), std::move(peer));
+  return std::make_unique<FrameConnection>(std::move(conn), std::move(peer),
+                                           ep_ec ? std::string() : remote.address().to_string());
 }
 
 }  // namespace charm

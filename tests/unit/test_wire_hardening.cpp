@@ -29,6 +29,7 @@ std::unique_ptr<FrameConnection> greeted(const EchoWorker& worker) {
   auto conn = open(worker);
   conn->send(encode_hello(HelloMsg{kProtocolVersion, kEchoFingerprint, "test", ""}), 5s);
   REQUIRE(decode_as<HelloReplyMsg>(conn->receive(5s)).ok);
+  conn->set_max_frame_bytes(kDefaultMaxFrameBytes);  // trusted now, as the coordinator does
   return conn;
 }
 
