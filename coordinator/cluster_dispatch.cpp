@@ -123,6 +123,12 @@ ClusterDispatcher::ClusterDispatcher(const Topology& topology, Placement placeme
       rejoin_max_(std::max(topology.rejoin_max_ms, topology.rejoin_min_ms)),
       slow_ms_(static_cast<double>(topology.slow_ms)),
       cluster_secret_(topology.cluster_secret) {
+  // The model's shape bounds what a legitimate worker sends before it is accepted.
+  size_t num_experts = 0;
+  for (const auto& [layer, owners] : placement_) num_experts = std::max(num_experts, owners.size());
+  max_hello_reply_bytes_ =
+      max_hello_reply_bytes(static_cast<uint32_t>(placement_.size()), static_cast<uint32_t>(num_experts));
+  max_health_reply_bytes_ = max_health_reply_bytes(static_cast<uint32_t>(placement_.size()));
   for (size_t i = 0; i < topology.workers.size(); ++i) {
     auto worker = std::make_unique<Worker>();
     worker->spec = topology.workers[i];
@@ -187,40 +193,19 @@ void ClusterDispatcher::connect(Worker& worker) {
   // The shared-secret handshake (common/cluster_auth.h) when the topology names a secret,
   // all of it within one handshake_timeout_; every (re)connect, the health thread's
   // rejoins included, goes through here, so a rejoining worker proves the secret again.
-  const ClientHandshake handshake =
-      client_handshake(*conn, std::move(hello), cluster_secret_, handshake_timeout_, worker.label);
-  const HelloReplyMsg& reply = handshake.reply;
-  if (!reply.ok) {
-    fail_protocol(worker.label + " rejected the handshake: " + reply.error);
-  }
-  if (reply.protocol_version != kProtocolVersion) {
-    fail_protocol(worker.label + " speaks protocol version " +
-                  std::to_string(reply.protocol_version) + ", the coordinator " +
-                  std::to_string(kProtocolVersion));
-  }
-  if (reply.model_fingerprint != model_fingerprint_) {
-    fail_protocol(worker.label + " serves model fingerprint " + reply.model_fingerprint +
-                  ", the coordinator has " + model_fingerprint_);
-  }
-  // The worker must hold what the coordinator's placement sends it (same topology file).
-  uint64_t held = 0;
-  for (const auto& [layer, experts] : reply.held) held += experts.size();
-  for (const auto& [layer, owners] : placement_) {
-    const auto it = reply.held.find(static_cast<uint32_t>(layer));
-    for (size_t e = 0; e < owners.size(); ++e) {
-      if (std::find(owners[e].begin(), owners[e].end(), worker.index) == owners[e].end()) continue;
-      if (it == reply.held.end() ||
-          !std::binary_search(it->second.begin(), it->second.end(), static_cast<uint32_t>(e))) {
-        fail_protocol(worker.label + " does not hold expert " + std::to_string(e) + " of layer " +
-                      std::to_string(layer) + ", which the placement assigns it");
-      }
-    }
-  }
+  // Until its helloReply is accepted the peer is a stranger: frames no bigger than a
+  // legitimate reply for this model's shape.
+  const ClientHandshake handshake = client_handshake(*conn, std::move(hello), cluster_secret_, handshake_timeout_,
+                                                     worker.label, max_hello_reply_bytes_);
+  const uint64_t held = accept_hello_reply(handshake.reply, hello_expectations(worker), worker.label);
   // Its RAM slots (experts_by_tier) from the start rather than from the first heartbeat:
   // a restarted worker may run with another budget.
   const uint64_t health_out = conn->send(encode_health_request(), handshake_timeout_);
+  conn->set_max_frame_bytes(max_health_reply_bytes_);
   const FrameBody health_body = conn->receive(handshake_timeout_);
-  const HealthReplyMsg health = decode_as<HealthReplyMsg>(health_body);
+  const HealthReplyMsg health = decode_as<HealthReplyMsg>(health_body, max_health_reply_bytes_);
+  // Accepted: layer replies carry hidden rows, up to the normal frame limit.
+  conn->set_max_frame_bytes(kDefaultMaxFrameBytes);
   {
     std::lock_guard<std::mutex> io(worker.io);
     worker.conn = std::move(conn);
@@ -238,6 +223,18 @@ void ClusterDispatcher::connect(Worker& worker) {
   worker.backoff = rejoin_min_;
   spdlog::info("coordinator: connected to {} ({} experts{})", worker.label, held,
                worker.rejoins > 0 ? ", rejoined" : "");
+}
+
+HelloExpectations ClusterDispatcher::hello_expectations(const Worker& worker) const {
+  HelloExpectations expected;
+  expected.model_fingerprint = model_fingerprint_;
+  for (const auto& [layer, owners] : placement_) {
+    for (size_t e = 0; e < owners.size(); ++e) {
+      if (std::find(owners[e].begin(), owners[e].end(), worker.index) == owners[e].end()) continue;
+      expected.experts[static_cast<uint32_t>(layer)].push_back(static_cast<uint32_t>(e));
+    }
+  }
+  return expected;
 }
 
 void ClusterDispatcher::mark_down(Worker& worker, const std::string& reason) {

@@ -24,6 +24,8 @@
 
 namespace charm {
 
+struct HelloExpectations;  // common/cluster_auth.h
+
 /// ExpertDispatcher over remote workers.
 /// Thread-safety: one layer at a time (as ExpertDispatcher says); status() may be
 /// called concurrently from another thread. A background thread (started by the
@@ -89,6 +91,7 @@ class ClusterDispatcher final : public ExpertDispatcher {
   struct PendingLayer;
 
   void connect(Worker& worker);
+  HelloExpectations hello_expectations(const Worker& worker) const;
   void connect_at_startup(Worker& worker);
   void require_coverage(const std::string& why) const;
   void send_round(const std::vector<uint32_t>& which);
@@ -113,6 +116,10 @@ class ClusterDispatcher final : public ExpertDispatcher {
   std::chrono::milliseconds rejoin_max_;
   double slow_ms_;
   std::string cluster_secret_;  // topology.cluster_secret; empty: open cluster
+  // Frame caps while a (re)connecting worker is not accepted yet, from the model's shape
+  // (max_hello_reply_bytes, max_health_reply_bytes).
+  uint64_t max_hello_reply_bytes_ = 0;
+  uint64_t max_health_reply_bytes_ = 0;
   std::vector<std::unique_ptr<Worker>> workers_;
   uint64_t next_request_id_ = 1;  // engine thread only
   std::unique_ptr<PendingLayer> pending_;  // the begun layer, between begin and finish

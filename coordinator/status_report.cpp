@@ -22,11 +22,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 WorkerStatusRow query_worker(const WorkerSpec& spec, int timeout_ms, const std::string& secret,
-                             const std::string& fingerprint) {
+                             const StatusExpectations& expected) {
   WorkerStatusRow row;
   row.name = spec.name;
   row.address = spec.host + ":" + std::to_string(spec.port);
   const std::chrono::milliseconds timeout(timeout_ms);
+  // Whatever answers at the address is a stranger: no frame over a legitimate reply.
+  const bool shape_known = expected.num_moe_layers > 0 && expected.num_experts > 0;
+  const uint32_t layers = shape_known ? expected.num_moe_layers : kStatusFallbackMoeLayers;
+  const uint32_t experts = shape_known ? expected.num_experts : kStatusFallbackExperts;
   try {
     const std::string label = "worker '" + spec.name + "'";
     auto conn = FrameConnection::connect(spec.host, spec.port, timeout, label);
@@ -35,12 +39,13 @@ WorkerStatusRow query_worker(const WorkerSpec& spec, int timeout_ms, const std::
     if (!secret.empty()) {
       HelloMsg hello;
       hello.client_name = "charm status";
-      hello.model_fingerprint = fingerprint;
-      client_handshake(*conn, hello, secret, timeout, label);
+      hello.model_fingerprint = expected.fingerprint;
+      client_handshake(*conn, hello, secret, timeout, label, max_hello_reply_bytes(layers, experts));
     }
     const auto start = Clock::now();
     conn->send(encode_health_request(), timeout);
-    row.health = decode_as<HealthReplyMsg>(conn->receive(timeout));
+    conn->set_max_frame_bytes(max_health_reply_bytes(layers));
+    row.health = decode_as<HealthReplyMsg>(conn->receive(timeout), conn->max_frame_bytes());
     row.ping_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     row.up = true;
   } catch (const std::exception& e) {
@@ -196,7 +201,12 @@ StatusExpectations expected_status(const Topology& topology) {
   try {
     const ModelConfig config =
         ModelConfig::parse(checkpoint->config_json(), (topology.model / "config.json").string());
-    const auto placement = topology.placement(config.moe_layer_ids(), config.num_experts);
+    const std::vector<int64_t> moe_layers = config.moe_layer_ids();
+    if (!moe_layers.empty() && config.num_experts > 0 && config.num_experts <= UINT32_MAX) {
+      out.num_moe_layers = static_cast<uint32_t>(moe_layers.size());
+      out.num_experts = static_cast<uint32_t>(config.num_experts);
+    }
+    const auto placement = topology.placement(moe_layers, config.num_experts);
     std::vector<uint64_t> counts(topology.workers.size(), 0);
     for (const auto& [layer, owners] : placement) {
       for (const std::vector<int>& replicas : owners) {
@@ -286,7 +296,7 @@ ClusterStatus collect_status(const Topology& topology, int timeout_ms) {
   std::vector<std::future<WorkerStatusRow>> pending;
   for (const WorkerSpec& spec : topology.workers) {
     pending.push_back(std::async(std::launch::async, query_worker, spec, timeout_ms, topology.cluster_secret,
-                                 expected.fingerprint));
+                                 expected));  // a copy each: `expected` is moved from below
   }
   status.expected_fingerprint = expected.fingerprint;
   status.notes = std::move(expected.notes);

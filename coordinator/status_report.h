@@ -54,7 +54,19 @@ struct StatusExpectations {
   std::string fingerprint;  ///< empty: do not check fingerprints
   std::vector<std::optional<uint64_t>> experts;  ///< per topology.workers index; empty/nullopt: do not check
   std::vector<std::string> notes;  ///< why a check is skipped
+  /// The model's shape, which bounds the frames a worker may send before it is trusted
+  /// (max_hello_reply_bytes, max_health_reply_bytes); 0 when the model could not be read
+  /// (then kStatusFallbackMoeLayers x kStatusFallbackExperts is assumed).
+  uint32_t num_moe_layers = 0;
+  uint32_t num_experts = 0;
 };
+
+/// The shape assumed for frame caps when `charm status` cannot read the model: larger
+/// than any model charm serves (DeepSeek-V3: 58 MoE layers of 256 experts), so a real
+/// worker is never cut off, while a stranger still cannot make it allocate more than
+/// about 1 MiB.
+constexpr uint32_t kStatusFallbackMoeLayers = 256;
+constexpr uint32_t kStatusFallbackExperts = 1024;
 
 /// Reads topology.model (Checkpoint::open + model_fingerprint; ModelConfig::parse +
 /// Topology::placement over moe_layer_ids()). Never throws: a check that cannot be made
@@ -67,7 +79,9 @@ StatusExpectations expected_status(const Topology& topology);
 void judge_worker(WorkerStatusRow& row, const std::string& fingerprint);
 
 /// Queries every worker (in parallel, each within `timeout_ms`: connect, the
-/// shared-secret handshake when topology.cluster_secret is set, healthRequest) and the
+/// shared-secret handshake when topology.cluster_secret is set, healthRequest; every frame
+/// a worker sends capped at what a legitimate reply can be for the model's shape, so a
+/// row says "exceeds the cap" rather than the process allocating a gigabyte) and the
 /// coordinator's /cluster/status (within `timeout_ms`, with topology.api_key as a bearer
 /// token when set), and judges each worker
 /// (expected_status, judge_worker). Never throws for an unreachable peer or an unreadable
