@@ -152,7 +152,21 @@ std::vector<WorkerStatus> query_coordinator(const Topology& topology, int timeou
   client.set_write_timeout(seconds, micros);
   if (!topology.api_key.empty()) client.set_bearer_token_auth(topology.api_key.c_str());
   status.coordinator_address = topology.api_host + ":" + std::to_string(topology.api_port);
-  auto res = client.Get("/cluster/status");
+  // Whatever answers at the API's address is not trusted yet either: the body is read
+  // up to what a coordinator of this many workers can send, no further.
+  const uint64_t cap = max_cluster_status_bytes(topology.workers.size());
+  std::string body;
+  bool too_big = false;
+  auto res = client.Get("/cluster/status", [&](const char* data, size_t size) {
+    too_big = body.size() + size > cap;
+    if (!too_big) body.append(data, size);
+    return !too_big;
+  });
+  if (too_big) {
+    status.coordinator_error = "GET /cluster/status: the body exceeds the cap of " + std::to_string(cap) +
+                               " bytes for " + std::to_string(topology.workers.size()) + " workers";
+    return {};
+  }
   if (!res) {
     status.coordinator_error = "GET /cluster/status: " + httplib::to_string(res.error());
     return {};
@@ -162,7 +176,7 @@ std::vector<WorkerStatus> query_coordinator(const Topology& topology, int timeou
     return {};
   }
   try {
-    auto view = parse_cluster_status(res->body);
+    auto view = parse_cluster_status(body);
     status.coordinator_reachable = true;
     return view;
   } catch (const Error& e) {
@@ -185,6 +199,8 @@ std::string tier_line(const std::string& worker, uint32_t layer, const TierStats
 }
 
 }  // namespace
+
+uint64_t max_cluster_status_bytes(size_t workers) { return (uint64_t{workers} + 1) << 20; }
 
 StatusExpectations expected_status(const Topology& topology) {
   StatusExpectations out;

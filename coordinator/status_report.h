@@ -83,10 +83,17 @@ void judge_worker(WorkerStatusRow& row, const std::string& fingerprint);
 /// a worker sends capped at what a legitimate reply can be for the model's shape, so a
 /// row says "exceeds the cap" rather than the process allocating a gigabyte) and the
 /// coordinator's /cluster/status (within `timeout_ms`, with topology.api_key as a bearer
-/// token when set), and judges each worker
+/// token when set; a body over max_cluster_status_bytes makes the coordinator
+/// unreachable, naming the cap), and judges each worker
 /// (expected_status, judge_worker). Never throws for an unreachable peer or an unreadable
 /// model: that is what the report is for.
 ClusterStatus collect_status(const Topology& topology, int timeout_ms);
+
+/// The largest /cluster/status body collect_status reads from a coordinator of
+/// `workers` workers, in bytes: 1 MiB each (a worker's entry is a few hundred bytes, but
+/// its last_error may hold a worker's error text of up to 64 KiB, JSON-escaped) plus
+/// 1 MiB. Pure.
+uint64_t max_cluster_status_bytes(size_t workers);
 
 /// Parses a /cluster/status body ({"workers":[{"name","address","state","experts_held",
 /// "requests","rtt_p50_ms","rtt_p99_ms","bytes_out","bytes_in"} plus the optional
