@@ -278,8 +278,9 @@ class FrameConnection {
   /// Thread-safe: makes the receive() in progress on the owning thread, and every later
   /// one, fail at once with Error(kUnavailable) "... interrupted", without closing the
   /// socket, so the owner can still send one last frame (an `error` saying why) before
-  /// closing. The stream may be out of step after it: send nothing else. Used by the
-  /// worker to evict a connection whose thread is blocked reading.
+  /// closing; a send() in progress fails as a send error (the connection closed). The
+  /// stream may be out of step after it: send nothing but that last frame. Used by the
+  /// worker to evict a connection whose thread is blocked reading or writing.
   void interrupt();
   bool interrupted() const;
 

@@ -18,7 +18,7 @@ struct FrameConnection::Impl {
   asio::io_context io;
   asio::ip::tcp::socket socket{io};
   std::atomic<bool> interrupted{false};  // set by interrupt() from any thread
-  bool reading = false;  // a receive's read is pending; touched on the owner's thread only
+  bool busy = false;  // a read or write is pending; touched on the owner's thread only
 };
 
 struct FrameListener::Impl {
@@ -123,13 +123,22 @@ std::unique_ptr<FrameConnection> FrameConnection::connect(const std::string& hos
 
 uint64_t FrameConnection::send(const Frame& frame, std::chrono::milliseconds timeout) {
   if (!is_open()) fail_unavailable("connection to " + peer_ + " is closed");
+  // The last frame after an interrupt: run the interrupt's handler now, while nothing is
+  // pending, so it cannot cancel this write.
+  if (interrupted()) {
+    impl_->io.restart();
+    impl_->io.poll();
+  }
   asio::error_code ec;
   bool done = false;
   asio::async_write(impl_->socket, asio::buffer(frame), [&](const asio::error_code& e, size_t) {
     ec = e;
     done = true;
   });
-  if (!run_until(impl_->io, done, deadline_after(timeout), nullptr)) {
+  impl_->busy = true;
+  const bool completed = run_until(impl_->io, done, deadline_after(timeout), nullptr);
+  impl_->busy = false;
+  if (!completed) {
     abandon(impl_->io, impl_->socket);
     close();
     fail_unavailable("timed out after " + std::to_string(timeout.count()) + " ms sending " +
@@ -163,9 +172,9 @@ FrameBody FrameConnection::receive(std::chrono::milliseconds timeout,
     if (ec == asio::error::operation_aborted && interrupted()) fail_unavailable(interrupted_text());
   };
   auto wait = [&](const char* what) {
-    impl_->reading = true;
+    impl_->busy = true;
     const bool completed = run_until(impl_->io, done, deadline, stop);
-    impl_->reading = false;
+    impl_->busy = false;
     if (!completed) {
       abandon(impl_->io, impl_->socket);
       close();
@@ -221,12 +230,12 @@ void FrameConnection::interrupt() {
   if (!impl_) return;
   impl_->interrupted = true;  // a receive that starts later fails at once
   // Posting is thread-safe; the handler runs on the owner's thread, inside its next
-  // run_for (at once when a read is pending), and cancels only a read: a last `error`
-  // frame sent after the interrupt goes out.
+  // run_for (at once when a read or write is pending), and cancels only a pending
+  // operation; send() runs it first when it starts, so a last `error` frame goes out.
   Impl* impl = impl_.get();
   asio::post(impl->io, [impl] {
     asio::error_code ignored;
-    if (impl->reading) impl->socket.cancel(ignored);
+    if (impl->busy) impl->socket.cancel(ignored);
   });
 }
 

@@ -20,8 +20,9 @@ constexpr std::chrono::milliseconds kForever{std::chrono::milliseconds::max()};
 
 }  // namespace
 
-// One accepted connection. `handshaken` and `evict_reason` are guarded by
-// connections_mutex_; `evicted` and `finished` are also read without it.
+// One accepted connection. `handshaken` and `evict_reason` are written under
+// connections_mutex_ (`handshaken` by the connection's own thread, which also reads it
+// without the lock); `evicted` and `finished` are also read without it.
 struct WorkerServer::Connection {
   std::shared_ptr<FrameConnection> conn;
   std::string address;  // the source IP: the per-address budget's key
@@ -32,6 +33,17 @@ struct WorkerServer::Connection {
   std::atomic<bool> evicted{false};
   std::atomic<bool> finished{false};
   bool pending() const { return !handshaken && !evicted && !finished; }
+};
+
+// One connection's progress through the handshake.
+struct WorkerServer::Session {
+  FrameConnection* conn = nullptr;
+  Connection* connection = nullptr;
+  std::chrono::steady_clock::time_point deadline;  // to complete the handshake by
+  bool authenticated = false;  // no secret: true from the start
+  bool hello_ok = false;       // a hello matched (and, with a secret, was authenticated)
+  std::optional<HelloMsg> pending_hello;  // sent authChallenge, awaiting authResponse
+  std::string worker_nonce;
 };
 
 WorkerServer::WorkerServer(WorkerServerOptions options, LayerService& service)
@@ -190,31 +202,33 @@ std::optional<std::string> WorkerServer::claim_handshaken_slot(Connection& conne
   return std::nullopt;
 }
 
-void WorkerServer::send(FrameConnection& conn, const Frame& frame) {
+void WorkerServer::send(Session& session, const Frame& frame) {
+  // A stranger gets no more time than its handshake deadline, however slowly it reads,
+  // and an evicted one a moment for the frame that says why.
+  auto timeout = options_.send_timeout;
+  if (session.connection->evicted) {
+    timeout = std::min<std::chrono::milliseconds>(timeout, std::chrono::milliseconds(100));
+  } else if (!session.connection->handshaken) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(session.deadline - std::chrono::steady_clock::now());
+    timeout = std::clamp(left, std::chrono::milliseconds(1), timeout);
+  }
   // Counted before writing, so a client that has read the reply sees it in health.
   bytes_out_ += frame.size();
-  conn.send(frame, options_.send_timeout);
+  session.conn->send(frame, timeout);
 }
-
-// One connection's progress through the handshake.
-struct WorkerServer::Session {
-  Connection* connection = nullptr;
-  bool authenticated = false;  // no secret: true from the start
-  bool hello_ok = false;       // a hello matched (and, with a secret, was authenticated)
-  std::optional<HelloMsg> pending_hello;  // sent authChallenge, awaiting authResponse
-  std::string worker_nonce;
-};
 
 void WorkerServer::serve_connection(Connection& connection) {
   FrameConnection& conn = *connection.conn;
   spdlog::debug("worker {}: {} connected", options_.worker_name, conn.peer());
   Session session;
+  session.conn = &conn;
   session.connection = &connection;
   session.authenticated = options_.shared_secret.empty();
   // Until its handshake completes the peer is a stranger: small frames (the connection's
   // initial cap), and one deadline from the accept whatever it sends meanwhile.
   conn.set_max_frame_bytes(std::min(kHandshakeMaxFrameBytes, options_.max_frame_bytes));
   const auto handshake_deadline = connection.accepted + options_.handshake_timeout;
+  session.deadline = handshake_deadline;
   // Read without the lock: only this thread writes it.
   const auto handshaken = [&] { return connection.handshaken; };
   try {
@@ -240,7 +254,7 @@ void WorkerServer::serve_connection(Connection& connection) {
               reason = connection.evict_reason;
             }
             spdlog::debug("worker {}: {}: {}", options_.worker_name, conn.peer(), reason);
-            send(conn, encode_error(reason));
+            send(session, encode_error(reason));
           } else if (!handshaken() && !stopping_ && std::chrono::steady_clock::now() >= handshake_deadline) {
             spdlog::warn("worker {}: dropped {}: no completed handshake within {} ms", options_.worker_name,
                          conn.peer(), options_.handshake_timeout.count());
@@ -249,7 +263,7 @@ void WorkerServer::serve_connection(Connection& connection) {
         }
         spdlog::warn("worker {}: malformed frame from {}: {}; closing that connection",
                      options_.worker_name, conn.peer(), e.message());
-        if (conn.is_open()) send(conn, encode_error(e.message()));
+        if (conn.is_open()) send(session, encode_error(e.message()));
         break;
       }
       if (!handle(conn, message, session)) break;
@@ -257,7 +271,12 @@ void WorkerServer::serve_connection(Connection& connection) {
     }
   } catch (const std::exception& e) {
     // A send that failed or anything unforeseen: this connection ends, the worker lives.
-    spdlog::warn("worker {}: connection {} ended: {}", options_.worker_name, conn.peer(), e.what());
+    // (An evicted stranger's cancelled reply is expected: the eviction was logged.)
+    if (connection.evicted) {
+      spdlog::debug("worker {}: evicted connection {} ended: {}", options_.worker_name, conn.peer(), e.what());
+    } else {
+      spdlog::warn("worker {}: connection {} ended: {}", options_.worker_name, conn.peer(), e.what());
+    }
   }
   conn.close();
   spdlog::debug("worker {}: {} disconnected", options_.worker_name, conn.peer());
@@ -297,8 +316,8 @@ bool WorkerServer::debug_delay_elapsed() const {
   return !stopping_ || options_.debug_delay.count() == 0;
 }
 
-bool WorkerServer::refuse(FrameConnection& conn, const std::string& text) {
-  send(conn, encode_error(text));
+bool WorkerServer::refuse(Session& session, const std::string& text) {
+  send(session, encode_error(text));
   return false;
 }
 
@@ -306,7 +325,7 @@ bool WorkerServer::handle_auth(FrameConnection& conn, const AuthResponseMsg& res
   if (!session.pending_hello) {
     spdlog::warn("worker {}: {} sent authResponse without a challenge; closing that connection",
                  options_.worker_name, conn.peer());
-    return refuse(conn, "worker '" + options_.worker_name + "' sent no authChallenge to answer");
+    return refuse(session, "worker '" + options_.worker_name + "' sent no authChallenge to answer");
   }
   const HelloMsg hello = std::move(*session.pending_hello);
   session.pending_hello.reset();
@@ -315,7 +334,7 @@ bool WorkerServer::handle_auth(FrameConnection& conn, const AuthResponseMsg& res
   if (!constant_time_equal(response.proof, auth_proof(options_.shared_secret, AuthRole::kClient, transcript))) {
     spdlog::error("worker {}: REJECTED {} ({}): wrong proof of the cluster's shared secret; dropping the peer",
                   options_.worker_name, hello.client_name, conn.peer());
-    return refuse(conn, "authentication failed: the proof does not match worker '" + options_.worker_name +
+    return refuse(session, "authentication failed: the proof does not match worker '" + options_.worker_name +
                             "''s shared secret");
   }
   session.authenticated = true;
@@ -328,11 +347,11 @@ bool WorkerServer::reply_hello(FrameConnection& conn, HelloReplyMsg reply, Sessi
   if (reply.ok) {
     if (std::optional<std::string> why = claim_handshaken_slot(*session.connection)) {
       spdlog::warn("worker {}: refusing {}: {}", options_.worker_name, conn.peer(), *why);
-      return refuse(conn, *why);
+      return refuse(session, *why);
     }
   }
   session.hello_ok = reply.ok;
-  send(conn, encode_hello_reply(reply));
+  send(session, encode_hello_reply(reply));
   return true;
 }
 
@@ -359,10 +378,10 @@ LayerResponseMsg WorkerServer::answer_layer(const ExpertRequest& request, const 
 bool WorkerServer::handle(FrameConnection& conn, WireMessage& message, Session& session) {
   if (auto* hello = std::get_if<HelloMsg>(&message)) {
     if (!options_.shared_secret.empty() && !session.authenticated) {
-      if (session.pending_hello) return refuse(conn, "a second hello before answering the authChallenge");
+      if (session.pending_hello) return refuse(session, "a second hello before answering the authChallenge");
       session.worker_nonce = random_nonce();
       session.pending_hello = std::move(*hello);
-      send(conn, encode_auth_challenge({session.worker_nonce, options_.worker_name}));
+      send(session, encode_auth_challenge({session.worker_nonce, options_.worker_name}));
       return true;
     }
     return reply_hello(conn, answer_hello(*hello, conn.peer()), session);
@@ -372,14 +391,14 @@ bool WorkerServer::handle(FrameConnection& conn, WireMessage& message, Session& 
     // With a secret, nothing but the handshake is answered to a stranger.
     spdlog::warn("worker {}: {} sent {} before authenticating; dropping the peer", options_.worker_name,
                  conn.peer(), message_name(message));
-    return refuse(conn, "worker '" + options_.worker_name + "' requires the cluster's shared secret: send hello "
+    return refuse(session, "worker '" + options_.worker_name + "' requires the cluster's shared secret: send hello "
                         "and answer its authChallenge first");
   }
   if (auto* request = std::get_if<ExpertRequest>(&message)) {
     if (!debug_delay_elapsed()) return false;  // stopped while "computing": no reply
     LayerResponseMsg response = answer_layer(*request, session);
     ++requests_served_;  // before the reply, for the same reason as in send()
-    send(conn, encode_layer_response(response));
+    send(session, encode_layer_response(response));
     return true;
   }
   if (auto* hint = std::get_if<PrefetchHintMsg>(&message)) {
@@ -403,14 +422,14 @@ bool WorkerServer::handle(FrameConnection& conn, WireMessage& message, Session& 
     return true;
   }
   if (std::holds_alternative<HealthRequestMsg>(message)) {
-    send(conn, encode_health_reply(health()));
+    send(session, encode_health_reply(health()));
     return true;
   }
   const std::string text = std::string("worker '") + options_.worker_name + "' does not accept " +
                            message_name(message) + " messages from clients";
   spdlog::warn("worker {}: {} sent {}; closing that connection", options_.worker_name,
                conn.peer(), message_name(message));
-  return refuse(conn, text);
+  return refuse(session, text);
 }
 
 }  // namespace charm

@@ -159,9 +159,9 @@ class WorkerServer {
   bool handle_auth(FrameConnection& conn, const AuthResponseMsg& response, Session& session);
   // Sends a helloReply, once `reply.ok` has a handshaken slot; false when it has none.
   bool reply_hello(FrameConnection& conn, HelloReplyMsg reply, Session& session);
-  bool refuse(FrameConnection& conn, const std::string& text);
+  bool refuse(Session& session, const std::string& text);
   LayerResponseMsg answer_layer(const ExpertRequest& request, const Session& session);
-  void send(FrameConnection& conn, const Frame& frame);
+  void send(Session& session, const Frame& frame);
   HelloReplyMsg answer_hello(const HelloMsg& hello, const std::string& peer);
   void reap_finished();
   // Waits options_.debug_delay; false when stop() came first.

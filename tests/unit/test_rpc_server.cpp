@@ -11,6 +11,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -254,5 +255,62 @@ TEST_CASE("pending budgets are options: a pool of 4, 2 per address") {
   CHECK(idlers[2]->error().find("2 connections from 127.0.0.12") != std::string::npos);
   CHECK(idlers[3]->open());
   CHECK(idlers[4]->open());
+  server.stop();
+}
+
+namespace {
+
+// A stranger that pipelines `requests` healthRequests and never reads a reply: with a
+// small receive buffer the worker soon blocks writing to it.
+int non_reader(uint16_t port, int requests) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  const int small = 4096;
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(port);
+  ::inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0);
+  Frame many;
+  const Frame one = encode_health_request();
+  for (int i = 0; i < requests; ++i) many.insert(many.end(), one.begin(), one.end());
+  ::fcntl(fd, F_SETFL, O_NONBLOCK);  // the worker stops reading once it is stuck
+  for (size_t sent = 0; sent < many.size();) {
+    const ssize_t n = ::send(fd, many.data() + sent, many.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  return fd;
+}
+
+// The worker closed its end with our requests unread: the kernel resets the connection.
+bool was_reset(int fd) {
+  pollfd p{fd, 0, 0};
+  return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLERR | POLLHUP));
+}
+
+}  // namespace
+
+TEST_CASE("a stranger that does not read its replies holds its thread no longer than the deadline or its eviction") {
+  WorkerServerOptions options;
+  options.worker_name = "a";
+  options.model_fingerprint = kEchoFingerprint;
+  options.limits = echo_limits();
+  options.send_timeout = 60s;  // a stuck write would hold the thread this long
+  SUBCASE("the handshake deadline ends it") { options.handshake_timeout = 1s; }
+  SUBCASE("an eviction ends it") {
+    options.handshake_timeout = 600s;
+    options.max_pending_connections = 2;
+  }
+  EchoService service;
+  WorkerServer server(options, service);
+  server.start();
+  const int fd = non_reader(server.port(), 20000);
+  std::this_thread::sleep_for(300ms);  // the worker is stuck writing by now
+  Idlers newer;
+  if (options.max_pending_connections == 2) newer = flood(server.port(), 2, 2, encode_health_request());
+  CHECK(eventually([&] { return was_reset(fd); }));  // well before the 60 s send timeout
+  ::close(fd);
   server.stop();
 }
