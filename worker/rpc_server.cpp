@@ -227,8 +227,7 @@ void WorkerServer::serve_connection(Connection& connection) {
   // Until its handshake completes the peer is a stranger: small frames (the connection's
   // initial cap), and one deadline from the accept whatever it sends meanwhile.
   conn.set_max_frame_bytes(std::min(kHandshakeMaxFrameBytes, options_.max_frame_bytes));
-  const auto handshake_deadline = connection.accepted + options_.handshake_timeout;
-  session.deadline = handshake_deadline;
+  session.deadline = connection.accepted + options_.handshake_timeout;
   // Read without the lock: only this thread writes it.
   const auto handshaken = [&] { return connection.handshaken; };
   try {
@@ -238,7 +237,7 @@ void WorkerServer::serve_connection(Connection& connection) {
         auto timeout = kForever;
         if (!handshaken()) {
           timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
-              handshake_deadline - std::chrono::steady_clock::now());
+              session.deadline - std::chrono::steady_clock::now());
           if (timeout.count() <= 0) fail_unavailable("no completed handshake within the handshake timeout");
         }
         FrameBody body = conn.receive(timeout, &stopping_);
@@ -255,7 +254,7 @@ void WorkerServer::serve_connection(Connection& connection) {
             }
             spdlog::debug("worker {}: {}: {}", options_.worker_name, conn.peer(), reason);
             send(session, encode_error(reason));
-          } else if (!handshaken() && !stopping_ && std::chrono::steady_clock::now() >= handshake_deadline) {
+          } else if (!handshaken() && !stopping_ && std::chrono::steady_clock::now() >= session.deadline) {
             spdlog::warn("worker {}: dropped {}: no completed handshake within {} ms", options_.worker_name,
                          conn.peer(), options_.handshake_timeout.count());
           }
