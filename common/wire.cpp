@@ -283,6 +283,57 @@ WireMessage decode_root(wire::Message::Reader m) {
 
 }  // namespace
 
+// --- the largest legitimate replies ---------------------------------------------------
+
+namespace {
+
+constexpr uint64_t kWordBytes = sizeof(capnp::word);
+
+// Words of a struct's own sections (data + pointers), from the generated schema.
+template <typename T>
+constexpr uint64_t struct_words() {
+  return uint64_t{T::_capnpPrivate::dataWordSize} + T::_capnpPrivate::pointerCount;
+}
+// Words of a Text of at most `bytes` bytes (its NUL included), of Data, of a List(UInt32).
+constexpr uint64_t text_words(uint64_t bytes) { return (bytes + 1 + kWordBytes - 1) / kWordBytes; }
+constexpr uint64_t data_words(uint64_t bytes) { return (bytes + kWordBytes - 1) / kWordBytes; }
+constexpr uint64_t u32_list_words(uint64_t count) { return (count * 4 + kWordBytes - 1) / kWordBytes; }
+
+// Room for what a multi-segment message adds (encode_* use MallocMessageBuilder's growing
+// segments: each new one at least doubles the total, so a frame under 4 GiB has fewer than
+// 32): a segment-table entry and a double-far landing pad (2 words) per segment.
+constexpr uint64_t kSegmentSlackWords = 1 + 32 * 3;
+// Segment table of one segment, root pointer, the Message struct.
+constexpr uint64_t kMessageWords = 1 + 1 + struct_words<wire::Message>();
+
+constexpr uint64_t error_frame_words() {
+  return kMessageWords + struct_words<wire::ErrorMessage>() + text_words(kMaxWireTextBytes);
+}
+
+}  // namespace
+
+uint64_t max_hello_reply_bytes(uint32_t num_moe_layers, uint32_t num_experts) {
+  // held: a composite list (a tag word, then per layer a LayerExperts) and per layer the
+  // expert ids and their content identities; the texts at their caps (the lossy form is
+  // a name); the proof.
+  const uint64_t held = 1 + uint64_t{num_moe_layers} * (struct_words<wire::LayerExperts>() + u32_list_words(num_experts) +
+                                                        data_words(uint64_t{kContentHashBytes} * num_experts));
+  const uint64_t reply = kMessageWords + struct_words<wire::HelloReply>() + text_words(kMaxWireTextBytes) +
+                         2 * text_words(kMaxWireNameBytes) + text_words(kMaxWireFingerprintBytes) + held +
+                         data_words(kAuthProofBytes);
+  const uint64_t challenge = kMessageWords + struct_words<wire::AuthChallenge>() + data_words(kAuthNonceBytes) +
+                             text_words(kMaxWireNameBytes);
+  return (std::max({reply, challenge, error_frame_words()}) + kSegmentSlackWords) * kWordBytes;
+}
+
+uint64_t max_health_reply_bytes(uint32_t num_moe_layers) {
+  const uint64_t layers =
+      1 + uint64_t{num_moe_layers} * (struct_words<wire::LayerTierCounters>() + struct_words<wire::TierCounters>());
+  const uint64_t reply = kMessageWords + struct_words<wire::HealthReply>() + 2 * text_words(kMaxWireNameBytes) +
+                         text_words(kMaxWireFingerprintBytes) + struct_words<wire::TierCounters>() + layers;
+  return (std::max(reply, error_frame_words()) + kSegmentSlackWords) * kWordBytes;
+}
+
 const char* message_name(const WireMessage& message) {
   static const char* const kNames[] = {"hello",         "helloReply",    "layerRequest",
                                        "layerResponse", "healthRequest", "healthReply",
@@ -316,14 +367,10 @@ Frame encode_auth_response(const AuthResponseMsg& response) {
   return finish_frame(builder);
 }
 
-uint64_t max_hello_reply_bytes(uint64_t moe_layers, uint64_t experts_per_layer) {
-  return 72 * 1024 + 64 * moe_layers + 24 * moe_layers * experts_per_layer;
-}
-
 Frame encode_hello_reply(const HelloReplyMsg& reply) {
   uint64_t held_experts = 0;
   for (const auto& [layer, experts] : reply.held) held_experts += experts.size();
-  // One segment (max_hello_reply_bytes counts on it): room for every field, generously.
+  // One segment: room for every field, generously.
   const uint64_t payload = 1024 + reply.error.size() + reply.worker_name.size() + reply.model_fingerprint.size() +
                            reply.worker_proof.size() + reply.lossy_form.size() + 32 * reply.held.size() +
                            24 * held_experts;
@@ -451,21 +498,23 @@ Frame encode_prefetch_hint(const PrefetchHintMsg& hint) {
   return finish_frame(builder);
 }
 
+uint64_t frame_length(const uint8_t prefix[4], uint64_t max_frame_bytes, const std::string& from) {
+  uint64_t length = 0;
+  for (size_t i = 0; i < kPrefixBytes; ++i) length |= uint64_t{prefix[i]} << (8 * i);
+  const std::string what = "frame length " + std::to_string(length) + " bytes" + (from.empty() ? "" : " from " + from);
+  if (length > max_frame_bytes) {
+    fail_protocol(what + " exceeds the cap of " + std::to_string(max_frame_bytes) + " bytes");
+  }
+  if (length % sizeof(capnp::word) != 0) fail_protocol(what + " is not a whole number of 8-byte Cap'n Proto words");
+  return length;
+}
+
 FrameBody split_frame(const uint8_t* data, size_t size, uint64_t max_frame_bytes) {
   if (size < kPrefixBytes) {
     fail_protocol("truncated frame: " + std::to_string(size) +
                   " bytes, shorter than the 4-byte length prefix");
   }
-  uint64_t length = 0;
-  for (size_t i = 0; i < kPrefixBytes; ++i) length |= uint64_t{data[i]} << (8 * i);
-  if (length > max_frame_bytes) {
-    fail_protocol("frame length " + std::to_string(length) + " bytes exceeds the cap of " +
-                  std::to_string(max_frame_bytes) + " bytes");
-  }
-  if (length % sizeof(capnp::word) != 0) {
-    fail_protocol("frame length " + std::to_string(length) +
-                  " bytes is not a whole number of 8-byte Cap'n Proto words");
-  }
+  const uint64_t length = frame_length(data, max_frame_bytes);
   if (size - kPrefixBytes != length) {
     fail_protocol(std::string(size - kPrefixBytes < length ? "truncated frame" : "trailing bytes") +
                   ": the length prefix says " + std::to_string(length) + " bytes, got " +

@@ -44,9 +44,12 @@ constexpr uint64_t kDefaultMaxFrameBytes = uint64_t{1} << 30;
 /// Upper bound on hiddenSize accepted from the wire, in floats per row.
 constexpr uint32_t kMaxWireHiddenSize = 1u << 20;
 
-/// Upper bound on the frames a worker accepts before a client's hello succeeded (hello,
-/// authResponse, healthRequest are a few hundred bytes), so an unauthenticated peer
-/// cannot make the worker allocate kDefaultMaxFrameBytes.
+/// Upper bound on one frame's body on a connection whose peer is not trusted yet: every
+/// FrameConnection starts with it. A worker keeps it until a client's hello succeeded
+/// (hello, authResponse, healthRequest are a few hundred bytes); a client raises it to
+/// max_hello_reply_bytes / max_health_reply_bytes of its model for the replies it expects
+/// (a helloReply lists every expert held), so whatever answers at an address cannot make
+/// either side allocate kDefaultMaxFrameBytes.
 constexpr uint64_t kHandshakeMaxFrameBytes = 64 * 1024;
 
 /// Upper bounds on text fields: names (clientName, workerName), fingerprints, and error
@@ -58,6 +61,23 @@ constexpr size_t kMaxWireTextBytes = 64 * 1024;
 /// Size of the handshake's nonces and HMAC-SHA256 proofs, in bytes.
 constexpr size_t kAuthNonceBytes = 32;
 constexpr size_t kAuthProofBytes = 32;
+
+/// The largest frame body a legitimate worker sends in answer to `hello`, in bytes, for a
+/// model with `num_moe_layers` MoE layers of `num_experts` routed experts each: a
+/// helloReply listing every expert of every layer with its 16-byte content identity,
+/// with every text at its cap (so an
+/// `error` frame or an authChallenge, both smaller, fits too), plus room for the segment
+/// table and far pointers of a multi-segment Cap'n Proto message. The one place that
+/// knows how big a helloReply can be: a field added to HelloReply belongs here too.
+/// Derived from the struct sizes of schema/charm.capnp; DeepSeek-V3's 58 x 256 experts
+/// give about 365 KiB. Pure; never throws.
+uint64_t max_hello_reply_bytes(uint32_t num_moe_layers, uint32_t num_experts);
+
+/// The largest frame body a legitimate worker sends in answer to `healthRequest`, in
+/// bytes: a healthReply with tier counters for `num_moe_layers` layers and every text at
+/// its cap, or an `error` frame (whichever is larger), with the same room as
+/// max_hello_reply_bytes. Pure; never throws.
+uint64_t max_health_reply_bytes(uint32_t num_moe_layers);
 
 /// A whole encoded frame: 4-byte LE length prefix followed by the body.
 using Frame = std::vector<uint8_t>;
@@ -100,16 +120,6 @@ struct HelloReplyMsg {
   std::string worker_proof;       ///< kAuthProofBytes after an authChallenge, else empty
   std::string lossy_form;         ///< "" = the checkpoint's values; else e.g. "int8 group_size 32"
 };
-
-/// The largest helloReply frame body (bytes, the 4-byte length prefix excluded) a worker
-/// can send for a model with `moe_layers` MoE layers of `experts_per_layer` routed experts
-/// each, holding all of them, with every text field at its cap: a fixed 72 KiB (the
-/// kMaxWireTextBytes error text, names, fingerprint, lossy form, proof, Cap'n Proto
-/// headers) + 64 bytes per layer + 24 bytes per held expert (its 4-byte id and 16-byte
-/// identity, rounded up). What a client may accept before the handshake completes; for
-/// DeepSeek-V3 (58 x 256) 424 KiB. encode_hello_reply writes one segment, so
-/// this bound holds (tests/unit/test_wire.cpp encodes the worst case).
-uint64_t max_hello_reply_bytes(uint64_t moe_layers, uint64_t experts_per_layer);
 
 /// `layerResponse`: an ExpertResponse, or an error naming why the request failed.
 struct LayerResponseMsg {
@@ -175,6 +185,13 @@ Frame encode_prefetch_hint(const PrefetchHintMsg& hint);
 
 // --- decoders: frame body -> charm struct ---------------------------------------------
 
+/// The body length a frame's 4-byte little-endian prefix announces, checked before
+/// anything is allocated for it. Throws Error(kProtocol) "frame length N bytes[ from
+/// <from>] exceeds the cap of M bytes" for a length over `max_frame_bytes`, and for one
+/// that is not a whole number of 8-byte Cap'n Proto words. `from` names the peer (empty:
+/// not named). The one length check of both split_frame and FrameConnection::receive.
+uint64_t frame_length(const uint8_t prefix[4], uint64_t max_frame_bytes, const std::string& from = "");
+
 /// Splits one whole frame held in memory (prefix + body) into its body. Throws
 /// Error(kProtocol) for fewer than 4 bytes, a length over `max_frame_bytes`, a body
 /// length that is not a multiple of 8 (Cap'n Proto words), or a byte count that
@@ -235,7 +252,10 @@ T decode_as(const FrameBody& body, uint64_t max_frame_bytes = kDefaultMaxFrameBy
 // --- a framed TCP connection with deadlines -------------------------------------------
 
 /// One TCP connection that sends and receives frames. Owns its io_context and socket
-/// (RAII: closed on destruction). Thread-safety: one thread at a time per connection.
+/// (RAII: closed on destruction). A new connection, connected or accepted, receives
+/// frames of at most kHandshakeMaxFrameBytes until set_max_frame_bytes raises the cap
+/// (once the peer is trusted). Thread-safety: one thread at a time per connection, except
+/// interrupt() and abort(), which any thread may call at any time.
 class FrameConnection {
  public:
   /// Connects to host:port within `timeout`. Throws Error(kUnavailable) naming `peer`
@@ -261,7 +281,18 @@ class FrameConnection {
   /// Error(kProtocol) it is left open (the stream is unusable) so the caller can send an
   /// `error` frame before closing.
   /// When `stop` is given and becomes true the read is abandoned with Error(kUnavailable).
+  /// After interrupt() it is abandoned at once with Error(kUnavailable) "interrupted",
+  /// and the connection is left open (see interrupt()).
   FrameBody receive(std::chrono::milliseconds timeout, const std::atomic<bool>* stop = nullptr);
+
+  /// Thread-safe: makes the receive() in progress on the owning thread, and every later
+  /// one, fail at once with Error(kUnavailable) "... interrupted", without closing the
+  /// socket, so the owner can still send one last frame (an `error` saying why) before
+  /// closing; a send() in progress fails as a send error (the connection closed). The
+  /// stream may be out of step after it: send nothing but that last frame. Used by the
+  /// worker to evict a connection whose thread is blocked reading or writing.
+  void interrupt();
+  bool interrupted() const;
 
   /// Closes the socket (idempotent).
   void close();
@@ -270,19 +301,22 @@ class FrameConnection {
   /// Makes the send or receive another thread is blocked in, and every later one, fail at
   /// once with Error(kUnavailable) "... was aborted" (the socket is shut down; its
   /// descriptor stays the owner's to close). For a peer that went silent: nothing else
-  /// wakes a read from it before its deadline. Thread-safe: the one call another thread
-  /// may make while the owner uses the connection. Idempotent.
+  /// wakes a read from it before its deadline. Thread-safe, like interrupt(); unlike it,
+  /// nothing can be sent afterwards. Idempotent.
   void abort();
   /// True after abort().
   bool aborted() const;
 
   const std::string& peer() const { return peer_; }
+  /// The remote IP address alone ("127.0.0.1", "::1"): what the worker counts connections
+  /// per source by. Empty when the socket could not tell.
+  const std::string& remote_address() const { return remote_address_; }
   void set_max_frame_bytes(uint64_t bytes) { max_frame_bytes_ = bytes; }
   uint64_t max_frame_bytes() const { return max_frame_bytes_; }
 
   struct Impl;  ///< the Asio socket and its io_context (common/wire_socket.cpp)
   /// Internal: wraps an open socket (FrameListener::accept, connect).
-  FrameConnection(std::unique_ptr<Impl> impl, std::string peer);
+  FrameConnection(std::unique_ptr<Impl> impl, std::string peer, std::string remote_address = "");
 
  private:
   friend std::vector<size_t> wait_readable(const std::vector<FrameConnection*>& connections,
@@ -290,7 +324,8 @@ class FrameConnection {
 
   std::unique_ptr<Impl> impl_;
   std::string peer_;
-  uint64_t max_frame_bytes_ = kDefaultMaxFrameBytes;
+  std::string remote_address_;
+  uint64_t max_frame_bytes_ = kHandshakeMaxFrameBytes;
 };
 
 /// Waits up to `timeout` until at least one of `connections` has bytes to read, was closed

@@ -27,6 +27,8 @@ struct FrameConnection::Impl {
   // shuts it down from another thread.
   std::mutex close_mutex;
   std::atomic<bool> aborted{false};
+  std::atomic<bool> interrupted{false};  // set by interrupt() from any thread
+  bool busy = false;  // a read or write is pending; touched on the owner's thread only
 };
 
 struct FrameListener::Impl {
@@ -82,8 +84,8 @@ std::string endpoint_text(const asio::ip::tcp::endpoint& ep) {
 
 }  // namespace
 
-FrameConnection::FrameConnection(std::unique_ptr<Impl> impl, std::string peer)
-    : impl_(std::move(impl)), peer_(std::move(peer)) {}
+FrameConnection::FrameConnection(std::unique_ptr<Impl> impl, std::string peer, std::string remote_address)
+    : impl_(std::move(impl)), peer_(std::move(peer)), remote_address_(std::move(remote_address)) {}
 
 FrameConnection::~FrameConnection() { close(); }
 
@@ -124,19 +126,30 @@ std::unique_ptr<FrameConnection> FrameConnection::connect(const std::string& hos
   if (ec) fail_unavailable("cannot connect to " + where + ": " + ec.message());
   // Frames are whole messages; Nagle would delay the small ones (hello, health).
   impl->socket.set_option(asio::ip::tcp::no_delay(true), ec);
-  return std::make_unique<FrameConnection>(std::move(impl), peer);
+  asio::error_code ep_ec;
+  const auto remote = impl->socket.remote_endpoint(ep_ec);
+  return std::make_unique<FrameConnection>(std::move(impl), peer, ep_ec ? std::string() : remote.address().to_string());
 }
 
 uint64_t FrameConnection::send(const Frame& frame, std::chrono::milliseconds timeout) {
   if (aborted()) fail_unavailable("connection to " + peer_ + " was aborted");
   if (!is_open()) fail_unavailable("connection to " + peer_ + " is closed");
+  // The last frame after an interrupt: run the interrupt's handler now, while nothing is
+  // pending, so it cannot cancel this write.
+  if (interrupted()) {
+    impl_->io.restart();
+    impl_->io.poll();
+  }
   asio::error_code ec;
   bool done = false;
   asio::async_write(impl_->socket, asio::buffer(frame), [&](const asio::error_code& e, size_t) {
     ec = e;
     done = true;
   });
-  if (!run_until(impl_->io, done, deadline_after(timeout), nullptr)) {
+  impl_->busy = true;
+  const bool completed = run_until(impl_->io, done, deadline_after(timeout), nullptr);
+  impl_->busy = false;
+  if (!completed) {
     abandon(impl_->io, impl_->socket);
     close();
     fail_unavailable("timed out after " + std::to_string(timeout.count()) + " ms sending " +
@@ -154,6 +167,8 @@ FrameBody FrameConnection::receive(std::chrono::milliseconds timeout,
                                    const std::atomic<bool>* stop) {
   if (aborted()) fail_unavailable("connection to " + peer_ + " was aborted");
   if (!is_open()) fail_unavailable("connection to " + peer_ + " is closed");
+  const auto interrupted_text = [&] { return "reading from " + peer_ + " interrupted"; };
+  if (interrupted()) fail_unavailable(interrupted_text());
   const auto deadline = deadline_after(timeout);
   asio::error_code ec;
   size_t got = 0;
@@ -163,8 +178,17 @@ FrameBody FrameConnection::receive(std::chrono::milliseconds timeout,
     got = n;
     done = true;
   };
+  // interrupt() cancels a pending read (its handler runs on this thread, inside the
+  // run_for below): the read then ends with operation_aborted, and the connection stays
+  // open so the owner can still say why.
+  auto fail_if_interrupted = [&] {
+    if (ec == asio::error::operation_aborted && interrupted()) fail_unavailable(interrupted_text());
+  };
   auto wait = [&](const char* what) {
-    if (!run_until(impl_->io, done, deadline, stop)) {
+    impl_->busy = true;
+    const bool completed = run_until(impl_->io, done, deadline, stop);
+    impl_->busy = false;
+    if (!completed) {
       abandon(impl_->io, impl_->socket);
       close();
       if (stop && stop->load()) fail_unavailable("stopped while reading from " + peer_);
@@ -177,21 +201,16 @@ FrameBody FrameConnection::receive(std::chrono::milliseconds timeout,
   asio::async_read(impl_->socket, asio::buffer(prefix), on_read);
   wait("a frame");
   if (ec) {
+    fail_if_interrupted();
     close();
     if (aborted()) fail_unavailable("connection to " + peer_ + " was aborted");
     if (ec == asio::error::eof && got == 0) fail_unavailable(peer_ + " closed the connection");
     if (ec == asio::error::eof) fail_protocol("truncated frame length prefix from " + peer_);
     fail_unavailable("cannot read from " + peer_ + ": " + ec.message());
   }
-  const uint64_t length = uint64_t{prefix[0]} | uint64_t{prefix[1]} << 8 |
-                          uint64_t{prefix[2]} << 16 | uint64_t{prefix[3]} << 24;
-  if (length > max_frame_bytes_ || length % 8 != 0) {
-    // Left open so the caller can answer with an `error` frame before closing.
-    fail_protocol("frame length " + std::to_string(length) + " bytes from " + peer_ +
-                  (length > max_frame_bytes_
-                       ? " exceeds the cap of " + std::to_string(max_frame_bytes_) + " bytes"
-                       : " is not a whole number of 8-byte Cap'n Proto words"));
-  }
+  // Checked before the body is allocated; on failure the connection is left open so the
+  // caller can answer with an `error` frame before closing.
+  const uint64_t length = frame_length(prefix, max_frame_bytes_, peer_);
   FrameBody body;
   body.bytes = length;
   body.words.resize(length / 8);
@@ -199,6 +218,7 @@ FrameBody FrameConnection::receive(std::chrono::milliseconds timeout,
   asio::async_read(impl_->socket, asio::buffer(body.words.data(), length), on_read);
   wait("the rest of a frame");
   if (ec) {
+    fail_if_interrupted();
     close();
     if (aborted()) fail_unavailable("connection to " + peer_ + " was aborted");
     if (ec == asio::error::eof) {
@@ -263,6 +283,21 @@ std::vector<size_t> wait_readable(const std::vector<FrameConnection*>& connectio
   return ready;
 }
 
+void FrameConnection::interrupt() {
+  if (!impl_) return;
+  impl_->interrupted = true;  // a receive that starts later fails at once
+  // Posting is thread-safe; the handler runs on the owner's thread, inside its next
+  // run_for (at once when a read or write is pending), and cancels only a pending
+  // operation; send() runs it first when it starts, so a last `error` frame goes out.
+  Impl* impl = impl_.get();
+  asio::post(impl->io, [impl] {
+    asio::error_code ignored;
+    if (impl->busy) impl->socket.cancel(ignored);
+  });
+}
+
+bool FrameConnection::interrupted() const { return impl_ && impl_->interrupted.load(); }
+
 FrameListener::FrameListener(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 FrameListener::~FrameListener() {
@@ -313,7 +348,8 @@ std::unique_ptr<FrameConnection> FrameListener::accept(std::chrono::milliseconds
   asio::error_code ep_ec;
   const auto remote = conn->socket.remote_endpoint(ep_ec);
   std::string peer = ep_ec ? std::string("client") : "client " + endpoint_text(remote);
-  return std::make_unique<FrameConnection>(std::move(conn), std::move(peer));
+  return std::make_unique<FrameConnection>(std::move(conn), std::move(peer),
+                                           ep_ec ? std::string() : remote.address().to_string());
 }
 
 }  // namespace charm

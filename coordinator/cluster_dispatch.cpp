@@ -141,6 +141,12 @@ ClusterDispatcher::ClusterDispatcher(const Topology& topology, Placement placeme
       health_tick_(std::clamp<int64_t>(topology.hedge_floor_ms / 2, 1, 25)),
       slow_ms_(static_cast<double>(topology.slow_ms)),
       cluster_secret_(topology.cluster_secret) {
+  // The model's shape bounds what a legitimate worker sends before it is accepted.
+  size_t num_experts = 0;
+  for (const auto& [layer, owners] : placement_) num_experts = std::max(num_experts, owners.size());
+  max_hello_reply_bytes_ =
+      max_hello_reply_bytes(static_cast<uint32_t>(placement_.size()), static_cast<uint32_t>(num_experts));
+  max_health_reply_bytes_ = max_health_reply_bytes(static_cast<uint32_t>(placement_.size()));
   for (size_t i = 0; i < topology.workers.size(); ++i) {
     auto worker = std::make_unique<Worker>();
     worker->spec = topology.workers[i];
@@ -265,38 +271,19 @@ ClusterDispatcher::Opened ClusterDispatcher::open(Worker& worker) {
   // The shared-secret handshake (common/cluster_auth.h) when the topology names a secret,
   // all of it within one handshake_timeout_; every (re)connect, the health thread's
   // rejoins included, goes through here, so a rejoining worker proves the secret again.
-  const ClientHandshake handshake =
-      client_handshake(*conn, std::move(hello), cluster_secret_, handshake_timeout_, worker.label);
+  // Until its helloReply is accepted the peer is a stranger: frames no bigger than a
+  // legitimate reply for this model's shape.
+  const ClientHandshake handshake = client_handshake(*conn, std::move(hello), cluster_secret_, handshake_timeout_,
+                                                     worker.label, max_hello_reply_bytes_);
   const HelloReplyMsg& reply = handshake.reply;
-  if (!reply.ok) {
-    fail_protocol(worker.label + " rejected the handshake: " + reply.error);
-  }
-  if (reply.protocol_version != kProtocolVersion) {
-    fail_protocol(worker.label + " speaks protocol version " +
-                  std::to_string(reply.protocol_version) + ", the coordinator " +
-                  std::to_string(kProtocolVersion));
-  }
-  if (reply.model_fingerprint != model_fingerprint_) {
-    fail_protocol(worker.label + " serves model fingerprint " + reply.model_fingerprint +
-                  ", the coordinator has " + model_fingerprint_);
-  }
-  // The worker must hold what the coordinator's placement sends it (same topology file).
-  uint64_t held = 0;
-  for (const auto& [layer, experts] : reply.held) held += experts.size();
+  const HelloExpectations expected = hello_expectations(worker);
+  const uint64_t held = accept_hello_reply(reply, expected, worker.label);
+  // ... and it holds the assigned experts with the coordinator's weights: the fingerprint
+  // covers shapes only.
   std::vector<ExpertKey> assigned;
-  for (const auto& [layer, owners] : placement_) {
-    const auto it = reply.held.find(static_cast<uint32_t>(layer));
-    for (size_t e = 0; e < owners.size(); ++e) {
-      if (std::find(owners[e].begin(), owners[e].end(), worker.index) == owners[e].end()) continue;
-      if (it == reply.held.end() ||
-          !std::binary_search(it->second.begin(), it->second.end(), static_cast<uint32_t>(e))) {
-        fail_protocol(worker.label + " does not hold expert " + std::to_string(e) + " of layer " +
-                      std::to_string(layer) + ", which the placement assigns it");
-      }
-      assigned.emplace_back(static_cast<uint32_t>(layer), static_cast<uint32_t>(e));
-    }
+  for (const auto& [layer, experts] : expected.experts) {
+    for (uint32_t e : experts) assigned.emplace_back(layer, e);
   }
-  // ... and hold it with the coordinator's weights: the fingerprint covers shapes only.
   if (const auto mismatches = compare_identities(identities_, reply.identities, assigned); !mismatches.empty()) {
     fail_protocol(worker.label + " holds other weights than the coordinator's checkpoint: " +
                   describe_mismatches(mismatches, "on the worker", "in the coordinator's checkpoint") +
@@ -311,8 +298,11 @@ ClusterDispatcher::Opened ClusterDispatcher::open(Worker& worker) {
   // a restarted worker may run with another budget.
   const auto asked = Clock::now();
   const uint64_t health_out = conn->send(encode_health_request(), handshake_timeout_);
+  conn->set_max_frame_bytes(max_health_reply_bytes_);
   const FrameBody health_body = conn->receive(handshake_timeout_);
-  Opened opened{std::move(conn), held, decode_as<HealthReplyMsg>(health_body), 0, 0, 0};
+  Opened opened{std::move(conn), held, decode_as<HealthReplyMsg>(health_body, max_health_reply_bytes_), 0, 0, 0};
+  // Accepted: layer replies carry hidden rows, up to the normal frame limit.
+  opened.conn->set_max_frame_bytes(kDefaultMaxFrameBytes);
   opened.health_ms = std::chrono::duration<double, std::milli>(Clock::now() - asked).count();
   opened.bytes_out = handshake.bytes_out + health_out;
   opened.bytes_in = handshake.bytes_in + health_body.bytes + 4;
@@ -325,6 +315,7 @@ void ClusterDispatcher::connect(Worker& worker) {
   // behind a computation (the worker serves each connection on its own thread).
   Opened data = open(worker);
   Opened probe = open(worker);
+  probe.conn->set_max_frame_bytes(max_health_reply_bytes_);  // it only ever reads health replies
   worker.probe = std::move(probe.conn);
   worker.unanswered = false;
   std::lock_guard<std::mutex> lock(stats_mutex_);
@@ -344,6 +335,18 @@ void ClusterDispatcher::connect(Worker& worker) {
   worker.rejoin_error.clear();
   spdlog::info("coordinator: connected to {} ({} experts{})", worker.label, data.held,
                worker.rejoins > 0 ? ", rejoined" : "");
+}
+
+HelloExpectations ClusterDispatcher::hello_expectations(const Worker& worker) const {
+  HelloExpectations expected;
+  expected.model_fingerprint = model_fingerprint_;
+  for (const auto& [layer, owners] : placement_) {
+    for (size_t e = 0; e < owners.size(); ++e) {
+      if (std::find(owners[e].begin(), owners[e].end(), worker.index) == owners[e].end()) continue;
+      expected.experts[static_cast<uint32_t>(layer)].push_back(static_cast<uint32_t>(e));
+    }
+  }
+  return expected;
 }
 
 void ClusterDispatcher::mark_down(Worker& worker, const FrameConnection* conn, const std::string& reason) {

@@ -31,6 +31,8 @@
 
 namespace charm {
 
+struct HelloExpectations;  // common/cluster_auth.h
+
 /// ExpertDispatcher over remote workers.
 /// Thread-safety: one layer at a time (as ExpertDispatcher says), begin/finish/hint from
 /// one engine thread; status() may be called concurrently from another thread. One health
@@ -115,6 +117,7 @@ class ClusterDispatcher final : public ExpertDispatcher {
   // Connections and the workers' state.
   Opened open(Worker& worker);
   void connect(Worker& worker);
+  HelloExpectations hello_expectations(const Worker& worker) const;
   void connect_at_startup(Worker& worker);
   void connect_all_at_startup();
   void stop_health_threads();
@@ -159,6 +162,10 @@ class ClusterDispatcher final : public ExpertDispatcher {
   std::chrono::milliseconds health_tick_;              // how often a health thread looks
   double slow_ms_;
   std::string cluster_secret_;  // topology.cluster_secret; empty: open cluster
+  // Frame caps while a (re)connecting worker is not accepted yet, from the model's shape
+  // (max_hello_reply_bytes, max_health_reply_bytes).
+  uint64_t max_hello_reply_bytes_ = 0;
+  uint64_t max_health_reply_bytes_ = 0;
   std::vector<std::unique_ptr<Worker>> workers_;
   uint64_t next_request_id_ = 1;  // engine thread only
   std::unique_ptr<PendingLayer> pending_;  // the begun layer, between begin and finish

@@ -24,11 +24,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 WorkerStatusRow query_worker(const WorkerSpec& spec, int timeout_ms, const std::string& secret,
-                             const std::string& fingerprint) {
+                             const StatusExpectations& expected) {
   WorkerStatusRow row;
   row.name = spec.name;
   row.address = spec.host + ":" + std::to_string(spec.port);
   const std::chrono::milliseconds timeout(timeout_ms);
+  // Whatever answers at the address is a stranger: no frame over a legitimate reply.
+  const bool shape_known = expected.num_moe_layers > 0 && expected.num_experts > 0;
+  const uint32_t layers = shape_known ? expected.num_moe_layers : kStatusFallbackMoeLayers;
+  const uint32_t experts = shape_known ? expected.num_experts : kStatusFallbackExperts;
   try {
     const std::string label = "worker '" + spec.name + "'";
     auto conn = FrameConnection::connect(spec.host, spec.port, timeout, label);
@@ -36,15 +40,16 @@ WorkerStatusRow query_worker(const WorkerSpec& spec, int timeout_ms, const std::
     // manifest), and a worker with a shared secret answers nothing before the handshake.
     // Its reply may say the fingerprints differ, which the health reply then shows as
     // wrong-model. Without a fingerprint to send (model unreadable) only health is asked.
-    if (!secret.empty() || !fingerprint.empty()) {
+    if (!secret.empty() || !expected.fingerprint.empty()) {
       HelloMsg hello;
       hello.client_name = "charm status";
-      hello.model_fingerprint = fingerprint;
-      row.hello = client_handshake(*conn, hello, secret, timeout, label).reply;
+      hello.model_fingerprint = expected.fingerprint;
+      row.hello = client_handshake(*conn, hello, secret, timeout, label, max_hello_reply_bytes(layers, experts)).reply;
     }
     const auto start = Clock::now();
     conn->send(encode_health_request(), timeout);
-    row.health = decode_as<HealthReplyMsg>(conn->receive(timeout));
+    conn->set_max_frame_bytes(max_health_reply_bytes(layers));
+    row.health = decode_as<HealthReplyMsg>(conn->receive(timeout), conn->max_frame_bytes());
     row.ping_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     row.up = true;
   } catch (const std::exception& e) {
@@ -151,18 +156,19 @@ std::vector<WorkerStatus> query_coordinator(const Topology& topology, int timeou
   client.set_write_timeout(seconds, micros);
   if (!topology.api_key.empty()) client.set_bearer_token_auth(topology.api_key.c_str());
   status.coordinator_address = topology.api_host + ":" + std::to_string(topology.api_port);
-  // The body is gathered here, not by httplib, so that whatever answers at the API's
-  // address cannot make `charm status` hold more than the JSON limit.
+  // Whatever answers at the API's address is not trusted yet either: the body is read
+  // up to what a coordinator of this many workers can send, no further.
+  const uint64_t cap = max_cluster_status_bytes(topology.workers.size());
   std::string body;
-  bool too_large = false;
-  auto res = client.Get("/cluster/status", [&](const char* data, size_t n) {
-    too_large = body.size() + n > kHttpJsonLimits.max_bytes;
-    if (!too_large) body.append(data, n);
-    return !too_large;
+  bool too_big = false;
+  auto res = client.Get("/cluster/status", [&](const char* data, size_t size) {
+    too_big = body.size() + size > cap;
+    if (!too_big) body.append(data, size);
+    return !too_big;
   });
-  if (too_large) {
-    status.coordinator_error = "GET /cluster/status: the reply is over the limit of " +
-                               std::to_string(kHttpJsonLimits.max_bytes) + " bytes";
+  if (too_big) {
+    status.coordinator_error = "GET /cluster/status: the body exceeds the cap of " + std::to_string(cap) +
+                               " bytes for " + std::to_string(topology.workers.size()) + " workers";
     return {};
   }
   if (!res) {
@@ -231,6 +237,8 @@ std::string tier_line(const std::string& worker, uint32_t layer, const TierStats
 
 }  // namespace
 
+uint64_t max_cluster_status_bytes(size_t workers) { return (uint64_t{workers} + 1) << 20; }
+
 StatusExpectations expected_status(const Topology& topology) {
   StatusExpectations out;
   if (topology.single_node || topology.workers.empty()) return out;
@@ -246,8 +254,13 @@ StatusExpectations expected_status(const Topology& topology) {
   try {
     const ModelConfig config =
         ModelConfig::parse(checkpoint->config_json(), (topology.model / "config.json").string());
+    const std::vector<int64_t> moe_layers = config.moe_layer_ids();
+    if (!moe_layers.empty() && config.num_experts > 0 && config.num_experts <= UINT32_MAX) {
+      out.num_moe_layers = static_cast<uint32_t>(moe_layers.size());
+      out.num_experts = static_cast<uint32_t>(config.num_experts);
+    }
     out.identities = cached_identities(*checkpoint, config, out.fingerprint, out.notes);
-    const auto placement = topology.placement(config.moe_layer_ids(), config.num_experts);
+    const auto placement = topology.placement(moe_layers, config.num_experts);
     std::vector<uint64_t> counts(topology.workers.size(), 0);
     for (const auto& [layer, owners] : placement) {
       for (const std::vector<int>& replicas : owners) {
@@ -345,7 +358,7 @@ ClusterStatus collect_status(const Topology& topology, int timeout_ms) {
   std::vector<std::future<WorkerStatusRow>> pending;
   for (const WorkerSpec& spec : topology.workers) {
     pending.push_back(std::async(std::launch::async, query_worker, spec, timeout_ms, topology.cluster_secret,
-                                 expected.fingerprint));
+                                 expected));  // a copy each: `expected` is moved from below
   }
   status.expected_fingerprint = expected.fingerprint;
   status.notes = std::move(expected.notes);

@@ -58,7 +58,19 @@ struct StatusExpectations {
   ExpertIdentities identities;  ///< from the cached manifest only; empty: do not check weights
   std::vector<std::optional<uint64_t>> experts;  ///< per topology.workers index; empty/nullopt: do not check
   std::vector<std::string> notes;  ///< why a check is skipped
+  /// The model's shape, which bounds the frames a worker may send before it is trusted
+  /// (max_hello_reply_bytes, max_health_reply_bytes); 0 when the model could not be read
+  /// (then kStatusFallbackMoeLayers x kStatusFallbackExperts is assumed).
+  uint32_t num_moe_layers = 0;
+  uint32_t num_experts = 0;
 };
+
+/// The shape assumed for frame caps when `charm status` cannot read the model: larger
+/// than any model charm serves (DeepSeek-V3: 58 MoE layers of 256 experts), so a real
+/// worker is never cut off, while a stranger still cannot make it allocate more than
+/// about 1 MiB.
+constexpr uint32_t kStatusFallbackMoeLayers = 256;
+constexpr uint32_t kStatusFallbackExperts = 1024;
 
 /// Reads topology.model (Checkpoint::open + model_fingerprint; ModelConfig::parse +
 /// Topology::placement over moe_layer_ids(); the expert manifest as cached, never
@@ -76,12 +88,21 @@ void judge_worker(WorkerStatusRow& row, const std::string& fingerprint, const Ex
 
 /// Queries every worker (in parallel, each within `timeout_ms`: connect, the hello (with
 /// the shared-secret handshake when topology.cluster_secret is set) when the model's
-/// fingerprint is known, healthRequest) and the
+/// fingerprint is known, healthRequest; every frame a worker sends capped at what a
+/// legitimate reply can be for the model's shape, so a row says "exceeds the cap" rather
+/// than the process allocating a gigabyte) and the
 /// coordinator's /cluster/status (within `timeout_ms`, with topology.api_key as a bearer
-/// token when set), and judges each worker
+/// token when set; a body over max_cluster_status_bytes makes the coordinator
+/// unreachable, naming the cap), and judges each worker
 /// (expected_status, judge_worker). Never throws for an unreachable peer or an unreadable
 /// model: that is what the report is for.
 ClusterStatus collect_status(const Topology& topology, int timeout_ms);
+
+/// The largest /cluster/status body collect_status reads from a coordinator of
+/// `workers` workers, in bytes: 1 MiB each (a worker's entry is a few hundred bytes, but
+/// its last_error may hold a worker's error text of up to 64 KiB, JSON-escaped) plus
+/// 1 MiB. Pure.
+uint64_t max_cluster_status_bytes(size_t workers);
 
 /// Parses a /cluster/status body ({"workers":[{"name","address","state","experts_held",
 /// "requests","rtt_p50_ms","rtt_p99_ms","bytes_out","bytes_in"} plus the optional

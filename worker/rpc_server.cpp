@@ -20,6 +20,32 @@ constexpr std::chrono::milliseconds kForever{std::chrono::milliseconds::max()};
 
 }  // namespace
 
+// One accepted connection. `handshaken` and `evict_reason` are written under
+// connections_mutex_ (`handshaken` by the connection's own thread, which also reads it
+// without the lock); `evicted` and `finished` are also read without it.
+struct WorkerServer::Connection {
+  std::shared_ptr<FrameConnection> conn;
+  std::string address;  // the source IP: the per-address budget's key
+  std::chrono::steady_clock::time_point accepted;
+  std::thread thread;
+  bool handshaken = false;         // in the handshaken budget (sticky)
+  std::string evict_reason;        // set with `evicted`
+  std::atomic<bool> evicted{false};
+  std::atomic<bool> finished{false};
+  bool pending() const { return !handshaken && !evicted && !finished; }
+};
+
+// One connection's progress through the handshake.
+struct WorkerServer::Session {
+  FrameConnection* conn = nullptr;
+  Connection* connection = nullptr;
+  std::chrono::steady_clock::time_point deadline;  // to complete the handshake by
+  bool authenticated = false;  // no secret: true from the start
+  bool hello_ok = false;       // a hello matched (and, with a secret, was authenticated)
+  std::optional<HelloMsg> pending_hello;  // sent authChallenge, awaiting authResponse
+  std::string worker_nonce;
+};
+
 WorkerServer::WorkerServer(WorkerServerOptions options, LayerService& service)
     : options_(std::move(options)), service_(service) {}
 
@@ -40,12 +66,14 @@ void WorkerServer::start() {
 void WorkerServer::stop() {
   stopping_ = true;
   if (accept_thread_.joinable()) accept_thread_.join();
-  std::vector<ConnectionThread> connections;
+  std::vector<std::shared_ptr<Connection>> connections;
   {
     std::lock_guard<std::mutex> lock(connections_mutex_);
     connections.swap(connections_);
   }
-  for (auto& c : connections) c.thread.join();
+  // Idle reads end at once rather than at their next look at stopping_.
+  for (auto& c : connections) c->conn->interrupt();
+  for (auto& c : connections) c->thread.join();
   listener_.reset();
 }
 
@@ -69,18 +97,13 @@ HealthReplyMsg WorkerServer::health() const {
 void WorkerServer::reap_finished() {
   std::lock_guard<std::mutex> lock(connections_mutex_);
   for (auto it = connections_.begin(); it != connections_.end();) {
-    if (it->finished->load()) {
-      it->thread.join();
+    if ((*it)->finished) {
+      (*it)->thread.join();
       it = connections_.erase(it);
     } else {
       ++it;
     }
   }
-}
-
-size_t WorkerServer::connection_count() {
-  std::lock_guard<std::mutex> lock(connections_mutex_);
-  return connections_.size();
 }
 
 void WorkerServer::accept_loop() {
@@ -93,60 +116,128 @@ void WorkerServer::accept_loop() {
       continue;
     }
     reap_finished();
-    if (!conn) continue;
-    if (connection_count() >= options_.max_connections) {
-      spdlog::warn("worker {}: refusing {}: already serving {} connections", options_.worker_name,
-                   conn->peer(), options_.max_connections);
-      try {
-        conn->send(encode_error("worker '" + options_.worker_name + "' is serving its maximum of " +
-                                std::to_string(options_.max_connections) + " connections"),
-                   std::chrono::milliseconds(100));
-      } catch (const Error&) {
-      }
-      continue;
-    }
-    auto finished = std::make_shared<std::atomic<bool>>(false);
-    std::thread thread([this, finished, c = std::shared_ptr<FrameConnection>(std::move(conn))] {
-      serve_connection(*c);
-      finished->store(true);
-    });
-    std::lock_guard<std::mutex> lock(connections_mutex_);
-    connections_.push_back({std::move(thread), finished});
+    if (conn) admit(std::move(conn));
   }
 }
 
-void WorkerServer::send(FrameConnection& conn, const Frame& frame) {
-  // Counted before writing, so a client that has read the reply sees it in health.
-  bytes_out_ += frame.size();
-  conn.send(frame, options_.send_timeout);
+void WorkerServer::admit(std::unique_ptr<FrameConnection> accepted) {
+  auto connection = std::make_shared<Connection>();
+  connection->conn = std::move(accepted);
+  connection->address = connection->conn->remote_address();
+  connection->accepted = std::chrono::steady_clock::now();
+  std::shared_ptr<Connection> victim;
+  {
+    std::lock_guard<std::mutex> lock(connections_mutex_);
+    // connections_ is in accept order: the first pending match is the oldest.
+    size_t pending = 0, from_address = 0;
+    std::shared_ptr<Connection> oldest, oldest_from_address;
+    for (const auto& c : connections_) {
+      if (!c->pending()) continue;
+      ++pending;
+      if (!oldest) oldest = c;
+      if (c->address == connection->address) {
+        ++from_address;
+        if (!oldest_from_address) oldest_from_address = c;
+      }
+    }
+    const std::string worker = "worker '" + options_.worker_name + "'";
+    if (from_address >= options_.max_pending_per_address && oldest_from_address) {
+      victim = oldest_from_address;
+      victim->evict_reason = worker + " dropped this connection: " + std::to_string(from_address) +
+                             " connections from " + connection->address +
+                             " had not completed a handshake (the cap per address is " +
+                             std::to_string(options_.max_pending_per_address) + "; the oldest goes first)";
+    } else if (pending >= options_.max_pending_connections && oldest) {
+      victim = oldest;
+      victim->evict_reason = worker + " dropped this connection: " + std::to_string(pending) +
+                             " connections had not completed a handshake (the cap is " +
+                             std::to_string(options_.max_pending_connections) + "; the oldest goes first)";
+    }
+    if (victim) victim->evicted = true;
+    connections_.push_back(connection);
+  }
+  if (victim) {
+    victim->conn->interrupt();  // its thread sends the reason and closes
+    ++evictions_;
+    // One line a second at most: a flood must not flood the log too.
+    const auto now = std::chrono::steady_clock::now();
+    if (now - eviction_logged_ >= std::chrono::seconds(1)) {
+      eviction_logged_ = now;
+      spdlog::warn("worker {}: evicted {} (no completed handshake) to admit {}: {} evictions since start",
+                   options_.worker_name, victim->conn->peer(), connection->conn->peer(), evictions_);
+    }
+  }
+  try {
+    Connection* c = connection.get();
+    connection->thread = std::thread([this, c] {
+      serve_connection(*c);
+      c->finished = true;
+    });
+  } catch (const std::system_error& e) {
+    // Out of threads: this connection is refused, the worker lives.
+    spdlog::error("worker {}: cannot start a thread for {}: {}", options_.worker_name, connection->conn->peer(),
+                  e.what());
+    try {
+      connection->conn->send(encode_error("worker '" + options_.worker_name + "' cannot serve another connection now"),
+                             std::chrono::milliseconds(100));
+    } catch (const Error&) {
+    }
+    connection->conn->close();
+    std::lock_guard<std::mutex> lock(connections_mutex_);
+    connections_.erase(std::find(connections_.begin(), connections_.end(), connection));
+  }
 }
 
-// One connection's progress through the handshake.
-struct WorkerServer::Session {
-  bool authenticated = false;  // no secret: true from the start
-  bool hello_ok = false;       // a hello matched (and, with a secret, was authenticated)
-  std::optional<HelloMsg> pending_hello;  // sent authChallenge, awaiting authResponse
-  std::string worker_nonce;
-};
+std::optional<std::string> WorkerServer::claim_handshaken_slot(Connection& connection) {
+  std::lock_guard<std::mutex> lock(connections_mutex_);
+  if (connection.handshaken) return std::nullopt;
+  if (connection.evicted) return connection.evict_reason;
+  size_t handshaken = 0;
+  for (const auto& c : connections_) handshaken += c->handshaken && !c->finished;
+  if (handshaken >= options_.max_connections) {
+    return "worker '" + options_.worker_name + "' is serving its maximum of " +
+           std::to_string(options_.max_connections) + " connections";
+  }
+  connection.handshaken = true;
+  return std::nullopt;
+}
 
-void WorkerServer::serve_connection(FrameConnection& conn) {
+void WorkerServer::send(Session& session, const Frame& frame) {
+  // A stranger gets no more time than its handshake deadline, however slowly it reads,
+  // and an evicted one a moment for the frame that says why.
+  auto timeout = options_.send_timeout;
+  if (session.connection->evicted) {
+    timeout = std::min<std::chrono::milliseconds>(timeout, std::chrono::milliseconds(100));
+  } else if (!session.connection->handshaken) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(session.deadline - std::chrono::steady_clock::now());
+    timeout = std::clamp(left, std::chrono::milliseconds(1), timeout);
+  }
+  // Counted before writing, so a client that has read the reply sees it in health.
+  bytes_out_ += frame.size();
+  session.conn->send(frame, timeout);
+}
+
+void WorkerServer::serve_connection(Connection& connection) {
+  FrameConnection& conn = *connection.conn;
   spdlog::debug("worker {}: {} connected", options_.worker_name, conn.peer());
   Session session;
+  session.conn = &conn;
+  session.connection = &connection;
   session.authenticated = options_.shared_secret.empty();
-  // Until a hello succeeds the peer is a stranger: small frames, and a deadline.
+  // Until its handshake completes the peer is a stranger: small frames (the connection's
+  // initial cap), and one deadline from the accept whatever it sends meanwhile.
   conn.set_max_frame_bytes(std::min(kHandshakeMaxFrameBytes, options_.max_frame_bytes));
-  const auto handshake_deadline = std::chrono::steady_clock::now() + options_.handshake_timeout;
-  // Settled: the peer is authenticated (always, without a secret) and has had a message
-  // answered; from then on it may stay idle as long as it likes.
-  bool settled = false;
+  session.deadline = connection.accepted + options_.handshake_timeout;
+  // Read without the lock: only this thread writes it.
+  const auto handshaken = [&] { return connection.handshaken; };
   try {
     while (!stopping_ && conn.is_open()) {
       WireMessage message;
       try {
         auto timeout = kForever;
-        if (!settled) {
+        if (!handshaken()) {
           timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
-              handshake_deadline - std::chrono::steady_clock::now());
+              session.deadline - std::chrono::steady_clock::now());
           if (timeout.count() <= 0) fail_unavailable("no completed handshake within the handshake timeout");
         }
         FrameBody body = conn.receive(timeout, &stopping_);
@@ -154,8 +245,16 @@ void WorkerServer::serve_connection(FrameConnection& conn) {
         message = decode_message(body, conn.max_frame_bytes());
       } catch (const Error& e) {
         if (e.category() != ErrorCategory::kProtocol) {
-          // Peer gone, stopping, or a stranger that never completed its hello.
-          if (!settled && !stopping_ && std::chrono::steady_clock::now() >= handshake_deadline) {
+          // Evicted for a newer stranger, stopping, peer gone, or no handshake in time.
+          if (connection.evicted && !stopping_ && conn.is_open()) {
+            std::string reason;
+            {
+              std::lock_guard<std::mutex> lock(connections_mutex_);
+              reason = connection.evict_reason;
+            }
+            spdlog::debug("worker {}: {}: {}", options_.worker_name, conn.peer(), reason);
+            send(session, encode_error(reason));
+          } else if (!handshaken() && !stopping_ && std::chrono::steady_clock::now() >= session.deadline) {
             spdlog::warn("worker {}: dropped {}: no completed handshake within {} ms", options_.worker_name,
                          conn.peer(), options_.handshake_timeout.count());
           }
@@ -163,16 +262,20 @@ void WorkerServer::serve_connection(FrameConnection& conn) {
         }
         spdlog::warn("worker {}: malformed frame from {}: {}; closing that connection",
                      options_.worker_name, conn.peer(), e.message());
-        if (conn.is_open()) send(conn, encode_error(e.message()));
+        if (conn.is_open()) send(session, encode_error(e.message()));
         break;
       }
       if (!handle(conn, message, session)) break;
-      settled = settled || session.authenticated;
       if (session.hello_ok) conn.set_max_frame_bytes(options_.max_frame_bytes);
     }
   } catch (const std::exception& e) {
     // A send that failed or anything unforeseen: this connection ends, the worker lives.
-    spdlog::warn("worker {}: connection {} ended: {}", options_.worker_name, conn.peer(), e.what());
+    // (An evicted stranger's cancelled reply is expected: the eviction was logged.)
+    if (connection.evicted) {
+      spdlog::debug("worker {}: evicted connection {} ended: {}", options_.worker_name, conn.peer(), e.what());
+    } else {
+      spdlog::warn("worker {}: connection {} ended: {}", options_.worker_name, conn.peer(), e.what());
+    }
   }
   conn.close();
   spdlog::debug("worker {}: {} disconnected", options_.worker_name, conn.peer());
@@ -214,8 +317,8 @@ bool WorkerServer::debug_delay_elapsed() const {
   return !stopping_ || options_.debug_delay.count() == 0;
 }
 
-bool WorkerServer::refuse(FrameConnection& conn, const std::string& text) {
-  send(conn, encode_error(text));
+bool WorkerServer::refuse(Session& session, const std::string& text) {
+  send(session, encode_error(text));
   return false;
 }
 
@@ -223,7 +326,7 @@ bool WorkerServer::handle_auth(FrameConnection& conn, const AuthResponseMsg& res
   if (!session.pending_hello) {
     spdlog::warn("worker {}: {} sent authResponse without a challenge; closing that connection",
                  options_.worker_name, conn.peer());
-    return refuse(conn, "worker '" + options_.worker_name + "' sent no authChallenge to answer");
+    return refuse(session, "worker '" + options_.worker_name + "' sent no authChallenge to answer");
   }
   const HelloMsg hello = std::move(*session.pending_hello);
   session.pending_hello.reset();
@@ -232,14 +335,24 @@ bool WorkerServer::handle_auth(FrameConnection& conn, const AuthResponseMsg& res
   if (!constant_time_equal(response.proof, auth_proof(options_.shared_secret, AuthRole::kClient, transcript))) {
     spdlog::error("worker {}: REJECTED {} ({}): wrong proof of the cluster's shared secret; dropping the peer",
                   options_.worker_name, hello.client_name, conn.peer());
-    return refuse(conn, "authentication failed: the proof does not match worker '" + options_.worker_name +
+    return refuse(session, "authentication failed: the proof does not match worker '" + options_.worker_name +
                             "''s shared secret");
   }
   session.authenticated = true;
   HelloReplyMsg reply = answer_hello(hello, conn.peer());
   reply.worker_proof = auth_proof(options_.shared_secret, AuthRole::kWorker, transcript);
+  return reply_hello(conn, std::move(reply), session);
+}
+
+bool WorkerServer::reply_hello(FrameConnection& conn, HelloReplyMsg reply, Session& session) {
+  if (reply.ok) {
+    if (std::optional<std::string> why = claim_handshaken_slot(*session.connection)) {
+      spdlog::warn("worker {}: refusing {}: {}", options_.worker_name, conn.peer(), *why);
+      return refuse(session, *why);
+    }
+  }
   session.hello_ok = reply.ok;
-  send(conn, encode_hello_reply(reply));
+  send(session, encode_hello_reply(reply));
   return true;
 }
 
@@ -266,30 +379,27 @@ LayerResponseMsg WorkerServer::answer_layer(const ExpertRequest& request, const 
 bool WorkerServer::handle(FrameConnection& conn, WireMessage& message, Session& session) {
   if (auto* hello = std::get_if<HelloMsg>(&message)) {
     if (!options_.shared_secret.empty() && !session.authenticated) {
-      if (session.pending_hello) return refuse(conn, "a second hello before answering the authChallenge");
+      if (session.pending_hello) return refuse(session, "a second hello before answering the authChallenge");
       session.worker_nonce = random_nonce();
       session.pending_hello = std::move(*hello);
-      send(conn, encode_auth_challenge({session.worker_nonce, options_.worker_name}));
+      send(session, encode_auth_challenge({session.worker_nonce, options_.worker_name}));
       return true;
     }
-    HelloReplyMsg reply = answer_hello(*hello, conn.peer());
-    session.hello_ok = reply.ok;
-    send(conn, encode_hello_reply(reply));
-    return true;
+    return reply_hello(conn, answer_hello(*hello, conn.peer()), session);
   }
   if (auto* response = std::get_if<AuthResponseMsg>(&message)) return handle_auth(conn, *response, session);
   if (!session.authenticated) {
     // With a secret, nothing but the handshake is answered to a stranger.
     spdlog::warn("worker {}: {} sent {} before authenticating; dropping the peer", options_.worker_name,
                  conn.peer(), message_name(message));
-    return refuse(conn, "worker '" + options_.worker_name + "' requires the cluster's shared secret: send hello "
+    return refuse(session, "worker '" + options_.worker_name + "' requires the cluster's shared secret: send hello "
                         "and answer its authChallenge first");
   }
   if (auto* request = std::get_if<ExpertRequest>(&message)) {
     if (!debug_delay_elapsed()) return false;  // stopped while "computing": no reply
     LayerResponseMsg response = answer_layer(*request, session);
     ++requests_served_;  // before the reply, for the same reason as in send()
-    send(conn, encode_layer_response(response));
+    send(session, encode_layer_response(response));
     return true;
   }
   if (auto* hint = std::get_if<PrefetchHintMsg>(&message)) {
@@ -313,14 +423,14 @@ bool WorkerServer::handle(FrameConnection& conn, WireMessage& message, Session& 
     return true;
   }
   if (std::holds_alternative<HealthRequestMsg>(message)) {
-    send(conn, encode_health_reply(health()));
+    send(session, encode_health_reply(health()));
     return true;
   }
   const std::string text = std::string("worker '") + options_.worker_name + "' does not accept " +
                            message_name(message) + " messages from clients";
   spdlog::warn("worker {}: {} sent {}; closing that connection", options_.worker_name,
                conn.peer(), message_name(message));
-  return refuse(conn, text);
+  return refuse(session, text);
 }
 
 }  // namespace charm

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -85,12 +86,22 @@ struct WorkerServerOptions {
   /// The served model's shape: every layerRequest is checked against it
   /// (check_layer_request); zeros are not checked (tests without a model).
   ModelLimits limits;
-  /// How long a client may take from connecting to its first answered message (with a
-  /// shared secret: to a completed authentication); a peer that says nothing, or only
-  /// starts the handshake, is dropped after it. A settled client may idle forever.
+  /// How long a client may take from connecting to a completed handshake (a successful
+  /// hello; with a shared secret, authenticated too), whatever it sends meanwhile: a
+  /// peer that says nothing, only asks for health, or starts the handshake and stops, is
+  /// dropped then. A client whose handshake completed may idle forever.
   std::chrono::milliseconds handshake_timeout{10000};
-  /// Connections served at once; the next one gets an `error` frame and is closed.
+  /// Connections whose handshake completed, served at once; a hello that would make one
+  /// more gets an `error` frame and the connection is closed.
   size_t max_connections = 256;
+  /// Connections that have not completed their handshake, in total and from one source
+  /// address: a separate budget, so strangers never take a handshaken client's slot. When
+  /// a new connection finds its address (else the whole pool) at the cap, the oldest
+  /// such connection is evicted (an `error` frame naming the cap, then closed) to make
+  /// room: a flood of idlers cannot lock out a client that handshakes in milliseconds,
+  /// and one address never holds more than its cap.
+  size_t max_pending_connections = 64;
+  size_t max_pending_per_address = 8;
   /// TEST ONLY (`charm worker --debug-delay-ms`): wait this long before answering each
   /// layerRequest, to stand in for a slow or hung worker. A stop() during the wait closes
   /// the connection without a reply, as a killed worker would.
@@ -113,8 +124,9 @@ struct WorkerServerOptions {
 /// failing the check (logged at warn level) or when the prefetch throws (logged) it is
 /// dropped. A frame that does not decode, a message a client must not send, or any
 /// message (a hint too) before authentication, gets an `error` frame and the connection
-/// is closed; a client that has not settled within handshake_timeout (see there) is
-/// dropped. Other connections are unaffected.
+/// is closed; a client that has not completed its handshake within handshake_timeout is
+/// dropped, and pending and handshaken connections have budgets of their own (see
+/// max_pending_connections). Other connections are unaffected.
 /// Thread-safety: start/stop/port/health from any one controlling thread.
 class WorkerServer {
  public:
@@ -142,25 +154,27 @@ class WorkerServer {
   uint64_t hints_received() const { return hints_received_.load(); }
 
  private:
+  struct Session;     // one connection's handshake state
+  struct Connection;  // one accepted connection: its thread, budget and eviction state
   void accept_loop();
-  struct Session;  // one connection's handshake state
-  void serve_connection(FrameConnection& conn);
+  // Registers `conn` in the pending budget (evicting the oldest pending connection of its
+  // address, else of the pool, when full) and starts its thread.
+  void admit(std::unique_ptr<FrameConnection> conn);
+  void serve_connection(Connection& connection);
+  // Moves `connection` into the handshaken budget; the reason it cannot when not.
+  std::optional<std::string> claim_handshaken_slot(Connection& connection);
   // Handles one decoded message; false when the connection must close.
   bool handle(FrameConnection& conn, WireMessage& message, Session& session);
   bool handle_auth(FrameConnection& conn, const AuthResponseMsg& response, Session& session);
-  bool refuse(FrameConnection& conn, const std::string& text);
+  // Sends a helloReply, once `reply.ok` has a handshaken slot; false when it has none.
+  bool reply_hello(FrameConnection& conn, HelloReplyMsg reply, Session& session);
+  bool refuse(Session& session, const std::string& text);
   LayerResponseMsg answer_layer(const ExpertRequest& request, const Session& session);
-  void send(FrameConnection& conn, const Frame& frame);
+  void send(Session& session, const Frame& frame);
   HelloReplyMsg answer_hello(const HelloMsg& hello, const std::string& peer);
   void reap_finished();
-  size_t connection_count();
   // Waits options_.debug_delay; false when stop() came first.
   bool debug_delay_elapsed() const;
-
-  struct ConnectionThread {
-    std::thread thread;
-    std::shared_ptr<std::atomic<bool>> finished;
-  };
 
   WorkerServerOptions options_;
   LayerService& service_;
@@ -169,7 +183,9 @@ class WorkerServer {
   std::atomic<bool> stopping_{false};
   std::thread accept_thread_;
   std::mutex connections_mutex_;
-  std::vector<ConnectionThread> connections_;
+  std::vector<std::shared_ptr<Connection>> connections_;  // in accept order
+  uint64_t evictions_ = 0;  // pending connections evicted since start (accept thread)
+  std::chrono::steady_clock::time_point eviction_logged_;  // last eviction warning
   std::chrono::steady_clock::time_point started_;
   std::atomic<uint64_t> requests_served_{0};
   std::atomic<uint64_t> hints_received_{0};

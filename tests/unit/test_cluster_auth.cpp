@@ -206,7 +206,7 @@ TEST_CASE("an impostor worker that does not know the secret is found out") {
     conn->send(encode_hello_reply(reply), 5s);
   });
   auto conn = FrameConnection::connect("127.0.0.1", listener->port(), 5s, "a");
-  expect_error([&] { client_handshake(*conn, HelloMsg{}, kSecret, 5s, "worker 'a'"); }, ErrorCategory::kProtocol,
+  expect_error([&] { client_handshake(*conn, HelloMsg{}, kSecret, 5s, "worker 'a'", kHandshakeMaxFrameBytes); }, ErrorCategory::kProtocol,
                {"worker 'a'", "could not prove it holds the cluster's shared secret"});
   impostor.join();
 }

@@ -633,7 +633,7 @@ TEST_CASE("health carries the worker's tier counters; charm status shows hit rat
   CHECK(format_status(status).find("a layer 0") == std::string::npos);
 }
 
-TEST_CASE("charm status: a /cluster/status reply over the JSON limit is refused without holding it") {
+TEST_CASE("charm status: a streamed /cluster/status reply over the cap is cut off without holding it") {
   Cluster cluster;
   // Whatever answers at the API's address streams 80 MiB of spaces.
   httplib::Server server;
@@ -657,7 +657,8 @@ TEST_CASE("charm status: a /cluster/status reply over the JSON limit is refused 
   thread.join();
   CHECK_FALSE(status.coordinator_reachable);
   CHECK_FALSE(status.all_up);
-  CHECK_MESSAGE(status.coordinator_error.find("over the limit of " + std::to_string(kHttpJsonLimits.max_bytes)) !=
+  CHECK_MESSAGE(status.coordinator_error.find("exceeds the cap of " +
+                                              std::to_string(max_cluster_status_bytes(cluster.topology.workers.size()))) !=
                     std::string::npos,
                 status.coordinator_error);
 }

@@ -4,6 +4,9 @@
 #include <doctest/doctest.h>
 
 #include <sstream>
+#include <thread>
+
+#include <httplib.h>
 
 #include "common/wire.h"
 #include "coordinator/status_report.h"
@@ -104,4 +107,30 @@ TEST_CASE("LAST_SEEN: milliseconds under a second; last_seen_s from a pre-merge 
   row.coordinator = view(R"("last_seen_ms":120.4)");
   status.workers.push_back(row);
   CHECK(row_cells(format_status(status), "w1")["LAST_SEEN"] == "120ms");
+}
+
+TEST_CASE("charm status reads no /cluster/status body over its cap (whatever answers at the API's address)") {
+  // Valid JSON, padded past the cap for one worker: read whole, it would parse.
+  const std::string workers =
+      R"({"workers":[{"name":"w1","address":"-","state":"up","experts_held":4,"requests":0,)"
+      R"("rtt_p50_ms":1,"rtt_p99_ms":2,"bytes_out":0,"bytes_in":0}],"pad":")";
+  const std::string body = workers + std::string(max_cluster_status_bytes(1) + 1, 'x') + "\"}";
+  httplib::Server server;
+  server.Get("/cluster/status", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_content(body, "application/json");
+  });
+  const int port = server.bind_to_any_port("127.0.0.1");
+  std::thread thread([&] { server.listen_after_bind(); });
+  while (!server.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  Topology topology;
+  topology.workers = {WorkerSpec{"w1", "127.0.0.1", 1, {0}, {}}};  // nothing listens on port 1
+  topology.api_port = static_cast<uint16_t>(port);
+  const ClusterStatus status = collect_status(topology, 5000);
+  server.stop();
+  thread.join();
+  CHECK_FALSE(status.coordinator_reachable);
+  CHECK_MESSAGE(status.coordinator_error.find("exceeds the cap of " + std::to_string(max_cluster_status_bytes(1))) !=
+                    std::string::npos,
+                status.coordinator_error);
+  CHECK(max_cluster_status_bytes(1) == 2u << 20);
 }

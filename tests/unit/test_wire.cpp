@@ -404,26 +404,73 @@ TEST_CASE("helloReply: every held expert needs a 16-byte identity; lossyForm is 
                          "helloReply.lossyForm is 257 bytes, over the cap of 256");
 }
 
-TEST_CASE("max_hello_reply_bytes bounds the largest helloReply of a model's shape") {
-  for (auto [layers, experts] : {std::pair<uint32_t, uint32_t>{1, 1}, {3, 16}, {16, 64}, {58, 256}}) {
-    HelloReplyMsg reply;  // every text at its cap, every expert held
-    reply.error = std::string(kMaxWireTextBytes, 'e');
-    reply.worker_name = std::string(kMaxWireNameBytes, 'w');
-    reply.model_fingerprint = std::string(kMaxWireFingerprintBytes, 'f');
-    reply.worker_proof = std::string(kAuthProofBytes, 'p');
-    reply.lossy_form = std::string(kMaxWireNameBytes, 'l');
-    for (uint32_t l = 0; l < layers; ++l) {
-      for (uint32_t e = 0; e < experts; ++e) {
-        reply.held[l].push_back(e);
-        reply.identities[{l, e}] = ContentHash{l, e};
-      }
+// --- the caps a client reads a stranger's replies with (issue 12, item 6) --------------
+
+namespace {
+
+// The largest helloReply a worker of this shape sends: every expert held, texts at caps.
+HelloReplyMsg largest_hello_reply(uint32_t layers, uint32_t experts) {
+  HelloReplyMsg reply;
+  reply.error = std::string(kMaxWireTextBytes, 'e');
+  reply.worker_name = std::string(kMaxWireNameBytes, 'w');
+  reply.model_fingerprint = std::string(kMaxWireFingerprintBytes, 'f');
+  reply.worker_proof = std::string(kAuthProofBytes, 'p');
+  reply.lossy_form = std::string(kMaxWireNameBytes, 'l');
+  for (uint32_t l = 0; l < layers; ++l) {
+    for (uint32_t e = 0; e < experts; ++e) {
+      reply.held[l].push_back(e);
+      reply.identities[{l, e}] = ContentHash{l, e};
     }
-    const Frame frame = encode_hello_reply(reply);
-    const uint64_t body = frame.size() - 4;
-    const uint64_t bound = max_hello_reply_bytes(layers, experts);
-    MESSAGE(layers << " x " << experts << ": helloReply body " << body << " B, bound " << bound << " B");
-    CHECK(body <= bound);
-    CHECK(bound - body < 8 * 1024 + 8 * uint64_t{layers} * experts);  // a bound, not a guess
-    CHECK(decode_as<HelloReplyMsg>(body_of(frame)).identities.size() == uint64_t{layers} * experts);
   }
+  return reply;
+}
+
+}  // namespace
+
+TEST_CASE("max_hello_reply_bytes: the largest legitimate helloReply fits, and the bound is its size") {
+  // DeepSeek-V3 (58 MoE layers x 256 experts) needs more than the 64 KiB handshake cap.
+  const struct { uint32_t layers, experts; } shapes[] = {{1, 1}, {2, 4}, {16, 64}, {48, 128}, {58, 256}, {61, 384}};
+  for (const auto& shape : shapes) {
+    CAPTURE(shape.layers);
+    CAPTURE(shape.experts);
+    const Frame frame = encode_hello_reply(largest_hello_reply(shape.layers, shape.experts));
+    const uint64_t body = frame.size() - 4;
+    const uint64_t bound = max_hello_reply_bytes(shape.layers, shape.experts);
+    MESSAGE(shape.layers << " x " << shape.experts << ": largest helloReply " << body << " bytes, cap " << bound);
+    CHECK(body <= bound);
+    CHECK(bound - body <= 1024);  // the slack for segment tables and far pointers only
+    const WireMessage decoded = decode_message(split_frame(frame.data(), frame.size(), bound), bound);
+    REQUIRE(std::holds_alternative<HelloReplyMsg>(decoded));
+    CHECK(std::get<HelloReplyMsg>(decoded).identities.size() == uint64_t{shape.layers} * shape.experts);
+  }
+  CHECK(max_hello_reply_bytes(58, 256) > kHandshakeMaxFrameBytes);
+  // Every other frame a worker may answer hello with fits too.
+  CHECK(encode_error(std::string(kMaxWireTextBytes, 'x')).size() - 4 <= max_hello_reply_bytes(0, 0));
+  CHECK(encode_auth_challenge({std::string(kAuthNonceBytes, 'n'), std::string(kMaxWireNameBytes, 'w')}).size() - 4 <=
+        max_hello_reply_bytes(0, 0));
+}
+
+TEST_CASE("max_health_reply_bytes: the largest legitimate healthReply or error fits") {
+  for (uint32_t layers : {0u, 1u, 3u, 58u, 200u}) {
+    CAPTURE(layers);
+    HealthReplyMsg h;
+    h.worker_name = std::string(kMaxWireNameBytes, 'w');
+    h.state = std::string(kMaxWireNameBytes, 's');
+    h.model_fingerprint = std::string(kMaxWireFingerprintBytes, 'f');
+    h.experts_held = h.requests_served = h.bytes_in = h.bytes_out = h.uptime_ms = h.slot_bytes = h.slots = ~0ull;
+    for (uint32_t l = 0; l < layers; ++l) h.tier_layers[l] = TierStats{1, 2, 3, 4, 5, 6, 6};
+    const uint64_t bound = max_health_reply_bytes(layers);
+    CHECK(encode_health_reply(h).size() - 4 <= bound);
+    CHECK(encode_error(std::string(kMaxWireTextBytes, 'x')).size() - 4 <= bound);
+  }
+}
+
+TEST_CASE("frame_length: the one length check, naming the peer and the cap") {
+  const uint8_t gib[4] = {0, 0, 0, 0x40};
+  require_protocol_error([&] { frame_length(gib, 4096, "worker 'a'"); },
+                         "frame length 1073741824 bytes from worker 'a' exceeds the cap of 4096 bytes");
+  const uint8_t odd[4] = {12, 0, 0, 0};
+  require_protocol_error([&] { frame_length(odd, 4096); }, "frame length 12 bytes is not a whole number of 8-byte");
+  const uint8_t ok[4] = {0, 16, 0, 0};
+  CHECK(frame_length(ok, 4096) == 4096);
 }
