@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/json_duplicates.h"
 
 namespace charm {
 namespace {
@@ -176,6 +177,15 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::pa
     fail_invalid(file + ": header is not valid JSON: " + e.what());
   }
   if (!json.is_object()) fail_invalid(file + ": header JSON is not an object");
+  // nlohmann keeps the last of two equal keys: a tensor listed twice would load one of
+  // its two entries silently.
+  if (const auto dup = find_duplicate_key(header)) {
+    if (dup->path.empty()) {
+      fail_invalid(file + ": " + (dup->key == "__metadata__" ? "'__metadata__'" : "tensor '" + dup->key + "'") +
+                   " appears twice in the header; charm refuses the file rather than pick one");
+    }
+    fail_invalid(file + ": header: " + dup->describe());
+  }
 
   const uint64_t data_start = 8 + header_len;
   const uint64_t data_size = self->size_ - data_start;
