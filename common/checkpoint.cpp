@@ -104,9 +104,12 @@ std::map<std::string, std::string> read_weight_map(const std::filesystem::path& 
 /// Shard files to open when there is no index: every *.safetensors in `dir`, sorted.
 std::vector<std::filesystem::path> list_safetensors(const std::filesystem::path& dir) {
   std::vector<std::filesystem::path> files;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    if (entry.is_regular_file() && entry.path().extension() == ".safetensors") files.push_back(entry.path());
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code file_ec;
+    if (it->is_regular_file(file_ec) && it->path().extension() == ".safetensors") files.push_back(it->path());
   }
+  if (ec) fail_io(dir.string() + ": cannot list the directory: " + ec.message());
   std::sort(files.begin(), files.end());
   if (files.empty()) {
     fail_invalid(dir.string() + ": no model.safetensors.index.json and no *.safetensors file");
@@ -144,24 +147,41 @@ std::optional<std::pair<int64_t, int64_t>> read_fp8_block(const nlohmann::json& 
 
 }  // namespace
 
-std::unique_ptr<Checkpoint> Checkpoint::open(const std::filesystem::path& dir) {
+std::unique_ptr<Checkpoint> Checkpoint::open(const UserPath& dir) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(dir, ec);
+  if (!std::filesystem::exists(status)) {
+    fail_invalid("checkpoint directory " + dir.describe() + " does not exist" +
+                 (ec && ec != std::errc::no_such_file_or_directory ? " or cannot be reached: " + ec.message() : ""));
+  }
+  if (!std::filesystem::is_directory(status)) {
+    fail_invalid(dir.describe() + " is not a checkpoint directory (a folder holding config.json and *.safetensors)");
+  }
+  try {
+    return open_directory(dir);
+  } catch (const Error& e) {
+    rethrow_in(e, dir);  // a file inside it: name what the directory was resolved from
+  }
+}
+
+std::unique_ptr<Checkpoint> Checkpoint::open_directory(const std::filesystem::path& dir) {
   std::unique_ptr<Checkpoint> self(new Checkpoint());
   self->dir_ = dir;
-  if (!std::filesystem::is_directory(dir)) fail_invalid(dir.string() + ": not a checkpoint directory");
   self->config_ = read_json(dir / "config.json");
   self->fp8_block_ = read_fp8_block(self->config_, (dir / "config.json").string());
   const auto gen_path = dir / "generation_config.json";
+  std::error_code ec;
   self->generation_config_ =
-      std::filesystem::exists(gen_path) ? read_json(gen_path) : nlohmann::json::object();
+      std::filesystem::exists(gen_path, ec) ? read_json(gen_path) : nlohmann::json::object();
 
   const auto index_path = dir / "model.safetensors.index.json";
   std::map<std::string, std::string> weight_map;
   std::vector<std::filesystem::path> paths;
-  if (std::filesystem::exists(index_path)) {
+  if (std::filesystem::exists(index_path, ec)) {
     weight_map = read_weight_map(index_path);
     std::set<std::string> shards;
     for (const auto& [tensor, file] : weight_map) {
-      if (shards.insert(file).second && !std::filesystem::is_regular_file(dir / file)) {
+      if (shards.insert(file).second && !std::filesystem::is_regular_file(dir / file, ec)) {
         fail_invalid(index_path.string() + ": tensor '" + tensor + "' is mapped to '" + file +
                      "', which does not exist in " + dir.string());
       }

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/safetensors.h"
+#include "common/user_path.h"
 #include "common/weight_format.h"
 
 namespace charm {
@@ -79,8 +80,11 @@ class Checkpoint {
   /// not parse, a key given twice in config.json, generation_config.json or the index
   /// (e.g. a tensor mapped twice), an index whose weight_map is missing or names a tensor
   /// absent from its file, a tensor present in two files, and every SafetensorsFile::open
-  /// failure (a tensor listed twice in one header included).
-  static std::unique_ptr<Checkpoint> open(const std::filesystem::path& dir);
+  /// failure (a tensor listed twice in one header included). A `dir` that does not exist
+  /// or is not a directory is named as described (UserPath::describe: the resolved path
+  /// and, for one written relative, what it was resolved against), and every error about
+  /// a file inside a relative `dir` ends with that origin too (rethrow_in).
+  static std::unique_ptr<Checkpoint> open(const UserPath& dir);
 
   const std::filesystem::path& dir() const { return dir_; }
   /// config.json as parsed JSON.
@@ -135,6 +139,8 @@ class Checkpoint {
 
  private:
   Checkpoint() = default;
+  /// open() once `dir` is known to be a directory.
+  static std::unique_ptr<Checkpoint> open_directory(const std::filesystem::path& dir);
   std::filesystem::path dir_;
   nlohmann::json config_;
   nlohmann::json generation_config_;

@@ -17,9 +17,12 @@ std::string read_secret(const SecretSource& source) {
   std::string secret;
   std::string where;
   if (!source.file.empty()) {
-    where = source.key + ": file " + source.file.string();
+    where = source.key + ": file " + source.file.describe();
     std::ifstream in(source.file, std::ios::binary);
-    if (!in) fail_invalid(where + " cannot be read");
+    if (!in) {
+      std::error_code ec;
+      fail_invalid(where + (std::filesystem::exists(source.file, ec) ? " cannot be read" : " cannot be read: it does not exist"));
+    }
     std::ostringstream text;
     text << in.rdbuf();
     secret = text.str();

@@ -7,11 +7,13 @@
 #include <filesystem>
 #include <string>
 
+#include "common/user_path.h"
+
 namespace charm {
 
 /// Where a secret comes from; at most one of file / env is set. Neither set: no secret.
 struct SecretSource {
-  std::filesystem::path file;  ///< read whole; trailing whitespace (a final newline) dropped
+  UserPath file;               ///< read whole; trailing whitespace (a final newline) dropped
   std::string env;             ///< name of an environment variable holding it
   std::string key;             ///< the YAML key path it was configured under, for messages
 
@@ -22,8 +24,8 @@ struct SecretSource {
 constexpr size_t kMinSecretBytes = 16;
 
 /// Reads the secret `source` names; "" when none is configured. Throws
-/// Error(kInvalidInput) naming source.key and the file or variable when the file cannot
-/// be read, the variable is unset, or the secret is shorter than kMinSecretBytes. Warns
+/// Error(kInvalidInput) naming source.key and the file (UserPath::describe: resolved, and
+/// what a relative path was resolved against) or variable when the file cannot be read, the variable is unset, or the secret is shorter than kMinSecretBytes. Warns
 /// (spdlog) when the file is readable by group or others.
 std::string read_secret(const SecretSource& source);
 

@@ -23,7 +23,7 @@ namespace charm {
 
 /// What to convert.
 struct ConvertOptions {
-  std::filesystem::path out;                  ///< container directory (created if absent)
+  UserPath out;                               ///< container directory (created if absent)
   std::string quant = "none";                 ///< "none" (keep the checkpoint's dtype), "int8", "int4"
   int64_t group_size = 0;                     ///< elements per scale; 0 = the default (32)
   std::string worker;                         ///< recorded in the index; empty = every expert
@@ -45,7 +45,8 @@ constexpr int64_t kDefaultGroupSize = 32;
 /// Throws Error(kInvalidInput) for an unknown quant, a group size < 1 or above the row
 /// width, an `out` that already holds a different container or a journal written with
 /// other options (naming the differing field), and what Checkpoint::locate_expert
-/// throws; Error(kIo) for write failures. Prints a warning naming the precision lost
+/// throws; Error(kIo) for write failures and an `out` that cannot be created (named as
+/// UserPath::describe prints it). Prints a warning naming the precision lost
 /// when quantising.
 ConvertResult convert_experts(const Checkpoint& checkpoint, const ExpertTensorNames& names,
                               const std::vector<ExpertKey>& experts, int64_t hidden_size, int64_t intermediate_size,

@@ -22,9 +22,11 @@ namespace charm {
 std::filesystem::path usage_file_for(const StoreSpec& spec, const std::string& fingerprint);
 
 /// Opens the store for `owned` experts of `checkpoint` (which must outlive it) as `spec`
-/// says. `fingerprint` is model_fingerprint(checkpoint). Throws what ExpertContainer::open,
-/// CheckpointSource and ExpertStore throw, and Error(kInvalidInput) for io: odirect
-/// without a container.
+/// says. `fingerprint` is model_fingerprint(checkpoint). Throws what ExpertContainer::open
+/// (ending with what a relative container path was resolved from), CheckpointSource and
+/// ExpertStore throw, and Error(kInvalidInput) for io: odirect without a container and
+/// for a `pin:` file that does not exist or a `usage_file` whose folder does not (each
+/// named as UserPath::describe prints it).
 std::unique_ptr<ExpertStore> open_store(const StoreSpec& spec, const Checkpoint& checkpoint, const ModelConfig& config,
                                         const std::vector<ExpertKey>& owned, const std::string& worker_name,
                                         const std::string& fingerprint);

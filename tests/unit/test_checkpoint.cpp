@@ -627,3 +627,23 @@ TEST_CASE("fp8: a NaN code, a non-finite scale or one that overflows f32 is refu
                  {"scale tensor '" + gate + "_scale_inv'", what});
   }
 }
+
+// ---- Paths in errors (issue 12, item 11) ---------------------------------------------------
+
+TEST_CASE("a checkpoint path that is absent, not a directory, or lacks a file is named as resolved, with its origin") {
+  TempDir dir("ckpt");
+  const std::string base = dir.path().string();
+  expect_error([&] { Checkpoint::open(UserPath::resolve("models/q", dir.path())); }, ErrorCategory::kInvalidInput,
+               {"checkpoint directory " + (dir / "models/q").string() + " (resolved from 'models/q' against " + base +
+                ") does not exist"});
+  charm::testing::write_bytes(dir / "file", "x");
+  expect_error([&] { Checkpoint::open(UserPath::resolve("file", dir.path())); }, ErrorCategory::kInvalidInput,
+               {(dir / "file").string() + " (resolved from 'file' against " + base + ") is not a checkpoint directory"});
+  std::filesystem::create_directories(dir / "empty");
+  expect_error([&] { Checkpoint::open(UserPath::resolve("./empty/", dir.path())); }, ErrorCategory::kInvalidInput,
+               {(dir / "empty/config.json").string() + ": missing or unreadable (in " + (dir / "empty/").string() +
+                ", resolved from './empty/' against " + base + ")"});
+  // An absolute path is printed as it is, with nothing appended.
+  expect_error([&] { Checkpoint::open(dir / "empty"); }, ErrorCategory::kInvalidInput,
+               {(dir / "empty/config.json").string() + ": missing or unreadable"});
+}
