@@ -25,6 +25,7 @@
 
 #include "common/cpu_threads.h"
 #include "common/error.h"
+#include "common/user_path.h"
 
 namespace charm {
 namespace {
@@ -176,7 +177,7 @@ int bench_memory(const MemoryArgs& args) {
   if (!args.json.empty()) {
     std::ofstream f(args.json, std::ios::trunc);
     f << out.dump(1) << '\n';
-    if (!f) fail_io("bench memory: cannot write " + args.json);
+    if (!f) fail_io("bench memory: cannot write " + UserPath::from_command_line(args.json).describe());
   }
   return 0;
 }

@@ -59,7 +59,7 @@ void configure_compute(std::optional<int> threads, const Topology& topology) {
 /// Loads the topology of a command that computes (serve, worker, run) and applies its
 /// process-wide settings: threads (`--threads` given as `threads`) and the kernel path.
 Topology load_compute_config(const std::string& path, std::optional<int> threads) {
-  Topology topology = Topology::load(path);
+  Topology topology = Topology::load(UserPath::from_command_line(path));
   configure_compute(threads, topology);
   return topology;
 }
@@ -156,10 +156,10 @@ struct ConvertArgs {
 /// `charm convert`: every MoE layer's experts, or only those the topology gives --worker.
 int convert(const ConvertArgs& args) {
   std::optional<Topology> topology;
-  if (!args.config.empty()) topology = Topology::load(args.config);
+  if (!args.config.empty()) topology = Topology::load(UserPath::from_command_line(args.config));
   if (!args.worker.empty() && !topology) fail_invalid("--worker needs --config (the topology that places the experts)");
   if (args.checkpoint.empty() && !topology) fail_invalid("give --checkpoint DIR (or --config, whose model is used)");
-  const std::filesystem::path model = args.checkpoint.empty() ? topology->model : std::filesystem::path(args.checkpoint);
+  const UserPath model = args.checkpoint.empty() ? topology->model : UserPath::from_command_line(args.checkpoint);
   std::unique_ptr<Checkpoint> checkpoint = Checkpoint::open(model);
   const ModelConfig config = ModelConfig::parse(checkpoint->config_json(), (model / "config.json").string());
   std::vector<ExpertKey> experts;
@@ -172,7 +172,7 @@ int convert(const ConvertArgs& args) {
     }
   }
   ConvertOptions options;
-  options.out = args.out;
+  options.out = UserPath::from_command_line(args.out);
   options.quant = args.quant;
   options.group_size = args.group_size;
   options.worker = args.worker;
@@ -180,14 +180,14 @@ int convert(const ConvertArgs& args) {
       convert_experts(*checkpoint, config, experts, options);
   if (result.already_complete) {
     std::fprintf(stderr, "charm convert: %s is already a complete container of these %llu experts; nothing to do\n",
-                 args.out.c_str(), static_cast<unsigned long long>(result.experts));
+                 options.out.c_str(), static_cast<unsigned long long>(result.experts));
   }
   return 0;
 }
 
 /// Prints the cluster table; exit 1 when a worker did not answer.
 int status(const std::string& config, int timeout_ms, bool layers) {
-  Topology topology = Topology::load(config);
+  Topology topology = Topology::load(UserPath::from_command_line(config));
   ClusterStatus report = collect_status(topology, timeout_ms);
   std::cout << format_status(report, layers) << std::flush;
   return report.all_up ? 0 : 1;
@@ -240,7 +240,7 @@ std::map<uint32_t, TierStats> worker_tier_layers(const Topology& topology, const
 
 /// `charm run --stats-json`: the run's numbers for scripts (scripts/bench_tiers.py):
 /// tokens, timings, prefetch recall per layer and each worker's view and tier counters.
-void write_run_stats(const std::string& path, const Topology& topology, const Engine& engine,
+void write_run_stats(const UserPath& path, const Topology& topology, const Engine& engine,
                      const GenerationResult& result) {
   nlohmann::json j = {{"prompt_tokens", result.prompt_tokens},
                       {"completion_tokens", result.completion_tokens},
@@ -275,21 +275,38 @@ void write_run_stats(const std::string& path, const Topology& topology, const En
   }
   std::ofstream out(path, std::ios::trunc);
   out << j.dump(1) << '\n';
-  if (!out) fail_io("cannot write run statistics to " + path);
+  if (!out) fail_io("cannot write run statistics to " + path.describe());
 }
 
 /// Writes `data` to `path`, throwing Error(kIo) naming the path on failure.
-void write_file(const std::string& path, const void* data, size_t size) {
+void write_file(const UserPath& path, const void* data, size_t size) {
   std::ofstream out(path, std::ios::binary);
   out.write(static_cast<const char*>(data), static_cast<std::streamsize>(size));
-  if (!out) charm::fail_io(path + ": cannot write");
+  if (!out) charm::fail_io("cannot write " + path.describe());
+}
+
+/// An output file named by `flag`, resolved against the current directory and checked
+/// before the model loads: its folder must exist (a typo fails now, not after the run).
+/// Empty when not given.
+UserPath output_path(const std::string& given, const char* flag) {
+  UserPath path = UserPath::from_command_line(given);
+  std::error_code ec;
+  if (!path.empty() && !std::filesystem::is_directory(path.parent_path(), ec)) {
+    fail_invalid(std::string(flag) + " " + path.describe() + ": its folder " + path.parent_path().string() +
+                 " does not exist");
+  }
+  return path;
 }
 
 int run(const RunArgs& args) {
+  const UserPath routing_trace = output_path(args.routing_trace, "--routing-trace");
+  const UserPath stats_json = output_path(args.stats_json, "--stats-json");
+  const UserPath logits_out = output_path(args.logits_out, "--logits-out");
+  const UserPath ids_out = output_path(args.ids_out, "--ids-out");
   Topology topology = load_compute_config(args.config, args.threads);
   apply_prefetch_flag(topology, args.prefetch);
   EngineOptions options;
-  options.routing_trace = args.routing_trace;
+  options.routing_trace = routing_trace.string();
   options.prefill_chunk = args.prefill_chunk;
   std::unique_ptr<Engine> engine = Engine::create(topology, options);
   std::string text = args.prompt;
@@ -307,13 +324,13 @@ int run(const RunArgs& args) {
   std::fputc('\n', stdout);
   std::fflush(stdout);  // the stats line goes to stderr after the text, not inside it
   // For comparisons with a reference implementation (scripts/check_demo.py).
-  if (!args.logits_out.empty()) {
+  if (!logits_out.empty()) {
     const std::vector<float> logits = engine->prompt_logits(prompt);
-    write_file(args.logits_out, logits.data(), logits.size() * sizeof(float));
+    write_file(logits_out, logits.data(), logits.size() * sizeof(float));
   }
-  if (!args.ids_out.empty()) {
+  if (!ids_out.empty()) {
     const std::string ids = nlohmann::json{{"prompt_ids", prompt}, {"new_ids", result.tokens}}.dump() + "\n";
-    write_file(args.ids_out, ids.data(), ids.size());
+    write_file(ids_out, ids.data(), ids.size());
   }
   std::fprintf(stderr,
                "prompt tokens: %lld, generated tokens: %lld, finish: %s, TTFT: %.1f ms, decode: %.2f tok/s, "
@@ -322,7 +339,7 @@ int run(const RunArgs& args) {
                result.finish_reason.c_str(), result.ttft_ms, result.decode_tokens_per_s,
                static_cast<long long>(result.kv_bytes_per_token));
   print_prefetch_stats(*engine);
-  if (!args.stats_json.empty()) write_run_stats(args.stats_json, topology, *engine, result);
+  if (!stats_json.empty()) write_run_stats(stats_json, topology, *engine, result);
   return 0;
 }
 
@@ -338,7 +355,7 @@ int new_secret(const std::string& file) {
 
 /// `charm workers`: the names scripts/serve.sh starts a `charm worker` for.
 int list_workers(const std::string& config) {
-  for (const WorkerSpec& w : Topology::load(config).workers) std::printf("%s\n", w.name.c_str());
+  for (const WorkerSpec& w : Topology::load(UserPath::from_command_line(config)).workers) std::printf("%s\n", w.name.c_str());
   return 0;
 }
 

@@ -5,6 +5,7 @@
 #include "common/checkpoint.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "common/error.h"
@@ -17,6 +18,44 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
+}
+
+/// "[i, j, k]": the index of element `flat` of a row-major tensor of `shape`.
+std::string index_text(const std::vector<int64_t>& shape, uint64_t flat) {
+  std::vector<uint64_t> index(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    const auto dim = static_cast<uint64_t>(std::max<int64_t>(shape[d], 1));
+    index[d] = flat % dim;
+    flat /= dim;
+  }
+  std::string s = "[";
+  for (size_t d = 0; d < index.size(); ++d) s += (d ? ", " : "") + std::to_string(index[d]);
+  return s + "]";
+}
+
+/// Throws Error(kInvalidInput) naming the file, the tensor and the element unless the
+/// `count` elements of `dtype` at `data` (element `first` onwards of tensor `info`) are
+/// all finite: a NaN or Inf weight makes every output it touches garbage, silently.
+void require_finite(const TensorInfo& info, DType dtype, const void* data, uint64_t count, uint64_t first = 0) {
+  const uint64_t i = first_non_finite(dtype, data, count);
+  if (i == count) return;
+  float value;
+  convert_to_f32(dtype, static_cast<const uint8_t*>(data) + i * dtype_size(dtype), &value, 1);
+  fail_invalid(info.file.string() + ": tensor '" + info.name + "' holds " + non_finite_name(value) + " at " +
+               index_text(info.shape, first + i) + "; charm refuses non-finite weights (the model would compute " +
+               "garbage from them)");
+}
+
+/// Throws naming the scale tensor unless each of its `count` f32 values is finite and
+/// small enough that an F8_E4M3 value times it stays finite.
+void require_fp8_scales(const TensorInfo& scale, const float* values, uint64_t count) {
+  const uint64_t i = first_bad_scale(WeightFormat::kF8E4M3Block, values, count);
+  if (i == count) return;
+  const bool finite = std::isfinite(values[i]);
+  fail_invalid(scale.file.string() + ": scale tensor '" + scale.name + "' holds " +
+               (finite ? std::to_string(values[i]) + ", which overflows f32 times an F8_E4M3 value up to 448,"
+                       : non_finite_name(values[i])) +
+               " at " + index_text(scale.shape, i) + "; charm refuses non-finite weights");
 }
 
 /// Parses a JSON file within `limits`; throws Error(kInvalidInput) naming it if it is
@@ -54,9 +93,12 @@ std::map<std::string, std::string> read_weight_map(const std::filesystem::path& 
 /// Shard files to open when there is no index: every *.safetensors in `dir`, sorted.
 std::vector<std::filesystem::path> list_safetensors(const std::filesystem::path& dir) {
   std::vector<std::filesystem::path> files;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    if (entry.is_regular_file() && entry.path().extension() == ".safetensors") files.push_back(entry.path());
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code file_ec;
+    if (it->is_regular_file(file_ec) && it->path().extension() == ".safetensors") files.push_back(it->path());
   }
+  if (ec) fail_io(dir.string() + ": cannot list the directory: " + ec.message());
   std::sort(files.begin(), files.end());
   if (files.empty()) {
     fail_invalid(dir.string() + ": no model.safetensors.index.json and no *.safetensors file");
@@ -94,24 +136,41 @@ std::optional<std::pair<int64_t, int64_t>> read_fp8_block(const nlohmann::json& 
 
 }  // namespace
 
-std::unique_ptr<Checkpoint> Checkpoint::open(const std::filesystem::path& dir) {
+std::unique_ptr<Checkpoint> Checkpoint::open(const UserPath& dir) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(dir, ec);
+  if (!std::filesystem::exists(status)) {
+    fail_invalid("checkpoint directory " + dir.describe() + " does not exist" +
+                 (ec && ec != std::errc::no_such_file_or_directory ? " or cannot be reached: " + ec.message() : ""));
+  }
+  if (!std::filesystem::is_directory(status)) {
+    fail_invalid(dir.describe() + " is not a checkpoint directory (a folder holding config.json and *.safetensors)");
+  }
+  try {
+    return open_directory(dir);
+  } catch (const Error& e) {
+    rethrow_in(e, dir);  // a file inside it: name what the directory was resolved from
+  }
+}
+
+std::unique_ptr<Checkpoint> Checkpoint::open_directory(const std::filesystem::path& dir) {
   std::unique_ptr<Checkpoint> self(new Checkpoint());
   self->dir_ = dir;
-  if (!std::filesystem::is_directory(dir)) fail_invalid(dir.string() + ": not a checkpoint directory");
   self->config_ = read_json(dir / "config.json", kConfigJsonLimits);
   self->fp8_block_ = read_fp8_block(self->config_, (dir / "config.json").string());
   const auto gen_path = dir / "generation_config.json";
+  std::error_code ec;
   self->generation_config_ =
-      std::filesystem::exists(gen_path) ? read_json(gen_path, kConfigJsonLimits) : nlohmann::json::object();
+      std::filesystem::exists(gen_path, ec) ? read_json(gen_path, kConfigJsonLimits) : nlohmann::json::object();
 
   const auto index_path = dir / "model.safetensors.index.json";
   std::map<std::string, std::string> weight_map;
   std::vector<std::filesystem::path> paths;
-  if (std::filesystem::exists(index_path)) {
+  if (std::filesystem::exists(index_path, ec)) {
     weight_map = read_weight_map(index_path);
     std::set<std::string> shards;
     for (const auto& [tensor, file] : weight_map) {
-      if (shards.insert(file).second && !std::filesystem::is_regular_file(dir / file)) {
+      if (shards.insert(file).second && !std::filesystem::is_regular_file(dir / file, ec)) {
         fail_invalid(index_path.string() + ": tensor '" + tensor + "' is mapped to '" + file +
                      "', which does not exist in " + dir.string());
       }
@@ -170,6 +229,7 @@ std::vector<float> Checkpoint::load_f32(const std::string& name, const std::vect
   std::vector<float> out(info->numel());
   convert_to_f32(info->dtype, file_of(*info).mapped(*info), out.data(), out.size());
   if (info->dtype == DType::kF8E4M3) dequantise_fp8(*info, out);
+  require_finite(*info, DType::kF32, out.data(), out.size());  // after dequantisation: what is computed with
   return out;
 }
 
@@ -187,6 +247,7 @@ StoredMatrix Checkpoint::load_matrix(const std::string& name, int64_t rows, int6
   }
   m.shape.format = weight_format_of(info->dtype);
   const auto* bytes = static_cast<const uint8_t*>(file_of(*info).mapped(*info));
+  require_finite(*info, info->dtype, bytes, info->numel());
   m.data.assign(bytes, bytes + info->nbytes);
   return m;
 }
@@ -218,6 +279,7 @@ void Checkpoint::dequantise_fp8(const TensorInfo& info, std::vector<float>& weig
   const int64_t scols = scale_info.shape[1];
   std::vector<float> scale(scale_info.numel());
   convert_to_f32(scale_info.dtype, file_of(scale_info).mapped(scale_info), scale.data(), scale.size());
+  require_fp8_scales(scale_info, scale.data(), scale.size());
   for (int64_t r = 0; r < rows; ++r) {
     const float* s = scale.data() + (r / br) * scols;
     float* w = weight.data() + r * cols;
@@ -230,6 +292,7 @@ void Checkpoint::read_slice_scales(const ExpertSlice& slice, float* dst) const {
   std::vector<uint8_t> raw(s.nbytes);
   file_of(s).read(s, 0, s.nbytes, raw.data());
   convert_to_f32(s.dtype, raw.data(), dst, s.numel());
+  require_fp8_scales(s, dst, s.numel());
 }
 
 std::vector<float> Checkpoint::slice_f32(const ExpertSlice& slice) const {
@@ -271,7 +334,10 @@ ExpertTensorNames expert_tensor_names(const std::string& architecture) {
 }
 
 void Checkpoint::read_slice(const ExpertSlice& slice, void* dst) const {
-  file_of(*slice.tensor).read(*slice.tensor, slice.offset, slice.bytes, dst);
+  const TensorInfo& t = *slice.tensor;
+  file_of(t).read(t, slice.offset, slice.bytes, dst);
+  const uint64_t esize = dtype_size(t.dtype);
+  require_finite(t, t.dtype, dst, slice.bytes / esize, slice.offset / esize);
 }
 
 ExpertWeights Checkpoint::load_expert(const ExpertTensorNames& names, int layer, int expert,

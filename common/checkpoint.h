@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/safetensors.h"
+#include "common/user_path.h"
 #include "common/weight_format.h"
 
 namespace charm {
@@ -76,9 +77,14 @@ class Checkpoint {
   /// Opens `dir`: parses config.json and either model.safetensors.index.json (every file
   /// it names must exist and hold the tensors it claims) or the single *.safetensors.
   /// Throws Error(kInvalidInput) naming the file for missing config.json, JSON that does
-  /// not parse, an index whose weight_map is missing or names a tensor absent from its
-  /// file, a tensor present in two files, and every SafetensorsFile::open failure.
-  static std::unique_ptr<Checkpoint> open(const std::filesystem::path& dir);
+  /// not parse, a key given twice in config.json, generation_config.json or the index
+  /// (e.g. a tensor mapped twice), an index whose weight_map is missing or names a tensor
+  /// absent from its file, a tensor present in two files, and every SafetensorsFile::open
+  /// failure (a tensor listed twice in one header included). A `dir` that does not exist
+  /// or is not a directory is named as described (UserPath::describe: the resolved path
+  /// and, for one written relative, what it was resolved against), and every error about
+  /// a file inside a relative `dir` ends with that origin too (rethrow_in).
+  static std::unique_ptr<Checkpoint> open(const UserPath& dir);
 
   const std::filesystem::path& dir() const { return dir_; }
   /// config.json as parsed JSON.
@@ -95,12 +101,16 @@ class Checkpoint {
   /// with its block scales. Throws Error(kInvalidInput) naming the tensor and both shapes
   /// when it is missing or its shape differs, and naming the tensor for an F8_E4M3 tensor
   /// that is not 2-D, lacks "<name>_scale_inv", has a scale of the wrong shape, or comes
-  /// without quantization_config.weight_block_size.
+  /// without quantization_config.weight_block_size. Every weight charm loads must be
+  /// finite: throws Error(kInvalidInput) naming the file, the tensor and the element for a
+  /// NaN or Inf (after dequantisation), and naming the scale tensor for a scale that is
+  /// not finite or so large that an fp8 value times it overflows f32.
   std::vector<float> load_f32(const std::string& name, const std::vector<int64_t>& shape) const;
 
   /// Loads a 2-D weight [rows, cols] at the checkpoint's own precision (f32 / f16 / bf16
   /// kept as stored: half the memory and bandwidth of f32 for bf16 checkpoints, and the
-  /// same values). F8_E4M3 is dequantised to f32 as load_f32 does. Same errors as load_f32.
+  /// same values). F8_E4M3 is dequantised to f32 as load_f32 does. Same errors as load_f32,
+  /// NaN and Inf included.
   StoredMatrix load_matrix(const std::string& name, int64_t rows, int64_t cols) const;
 
   /// Reads one routed expert (layer, expert) with pread, in whichever layout the file
@@ -116,15 +126,21 @@ class Checkpoint {
                              int64_t intermediate_size) const;
 
   /// Reads a slice's raw bytes (its tensor's dtype, no conversion) into `dst` [slice.bytes]
-  /// with one pread. Throws Error(kIo) on a short or failed read.
+  /// with one pread, then checks them: every expert read (a worker's pinned load, an LRU
+  /// fill, charm convert) passes here. Throws Error(kIo) on a short or failed read, and
+  /// Error(kInvalidInput) naming the file, tensor and element for a NaN or Inf (the scan
+  /// costs a few percent of the read; docs/architecture.md, "Bad checkpoints").
   void read_slice(const ExpertSlice& slice, void* dst) const;
-  /// An F8_E4M3 slice's block scales as f32 into `dst` [scale->numel()] (pread).
+  /// An F8_E4M3 slice's block scales as f32 into `dst` [scale->numel()] (pread); throws
+  /// as load_f32 does for a non-finite or overflowing scale.
   void read_slice_scales(const ExpertSlice& slice, float* dst) const;
   /// The slice as f32 values [rows * cols], F8_E4M3 dequantised exactly as load_f32 does.
   std::vector<float> slice_f32(const ExpertSlice& slice) const;
 
  private:
   Checkpoint() = default;
+  /// open() once `dir` is known to be a directory.
+  static std::unique_ptr<Checkpoint> open_directory(const std::filesystem::path& dir);
   std::filesystem::path dir_;
   nlohmann::json config_;
   nlohmann::json generation_config_;

@@ -1,5 +1,6 @@
 #include "common/dtype.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -105,6 +106,51 @@ void convert_to_f32(DType dtype, const void* src, float* dst, size_t count) {
       for (size_t i = 0; i < count; ++i) dst[i] = f8e4m3_to_f32(bytes[i]);
       return;
   }
+}
+
+namespace {
+
+/// The first index in [0, count) whose `Bits`-wide element has every bit of `mask` set
+/// (an all-ones exponent: Inf or NaN; for e4m3, the NaN code), else `count`. Scans
+/// blocks with a branch-free OR the compiler vectorises, and looks for the element only
+/// in a block that has one; any alignment (elements are read with memcpy).
+template <typename Bits>
+uint64_t first_with_mask(const uint8_t* bytes, uint64_t count, Bits mask) {
+  constexpr uint64_t kBlock = 2048;
+  for (uint64_t begin = 0; begin < count; begin += kBlock) {
+    const uint64_t end = std::min(count, begin + kBlock);
+    Bits any = 0;  // an integer OR-reduction (a bool one does not vectorise)
+    for (uint64_t i = begin; i < end; ++i) {
+      Bits v;
+      std::memcpy(&v, bytes + i * sizeof(Bits), sizeof(Bits));
+      any |= static_cast<Bits>((v & mask) == mask);
+    }
+    if (any == 0) continue;
+    for (uint64_t i = begin; i < end; ++i) {
+      Bits v;
+      std::memcpy(&v, bytes + i * sizeof(Bits), sizeof(Bits));
+      if ((v & mask) == mask) return i;
+    }
+  }
+  return count;
+}
+
+}  // namespace
+
+uint64_t first_non_finite(DType dtype, const void* data, uint64_t count) {
+  const auto* bytes = static_cast<const uint8_t*>(data);
+  switch (dtype) {
+    case DType::kF32: return first_with_mask<uint32_t>(bytes, count, 0x7f800000u);
+    case DType::kF16: return first_with_mask<uint16_t>(bytes, count, 0x7c00u);
+    case DType::kBF16: return first_with_mask<uint16_t>(bytes, count, 0x7f80u);
+    case DType::kF8E4M3: return first_with_mask<uint8_t>(bytes, count, 0x7fu);  // S 1111 111: NaN
+  }
+  return count;
+}
+
+std::string non_finite_name(float value) {
+  if (std::isnan(value)) return "NaN";
+  return value > 0 ? "+Inf" : "-Inf";
 }
 
 }  // namespace charm

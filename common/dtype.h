@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace charm {
@@ -44,5 +45,14 @@ uint16_t f32_to_bf16(float value);
 
 /// Converts `count` elements of `dtype` at `src` (any alignment) to f32 at `dst`.
 void convert_to_f32(DType dtype, const void* src, float* dst, size_t count);
+
+/// The index of the first NaN or infinity among `count` elements of `dtype` at `data`
+/// (any alignment), or `count` when every one is finite. float8_e4m3fn has no
+/// infinities: its NaN codes (S 1111 111) are the only non-finite values. One pass over
+/// the bytes, vectorised; thread-safe.
+uint64_t first_non_finite(DType dtype, const void* data, uint64_t count);
+
+/// "NaN", "+Inf" or "-Inf" for a non-finite `value`, for error messages.
+std::string non_finite_name(float value);
 
 }  // namespace charm

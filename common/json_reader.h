@@ -10,6 +10,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -50,6 +51,32 @@ class JsonLimitError : public Error {
   explicit JsonLimitError(const std::string& message) : Error(ErrorCategory::kInvalidInput, message) {}
 };
 
+/// A key that appears twice in one JSON object. RFC 8259 leaves that undefined, and
+/// nlohmann (like Python's json) silently keeps the last: a file naming a tensor, a field
+/// or a weight_map entry twice would load whichever came last, so parse_json refuses it.
+struct DuplicateKey {
+  /// Keys ("'a'") and array indices ("[1]") from the root to the object holding `key`;
+  /// empty for the top-level object.
+  std::vector<std::string> path;
+  std::string key;
+
+  /// "key 'k' appears twice at the top level" or "key 'k' appears twice in 'a'[2].'b'".
+  std::string describe() const;
+};
+
+/// The Error (kInvalidInput) parse_json throws for a repeated key: "<source>: " +
+/// duplicate().describe(). Readers that can say more (a safetensors header: "tensor 'w'
+/// appears twice") catch it.
+class JsonDuplicateKeyError : public Error {
+ public:
+  JsonDuplicateKeyError(const std::string& source, DuplicateKey duplicate)
+      : Error(ErrorCategory::kInvalidInput, source + ": " + duplicate.describe()), duplicate_(std::move(duplicate)) {}
+  const DuplicateKey& duplicate() const { return duplicate_; }
+
+ private:
+  DuplicateKey duplicate_;
+};
+
 /// Called for every parse event with the nesting depth nlohmann reports (the number of
 /// enclosing containers), the event and the value parsed so far; see nlohmann's
 /// parser_callback_t. Used by the HTTP layer to know which field an error is in.
@@ -59,8 +86,9 @@ using JsonObserver = std::function<void(int depth, typename BasicJson::parse_eve
 /// Parses `text` as one JSON document. `source` names it in errors ("config.json", a path,
 /// "request body"). Throws JsonLimitError "<source>: ..." for text over limits.max_bytes,
 /// nesting deeper than limits.max_depth and numbers out of a double's range (each message
-/// names the limit), and Error(kInvalidInput) for invalid JSON (nlohmann's message, which
-/// names the byte). `observer`, when given, sees every parse event before the depth check
+/// names the limit), JsonDuplicateKeyError for a key repeated within one object (at any
+/// depth), and Error(kInvalidInput) for invalid JSON (nlohmann's message, which names the
+/// byte). `observer`, when given, sees every parse event before the depth check
 /// (so it knows where a too-deep container starts); exceptions it throws propagate
 /// unchanged.
 nlohmann::json parse_json(std::string_view text, const std::string& source, const JsonLimits& limits,

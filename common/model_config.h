@@ -23,6 +23,8 @@ struct YarnRopeScaling {
   double mscale_all_dim = 0.0;             ///< 0 when absent
   std::optional<double> attention_factor;  ///< explicit cos/sin scale; else derived
   bool truncate = true;                    ///< floor/ceil the correction range
+
+  bool operator==(const YarnRopeScaling&) const = default;
 };
 
 /// config.json of a supported MoE checkpoint (Qwen3MoeConfig, OlmoeConfig,
@@ -30,6 +32,10 @@ struct YarnRopeScaling {
 struct ModelConfig {
   std::string architecture;        ///< architectures[0], e.g. "Qwen3MoeForCausalLM"
   std::string model_type;          ///< "qwen3_moe", "olmoe"
+  /// dtype (transformers >= 4.56) or torch_dtype: the precision transformers loads the
+  /// weights in, e.g. "bfloat16"; "" when absent. charm keeps each tensor's stored dtype,
+  /// so this only describes the checkpoint (logged at load).
+  std::string dtype;
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;       ///< dense MLP width (mlp_only_layers)
@@ -76,6 +82,9 @@ struct ModelConfig {
   bool rope_interleave = false;        ///< RoPE pairs (2i, 2i+1) instead of (i, i + d/2)
   std::optional<YarnRopeScaling> yarn; ///< set when rope scaling type is "yarn"
 
+  /// Field by field (two spellings of one checkpoint's config compare equal).
+  bool operator==(const ModelConfig&) const = default;
+
   /// True when layer `layer` runs routed experts (Qwen3MoeDecoderLayer's rule:
   /// not in mlp_only_layers, num_experts > 0, (layer + 1) % decoder_sparse_step == 0;
   /// DeepseekV3DecoderLayer's: layer >= first_k_dense_replace).
@@ -87,13 +96,28 @@ struct ModelConfig {
   /// Parses `config` (the contents of `source`, used in messages). Supported
   /// architectures: Qwen3MoeForCausalLM, OlmoeForCausalLM, Qwen2MoeForCausalLM,
   /// MixtralForCausalLM (routed experts: `num_local_experts` of width
-  /// `intermediate_size`). Throws
-  /// Error(kInvalidInput) naming `source` and the field for a missing required field or
-  /// a field of the wrong JSON type or out of range; Error(kUnsupported) naming the
-  /// architecture when it is not one charm implements, and naming the field (and value)
-  /// for a feature charm does not implement: scaled RoPE (DeepSeek-V3: a rope type other
-  /// than "yarn"), a sliding window that would bite, scoring_func other than "sigmoid",
-  /// topk_method other than "noaux_tc", moe_layer_freq other than 1.
+  /// `intermediate_size`), DeepseekV3ForCausalLM.
+  ///
+  /// Reads every spelling transformers 4.x and 5.x write and read for a field: the expert
+  /// count under the family's key and its attribute_map alias (Qwen3-MoE / OLMoE
+  /// num_experts | num_local_experts, Mixtral num_local_experts | num_experts, DeepSeek-V3
+  /// n_routed_experts | num_local_experts), dtype | torch_dtype, RoPE as top-level
+  /// rope_theta + rope_scaling {type | rope_type, ...} or as rope_parameters {rope_type,
+  /// rope_theta, ...} (or both), original_max_position_embeddings at the top level or in
+  /// the rope dict, and transformers 5's layer_types. Absent fields take the family's
+  /// config-class default where it is generic (rms_norm_eps, rope_theta, ...); sizes that
+  /// belong to one model are required.
+  ///
+  /// Throws Error(kInvalidInput) naming `source` and the field for a missing required
+  /// field, a field of the wrong JSON type or out of range, and naming both keys when two
+  /// spellings of one field are present with different values (or DeepSeek-V3's derived
+  /// head_dim / qk_head_dim disagree with their source). Throws Error(kUnsupported)
+  /// naming the architecture when it is not one charm implements, and naming the field
+  /// (and value) for a feature charm does not implement: scaled RoPE (DeepSeek-V3: a rope
+  /// type other than "yarn"), partial_rotary_factor other than 1, per-layer-type RoPE, a
+  /// sliding window that would bite, a layer type other than full_attention,
+  /// scoring_func other than "sigmoid", topk_method other than "noaux_tc",
+  /// moe_layer_freq other than 1.
   static ModelConfig parse(const nlohmann::json& config, const std::string& source);
 };
 

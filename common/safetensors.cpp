@@ -170,7 +170,17 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::pa
 
   std::string header(header_len, '\0');
   pread_all(self->fd_, 8, header_len, header.data(), file);
-  const nlohmann::json json = parse_json(header, file + ": header", kSafetensorsHeaderLimits);
+  nlohmann::json json;
+  try {
+    json = parse_json(header, file + ": header", kSafetensorsHeaderLimits);
+  } catch (const JsonDuplicateKeyError& e) {
+    // nlohmann would keep the last of two equal keys: a tensor listed twice would load one
+    // of its two entries silently.
+    const DuplicateKey& dup = e.duplicate();
+    if (!dup.path.empty()) throw;
+    fail_invalid(file + ": " + (dup.key == "__metadata__" ? "'__metadata__'" : "tensor '" + dup.key + "'") +
+                 " appears twice in the header; charm refuses the file rather than pick one");
+  }
   if (!json.is_object()) fail_invalid(file + ": header JSON is not an object");
 
   const uint64_t data_start = 8 + header_len;

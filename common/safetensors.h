@@ -37,7 +37,7 @@ class SafetensorsFile {
   /// Opens and validates `path`. Throws Error(kInvalidInput) naming the file and, where
   /// one is at fault, the tensor, for: a file shorter than 8 bytes, a header length past
   /// the end of the file or over 100 MB, header JSON that does not parse or is not an
-  /// object, an entry missing dtype/shape/data_offsets or with wrong JSON types, an
+  /// object, a tensor name (or any key of an entry) given twice, an entry missing dtype/shape/data_offsets or with wrong JSON types, an
   /// unknown dtype, negative dims, offsets with end < begin, offsets past the end of the
   /// data buffer, a byte count that does not match shape*dtype, or two tensors whose
   /// byte ranges overlap. Throws Error(kIo) when the file cannot be opened or mapped.

@@ -26,8 +26,8 @@ namespace {
 void check_secret_file(const std::filesystem::path& file, const std::string& where) {
   struct stat st {};
   if (::stat(file.c_str(), &st) != 0) {
-    fail_invalid(where + " cannot be read: " + std::strerror(errno) + " (make one with: charm secret new " +
-                 file.string() + ")");
+    fail_invalid(where + " cannot be read: " + (errno == ENOENT ? std::string("it does not exist") : std::strerror(errno)) +
+                 " (make one with: charm secret new " + file.string() + ")");
   }
   if (!S_ISREG(st.st_mode)) fail_invalid(where + " is not a regular file");
   if ((st.st_mode & (S_IRWXO | S_IWGRP)) != 0) {
@@ -47,7 +47,7 @@ std::string read_secret(const SecretSource& source) {
   std::string secret;
   std::string where;
   if (!source.file.empty()) {
-    where = source.key + ": file " + source.file.string();
+    where = source.key + ": file " + source.file.describe();
     check_secret_file(source.file, where);
     std::ifstream in(source.file, std::ios::binary);
     if (!in) fail_invalid(where + " cannot be read");

@@ -7,11 +7,13 @@
 #include <filesystem>
 #include <string>
 
+#include "common/user_path.h"
+
 namespace charm {
 
 /// Where a secret comes from; at most one of file / env is set. Neither set: no secret.
 struct SecretSource {
-  std::filesystem::path file;  ///< read whole; trailing whitespace (a final newline) dropped
+  UserPath file;               ///< read whole; trailing whitespace (a final newline) dropped
   std::string env;             ///< name of an environment variable holding it
   std::string key;             ///< the YAML key path it was configured under, for messages
 
@@ -25,7 +27,8 @@ constexpr size_t kMinSecretBytes = 16;
 constexpr size_t kMaxSecretBytes = 4096;
 
 /// Reads the secret `source` names; "" when none is configured. Throws
-/// Error(kInvalidInput) naming source.key and the file or variable when the file cannot
+/// Error(kInvalidInput) naming source.key and the file (UserPath::describe: resolved, and
+/// what a relative path was resolved against) or variable when the file cannot
 /// be read, others have any permission on it or its group may write it (chmod 600, as ssh
 /// asks of a private key), the variable is unset, or the secret is shorter than
 /// kMinSecretBytes or longer than kMaxSecretBytes. Warns (spdlog) when the file's group

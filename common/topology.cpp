@@ -161,10 +161,7 @@ const std::vector<std::string> kStoreKeys = {"ram_gb", "pin", "container", "io",
 StoreSpec parse_store(const Reader& r, const YAML::Node& node, const std::string& path, const std::filesystem::path& base) {
   StoreSpec s;
   auto at = [&](const char* key) { return Reader::join(path, key); };
-  auto resolve = [&](const std::string& p) {
-    const std::filesystem::path v(p);
-    return (v.is_absolute() ? v : base / v).lexically_normal();
-  };
+  auto resolve = [&](const std::string& p) { return UserPath::resolve(p, base); };
   if (node["ram_gb"]) s.ram_gb = number_value(r, node["ram_gb"], at("ram_gb"));
   if (node["pin"]) {
     s.pin = r.string_value(node["pin"], at("pin"));
@@ -177,8 +174,8 @@ StoreSpec parse_store(const Reader& r, const YAML::Node& node, const std::string
   }
   if (node["io_threads"]) s.io_threads = r.int_value(node["io_threads"], at("io_threads"), 1, 256);
   if (node["usage_file"]) {
-    s.usage_file = r.string_value(node["usage_file"], at("usage_file"));
-    if (s.usage_file != "none") s.usage_file = resolve(s.usage_file).string();
+    s.usage_file = UserPath(r.string_value(node["usage_file"], at("usage_file")));
+    if (s.usage_file != "none") s.usage_file = resolve(s.usage_file.string());
   }
   return s;
 }
@@ -211,14 +208,18 @@ std::string parse_secret(const Reader& r, const YAML::Node& node, const std::str
   if (node[file_key] && node[env_key]) {
     r.fail(Reader::join(path, file_key), "give " + file_key + " or " + env_key + ", not both");
   }
+  // "<file>: <key path>" (Reader::where ends with ": " for a message to follow).
+  auto key_of = [&](const std::string& key_path) {
+    std::string where = r.where(key_path);
+    return where.substr(0, where.size() - 2);
+  };
   SecretSource source;
   if (node[file_key]) {
-    const std::filesystem::path file(r.string_value(node[file_key], Reader::join(path, file_key)));
-    source.file = (file.is_absolute() ? file : base / file).lexically_normal();
-    source.key = r.where(Reader::join(path, file_key));
+    source.file = UserPath::resolve(r.string_value(node[file_key], Reader::join(path, file_key)), base);
+    source.key = key_of(Reader::join(path, file_key));
   } else if (node[env_key]) {
     source.env = r.string_value(node[env_key], Reader::join(path, env_key));
-    source.key = r.where(Reader::join(path, env_key));
+    source.key = key_of(Reader::join(path, env_key));
   }
   return read_secret(source);
 }
@@ -257,9 +258,11 @@ std::vector<WorkerSpec> parse_workers(const Reader& r, const YAML::Node& node, c
 
 }  // namespace
 
-Topology Topology::load(const std::filesystem::path& path) {
+Topology Topology::load(const UserPath& path) {
   // A topology is a few KB; a bound keeps a wrong path (a model file) from being read whole.
   constexpr uint64_t kMaxTopologyBytes = 16u << 20;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) fail_io("topology file " + path.describe() + " does not exist");
   return parse(read_text_file(path, kMaxTopologyBytes, "a topology file"), path);
 }
 
@@ -272,12 +275,15 @@ Topology Topology::parse(const std::string& yaml, const std::filesystem::path& p
   Topology t;
   t.source = path;
   if (!root["model"]) r.fail("model", "required key is missing (the checkpoint directory)");
-  const std::filesystem::path model(r.string_value(root["model"], "model"));
-  t.model = (model.is_absolute() ? model : path.parent_path() / model).lexically_normal();
+  // Relative paths are against the YAML's folder, made absolute so every message can
+  // print the path as opened (UserPath::describe).
+  const std::filesystem::path base = path.parent_path();
+  t.model = UserPath::resolve(r.string_value(root["model"], "model"), base);
   if (root["model_name"]) {
     t.model_name = r.string_value(root["model_name"], "model_name");
   } else {
-    const auto trimmed = t.model.has_filename() ? t.model : t.model.parent_path();  // "dir/" -> "dir"
+    const std::filesystem::path& model = t.model;
+    const auto trimmed = model.has_filename() ? model : model.parent_path();  // "dir/" -> "dir"
     t.model_name = trimmed.filename().string();
   }
 
@@ -291,12 +297,12 @@ Topology Topology::parse(const std::string& yaml, const std::filesystem::path& p
     if (api["host"]) t.api_host = r.string_value(api["host"], "api.host");
     if (api["port"]) t.api_port = static_cast<uint16_t>(r.int_value(api["port"], "api.port", 1, 65535));
     t.api_insecure = parse_insecure(r, api, "api", "api_key");
-    t.api_key = parse_secret(r, api, "api", "api_key", path.parent_path());
+    t.api_key = parse_secret(r, api, "api", "api_key", base);
   }
   if (const auto cluster = root["cluster"]) {
     r.check_keys(cluster, "cluster", {"secret_file", "secret_env", "insecure"});
     t.cluster_insecure = parse_insecure(r, cluster, "cluster", "secret");
-    t.cluster_secret = parse_secret(r, cluster, "cluster", "secret", path.parent_path());
+    t.cluster_secret = parse_secret(r, cluster, "cluster", "secret", base);
   }
   if (root["threads"]) t.threads = r.int_value(root["threads"], "threads", 0, kMaxThreads);
   if (root["prefetch"]) t.prefetch = r.bool_value(root["prefetch"], "prefetch");
@@ -338,12 +344,12 @@ Topology Topology::parse(const std::string& yaml, const std::filesystem::path& p
   }
   if (!t.single_node) {
     if (!root["workers"]) r.fail("workers", "required in cluster mode (or set mode: single-node)");
-    t.workers = parse_workers(r, root["workers"], path.parent_path());
+    t.workers = parse_workers(r, root["workers"], base);
   }
   if (const auto store = root["store"]) {
     if (!t.single_node) r.fail("store", "only with mode: single-node (in cluster mode each worker entry takes these keys)");
     r.check_keys(store, "store", kStoreKeys);
-    t.store = parse_store(r, store, "store", path.parent_path());
+    t.store = parse_store(r, store, "store", base);
   }
   return t;
 }

@@ -11,19 +11,21 @@
 #include <vector>
 
 #include "common/secret.h"
+#include "common/user_path.h"
 
 namespace charm {
 
-/// A worker's expert tiers (docs/configuration.md, "Expert tiers"). Paths are resolved
-/// against the YAML file's folder.
+/// A worker's expert tiers (docs/configuration.md, "Expert tiers"). Relative paths are
+/// resolved against the YAML file's folder (made absolute); each remembers what the YAML
+/// said, for messages (UserPath::describe).
 struct StoreSpec {
   std::optional<double> ram_gb;       ///< GiB for expert slots; nullopt = every owned expert resident
   std::string pin = "auto";           ///< "auto", "none", or a usage-format file (pin_file)
-  std::filesystem::path pin_file;     ///< set when pin names a file
-  std::filesystem::path container;    ///< expert container dir; empty = read the checkpoint
+  UserPath pin_file;                  ///< set when pin names a file
+  UserPath container;                 ///< expert container dir; empty = read the checkpoint
   std::string io = "pread";           ///< "pread" or "odirect" (containers only)
   int64_t io_threads = 4;             ///< bounded async read pool
-  std::string usage_file;             ///< "" = the default place, "none" = do not record, else a path
+  UserPath usage_file;                ///< "" = the default place, "none" = do not record, else a path
 };
 
 /// One worker entry of the topology.
@@ -47,8 +49,8 @@ using Placement = std::map<int64_t, std::vector<std::vector<int>>>;
 /// The whole configuration file.
 struct Topology {
   std::filesystem::path source;      ///< the YAML file it came from
-  std::filesystem::path model;       ///< HF checkpoint directory (relative paths resolved
-                                     ///< against the YAML file's folder)
+  UserPath model;                    ///< HF checkpoint directory (a relative path resolved
+                                     ///< against the YAML file's folder, made absolute)
   std::string model_name;            ///< id reported by /v1/models (default: folder name)
   std::string api_host = "127.0.0.1";
   uint16_t api_port = 8080;
@@ -98,11 +100,12 @@ struct Topology {
   /// (also: a missing model key, and workers listed in single-node mode; a secret or API
   /// key given both as a file and an environment variable, or that read_secret cannot
   /// read or refuses; `insecure: true` beside the secret or key it waives). Throws
-  /// Error(kIo) when the file cannot be opened.
-  static Topology load(const std::filesystem::path& path);
+  /// Error(kIo) naming `path` as described (UserPath::describe: resolved, and what a
+  /// relative path was resolved against) when the file cannot be opened.
+  static Topology load(const UserPath& path);
 
   /// load() on YAML text already in memory; `source` names it in messages and is the
-  /// base for relative paths (its folder).
+  /// base for relative paths (its folder, made absolute against the current directory).
   static Topology parse(const std::string& yaml, const std::filesystem::path& source);
 
   /// The worker named `name`; throws Error(kInvalidInput) listing known names if absent.

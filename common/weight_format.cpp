@@ -1,8 +1,11 @@
 #include "common/weight_format.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <sstream>
 
 #include "common/error.h"
 
@@ -87,6 +90,78 @@ StoredMatrix StoredMatrix::from_f32(const std::vector<float>& values, int64_t ro
   const auto* bytes = reinterpret_cast<const uint8_t*>(values.data());
   m.data.assign(bytes, bytes + values.size() * sizeof(float));
   return m;
+}
+
+float max_finite_scale(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kF8E4M3Block: return FLT_MAX / 448.0f;  // largest finite e4m3 magnitude
+    case WeightFormat::kInt8: return FLT_MAX / 128.0f;         // int8 stores -128..127
+    case WeightFormat::kInt4: return FLT_MAX / 8.0f;           // q + 8 in a nibble: -8..7
+    default: return std::numeric_limits<float>::infinity();
+  }
+}
+
+uint64_t first_bad_scale(WeightFormat format, const float* scales, uint64_t count) {
+  const float limit = max_finite_scale(format);
+  constexpr uint64_t kBlock = 1024;
+  for (uint64_t begin = 0; begin < count; begin += kBlock) {
+    const uint64_t end = std::min(count, begin + kBlock);
+    uint32_t any = 0;  // an integer OR-reduction vectorises; !(|s| <= limit) is also true for NaN
+    for (uint64_t i = begin; i < end; ++i) any |= static_cast<uint32_t>(!(std::fabs(scales[i]) <= limit));
+    if (any == 0) continue;
+    for (uint64_t i = begin; i < end; ++i) {
+      if (!(std::fabs(scales[i]) <= limit)) return i;
+    }
+  }
+  return count;
+}
+
+std::string NonFiniteWeight::describe(const MatrixShape& shape) const {
+  std::ostringstream text;
+  const bool finite = std::isfinite(value);
+  if (in_scales) text << "a scale of ";
+  if (finite) {
+    text << value;
+  } else {
+    text << non_finite_name(value);
+  }
+  text << " at [" << row << ", " << col << "]";
+  if (in_scales) text << " of its scale grid";
+  if (in_scales && finite) {
+    text << ", over " << max_finite_scale(shape.format) << " (its " << weight_format_name(shape.format)
+         << " values times it overflow f32)";
+  }
+  return text.str();
+}
+
+std::optional<NonFiniteWeight> find_non_finite(const MatrixView& m) {
+  const MatrixShape& s = m.shape;
+  const auto cols = static_cast<uint64_t>(s.cols);
+  const uint64_t n = static_cast<uint64_t>(s.rows) * cols;
+  std::optional<DType> dtype;
+  switch (s.format) {
+    case WeightFormat::kF32: dtype = DType::kF32; break;
+    case WeightFormat::kF16: dtype = DType::kF16; break;
+    case WeightFormat::kBF16: dtype = DType::kBF16; break;
+    case WeightFormat::kF8E4M3Block: dtype = DType::kF8E4M3; break;
+    case WeightFormat::kInt8:
+    case WeightFormat::kInt4: break;  // integers: always finite
+  }
+  if (dtype) {
+    if (const uint64_t i = first_non_finite(*dtype, m.data, n); i < n) {
+      float value;
+      convert_to_f32(*dtype, m.data + i * dtype_size(*dtype), &value, 1);
+      return NonFiniteWeight{false, static_cast<int64_t>(i / cols), static_cast<int64_t>(i % cols), value};
+    }
+  }
+  if (!has_scales(s.format) || m.scales == nullptr) return std::nullopt;
+  const uint64_t count = s.scale_bytes() / sizeof(float);
+  const uint64_t i = first_bad_scale(s.format, m.scales, count);
+  if (i == count) return std::nullopt;
+  const uint64_t grid_cols = s.format == WeightFormat::kF8E4M3Block
+                                 ? static_cast<uint64_t>((s.cols + s.block_cols - 1) / s.block_cols)
+                                 : static_cast<uint64_t>(s.groups_per_row());
+  return NonFiniteWeight{true, static_cast<int64_t>(i / grid_cols), static_cast<int64_t>(i % grid_cols), m.scales[i]};
 }
 
 void matrix_row_to_f32(const MatrixView& m, int64_t row, float* out) {

@@ -77,6 +77,33 @@ struct StoredMatrix {
   static StoredMatrix from_f32(const std::vector<float>& values, int64_t rows, int64_t cols);
 };
 
+/// The largest |scale| of `format` that keeps every dequantised value (stored value times
+/// scale) finite in f32: FLT_MAX over the largest stored magnitude (448 for e4m3, 128 for
+/// int8, 8 for int4); infinity for the unscaled forms.
+float max_finite_scale(WeightFormat format);
+
+/// The index of the first of `count` f32 scales of `format` that is NaN, infinite or over
+/// max_finite_scale(format), or `count` when there is none. Vectorised; thread-safe.
+uint64_t first_bad_scale(WeightFormat format, const float* scales, uint64_t count);
+
+/// The first weight of a stored matrix that is not finite: a NaN / Inf element, or a
+/// scale that is itself non-finite or so large that value * scale overflows.
+struct NonFiniteWeight {
+  bool in_scales = false;  ///< true: a scale; `row`, `col` index the scale grid
+  int64_t row = 0;
+  int64_t col = 0;
+  float value = 0;  ///< the element as f32, or the scale
+
+  /// "NaN at [r, c]" or "scale 3.4e+38 at [r, c] of the scale grid, over ...", for messages.
+  std::string describe(const MatrixShape& shape) const;
+};
+
+/// Scans `m` (data and scales) for the first non-finite weight; nullopt when every one is
+/// finite. Integer forms have finite data by construction, so only their scales are read.
+/// Cost: one pass over the matrix's bytes (measured in docs/architecture.md, "Bad
+/// checkpoints"). Thread-safe.
+std::optional<NonFiniteWeight> find_non_finite(const MatrixView& m);
+
 /// Writes row `row` of `m` as f32 into `out` [m.shape.cols]. Exact for f32/f16/bf16.
 void matrix_row_to_f32(const MatrixView& m, int64_t row, float* out);
 

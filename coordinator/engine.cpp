@@ -72,8 +72,9 @@ class EngineImpl final : public Engine {
     observer_ = observer.get();
     dispatcher_ = std::move(observer);
     model_ = load_model(*checkpoint_, config_, *dispatcher_);
-    spdlog::info("loaded {} ({}): {} layers, {} experts, top-{}, eos token ids [{}], KV cache {} bytes per token", model_name_,
-                 config_.architecture, config_.num_hidden_layers, config_.num_experts, config_.num_experts_per_tok,
+    spdlog::info("loaded {} ({}, config dtype {}): {} layers, {} experts, top-{}, eos token ids [{}], KV cache {} bytes "
+                 "per token", model_name_, config_.architecture, config_.dtype.empty() ? "unset" : config_.dtype,
+                 config_.num_hidden_layers, config_.num_experts, config_.num_experts_per_tok,
                  fmt::join(eos_ids_, ", "), model_->new_cache(0).bytes_per_token());
   }
 

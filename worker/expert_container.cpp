@@ -260,6 +260,12 @@ uint64_t ExpertContainer::read(const ExpertKey& key, uint8_t* dst) const {
             checksum_hex(r.checksum) + ", the data hashes to " + checksum_hex(sum) +
             "): the container is corrupt; convert again");
   }
+  // A record can hold NaN with a valid checksum (converted from a bad checkpoint before
+  // charm convert refused those); serving it would print garbage.
+  if (const auto bad = describe_non_finite(r.layout, dst)) {
+    fail_invalid(data_path_.string() + ": " + key_text(key) + ": " + *bad +
+                 "; charm refuses non-finite weights (convert from a good checkpoint)");
+  }
   return want;
 }
 

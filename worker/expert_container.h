@@ -87,7 +87,9 @@ class ExpertContainer final : public ExpertSource {
 
   const ExpertLayout* layout(const ExpertKey& key) const override;
   /// One pread of the record (rounded up to 4 KiB) into `dst`, then its checksum is
-  /// checked: a mismatch throws Error(kIo) naming experts.bin, layer, expert and both sums.
+  /// checked: a mismatch throws Error(kIo) naming experts.bin, layer, expert and both sums;
+  /// then its weights: a NaN, Inf or overflowing scale throws Error(kInvalidInput) naming
+  /// experts.bin, layer, expert, matrix and element.
   uint64_t read(const ExpertKey& key, uint8_t* dst) const override;
   /// The record's source_hash: the identity of the checkpoint expert it was converted
   /// from (lossy or not; lossy_form() says which).

@@ -205,16 +205,23 @@ ConvertResult convert_experts(const Checkpoint& checkpoint, const ModelConfig& c
   std::sort(plan.begin(), plan.end());
   plan.erase(std::unique(plan.begin(), plan.end()), plan.end());
 
-  fs::create_directories(o.out);
+  std::error_code ec;
+  fs::create_directories(o.out, ec);
+  if (ec) fail_io("cannot create the container directory " + o.out.describe() + ": " + ec.message());
   const fs::path index = o.out / "index.json";
   const fs::path data = o.out / "experts.bin";
   const fs::path journal = o.out / "convert.journal";
-  if (fs::exists(index)) {
-    auto existing = ExpertContainer::open(o.out, header.model_fingerprint, hidden_size, intermediate_size);
+  if (fs::exists(index, ec)) {
+    std::unique_ptr<ExpertContainer> existing;
+    try {
+      existing = ExpertContainer::open(o.out, header.model_fingerprint, hidden_size, intermediate_size);
+    } catch (const Error& e) {
+      rethrow_in(e, o.out);
+    }
     std::vector<ExpertKey> keys;
     for (const auto& [key, record] : existing->records()) keys.push_back(key);
     if (!(existing->header() == header) || keys != plan) {
-      fail_invalid(o.out.string() + " already holds a finished container with other options or experts (" +
+      fail_invalid(o.out.describe() + " already holds a finished container with other options or experts (" +
                    (existing->header() == header ? std::string("expert set") : differing_field(existing->header(), header)) +
                    "); choose another --out or delete it");
     }

@@ -29,7 +29,7 @@ namespace charm {
 
 /// What to convert.
 struct ConvertOptions {
-  std::filesystem::path out;                  ///< container directory (created if absent)
+  UserPath out;                               ///< container directory (created if absent)
   std::string quant = "none";                 ///< "none" (keep the checkpoint's dtype), "int8", "int4"
   int64_t group_size = 0;                     ///< elements per scale; 0 = the default (32)
   std::string worker;                         ///< recorded in the index; empty = every expert
@@ -53,7 +53,8 @@ constexpr int64_t kDefaultGroupSize = 32;
 /// width, an `out` that already holds a different container, or one converted from
 /// other weights (naming the layer, expert and both content hashes), or a journal written
 /// with other options (naming the differing field), and what Checkpoint::locate_expert
-/// throws; Error(kIo) for write failures. Prints a warning naming the precision lost
+/// throws; Error(kIo) for write failures and an `out` that cannot be created (named as
+/// UserPath::describe prints it). Prints a warning naming the precision lost
 /// when quantising.
 ConvertResult convert_experts(const Checkpoint& checkpoint, const ModelConfig& config,
                               const std::vector<ExpertKey>& experts, const ConvertOptions& options);

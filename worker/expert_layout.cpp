@@ -44,6 +44,14 @@ ExpertView ExpertLayout::view(const uint8_t* blob) const {
   return ExpertView{view_of(gate, blob), view_of(up, blob), view_of(down, blob)};
 }
 
+std::optional<std::string> describe_non_finite(const ExpertLayout& layout, const uint8_t* blob) {
+  const ExpertView v = layout.view(blob);
+  for (auto [name, m] : {std::pair{"gate", &v.gate}, {"up", &v.up}, {"down", &v.down}}) {
+    if (const auto bad = find_non_finite(*m)) return std::string(name) + " holds " + bad->describe(m->shape);
+  }
+  return std::nullopt;
+}
+
 bool ExpertLayout::operator==(const ExpertLayout& other) const {
   return same(gate, other.gate) && same(up, other.up) && same(down, other.down) && bytes == other.bytes;
 }

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 
 #include "common/weight_format.h"
 
@@ -47,5 +49,9 @@ struct ExpertLayout {
 
   bool operator==(const ExpertLayout& other) const;
 };
+
+/// "gate holds NaN at [r, c]" for the first non-finite weight of the expert blob `blob`
+/// in `layout` (find_non_finite per matrix, scales included); nullopt when all are finite.
+std::optional<std::string> describe_non_finite(const ExpertLayout& layout, const uint8_t* blob);
 
 }  // namespace charm

@@ -25,7 +25,11 @@ std::unique_ptr<ExpertStore> open_store(const StoreSpec& spec, const Checkpoint&
   const IoMode io = spec.io == "odirect" ? IoMode::kODirect : IoMode::kPread;
   std::unique_ptr<ExpertSource> source;
   if (!spec.container.empty()) {
-    source = ExpertContainer::open(spec.container, fingerprint, config.hidden_size, config.moe_intermediate_size, io);
+    try {
+      source = ExpertContainer::open(spec.container, fingerprint, config.hidden_size, config.moe_intermediate_size, io);
+    } catch (const Error& e) {
+      rethrow_in(e, spec.container);  // its messages print the resolved path; add what it came from
+    }
   } else {
     if (io == IoMode::kODirect) {
       fail_invalid("worker '" + worker_name + "': io: odirect needs an expert container (container: DIR); "
@@ -45,7 +49,24 @@ std::unique_ptr<ExpertStore> open_store(const StoreSpec& spec, const Checkpoint&
   if (spec.ram_gb) options.ram_bytes = static_cast<uint64_t>(std::llround(*spec.ram_gb * double(1ull << 30)));
   options.pin = spec.pin == "none" ? PinMode::kNone : spec.pin == "auto" ? PinMode::kAuto : PinMode::kFile;
   options.pin_file = spec.pin_file;
+  if (options.pin == PinMode::kFile) {
+    // A pin file that is not there would pin nothing, silently (read_usage_file reads a
+    // missing usage file as "no counts yet", which is right for usage_file only).
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(spec.pin_file, ec)) {
+      fail_invalid("worker '" + worker_name + "': pin file " + spec.pin_file.describe() +
+                   (std::filesystem::exists(spec.pin_file, ec) ? " is not a regular file" : " does not exist"));
+    }
+  }
   options.usage_file = usage_file_for(spec, fingerprint);
+  if (!spec.usage_file.empty() && spec.usage_file != "none") {
+    // Written only later (and then only warned about): a typo in its folder shows now.
+    std::error_code ec;
+    if (!std::filesystem::is_directory(spec.usage_file.parent_path(), ec)) {
+      fail_invalid("worker '" + worker_name + "': usage_file " + spec.usage_file.describe() + ": its folder " +
+                   spec.usage_file.parent_path().string() + " does not exist");
+    }
+  }
   options.model_fingerprint = fingerprint;
   options.io_threads = static_cast<int>(spec.io_threads);
   return std::make_unique<ExpertStore>(std::move(source), owned, config.hidden_size, config.moe_intermediate_size,

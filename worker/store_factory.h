@@ -26,8 +26,11 @@ std::filesystem::path usage_file_for(const StoreSpec& spec, const std::string& f
 /// loads the owned experts' content identities (worker/expert_manifest.h: the cached
 /// manifest, else hashed now) for CheckpointSource to check every read against; a
 /// container carries its own (ExpertContainer::identity). Throws what
-/// ExpertContainer::open, load_expert_manifest, CheckpointSource and ExpertStore throw,
-/// and Error(kInvalidInput) for io: odirect without a container.
+/// ExpertContainer::open (ending with what a relative container path was resolved from),
+/// load_expert_manifest, CheckpointSource and ExpertStore throw, and
+/// Error(kInvalidInput) for io: odirect without a container and for a `pin:` file that
+/// does not exist or a `usage_file` whose folder does not (each named as
+/// UserPath::describe prints it).
 std::unique_ptr<ExpertStore> open_store(const StoreSpec& spec, const Checkpoint& checkpoint, const ModelConfig& config,
                                         const std::vector<ExpertKey>& owned, const std::string& worker_name,
                                         const std::string& fingerprint);

@@ -4,7 +4,7 @@
 # for charm's own errors, never an uncaught exception.
 # Usage: test_cli.sh <path to charm>
 set -u
-charm=$1
+charm=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")  # absolute: some cases run from another folder
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 failures=0
@@ -41,7 +41,7 @@ expect 0 "" -- --help
 printf 'model: %s\nmode: single-node\nprefetch: maybe\n' "$(dirname "$0")/../fixtures/models/olmoe-tiny" >"$tmp/bad-prefetch.yaml"
 printf 'model: %s\nmode: single-node\n' "$(cd "$(dirname "$0")/../fixtures/models/olmoe-tiny" && pwd)" >"$tmp/olmoe.yaml"
 expect 2 "prefetch: expected true or false" -- run --config "$tmp/bad-prefetch.yaml" hello
-expect 1 "cannot create routing trace file /nonexistent/t.jsonl" -- run --config "$tmp/olmoe.yaml" --routing-trace /nonexistent/t.jsonl hello
+expect 2 "--routing-trace /nonexistent/t.jsonl: its folder /nonexistent does not exist" -- run --config "$tmp/olmoe.yaml" --routing-trace /nonexistent/t.jsonl hello
 expect 0 "prefetch recall" -- run --config "$tmp/olmoe.yaml" --prefetch --max-tokens 3 --temperature 0 --routing-trace "$tmp/t.jsonl" --stats-json "$tmp/s.json" hello
 # The YAML key alone turns prefetch on; --no-prefetch overrides it.
 printf 'prefetch: true\n' >>"$tmp/olmoe.yaml"
@@ -58,7 +58,50 @@ fi
 expect 2 "--out" -- convert --checkpoint "$tmp"
 expect 2 "quant" -- convert --checkpoint "$tmp" --out "$tmp/c" --quant fp8
 expect 2 "--worker needs --config" -- convert --checkpoint "$tmp" --out "$tmp/c" --worker w0
-expect 2 "not a checkpoint directory" -- convert --checkpoint "$tmp/absent" --out "$tmp/c"
+expect 2 "checkpoint directory $tmp/absent does not exist" -- convert --checkpoint "$tmp/absent" --out "$tmp/c"
+expect 2 "$tmp/bad.yaml is not a checkpoint directory" -- convert --checkpoint "$tmp/bad.yaml" --out "$tmp/c"
+
+# Paths in errors (issue 12, item 11): every path a user gives is printed as resolved and,
+# when written relative, with what it was resolved against: the YAML's folder for YAML
+# values, the current directory for command-line paths.
+mkdir -p "$tmp/cfg" "$tmp/models/empty"
+olmoe_dir="$(cd "$(dirname "$0")/../fixtures/models/olmoe-tiny" && pwd)"
+ln -s "$olmoe_dir" "$tmp/models/olmoe"
+printf 'model: ../models/absent\nmode: single-node\n' >"$tmp/cfg/absent.yaml"
+printf 'model: ../models/empty\nmode: single-node\n' >"$tmp/cfg/empty.yaml"
+printf 'model: ../models/olmoe\nmode: single-node\nstore: {container: ../experts}\n' >"$tmp/cfg/container.yaml"
+printf 'model: ../models/olmoe\nmode: single-node\nstore: {pin: hot.json}\n' >"$tmp/cfg/pin.yaml"
+printf 'model: ../models/olmoe\nmode: single-node\nstore: {usage_file: stats/usage.json}\n' >"$tmp/cfg/usage.yaml"
+printf 'model: ../models/olmoe\nmode: single-node\ncluster: {secret_file: keys/s.key}\n' >"$tmp/cfg/secret.yaml"
+printf 'model: ../models/olmoe\nmode: single-node\napi: {api_key_file: api.key}\n' >"$tmp/cfg/apikey.yaml"
+touch "$tmp/a-file"
+cd "$tmp"
+expect 2 "checkpoint directory $tmp/models/absent (resolved from '../models/absent' against $tmp/cfg) does not exist" -- \
+  run --config cfg/absent.yaml hello
+expect 2 "$tmp/models/empty/config.json: missing or unreadable (in $tmp/models/empty, resolved from '../models/empty' against $tmp/cfg)" -- \
+  run --config cfg/empty.yaml hello
+expect 1 "topology file $tmp/cfg/nope.yaml (resolved from 'cfg/nope.yaml' against $tmp) does not exist" -- \
+  serve --config cfg/nope.yaml
+expect 2 "(in $tmp/experts, resolved from '../experts' against $tmp/cfg)" -- run --config cfg/container.yaml hello
+expect 2 "pin file $tmp/cfg/hot.json (resolved from 'hot.json' against $tmp/cfg) does not exist" -- \
+  run --config cfg/pin.yaml hello
+expect 2 "usage_file $tmp/cfg/stats/usage.json (resolved from 'stats/usage.json' against $tmp/cfg): its folder" -- \
+  run --config cfg/usage.yaml hello
+expect 2 "cluster.secret_file: file $tmp/cfg/keys/s.key (resolved from 'keys/s.key' against $tmp/cfg) cannot be read" -- \
+  run --config cfg/secret.yaml hello
+expect 2 "api.api_key_file: file $tmp/cfg/api.key (resolved from 'api.key' against $tmp/cfg) cannot be read" -- \
+  run --config cfg/apikey.yaml hello
+expect 2 "checkpoint directory $tmp/models/nope (resolved from 'models/nope' against $tmp) does not exist" -- \
+  convert --checkpoint models/nope --out c
+expect 1 "cannot create the container directory $tmp/a-file/c (resolved from 'a-file/c' against $tmp)" -- \
+  convert --checkpoint models/olmoe --out a-file/c
+for flag in --logits-out --ids-out --stats-json --routing-trace; do
+  expect 2 "$flag $tmp/no/dir/x (resolved from 'no/dir/x' against $tmp): its folder $tmp/no/dir does not exist" -- \
+    run --config cfg/absent.yaml "$flag" no/dir/x hello
+done
+expect 1 "bench memory: cannot write $tmp/no/m.json (resolved from 'no/m.json' against $tmp)" -- \
+  bench memory --array-mib 1 --repeat 1 --threads 1 --json no/m.json
+cd - >/dev/null
 expect 2 "ram-gb" -- worker --config "$tmp/bad.yaml" --name a --ram-gb -1
 expect 2 "ram-gb" -- serve --config "$tmp/bad.yaml" --ram-gb 0
 
@@ -120,15 +163,15 @@ for host in 0.0.0.0 :: 192.168.77.10; do
   lan_worker "$host" ""
   expect 2 "charm secret new cluster.secret" -- worker --config "$tmp/lan.yaml" --name w0
   lan_worker "$host" "insecure: true"
-  expect 2 "not a checkpoint directory" -- worker --config "$tmp/lan.yaml" --name w0
+  expect 2 "checkpoint directory /nonexistent/model does not exist" -- worker --config "$tmp/lan.yaml" --name w0
   grep -q "WITHOUT AUTHENTICATION because cluster.insecure is true" "$tmp/err" ||
     { echo "FAIL: no warning for cluster.insecure on $host"; failures=$((failures + 1)); }
   lan_worker "$host" "secret_file: $tmp/cluster.secret"
-  expect 2 "not a checkpoint directory" -- worker --config "$tmp/lan.yaml" --name w0
+  expect 2 "checkpoint directory /nonexistent/model does not exist" -- worker --config "$tmp/lan.yaml" --name w0
 done
 for host in 127.0.0.1 127.0.0.2 ::1 localhost; do
   lan_worker "$host" ""
-  expect 2 "not a checkpoint directory" -- worker --config "$tmp/lan.yaml" --name w0
+  expect 2 "checkpoint directory /nonexistent/model does not exist" -- worker --config "$tmp/lan.yaml" --name w0
 done
 api_config() {  # api_config <host> <extra api keys>
   printf 'model: /nonexistent/model\nmode: single-node\napi: {host: "%s", port: 8080%s}\n' "$1" "$2" >"$tmp/api.yaml"
@@ -136,13 +179,13 @@ api_config() {  # api_config <host> <extra api keys>
 api_config 0.0.0.0 ""
 expect 2 "charm secret new api.key" -- serve --config "$tmp/api.yaml"
 api_config 0.0.0.0 ", insecure: true"
-expect 2 "not a checkpoint directory" -- serve --config "$tmp/api.yaml"
+expect 2 "checkpoint directory /nonexistent/model does not exist" -- serve --config "$tmp/api.yaml"
 grep -q "WITHOUT AUTHENTICATION because api.insecure is true" "$tmp/err" ||
   { echo "FAIL: no warning for api.insecure"; failures=$((failures + 1)); }
 api_config 0.0.0.0 ", api_key_file: $tmp/cluster.secret"
-expect 2 "not a checkpoint directory" -- serve --config "$tmp/api.yaml"
+expect 2 "checkpoint directory /nonexistent/model does not exist" -- serve --config "$tmp/api.yaml"
 api_config 127.0.0.1 ""
-expect 2 "not a checkpoint directory" -- serve --config "$tmp/api.yaml"
+expect 2 "checkpoint directory /nonexistent/model does not exist" -- serve --config "$tmp/api.yaml"
 expect 2 "the HTTP API would listen on 0.0.0.0:9" -- serve --config "$tmp/api.yaml" --host 0.0.0.0 --port 9
 
 [[ $failures -eq 0 ]] && echo PASS

@@ -19,8 +19,8 @@ void expect_error(Fn&& fn, ErrorCategory category, const std::vector<std::string
     fn();
     FAIL("expected a charm::Error containing '" << parts.front() << "'");
   } catch (const Error& e) {
-    CHECK_MESSAGE(e.category() == category, e.what());
-    for (const auto& p : parts) CHECK_MESSAGE(e.message().find(p) != std::string::npos, e.what(), " lacks ", p);
+    CHECK_MESSAGE(e.category() == category, std::string(e.what()));
+    for (const auto& p : parts) CHECK_MESSAGE(e.message().find(p) != std::string::npos, std::string(e.what()) << " lacks " << p);
   }
 }
 

@@ -95,8 +95,9 @@ inline uint16_t f32_to_f16_bits(float value) {
 }
 
 /// The float8_e4m3fn code of `value`, which must be exactly representable (tests write
-/// only such values); throws otherwise.
+/// only such values) or NaN (code 0x7f); throws otherwise.
 inline uint8_t f8e4m3_code(float value) {
+  if (value != value) return 0x7f;
   for (int code = 0; code < 256; ++code) {
     if (f8e4m3_to_f32(static_cast<uint8_t>(code)) == value) return static_cast<uint8_t>(code);
   }

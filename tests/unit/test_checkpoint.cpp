@@ -2,6 +2,9 @@
 // three routed-expert layouts, and malformed directories and indexes.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <limits>
+
 #include "common/checkpoint.h"
 #include "common/error.h"
 #include "safetensors_writer.h"
@@ -485,4 +488,162 @@ TEST_CASE("fused 3-D fp8 expert tensors are refused by name") {
   write_fp8_config(dir, kFp8Quantization);
   expect_error([&] { Checkpoint::open(dir.path())->load_expert({}, kLayer, 0, kH, kI); }, ErrorCategory::kUnsupported,
                {"model.layers.1.mlp.experts.gate_up_proj", "fused 3-D F8_E4M3"});
+}
+
+// ---- Silent bad checkpoints (issue 12, item 7) -------------------------------------------
+
+TEST_CASE("a key given twice in config.json, generation_config.json or the index's weight_map is refused") {
+  TempDir dir("ckpt");
+  write_checkpoint(dir, dense_tensors(), true);
+  charm::testing::write_bytes(dir / "config.json", R"({"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 3,
+                                                      "hidden_size": 4, "num_experts": 8})");
+  expect_error([&] { Checkpoint::open(dir.path()); }, ErrorCategory::kInvalidInput,
+               {(dir / "config.json").string(), "key 'num_experts' appears twice at the top level"});
+  write_config(dir);
+  charm::testing::write_bytes(dir / "generation_config.json", R"({"eos_token_id": 1, "eos_token_id": 2})");
+  expect_error([&] { Checkpoint::open(dir.path()); }, ErrorCategory::kInvalidInput,
+               {(dir / "generation_config.json").string(), "key 'eos_token_id' appears twice"});
+  std::filesystem::remove(dir / "generation_config.json");
+  // The same tensor mapped twice (here to two different shards: which one would load?).
+  charm::testing::write_bytes(dir / "model.safetensors.index.json",
+                              R"({"weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+                                                 "model.norm.weight": "model-00002-of-00002.safetensors",
+                                                 "model.embed_tokens.weight": "model-00002-of-00002.safetensors"}})");
+  expect_error([&] { Checkpoint::open(dir.path()); }, ErrorCategory::kInvalidInput,
+               {(dir / "model.safetensors.index.json").string(),
+                "key 'model.embed_tokens.weight' appears twice in 'weight_map'"});
+}
+
+TEST_CASE("a tensor given twice in one shard's header is refused through Checkpoint::open, naming file and tensor") {
+  TempDir dir("ckpt");
+  write_config(dir);
+  const std::string w = R"("model.norm.weight": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]})";
+  const std::string w2 = R"("model.norm.weight": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]})";
+  charm::testing::write_raw_safetensors(dir / "model.safetensors", "{" + w + ", " + w2 + "}", std::string(8, '\0'));
+  expect_error([&] { Checkpoint::open(dir.path()); }, ErrorCategory::kInvalidInput,
+               {(dir / "model.safetensors").string(), "tensor 'model.norm.weight' appears twice in the header"});
+}
+
+namespace {
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+const float kInf = std::numeric_limits<float>::infinity();
+}  // namespace
+
+TEST_CASE("NaN or Inf in a resident weight is refused at load, naming the file, the tensor and the element") {
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    CAPTURE(dtype_name(dtype));
+    for (float bad : {kNaN, kInf, -kInf}) {
+      CAPTURE(bad);
+      auto tensors = dense_tensors();
+      tensors[0].dtype = dtype;
+      tensors[0].values[2 * kH + 1] = bad;  // embed [2, 1]
+      tensors[1].values[3] = bad;           // norm [3], f32
+      TempDir dir("ckpt");
+      write_checkpoint(dir, tensors, false);
+      const auto ck = Checkpoint::open(dir.path());
+      const std::string what = bad != bad ? "NaN" : bad > 0 ? "+Inf" : "-Inf";
+      expect_error([&] { ck->load_matrix("model.embed_tokens.weight", 5, kH); }, ErrorCategory::kInvalidInput,
+                   {(dir / "model.safetensors").string(), "tensor 'model.embed_tokens.weight'", what + " at [2, 1]"});
+      expect_error([&] { ck->load_f32("model.embed_tokens.weight", {5, kH}); }, ErrorCategory::kInvalidInput,
+                   {"tensor 'model.embed_tokens.weight'", what + " at [2, 1]"});
+      expect_error([&] { ck->load_f32("model.norm.weight", {kH}); }, ErrorCategory::kInvalidInput,
+                   {"tensor 'model.norm.weight'", what + " at [3]"});
+    }
+  }
+}
+
+TEST_CASE("NaN or Inf in a routed expert is refused when it is read, in every layout, naming the element") {
+  const std::string p = "model.layers." + std::to_string(kLayer) + ".mlp.experts";
+  struct Case {
+    Layout layout;
+    std::string tensor;  ///< the tensor that gets the bad value
+    size_t element;      ///< which of its elements
+    std::string at;      ///< its index as the message gives it
+  };
+  const Case cases[] = {
+      {Layout::kPerExpert, p + ".1.down_proj.weight", 2 * kI + 1, "[2, 1]"},
+      {Layout::kFused, p + ".gate_up_proj", (1 * 2 * kI + kI + 2) * kH + 3, "[1, 5, 3]"},  // expert 1's up, row 2
+      {Layout::kSeparate3d, p + ".down_proj", (1 * kH + 3) * kI + 0, "[1, 3, 0]"},
+      {Layout::kSeparate3dWeight, p + ".gate_proj.weight", (1 * kI + 0) * kH + 2, "[1, 0, 2]"}};
+  for (const Case& c : cases) {
+    for (DType dtype : {DType::kBF16, DType::kF32}) {
+      CAPTURE(c.tensor);
+      CAPTURE(dtype_name(dtype));
+      auto tensors = dense_tensors();
+      for (auto t : expert_tensors(c.layout, dtype)) {
+        if (t.name == c.tensor) t.values[c.element] = kNaN;
+        tensors.push_back(t);
+      }
+      TempDir dir("ckpt");
+      write_checkpoint(dir, tensors, true);
+      const auto ck = Checkpoint::open(dir.path());
+      check_expert(ck->load_expert({}, kLayer, 0, kH, kI), 0);  // the other experts still load
+      check_expert(ck->load_expert({}, kLayer, 2, kH, kI), 2);
+      expect_error([&] { ck->load_expert({}, kLayer, 1, kH, kI); }, ErrorCategory::kInvalidInput,
+                   {"tensor '" + c.tensor + "'", "NaN at " + c.at});
+      // The raw read the worker's disk tier and charm convert use checks too.
+      const ExpertSlices s = ck->locate_expert({}, kLayer, 1, kH, kI);
+      std::vector<uint8_t> raw(std::max({s.gate.bytes, s.up.bytes, s.down.bytes}));
+      expect_error(
+          [&] {
+            for (const ExpertSlice* slice : {&s.gate, &s.up, &s.down}) ck->read_slice(*slice, raw.data());
+          },
+          ErrorCategory::kInvalidInput, {c.tensor, "NaN at " + c.at});
+    }
+  }
+}
+
+TEST_CASE("fp8: a NaN code, a non-finite scale or one that overflows f32 is refused, resident and expert") {
+  const std::string o = "model.layers.0.self_attn.o_proj.weight";
+  const std::string gate = "model.layers.1.mlp.experts.2.gate_proj.weight";
+  auto with = [&](const std::string& name, size_t element, float value) {
+    auto tensors = fp8_tensors();
+    for (auto& t : tensors) {
+      if (t.name == name) t.values[element] = value;
+    }
+    auto dir = std::make_unique<TempDir>("ckpt");
+    write_checkpoint(*dir, tensors, false);
+    write_fp8_config(*dir, kFp8Quantization);
+    return dir;
+  };
+  {
+    const auto dir = with(o, 1 * 5 + 4, kNaN);  // the e4m3 NaN code at [1, 4]
+    expect_error([&] { Checkpoint::open(dir->path())->load_f32(o, {3, 5}); }, ErrorCategory::kInvalidInput,
+                 {"tensor '" + o + "'", "NaN at [1, 4]"});
+  }
+  for (float bad : {kNaN, kInf, 1e38f}) {
+    CAPTURE(bad);
+    const auto dir = with(o + "_scale_inv", 4, bad);  // scale grid [2, 3]: block [1, 1]
+    const std::string what = bad != bad ? "NaN" : bad == kInf ? "+Inf" : "overflows f32";
+    expect_error([&] { Checkpoint::open(dir->path())->load_f32(o, {3, 5}); }, ErrorCategory::kInvalidInput,
+                 {"scale tensor '" + o + "_scale_inv'", what, "[1, 1]"});
+    const auto expert_dir = with(gate + "_scale_inv", 1, bad);
+    const auto ck = Checkpoint::open(expert_dir->path());
+    expect_error([&] { ck->load_expert({}, kLayer, 2, kH, kI); }, ErrorCategory::kInvalidInput,
+                 {"scale tensor '" + gate + "_scale_inv'", what, "[0, 1]"});
+    const ExpertSlices s = ck->locate_expert({}, kLayer, 2, kH, kI);
+    std::vector<float> scales(s.gate.scale->numel());
+    expect_error([&] { ck->read_slice_scales(s.gate, scales.data()); }, ErrorCategory::kInvalidInput,
+                 {"scale tensor '" + gate + "_scale_inv'", what});
+  }
+}
+
+// ---- Paths in errors (issue 12, item 11) ---------------------------------------------------
+
+TEST_CASE("a checkpoint path that is absent, not a directory, or lacks a file is named as resolved, with its origin") {
+  TempDir dir("ckpt");
+  const std::string base = dir.path().string();
+  expect_error([&] { Checkpoint::open(UserPath::resolve("models/q", dir.path())); }, ErrorCategory::kInvalidInput,
+               {"checkpoint directory " + (dir / "models/q").string() + " (resolved from 'models/q' against " + base +
+                ") does not exist"});
+  charm::testing::write_bytes(dir / "file", "x");
+  expect_error([&] { Checkpoint::open(UserPath::resolve("file", dir.path())); }, ErrorCategory::kInvalidInput,
+               {(dir / "file").string() + " (resolved from 'file' against " + base + ") is not a checkpoint directory"});
+  std::filesystem::create_directories(dir / "empty");
+  expect_error([&] { Checkpoint::open(UserPath::resolve("./empty/", dir.path())); }, ErrorCategory::kInvalidInput,
+               {(dir / "empty/config.json").string() + ": missing or unreadable (in " + (dir / "empty/").string() +
+                ", resolved from './empty/' against " + base + ")"});
+  // An absolute path is printed as it is, with nothing appended.
+  expect_error([&] { Checkpoint::open(dir / "empty"); }, ErrorCategory::kInvalidInput,
+               {(dir / "empty/config.json").string() + ": missing or unreadable"});
 }

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <vector>
 
 #include "common/dtype.h"
@@ -84,4 +85,40 @@ TEST_CASE("convert_to_f32 reads F8_E4M3 bytes; names and sizes round-trip for ev
   }
   CHECK(dtype_size(DType::kF8E4M3) == 1);
   CHECK_FALSE(parse_dtype("F8_E5M2").has_value());  // not read: would need its own decoder
+}
+
+TEST_CASE("first_non_finite agrees with std::isfinite on every 8- and 16-bit code, at any alignment and block edge") {
+  // Every code of each dtype, once each, at an odd byte offset, then a single bad one
+  // placed either side of the scan's 2048-element block boundary.
+  for (DType d : {DType::kF16, DType::kBF16, DType::kF8E4M3}) {
+    CAPTURE(dtype_name(d));
+    const size_t width = dtype_size(d);
+    const size_t codes = width == 1 ? 256 : 65536;
+    for (size_t code = 0; code < codes; ++code) {
+      uint8_t bytes[3] = {0xaa, static_cast<uint8_t>(code & 0xff), static_cast<uint8_t>(code >> 8)};
+      float value;
+      convert_to_f32(d, bytes + 1, &value, 1);
+      if (first_non_finite(d, bytes + 1, 1) != (std::isfinite(value) ? 1u : 0u)) {
+        FAIL_CHECK("code " << code << " of " << dtype_name(d) << " misjudged");
+      }
+    }
+  }
+  for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3}) {
+    CAPTURE(dtype_name(d));
+    const size_t width = dtype_size(d);
+    for (size_t bad : {size_t{0}, size_t{2047}, size_t{2048}, size_t{4999}}) {
+      CAPTURE(bad);
+      std::vector<uint8_t> data(1 + 5000 * width, 0);  // zeros: finite in every dtype
+      const uint32_t nan32 = 0x7fc00000u;
+      const uint8_t* code = d == DType::kF32    ? reinterpret_cast<const uint8_t*>(&nan32)
+                            : d == DType::kF16  ? reinterpret_cast<const uint8_t*>("\x00\x7c")  // +Inf
+                            : d == DType::kBF16 ? reinterpret_cast<const uint8_t*>("\x80\xff")  // -Inf
+                                                : reinterpret_cast<const uint8_t*>("\xff");     // NaN
+      std::memcpy(data.data() + 1 + bad * width, code, width);
+      CHECK(first_non_finite(d, data.data() + 1, 5000) == bad);
+      CHECK(first_non_finite(d, data.data() + 1, bad) == bad);  // stops before it: all finite
+    }
+  }
+  CHECK(non_finite_name(std::numeric_limits<float>::quiet_NaN()) == "NaN");
+  CHECK(non_finite_name(-std::numeric_limits<float>::infinity()) == "-Inf");
 }

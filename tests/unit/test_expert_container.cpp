@@ -195,6 +195,28 @@ TEST_CASE("malformed containers are rejected naming the file and what is wrong")
                        {"experts.bin", "layer 0 expert 1", "checksum mismatch"});
     test::expect_error([&] { c->verify_all(); }, ErrorCategory::kIo, {"checksum mismatch"});
   }
+  SUBCASE("a record holding NaN under a valid checksum is refused when read") {
+    // Issue 12 item 7: a container converted from a bad checkpoint (before convert
+    // refused those) checksums fine but would serve garbage.
+    auto d = fresh("nan");
+    json j = json::parse(slurp(*d / "index.json"));
+    const json& record = j["experts"][1];  // layer 0 expert 1, gate first
+    REQUIRE(record["expert"] == 1);
+    const uint64_t offset = record["offset"].get<uint64_t>(), bytes = record["bytes"].get<uint64_t>();
+    std::string data = slurp(*d / "experts.bin");
+    const uint64_t at = offset + (2 * 64 + 3) * 2;  // gate [2, 3], bf16
+    data[at] = '\xc0';                            // 0x7fc0: a bf16 NaN, little-endian
+    data[at + 1] = '\x7f';
+    testing::write_bytes(*d / "experts.bin", data);
+    j["experts"][1]["checksum"] =
+        checksum_hex(blob_checksum(reinterpret_cast<const uint8_t*>(data.data()) + offset, bytes));
+    testing::write_bytes(*d / "index.json", j.dump());
+    const auto c = m.open(d->path());
+    AlignedBuffer blob(12288);
+    c->read({0, 0}, blob.data());
+    test::expect_error([&] { c->read({0, 1}, blob.data()); }, ErrorCategory::kInvalidInput,
+                       {"experts.bin", "layer 0 expert 1", "gate holds NaN at [2, 3]"});
+  }
   (void)index;
 }
 
@@ -306,5 +328,38 @@ TEST_CASE("int8 and int4 containers stay within their stated error of the checkp
       CHECK(rel <= bound);
       CHECK(rel > 0);  // lossy means lossy: the option did change the weights
     }
+  }
+}
+
+TEST_CASE("convert refuses a checkpoint expert holding NaN or Inf, naming the tensor, in every target form") {
+  testing::TempDir ckpt("charm-nan-convert");
+  testing::write_bytes(ckpt / "config.json", R"({"architectures": ["Qwen3MoeForCausalLM"]})");
+  std::vector<testing::TensorSpec> tensors;
+  for (int e = 0; e < 2; ++e) {
+    const std::string p = "model.layers.0.mlp.experts." + std::to_string(e) + ".";
+    std::vector<float> up(2 * 4, 0.25f);
+    if (e == 1) up[5] = std::nanf("");  // [1, 1]
+    tensors.push_back({p + "gate_proj.weight", DType::kBF16, {2, 4}, std::vector<float>(8, 1.0f)});
+    tensors.push_back({p + "up_proj.weight", DType::kBF16, {2, 4}, up});
+    tensors.push_back({p + "down_proj.weight", DType::kBF16, {4, 2}, std::vector<float>(8, 0.5f)});
+  }
+  testing::write_safetensors(ckpt / "model.safetensors", tensors);
+  const auto checkpoint = Checkpoint::open(ckpt.path());
+  ModelConfig config;  // what convert_experts reads of it: the family's tensor names, the sizes
+  config.architecture = "Qwen3MoeForCausalLM";
+  config.hidden_size = 4;
+  config.moe_intermediate_size = 2;
+  for (const std::string quant : {"none", "int8", "int4"}) {
+    CAPTURE(quant);
+    testing::TempDir out("charm-nan-out");
+    ConvertOptions o;
+    o.out = out.path() / "c";
+    o.quant = quant;
+    o.group_size = quant == "none" ? 0 : 4;
+    o.progress = false;
+    test::expect_error([&] { convert_experts(*checkpoint, config, {{0, 0}, {0, 1}}, o); },
+                       ErrorCategory::kInvalidInput,
+                       {"tensor 'model.layers.0.mlp.experts.1.up_proj.weight'", "NaN at [1, 1]"});
+    CHECK_FALSE(fs::exists(out.path() / "c" / "index.json"));  // no container left that looks finished
   }
 }

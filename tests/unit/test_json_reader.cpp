@@ -151,3 +151,28 @@ TEST_CASE("the chat template's value walks are bounded, for passed-in and templa
     expect_error([&] { tmpl->render({}, false); }, ErrorCategory::kInvalidInput, {"nested deeper than 256"});
   }
 }
+
+TEST_CASE("a key repeated within one object is refused, naming it and where it is") {
+  const JsonLimits limits{1 << 20, 64};
+  // Equal keys in different objects are fine.
+  CHECK_NOTHROW(charm::parse_json(R"({"a": 1, "b": {"a": 2}, "c": [{"a": 3}, {"a": 4}]})", "doc", limits));
+  try {
+    charm::parse_json(R"({"a": 1, "b": 2, "a": 3})", "doc.json", limits);
+    FAIL("a repeated key was accepted");
+  } catch (const charm::JsonDuplicateKeyError& e) {
+    CHECK(e.duplicate().key == "a");
+    CHECK(e.duplicate().path.empty());
+    CHECK(e.message() == "doc.json: key 'a' appears twice at the top level");
+  }
+  try {
+    charm::parse_ordered_json(R"({"x": [1, {"y": {"k": 1, "k": 1}}]})", "doc.json", limits);
+    FAIL("a repeated key was accepted");
+  } catch (const charm::JsonDuplicateKeyError& e) {
+    CHECK(e.duplicate().path == std::vector<std::string>{"'x'", "[1]", "'y'"});
+    CHECK(e.message() == "doc.json: key 'k' appears twice in 'x'[1].'y'");
+  }
+  // After a closed object its keys no longer count; the index of an array counts values
+  // and containers alike.
+  expect_error([&] { charm::parse_json(R"([{"a": 1}, 2, {"a": 1, "b": [], "b": 0}])", "doc", limits); },
+               ErrorCategory::kInvalidInput, {"key 'b' appears twice in [2]"});
+}

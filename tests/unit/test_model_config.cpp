@@ -2,6 +2,10 @@
 // that name the file and the field.
 #include <doctest/doctest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <set>
+
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
@@ -85,7 +89,7 @@ TEST_CASE("bad configs name the file and the field") {
 TEST_CASE("a scaled RoPE variant is refused rather than run wrongly") {
   json j = qwen3();
   j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
-  CHECK(error_of(j).find("rope_scaling type 'yarn' is not supported") != std::string::npos);
+  CHECK(error_of(j).find("rope_scaling.rope_type 'yarn' is not supported") != std::string::npos);
 }
 
 // --- Qwen2-MoE and Mixtral (issue 4) ---------------------------------------------------
@@ -214,6 +218,7 @@ TEST_CASE("DeepSeek-V3: null q_lora_rank means q_proj; transformers 5's rope_par
   json j = deepseek_v3();
   j["q_lora_rank"] = nullptr;
   j.erase("rope_scaling");
+  j.erase("rope_theta");  // transformers 5 moves it into rope_parameters
   j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"rope_theta", 5000.0}};
   j["rope_interleave"] = false;
   const ModelConfig c = ModelConfig::parse(j, "config.json");
@@ -259,4 +264,202 @@ TEST_CASE("DeepSeek-V3: unsupported values are named with the field") {
   CHECK(with("first_k_dense_replace", 62).find("'first_k_dense_replace' must be in [0, num_hidden_layers]") !=
         std::string::npos);
   CHECK(with("routed_scaling_factor", 0).find("'routed_scaling_factor' must be positive") != std::string::npos);
+}
+
+// ---- Spellings of transformers 4.x and 5.x (issue 12, item 10) -----------------------------
+
+namespace {
+namespace fs = std::filesystem;
+const fs::path kFixtures = fs::path(CHARM_SOURCE_DIR) / "tests" / "fixtures";
+
+json read_json_file(const fs::path& path) {
+  std::ifstream in(path);
+  REQUIRE_MESSAGE(in, path.string());
+  return json::parse(in);
+}
+
+/// Every config.json spelling scripts/gen_config_spellings.py saved for `fixture` with
+/// transformers 4.x and 5.x parses to the same ModelConfig as the fixture's own
+/// (hub-layout) config.json; both major versions must be there.
+void check_spellings(const std::string& fixture) {
+  const fs::path hub = kFixtures / "models" / fixture / "config.json";
+  const ModelConfig want = ModelConfig::parse(read_json_file(hub), hub.string());
+  CHECK(want.dtype == "bfloat16");
+  std::set<char> majors;
+  for (const auto& entry : fs::directory_iterator(kFixtures / "configs" / fixture)) {
+    const std::string name = entry.path().filename().string();  // transformers-<version>.json
+    if (name.rfind("transformers-", 0) != 0) continue;
+    majors.insert(name[std::string("transformers-").size()]);
+    CAPTURE(name);
+    ModelConfig got;
+    try {
+      got = ModelConfig::parse(read_json_file(entry.path()), entry.path().string());
+    } catch (const Error& e) {
+      FAIL(std::string(e.what()));
+    }
+    // Field by field first, so a mismatch names the field; then the whole struct, so a
+    // field added later cannot be forgotten here.
+    CHECK(got.architecture == want.architecture);
+    CHECK(got.dtype == want.dtype);
+    CHECK(got.num_experts == want.num_experts);
+    CHECK(got.num_experts_per_tok == want.num_experts_per_tok);
+    CHECK(got.rope_theta == want.rope_theta);
+    CHECK(got.yarn == want.yarn);
+    CHECK(got.rms_norm_eps == want.rms_norm_eps);
+    CHECK(got.head_dim == want.head_dim);
+    CHECK(got.max_position_embeddings == want.max_position_embeddings);
+    CHECK(got.eos_token_ids == want.eos_token_ids);
+    CHECK(got.bos_token_id == want.bos_token_id);
+    CHECK(got == want);
+  }
+  CHECK_MESSAGE(majors.count('4'), "no transformers 4.x config for " << fixture);
+  CHECK_MESSAGE(majors.count('5'), "no transformers 5.x config for " << fixture);
+}
+}  // namespace
+
+TEST_CASE("Qwen3-MoE configs saved by transformers 4 and 5 parse to the hub config's model") {
+  check_spellings("qwen3-moe-tiny");
+}
+TEST_CASE("OLMoE configs saved by transformers 4 and 5 parse to the hub config's model") {
+  check_spellings("olmoe-tiny");
+}
+TEST_CASE("Qwen2-MoE configs saved by transformers 4 and 5 parse to the hub config's model") {
+  check_spellings("qwen2-moe-tiny");
+}
+TEST_CASE("Mixtral configs saved by transformers 4 and 5 parse to the hub config's model") {
+  check_spellings("mixtral-tiny");
+}
+TEST_CASE("DeepSeek-V3 configs (bf16 and fp8) saved by transformers 4 and 5 parse to the hub config's model") {
+  check_spellings("deepseek-v3-tiny");
+  check_spellings("deepseek-v3-tiny-fp8");
+}
+
+TEST_CASE("two spellings of one field with different values are an error naming both keys") {
+  auto expect_conflict = [](json j, const std::string& a, const std::string& b) {
+    const std::string message = error_of(j);
+    CAPTURE(message);
+    CHECK(message.find("model/config.json: fields '" + a + "'") != std::string::npos);
+    CHECK(message.find("'" + b + "'") != std::string::npos);
+    CHECK(message.find("disagree") != std::string::npos);
+  };
+  json experts = qwen3();
+  experts["num_local_experts"] = 16;  // num_experts is 8
+  expect_conflict(experts, "num_experts", "num_local_experts");
+  json mix = mixtral();
+  mix["num_experts"] = 4;
+  expect_conflict(mix, "num_local_experts", "num_experts");
+  json ds = deepseek_v3();
+  ds["num_local_experts"] = 128;
+  expect_conflict(ds, "n_routed_experts", "num_local_experts");
+
+  json dtype = qwen3();
+  dtype["dtype"] = "bfloat16";
+  dtype["torch_dtype"] = "float16";
+  expect_conflict(dtype, "dtype", "torch_dtype");
+
+  json theta = qwen3();
+  theta["rope_theta"] = 1e6;
+  theta["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e4}};
+  expect_conflict(theta, "rope_theta", "rope_parameters.rope_theta");
+
+  json both = deepseek_v3();
+  both["rope_parameters"] = both["rope_scaling"];
+  both["rope_parameters"]["factor"] = 8;
+  expect_conflict(both, "rope_scaling.factor", "rope_parameters.factor");
+
+  json type = deepseek_v3();
+  type["rope_scaling"]["rope_type"] = "default";  // beside "type": "yarn"
+  expect_conflict(type, "rope_scaling.rope_type", "rope_scaling.type");
+
+  json original = deepseek_v3();
+  original["original_max_position_embeddings"] = 8192;  // rope_scaling says 4096
+  expect_conflict(original, "original_max_position_embeddings", "rope_scaling.original_max_position_embeddings");
+
+  // The same value under both spellings is one setting, as transformers reads it.
+  json same = qwen3();
+  same["num_local_experts"] = 8.0;
+  same["dtype"] = same["torch_dtype"] = "bfloat16";
+  same["rope_theta"] = 1e6;
+  same["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000000}};
+  const ModelConfig c = ModelConfig::parse(same, "config.json");
+  CHECK(c.num_experts == 8);
+  CHECK(c.rope_theta == 1e6);
+  CHECK(c.dtype == "bfloat16");
+}
+
+TEST_CASE("a wrong spelling or a missing field names every key it may be under") {
+  json none = qwen3();
+  none.erase("num_experts");
+  CHECK(error_of(none).find("missing required field 'num_experts' or 'num_local_experts'") != std::string::npos);
+  json qwen2 = qwen2_moe();  // Qwen2MoeConfig has no num_local_experts alias
+  qwen2.erase("num_experts");
+  qwen2["num_local_experts"] = 8;
+  CHECK(error_of(qwen2).find("missing required field 'num_experts'") != std::string::npos);
+  json rope = qwen3();
+  rope["rope_parameters"] = "default";
+  CHECK(error_of(rope).find("field 'rope_parameters' must be a JSON object or null") != std::string::npos);
+  json dtype = qwen3();
+  dtype["dtype"] = 16;
+  CHECK(error_of(dtype).find("field 'dtype' must be a string") != std::string::npos);
+}
+
+TEST_CASE("DeepSeek-V3's derived head_dim and qk_head_dim must agree with their sources") {
+  json ok = deepseek_v3();
+  ok["head_dim"] = 64;
+  ok["qk_head_dim"] = 192;
+  CHECK(ModelConfig::parse(ok, "config.json").head_dim == 64);
+  json head = deepseek_v3();
+  head["head_dim"] = 128;
+  CHECK(error_of(head).find("field 'head_dim' is 128 but qk_rope_head_dim is 64") != std::string::npos);
+  json qk = deepseek_v3();
+  qk["qk_head_dim"] = 128;
+  CHECK(error_of(qk).find("field 'qk_head_dim' is 128 but qk_nope_head_dim + qk_rope_head_dim is 192") !=
+        std::string::npos);
+}
+
+TEST_CASE("transformers 5's RoPE and layer settings that change the model are refused by name") {
+  json partial = qwen3();
+  partial["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e4}, {"partial_rotary_factor", 0.5}};
+  CHECK(error_of(partial).find("rope_parameters.partial_rotary_factor 0.5 is not supported") != std::string::npos);
+  json top_partial = mixtral();
+  top_partial["partial_rotary_factor"] = 0.25;
+  CHECK(error_of(top_partial).find("partial_rotary_factor 0.25 is not supported") != std::string::npos);
+
+  json nested = qwen3();
+  nested["rope_parameters"] = {{"full_attention", {{"rope_type", "default"}, {"rope_theta", 5e5}}}};
+  CHECK(ModelConfig::parse(nested, "config.json").rope_theta == 5e5);
+  nested["rope_parameters"]["sliding_attention"] = {{"rope_type", "default"}, {"rope_theta", 1e4}};
+  CHECK(error_of(nested).find("per-layer-type RoPE ('sliding_attention')") != std::string::npos);
+
+  json types = qwen2_moe();
+  types["layer_types"] = {"full_attention", "sliding_attention", "full_attention", "full_attention"};
+  CHECK(error_of(types).find("layer_types[1] is \"sliding_attention\"") != std::string::npos);
+  types["layer_types"] = {"full_attention"};
+  CHECK(error_of(types).find("'layer_types' must be a list of num_hidden_layers (4)") != std::string::npos);
+
+  json qwen3_window = qwen3();
+  qwen3_window["use_sliding_window"] = true;  // sliding_window absent: Qwen3MoeConfig's 4096
+  qwen3_window["max_position_embeddings"] = 32768;
+  CHECK(error_of(qwen3_window).find("field 'sliding_window' is 4096") != std::string::npos);
+  qwen3_window["sliding_window"] = nullptr;  // null: no window
+  CHECK(ModelConfig::parse(qwen3_window, "config.json").num_experts == 8);
+  qwen3_window["use_sliding_window"] = false;
+  qwen3_window["sliding_window"] = 128;  // kept only with use_sliding_window
+  CHECK(ModelConfig::parse(qwen3_window, "config.json").num_experts == 8);
+
+  json olmoe = qwen3();
+  olmoe["architectures"] = {"OlmoeForCausalLM"};
+  olmoe["sliding_window"] = 256;  // OlmoeAttention passes it when set
+  CHECK(error_of(olmoe).find("field 'sliding_window' is 256") != std::string::npos);
+}
+
+TEST_CASE("absent generic fields take the family's config-class default") {
+  json olmoe = qwen3();
+  olmoe["architectures"] = {"OlmoeForCausalLM"};
+  CHECK(ModelConfig::parse(olmoe, "config.json").rms_norm_eps == 1e-5);
+  CHECK(ModelConfig::parse(qwen3(), "config.json").rms_norm_eps == 1e-6);
+  const ModelConfig mix = ModelConfig::parse(mixtral(), "config.json");
+  CHECK(mix.rms_norm_eps == 1e-5);
+  CHECK(mix.rope_theta == 1e6);
+  CHECK(ModelConfig::parse(qwen2_moe(), "config.json").rope_theta == 1e4);
 }

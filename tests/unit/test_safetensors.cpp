@@ -215,3 +215,19 @@ TEST_CASE("open rejects tensors whose byte ranges overlap, naming both") {
                                         std::string(8, '\0'));
   CHECK(SafetensorsFile::open(path)->tensors().size() == 3);
 }
+
+TEST_CASE("open rejects a tensor name, __metadata__ or an entry's key given twice (JSON keeps the last silently)") {
+  TempDir dir("st");
+  const std::string w = R"("w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]})";
+  expect_bad_header(dir, "{" + w + ", " + w + "}", 4, {"tensor 'w' appears twice in the header"});
+  expect_bad_header(dir, R"({"__metadata__": {}, "__metadata__": {"a": "b"}})", 0, {"'__metadata__' appears twice"});
+  expect_bad_header(dir, R"({"w": {"dtype": "F16", "dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", 4,
+                    {"header: key 'dtype' appears twice in 'w'"});
+  expect_bad_header(dir, R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "__metadata__": {"k": "1", "k": "2"}})",
+                    4, {"key 'k' appears twice in '__metadata__'"});
+  // Distinct names in different objects are fine.
+  charm::testing::write_raw_safetensors(dir / "ok.safetensors",
+                                        R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "__metadata__": {"w": "x"}})",
+                                        std::string(4, '\0'));
+  CHECK(SafetensorsFile::open(dir / "ok.safetensors")->tensors().size() == 1);
+}

@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "common/topology.h"
+#include "common/user_path.h"
 #include "safetensors_writer.h"
 #include "tests/support/expect_error.h"
 
@@ -375,4 +376,31 @@ TEST_CASE("timeouts: the silent-worker deadlines' floors and caps") {
   expect_invalid(single + "timeouts: {hedge_floor_ms: 500, hedge_cap_ms: 100}\n", "timeouts.hedge_cap_ms",
                  "at least hedge_floor_ms (500)");
   expect_invalid(single + "timeouts: {probe_cap_ms: 10}\n", "timeouts.probe_cap_ms", "at least probe_floor_ms (100)");
+}
+
+TEST_CASE("every path in the YAML keeps what it was resolved from, for messages (issue 12, item 11)") {
+  TempDir dir("topo");
+  const Topology t = load_text(dir, "model: ../m\nmode: single-node\n"
+                                    "store: {pin: hot.json, container: c, usage_file: u/usage.json}\n");
+  const std::string base = dir.path().lexically_normal().string();
+  CHECK(t.model.describe() == (dir.path().parent_path() / "m").lexically_normal().string() +
+                                  " (resolved from '../m' against " + base + ")");
+  CHECK(t.store.pin_file.describe().find("(resolved from 'hot.json' against " + base + ")") != std::string::npos);
+  CHECK(t.store.container.describe().find("(resolved from 'c' against " + base + ")") != std::string::npos);
+  CHECK(t.store.usage_file.describe().find("(resolved from 'u/usage.json' against " + base + ")") != std::string::npos);
+}
+
+TEST_CASE("a missing topology file and a missing secret file are named as resolved, with their origin") {
+  TempDir dir("topo");
+  expect_error([&] { Topology::load(UserPath::resolve("absent.yaml", dir.path())); }, ErrorCategory::kIo,
+               {"topology file " + (dir / "absent.yaml").string() + " (resolved from 'absent.yaml' against " +
+                    dir.path().string() + ") does not exist"});
+  charm::testing::write_bytes(dir / "s.yaml", "model: m\nmode: single-node\ncluster: {secret_file: keys/s.key}\n");
+  expect_error([&] { Topology::load(dir / "s.yaml"); }, ErrorCategory::kInvalidInput,
+               {"cluster.secret_file", (dir / "keys/s.key").string() + " (resolved from 'keys/s.key' against " +
+                                           dir.path().string() + ")",
+                "does not exist"});
+  charm::testing::write_bytes(dir / "k.yaml", "model: m\nmode: single-node\napi: {api_key_file: ../k.txt}\n");
+  expect_error([&] { Topology::load(dir / "k.yaml"); }, ErrorCategory::kInvalidInput,
+               {"api.api_key_file", "(resolved from '../k.txt' against " + dir.path().string() + ")"});
 }
