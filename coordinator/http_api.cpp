@@ -271,41 +271,50 @@ void check_api_listen(const Topology& topology, const std::string& host, uint16_
   check_listen(listen);
 }
 
-HttpApi::HttpApi(Engine& engine, std::string host, uint16_t port, Metrics* metrics)
+HttpApi::HttpApi(Engine& engine, std::string host, uint16_t port, Metrics* metrics, HttpGuardOptions guard)
     : engine_(engine),
       own_metrics_(metrics ? nullptr : std::make_unique<Metrics>()),
       metrics_(metrics ? *metrics : *own_metrics_),
       host_(std::move(host)),
       port_(port),
-      server_(std::make_unique<httplib::Server>()) {}
+      server_(std::make_unique<GuardedHttpServer>(guard)) {}
 
 HttpApi::~HttpApi() { stop(); }
 
 void HttpApi::install_routes() {
-  httplib::Server& s = *server_;
-  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+  GuardedHttpServer& s = *server_;
+  // A route's handler runs once its request, body included, has arrived: from then on
+  // the guard's read deadline does not apply (a response may stream for minutes).
+  GuardedHttpServer* guard = server_.get();
+  auto read = [guard](auto handler) {
+    return [guard, handler](const httplib::Request& req, httplib::Response& res) {
+      guard->request_read(req);
+      handler(req, res);
+    };
+  };
+  s.Get("/health", read([this](const httplib::Request&, httplib::Response& res) {
     res.set_content(dump_json({{"status", "ok"}, {"model", engine_.model_name()}}), kJson);
-  });
-  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+  }));
+  s.Get("/v1/models", read([this](const httplib::Request&, httplib::Response& res) {
     json model = {{"id", engine_.model_name()}, {"object", "model"}, {"created", started_at_}, {"owned_by", "charm"},
                   {"max_model_len", engine_.max_context()}};
     res.set_content(dump_json({{"object", "list"}, {"data", json::array({model})}}), kJson);
-  });
-  s.Get("/cluster/status", [this](const httplib::Request&, httplib::Response& res) {
+  }));
+  s.Get("/cluster/status", read([this](const httplib::Request&, httplib::Response& res) {
     guarded(res, new_request_id(), [&] { res.set_content(dump_json(cluster_status_body(engine_)), kJson); });
-  });
-  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+  }));
+  s.Get("/metrics", read([this](const httplib::Request&, httplib::Response& res) {
     guarded(res, new_request_id(), [&] {
       res.set_content(metrics_.render(engine_.cluster_status()), "text/plain; version=0.0.4; charset=utf-8");
     });
-  });
+  }));
   for (const auto& [path, kind] : {std::pair{"/v1/completions", RequestKind::kCompletion},
                                    std::pair{"/v1/chat/completions", RequestKind::kChat}}) {
-    s.Post(path, [this, kind](const httplib::Request& req, httplib::Response& res) {
+    s.Post(path, read([this, kind](const httplib::Request& req, httplib::Response& res) {
       ResponseMeta meta = new_response_meta(kind, engine_.model_name());
       const std::string id = meta.id;
       guarded(res, id, [&] { serve_generation(engine_, metrics_, stopping_, req, res, std::move(meta)); });
-    });
+    }));
   }
   // Every other method on a known path is answered 405 by fill_routing_error.
   for (const auto& [path, methods] : known_paths()) {
@@ -328,7 +337,8 @@ void HttpApi::install_routes() {
     return answer_bodyless(req, res);
   });
   // Counted after the response is written (streams included), whatever answered it.
-  s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+  s.set_logger([this, guard](const httplib::Request& req, const httplib::Response& res) {
+    guard->response_done(req);  // a keep-alive connection now reads its next request
     metrics_.http_request(endpoint_label(req.path), res.status);
   });
   s.set_error_handler(httplib::Server::HandlerWithResponse(fill_error_body));
@@ -358,6 +368,7 @@ void HttpApi::start() {
     fail_io("http api: cannot bind " + host_ + ":" + std::to_string(port_) + " (in use, or not a local address?)");
   }
   bound_port_ = uint16_t(port);
+  server_->guard(bound_port_);
   thread_ = std::thread([this] {
     if (!server_->listen_after_bind() && !stopping_) spdlog::error("http api: server on {}:{} ended", host_, bound_port_);
     listen_ended_ = true;

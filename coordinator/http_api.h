@@ -12,11 +12,8 @@
 #include <thread>
 
 #include "coordinator/engine.h"
+#include "coordinator/http_guard.h"
 #include "coordinator/metrics.h"
-
-namespace httplib {
-class Server;
-}
 
 namespace charm {
 
@@ -32,8 +29,10 @@ class HttpApi {
  public:
   /// Does not bind yet. `port` 0 asks the OS for a free port (see port()). `metrics`
   /// (must outlive the HttpApi) receives every request and generation and is served at
-  /// /metrics; null: the HttpApi keeps its own (HTTP and token metrics only).
-  HttpApi(Engine& engine, std::string host, uint16_t port, Metrics* metrics = nullptr);
+  /// /metrics; null: the HttpApi keeps its own (HTTP and token metrics only). `guard`
+  /// bounds slow and crowding clients (coordinator/http_guard.h).
+  HttpApi(Engine& engine, std::string host, uint16_t port, Metrics* metrics = nullptr,
+          HttpGuardOptions guard = {});
   /// Stops the server if it is running.
   ~HttpApi();
   HttpApi(const HttpApi&) = delete;
@@ -70,7 +69,7 @@ class HttpApi {
   int64_t started_at_ = 0;  ///< Unix seconds, reported as the model's "created"
   std::atomic<bool> stopping_{false};  ///< cancels generations in flight on stop()
   std::atomic<bool> listen_ended_{false};
-  std::unique_ptr<httplib::Server> server_;
+  std::unique_ptr<GuardedHttpServer> server_;
   std::thread thread_;
 };
 
