@@ -308,8 +308,9 @@ void HttpApi::install_routes() {
       res.set_content(metrics_.render(engine_.cluster_status()), "text/plain; version=0.0.4; charset=utf-8");
     });
   }));
-  for (const auto& [path, kind] : {std::pair{"/v1/completions", RequestKind::kCompletion},
-                                   std::pair{"/v1/chat/completions", RequestKind::kChat}}) {
+  for (const auto& [path, endpoint] : {std::pair{"/v1/completions", RequestKind::kCompletion},
+                                       std::pair{"/v1/chat/completions", RequestKind::kChat}}) {
+    const RequestKind kind = endpoint;  // a structured binding cannot be captured (clang 14)
     s.Post(path, read([this, kind](const httplib::Request& req, httplib::Response& res) {
       ResponseMeta meta = new_response_meta(kind, engine_.model_name());
       const std::string id = meta.id;
