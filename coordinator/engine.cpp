@@ -162,7 +162,9 @@ class EngineImpl final : public Engine {
   void check_prompt(const std::vector<int32_t>& prompt, int64_t max_tokens) const {
     if (prompt.empty()) fail_invalid("prompt: must hold at least one token");
     if (max_tokens < 0) fail_invalid("max_tokens: must not be negative");
-    if (static_cast<int64_t>(prompt.size()) + max_tokens > max_context()) {
+    // Subtracted, never added: max_tokens may be near INT64_MAX.
+    const auto prompt_tokens = static_cast<int64_t>(prompt.size());
+    if (prompt_tokens > max_context() || max_tokens > max_context() - prompt_tokens) {
       fail_invalid("prompt (" + std::to_string(prompt.size()) + " tokens) plus max_tokens (" +
                    std::to_string(max_tokens) + ") exceeds the model's context of " + std::to_string(max_context()));
     }

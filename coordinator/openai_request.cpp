@@ -351,7 +351,8 @@ void check_context(ApiRequest& request, int64_t prompt_tokens, int64_t max_conte
   // since the prompt leaves at least one position.
   if (!request.max_tokens_given)
     request.sampling.max_tokens = std::min(kDefaultMaxTokens, max_context - prompt_tokens);
-  if (prompt_tokens + request.sampling.max_tokens > max_context)
+  // Subtracted, never added: max_tokens comes from the client and may be near INT64_MAX.
+  if (request.sampling.max_tokens > max_context - prompt_tokens)
     reject("max_tokens", "prompt (" + std::to_string(prompt_tokens) + " tokens) + max_tokens (" +
                              std::to_string(request.sampling.max_tokens) + ") exceeds the model's context of " +
                              std::to_string(max_context));

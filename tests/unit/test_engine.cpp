@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
 #include "common/topology.h"
 #include "coordinator/engine.h"
+#include "coordinator/kv_cache.h"
 #include "safetensors_writer.h"
 #include "tests/support/expect_error.h"
 
@@ -115,4 +117,28 @@ TEST_CASE("a model without a usable chat template refuses chat without naming it
   greedy.temperature = 0;
   greedy.max_tokens = 2;
   CHECK(engine->generate({9707}, greedy, {}).completion_tokens == 2);  // completions still work
+}
+
+// One HTTP request with max_tokens near INT64_MAX used to overflow prompt + max_tokens,
+// pass the context check, and size the KV cache with a wrapped product: heap corruption.
+TEST_CASE("max_tokens near INT64_MAX is refused by the context check, never sized into a cache") {
+  auto engine = single_node(kModels / "qwen3-moe-tiny");
+  SamplingParams params;
+  params.temperature = 0;
+  for (const int64_t max_tokens : {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max() - 1,
+                                   std::numeric_limits<int64_t>::max() - 2}) {
+    CAPTURE(max_tokens);
+    params.max_tokens = max_tokens;
+    test::expect_error([&] { engine->generate({9707, 11, 1879}, params, {}); }, ErrorCategory::kInvalidInput,
+                       {"exceeds the model's context"});
+  }
+}
+
+TEST_CASE("a KV cache whose size in bytes would wrap around is refused") {
+  test::expect_error([] { KvCache(2, std::numeric_limits<size_t>::max() / 8, 64); }, ErrorCategory::kInvalidInput,
+                     {"does not fit in memory"});
+  KvCache small(1, 2, 4);
+  small.advance(2);
+  test::expect_error([&] { small.advance(std::numeric_limits<size_t>::max()); }, ErrorCategory::kInvalidInput,
+                     {"exceeds the KV cache capacity of 2"});
 }

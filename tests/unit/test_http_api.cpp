@@ -726,6 +726,25 @@ TEST_CASE("a number that overflows a double is a 400 naming the field, never a 5
   CHECK(json::parse(res->body)["error"]["message"].get<std::string>().find("empty") != std::string::npos);
 }
 
+TEST_CASE("max_tokens near INT64_MAX is a 400 naming it, never an overflow past the context check") {
+  Served s;
+  for (const char* big : {"9223372036854775807", "9223372036854775806", "9223372036854775800"}) {
+    CAPTURE(big);
+    auto res = s.client->Post("/v1/completions", std::string(R"({"prompt": "hello world", "max_tokens": )") + big + "}",
+                              "application/json");
+    check_error(res, 400, "max_tokens");
+    res = s.client->Post("/v1/chat/completions",
+                         std::string(R"({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": )") +
+                             big + "}",
+                         "application/json");
+    REQUIRE(res);
+    CHECK(res->status == 400);
+  }
+  auto health = s.client->Get("/health");
+  REQUIRE(health);
+  CHECK(health->status == 200);
+}
+
 TEST_CASE("JSON nested deeper than the limit is a 400 naming the field, and the server lives") {
   Served s;
   // 20000 levels in 40 KB: one unauthenticated request used to take the process down.
