@@ -1,84 +1,34 @@
 #include "coordinator/http_guard.h"
 
-#include <dirent.h>
-#include <netdb.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <vector>
 
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
+#include "common/socket_inspect.h"
 
 namespace charm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// "address port" of a socket address, the address as httplib writes Request::remote_addr
-// (getnameinfo, NI_NUMERICHOST); "" for other families.
-std::string endpoint_key(const sockaddr_storage& addr, socklen_t len) {
-  int port = 0;
-  if (addr.ss_family == AF_INET) {
-    port = ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
-  } else if (addr.ss_family == AF_INET6) {
-    port = ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port);
-  } else {
-    return "";
-  }
-  char host[NI_MAXHOST] = {};
-  if (::getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0) {
-    return "";
-  }
-  return std::string(host) + " " + std::to_string(port);
-}
-
 std::string key_of(const std::string& address, int port) { return address + " " + std::to_string(port); }
 
-// The peer key of `fd` when it is a connected socket on local `port`; "" otherwise.
-std::string connection_key(int fd, uint16_t port) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return "";
-  sockaddr_storage local{}, peer{};
-  socklen_t local_len = sizeof local, peer_len = sizeof peer;
-  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0) return "";
-  const std::string local_key = endpoint_key(local, local_len);
-  if (local_key.empty() || local_key.substr(local_key.rfind(' ') + 1) != std::to_string(port)) return "";
-  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) return "";  // the listener
-  return endpoint_key(peer, peer_len);
-}
-
-// The open connections of local `port`: peer key -> descriptor.
-std::map<std::string, int> server_connections(uint16_t port) {
-  std::map<std::string, int> out;
-  DIR* dir = ::opendir("/proc/self/fd");
-  if (dir == nullptr) return out;
-  const int own = ::dirfd(dir);
-  while (const dirent* entry = ::readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(entry->d_name, &end, 10);
-    if (end == entry->d_name || *end != '\0' || fd == own) continue;
-    const std::string key = connection_key(static_cast<int>(fd), port);
-    if (!key.empty()) out[key] = static_cast<int>(fd);
-  }
-  ::closedir(dir);
-  return out;
-}
-
-// Shuts down the connection `key` found at `fd`, through a duplicate checked to still be
-// that connection: the serving thread may have closed `fd` and the number been reused.
-bool cut(int fd, const std::string& key, uint16_t port) {
-  const int dup = ::dup(fd);
-  if (dup < 0) return false;
-  const bool same = connection_key(dup, port) == key;
-  if (same) ::shutdown(dup, SHUT_RDWR);  // the serving thread's read fails; httplib closes it
-  ::close(dup);
-  return same;
+// The address a connection's key counts against: the IP, or for IPv6 its /64, which one
+// user is commonly given whole.
+std::string address_group(const std::string& key) {
+  const std::string address = key.substr(0, key.rfind(' '));
+  if (address.find(':') == std::string::npos || address.rfind("::ffff:", 0) == 0) return address;
+  in6_addr a{};
+  if (::inet_pton(AF_INET6, address.substr(0, address.find('%')).c_str(), &a) != 1) return address;
+  std::fill(a.s6_addr + 8, a.s6_addr + 16, uint8_t{0});
+  char text[INET6_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET6, &a, text, sizeof text);
+  return std::string(text) + "/64";
 }
 
 }  // namespace
@@ -113,12 +63,12 @@ void GuardedHttpServer::response_done(const httplib::Request& req) {
   std::lock_guard<std::mutex> lock(mutex_);
   Connection& c = connections_[key_of(req.remote_addr, req.remote_port)];
   c.reading = true;
-  c.since = Clock::now();
+  c.since = {};  // the next scan starts its clock, with the bytes received by then
 }
 
-size_t GuardedHttpServer::timed_out() const {
+size_t GuardedHttpServer::too_slow() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return timed_out_;
+  return too_slow_;
 }
 
 size_t GuardedHttpServer::over_cap() const {
@@ -127,10 +77,9 @@ size_t GuardedHttpServer::over_cap() const {
 }
 
 void GuardedHttpServer::watchdog() {
-  // A tenth of the deadline between looks (at most 250 ms): a slow client holds a thread
-  // little longer than the deadline, and a crowd beyond its cap a quarter second.
-  const auto tick = std::clamp(options_.request_read_timeout / 10, std::chrono::milliseconds(10),
-                               std::chrono::milliseconds(250));
+  // A tenth of the grace between looks (at most 250 ms): a slow client holds a thread
+  // little longer than the grace.
+  const auto tick = std::clamp(options_.grace / 10, std::chrono::milliseconds(10), std::chrono::milliseconds(250));
   std::unique_lock<std::mutex> lock(mutex_);
   while (!wake_.wait_for(lock, tick, [this] { return stopping_; })) {
     lock.unlock();
@@ -140,43 +89,48 @@ void GuardedHttpServer::watchdog() {
 }
 
 void GuardedHttpServer::scan_and_cut() {
-  const std::map<std::string, int> open = server_connections(port_);
+  const std::map<PeerKey, int> open = connections_on_port(port_);
+  std::map<PeerKey, TcpInput> input;
+  for (const auto& [key, fd] : open) input[key] = tcp_input(fd);
   const auto now = Clock::now();
-  std::vector<std::pair<std::string, int>> to_cut;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& [key, c] : connections_) c.seen = false;
-    for (const auto& [key, fd] : open) {
-      auto [it, added] = connections_.try_emplace(key);
-      if (added) it->second.since = now;  // first seen now: its request is being read
-      it->second.seen = true;
+  std::vector<std::string> to_cut;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& [key, c] : connections_) c.seen = false;
+  for (const auto& [key, fd] : open) connections_[key].seen = true;
+  std::erase_if(connections_, [](const auto& entry) { return !entry.second.seen; });
+  std::map<std::string, std::vector<std::pair<Clock::time_point, std::string>>> reading;  // by address group
+  for (auto& [key, c] : connections_) {
+    if (!c.reading) continue;
+    const TcpInput& in = input.at(key);
+    if (in.unread > 0 || c.since == Clock::time_point{}) {
+      // Bytes wait unread: the connection is queued for a thread and holds none (or it
+      // is new). Its reading clock starts when a thread has taken them.
+      c.since = now;
+      c.bytes_at_since = in.received;
+      continue;
     }
-    std::erase_if(connections_, [](const auto& entry) { return !entry.second.seen; });
-    // Reading past the deadline; then, per address, the newest readers beyond the cap.
-    std::map<std::string, std::vector<std::pair<Clock::time_point, std::string>>> reading;
-    for (const auto& [key, c] : connections_) {
-      if (!c.reading) continue;
-      if (now - c.since >= options_.request_read_timeout) {
-        to_cut.emplace_back(key, open.at(key));
-        ++timed_out_;
-        spdlog::warn("http api: dropped the connection of {}: no whole request within {} ms", key,
-                     options_.request_read_timeout.count());
-        continue;
-      }
-      reading[key.substr(0, key.rfind(' '))].emplace_back(c.since, key);
+    const auto elapsed = now - c.since;
+    const double seconds = std::chrono::duration<double>(elapsed).count();
+    const double rate = static_cast<double>(in.received - c.bytes_at_since) / std::max(seconds, 1e-9);
+    if (elapsed >= options_.request_read_timeout || (elapsed >= options_.grace && rate < options_.min_bytes_per_s)) {
+      to_cut.push_back(key);
+      ++too_slow_;
+      spdlog::warn("http api: dropped the connection of {}: {:.0f} B/s for {:.1f} s without a whole request", key,
+                   rate, seconds);
+      continue;
     }
-    for (auto& [address, list] : reading) {
-      if (list.size() <= options_.max_connections_per_address) continue;
-      std::sort(list.begin(), list.end());
-      for (size_t i = options_.max_connections_per_address; i < list.size(); ++i) {
-        to_cut.emplace_back(list[i].second, open.at(list[i].second));
-        ++over_cap_;
-      }
-      spdlog::warn("http api: {} has {} connections reading a request, over the cap of {}; dropped the newest",
-                   address, list.size(), options_.max_connections_per_address);
-    }
+    reading[address_group(key)].emplace_back(c.since, key);
   }
-  for (const auto& [key, fd] : to_cut) cut(fd, key, port_);
+  // Per address, the newest connections beyond the cap of those holding a thread reading.
+  for (auto& [group, list] : reading) {
+    if (list.size() <= options_.max_reading_per_address) continue;
+    std::sort(list.begin(), list.end());
+    for (size_t i = options_.max_reading_per_address; i < list.size(); ++i) to_cut.push_back(list[i].second);
+    over_cap_ += list.size() - options_.max_reading_per_address;
+    spdlog::warn("http api: {} holds {} threads reading requests, over the cap of {}; dropped the newest", group,
+                 list.size(), options_.max_reading_per_address);
+  }
+  for (const std::string& key : to_cut) shutdown_connection(open.at(key), key, port_);
 }
 
 }  // namespace charm

@@ -1,11 +1,12 @@
 // Bounds what an HTTP client can hold before it has sent a whole request. cpp-httplib
 // (0.11) serves each connection on a thread of a fixed pool and times out each read, not
 // a whole request, so a few clients that send their request a byte a second (slowloris)
-// held every thread and nothing else was answered. GuardedHttpServer shuts down a
-// connection whose request (head and body) has not arrived within a deadline of when its
-// reading began (when the guard first saw it, or the end of its previous response on a
-// keep-alive connection), and the connections of one address beyond a cap that are
-// still reading.
+// held every thread and nothing else was answered. GuardedHttpServer watches every
+// connection that is being read on a thread (its request not whole yet, no unread bytes
+// waiting: a connection with bytes waiting is queued for a thread and holds none) and
+// shuts it down when, past a grace period, its client sends slower than a minimum rate,
+// when its request takes longer than a cap, or when its address (an IPv6 /64) already
+// has the most such connections allowed.
 //
 // httplib gives no hook at accept (process_and_close_socket is private), so a watchdog
 // thread finds the server's connections itself: the sockets of this process whose local
@@ -27,11 +28,13 @@
 
 namespace charm {
 
-/// The limits of GuardedHttpServer.
+/// The limits of GuardedHttpServer. A request that arrives within `grace` is never cut.
 struct HttpGuardOptions {
-  std::chrono::milliseconds request_read_timeout{10000};  ///< a whole request head + body
-  size_t max_connections_per_address = 32;  ///< connections of one IP still reading a request
-  size_t threads = 64;                      ///< the pool serving connections
+  std::chrono::milliseconds grace{2000};                  ///< reading time always allowed
+  uint64_t min_bytes_per_s = 64 * 1024;                   ///< after it, at least this rate
+  std::chrono::milliseconds request_read_timeout{30000};  ///< a whole request head + body
+  size_t max_reading_per_address = 8;  ///< threads one address (IPv6: /64) may hold reading
+  size_t threads = 64;                 ///< the pool serving connections
 };
 
 /// httplib::Server with the bounds above. Call guard(port) once the server is bound.
@@ -54,16 +57,17 @@ class GuardedHttpServer : public httplib::Server {
   /// `req`'s response is written; the connection's next request's deadline starts.
   void response_done(const httplib::Request& req);
 
-  /// Connections shut down since start: for a request slower than request_read_timeout,
-  /// and beyond their address's cap.
-  size_t timed_out() const;
+  /// Connections shut down since start: reading too slowly or too long, and beyond their
+  /// address's cap.
+  size_t too_slow() const;
   size_t over_cap() const;
 
  private:
   struct Connection {
-    bool reading = true;
-    std::chrono::steady_clock::time_point since;
-    bool seen = false;  // found by the last scan
+    bool reading = true;  // its request is not whole yet (or, kept alive, not begun)
+    std::chrono::steady_clock::time_point since;  // reading on a thread since then
+    uint64_t bytes_at_since = 0;  // bytes received from the client by then
+    bool seen = false;            // found by the last scan
   };
   void watchdog();
   void scan_and_cut();
@@ -74,7 +78,7 @@ class GuardedHttpServer : public httplib::Server {
   std::condition_variable wake_;
   bool stopping_ = false;
   std::map<std::string, Connection> connections_;  // by "address port" of the peer
-  size_t timed_out_ = 0;
+  size_t too_slow_ = 0;
   size_t over_cap_ = 0;
   std::thread watchdog_;
 };
