@@ -1026,14 +1026,21 @@ TEST_CASE("/metrics: Prometheus text whose counters move with requests") {
   REQUIRE(bad);
   REQUIRE(bad->status == 400);
 
-  // httplib counts a request (its logger) after writing the response, so the 400 may not
-  // be counted yet when the next request arrives on a new connection: poll, bounded.
+  // httplib counts a request (its logger) after writing the response, so the 400 and
+  // the first /metrics may not be counted yet when the next request arrives on a new
+  // connection: poll, bounded.
   std::string m;
   for (int i = 0; i < 500; ++i) {
     auto after = s.client->Get("/metrics");
     REQUIRE(after);
     m = after->body;
-    if (m.find("charm_http_requests_total{endpoint=\"/v1/completions\",status=\"400\"}") != std::string::npos) break;
+    const auto count = [&m](const std::string& name) {
+      return m.find(name) == std::string::npos ? 0.0 : sample(m, name);
+    };
+    if (count("charm_http_requests_total{endpoint=\"/v1/completions\",status=\"200\"}") >= 2 &&
+        count("charm_http_requests_total{endpoint=\"/v1/completions\",status=\"400\"}") >= 1 &&
+        count("charm_http_requests_total{endpoint=\"/metrics\",status=\"200\"}") >= 1)
+      break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   INFO(m);
