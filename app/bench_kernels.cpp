@@ -15,7 +15,7 @@
 #include "common/dtype.h"
 #include "common/kernels.h"
 #include "common/matmul.h"
-#include "worker/swiglu_batch.h"
+#include "worker/experts/swiglu_batch.h"
 
 namespace charm {
 namespace {

@@ -1,6 +1,6 @@
 // `charm bench kernels`: how fast common/matmul.h runs on this machine, per stored form
 // and kernel path (GEMV weight bandwidth, GEMM GFLOP/s), and the worker's decode and
-// prefill batch-union (worker/swiglu_batch.h).
+// prefill batch-union (worker/experts/swiglu_batch.h).
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -31,15 +31,15 @@
 #include "common/topology.h"
 #include "common/wire.h"
 #include "coordinator/engine.h"
-#include "coordinator/http_api.h"
-#include "coordinator/metrics.h"
+#include "coordinator/api/http_api.h"
+#include "coordinator/api/metrics.h"
 
 #include "common/checkpoint.h"
 #include "common/cpu_threads.h"
 #include "common/matmul.h"
 #include "common/model_config.h"
-#include "coordinator/status_report.h"
-#include "worker/expert_convert.h"
+#include "app/status_report.h"
+#include "worker/experts/expert_convert.h"
 #include "worker/worker_main.h"
 
 namespace charm {

@@ -1,9 +1,9 @@
 // The content identity of a routed expert: an XXH3-128 hash of its weight bytes as the
-// checkpoint stores them (worker/expert_source.h: blob_identity says which bytes, in what
+// checkpoint stores them (worker/experts/expert_source.h: blob_identity says which bytes, in what
 // order). model_fingerprint (common/fingerprint.h) covers the config and the tensor
 // headers only; this covers the bytes, so two checkpoints of one shape with different
 // weights (fine-tuned, zeroed, corrupted on disk) are told apart. The coordinator holds
-// the identities of its own checkpoint (worker/expert_manifest.h), each worker reports
+// the identities of its own checkpoint (worker/experts/expert_manifest.h), each worker reports
 // those of the experts it serves in its helloReply, and they must agree.
 #pragma once
 

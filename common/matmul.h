@@ -30,7 +30,7 @@ void matmul_serial(const MatrixView& w, const float* x, size_t rows, const float
 
 /// Outputs [o0, o1) of matmul only: y[r * w.shape.rows + o] for every r < rows and o in
 /// [o0, o1), same bits as matmul, single-threaded. For callers that split one product
-/// (or several) into work items of their own (worker/expert_executor.cpp). Requires
+/// (or several) into work items of their own (worker/experts/expert_executor.cpp). Requires
 /// 0 <= o0 <= o1 <= w.shape.rows.
 void matmul_tile(const MatrixView& w, const float* x, size_t rows, const float* bias, float* y, int64_t o0,
                  int64_t o1);

@@ -58,7 +58,7 @@ struct ModelConfig {
   std::vector<int64_t> eos_token_ids;  ///< from config.json; generation_config adds more
   int64_t bos_token_id = -1;
 
-  // --- Qwen2-MoE and Mixtral (coordinator/qwen2_moe.cpp, coordinator/mixtral.cpp) ---
+  // --- Qwen2-MoE and Mixtral (coordinator/models/qwen2_moe.cpp, coordinator/models/mixtral.cpp) ---
   /// Qwen2-MoE: width of the gated shared expert (`mlp.shared_expert`); 0 for families
   /// without one.
   int64_t shared_expert_intermediate_size = 0;

@@ -29,7 +29,7 @@ struct ExpertRequest {
   std::vector<ExpertAssignment> assignments;   ///< grouped by expert is not required
 };
 
-/// A worker's expert-tier counters (worker/expert_cache.h), cumulative, for one layer or
+/// A worker's expert-tier counters (worker/experts/expert_cache.h), cumulative, for one layer or
 /// summed over layers. Units: bytes and nanoseconds.
 struct TierStats {
   uint64_t hits = 0;             ///< experts a request found resident (or being prefetched)
@@ -57,7 +57,7 @@ struct ExpertStats {
   uint32_t experts_computed = 0;  ///< distinct experts run (the union's size on this worker)
   uint32_t rows_computed = 0;     ///< assignments computed
   uint64_t compute_ns = 0;        ///< wall time spent in expert kernels
-  // The worker's tiers while serving this request (worker/expert_cache.h: TierStats).
+  // The worker's tiers while serving this request (worker/experts/expert_cache.h: TierStats).
   uint32_t hits = 0;              ///< distinct experts found resident (or being prefetched)
   uint32_t misses = 0;            ///< distinct experts this request read from disk
   uint64_t bytes_read = 0;        ///< bytes this request's misses read

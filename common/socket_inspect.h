@@ -1,7 +1,7 @@
 // What the kernel knows of this process's TCP connections (Linux): which sockets are
 // connections accepted on a local port, how many bytes their peers have sent, how many
 // wait unread, and a shutdown that cannot hit a reused descriptor number. For servers
-// whose library gives no hook at accept (coordinator/http_guard.h).
+// whose library gives no hook at accept (coordinator/api/http_guard.h).
 #pragma once
 
 #include <cstdint>

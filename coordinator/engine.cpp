@@ -9,10 +9,10 @@
 #include "common/checkpoint.h"
 #include "common/error.h"
 #include "common/model_config.h"
-#include "coordinator/dispatcher_factory.h"
-#include "coordinator/model.h"
+#include "coordinator/dispatch/dispatcher_factory.h"
+#include "coordinator/models/model.h"
 #include "coordinator/sampler.h"
-#include "coordinator/stop_strings.h"
+#include "coordinator/text/stop_strings.h"
 
 namespace charm {
 namespace {

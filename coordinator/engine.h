@@ -14,10 +14,10 @@
 #include <nlohmann/json.hpp>
 
 #include "common/topology.h"
-#include "coordinator/chat_template.h"
-#include "coordinator/expert_dispatch.h"
-#include "coordinator/routing_observer.h"
-#include "coordinator/tokenizer.h"
+#include "coordinator/text/chat_template.h"
+#include "coordinator/dispatch/expert_dispatch.h"
+#include "coordinator/dispatch/routing_observer.h"
+#include "coordinator/text/tokenizer.h"
 
 namespace charm {
 
@@ -59,7 +59,7 @@ class Metrics;
 /// Per-run choices that are not part of the cluster description.
 struct EngineOptions {
   std::string routing_trace;  ///< write every MoE layer's routing here (JSON lines, see
-                              ///< coordinator/routing_observer.h); empty = no trace
+                              ///< coordinator/dispatch/routing_observer.h); empty = no trace
   /// Receives the workers' RPC latencies, errors, failovers and expert tier counts (may
   /// be null); must outlive the engine.
   Metrics* metrics = nullptr;

@@ -8,7 +8,7 @@
 
 #include "common/kernels.h"
 #include "coordinator/engine.h"
-#include "coordinator/tokenizer.h"
+#include "coordinator/text/tokenizer.h"
 
 namespace charm {
 namespace {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generates coordinator/unicode_nfc_data.inc: the Unicode tables charm's NFC needs.
+"""Generates coordinator/text/unicode_nfc_data.inc: the Unicode tables charm's NFC needs.
 
 From Python's unicodedata (its Unicode version is written into the file):
   kCombiningClass   ranges {first, last, ccc} of code points with a non-zero
@@ -33,7 +33,7 @@ def ranges(cps):
 
 def main():
     root = Path(__file__).resolve().parent.parent
-    out_path = Path(sys.argv[1]) if len(sys.argv) > 1 else root / "coordinator/unicode_nfc_data.inc"
+    out_path = Path(sys.argv[1]) if len(sys.argv) > 1 else root / "coordinator/text/unicode_nfc_data.inc"
     ccc_ranges = []
     decomps, comps, maybe = [], [], set()
     for cp in range(MAX_CP):

@@ -3,9 +3,9 @@
 
 Input: the JSON-lines trace `charm run --routing-trace FILE` writes (one line per MoE
 layer call: {"step", "layer", "rows", "experts": [[e, ...] per row], "predicted"?}; see
-coordinator/routing_observer.h and docs/benchmarks.md).
+coordinator/dispatch/routing_observer.h and docs/benchmarks.md).
 
-Model of the cache (what the worker's expert store does, worker/expert_cache.h): each
+Model of the cache (what the worker's expert store does, worker/experts/expert_cache.h): each
 MoE layer (and, with --workers, each worker) has its own cache of `slots` experts. A
 layer call needs its batch-union (every distinct expert any row picked), each once. The
 experts already resident are hits, computed first; the misses are then read in ascending

@@ -17,7 +17,7 @@
 
 #include "common/moe_types.h"
 #include "common/wire.h"
-#include "worker/expert_executor.h"
+#include "worker/experts/expert_executor.h"
 
 namespace charm {
 

@@ -10,9 +10,9 @@
 #include "common/fingerprint.h"
 #include "common/listen_check.h"
 #include "common/stop_signals.h"
-#include "worker/expert_executor.h"
+#include "worker/experts/expert_executor.h"
 #include "worker/rpc_server.h"
-#include "worker/store_factory.h"
+#include "worker/experts/store_factory.h"
 
 namespace charm {
 std::vector<ExpertKey> owned_experts(const Topology& topology, const ModelConfig& config,

@@ -7,7 +7,7 @@
 
 #include "common/model_config.h"
 #include "common/topology.h"
-#include "worker/expert_store.h"
+#include "worker/experts/expert_store.h"
 
 namespace charm {
 
@@ -26,7 +26,7 @@ void check_worker_listen(const Topology& topology, const WorkerSpec& spec);
 /// Runs worker `worker_name`: checks its address (check_worker_listen), then opens
 /// topology.model (Checkpoint::open), parses its config,
 /// opens only the experts the placement assigns it in an ExpertStore with the worker's
-/// tier settings (worker/store_factory.h: budget, container, pin), binds exactly the
+/// tier settings (worker/experts/store_factory.h: budget, container, pin), binds exactly the
 /// worker's host:port and serves (worker/rpc_server.h) until SIGINT or SIGTERM, then
 /// closes every connection and returns 0. Blocks SIGINT/SIGTERM in the calling thread
 /// (threads it starts inherit that) and waits for them with sigwait. Throws

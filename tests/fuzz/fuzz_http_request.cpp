@@ -12,9 +12,9 @@
 
 #include "common/error.h"
 #include "common/json_reader.h"
-#include "coordinator/chat_template.h"
-#include "coordinator/openai_request.h"
-#include "coordinator/tokenizer.h"
+#include "coordinator/text/chat_template.h"
+#include "coordinator/api/openai_request.h"
+#include "coordinator/text/tokenizer.h"
 
 namespace {
 

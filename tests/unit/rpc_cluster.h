@@ -22,11 +22,11 @@
 #include "common/model_config.h"
 #include "common/topology.h"
 #include "common/wire.h"
-#include "coordinator/expert_dispatch.h"
+#include "coordinator/dispatch/expert_dispatch.h"
 #include "safetensors_writer.h"
-#include "worker/expert_executor.h"
-#include "worker/expert_manifest.h"
-#include "worker/expert_store.h"
+#include "worker/experts/expert_executor.h"
+#include "worker/experts/expert_manifest.h"
+#include "worker/experts/expert_store.h"
 #include "worker/rpc_server.h"
 
 namespace charm::rpc_test {

@@ -1,4 +1,4 @@
-// Tests for coordinator/chat_template.cpp and the Jinja interpreter behind it.
+// Tests for coordinator/text/chat_template.cpp and the Jinja interpreter behind it.
 // Rendering is checked byte for byte against tests/fixtures/chat_template/cases.json, which
 // scripts/gen_chat_cases.py produced with transformers' own render_jinja_template.
 #include <doctest/doctest.h>
@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
-#include "coordinator/chat_template.h"
+#include "coordinator/text/chat_template.h"
 
 namespace fs = std::filesystem;
 using charm::ChatMessage;

@@ -6,7 +6,7 @@
 
 #include <doctest/doctest.h>
 
-#include "coordinator/client_watch.h"
+#include "coordinator/api/client_watch.h"
 
 using charm::ClientWatch;
 

@@ -11,7 +11,7 @@
 #include "common/error.h"
 #include "common/topology.h"
 #include "coordinator/engine.h"
-#include "coordinator/kv_cache.h"
+#include "coordinator/models/kv_cache.h"
 #include "safetensors_writer.h"
 #include "tests/support/expect_error.h"
 

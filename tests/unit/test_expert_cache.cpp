@@ -1,4 +1,4 @@
-// worker/expert_cache.h, worker/expert_store.h (plan_slots) and worker/usage_log.h: LRU
+// worker/experts/expert_cache.h, worker/experts/expert_store.h (plan_slots) and worker/experts/usage_log.h: LRU
 // order, pinned experts never evicted, prefetch, read failures, budgets, usage merging.
 // The disk tier is a fake source whose reads are counted and can be held back.
 #include <doctest/doctest.h>
@@ -15,11 +15,11 @@
 #include "common/error.h"
 #include "safetensors_writer.h"
 #include "tests/support/expect_error.h"
-#include "worker/expert_cache.h"
-#include "worker/expert_manifest.h"
-#include "worker/expert_source.h"
-#include "worker/expert_store.h"
-#include "worker/usage_log.h"
+#include "worker/experts/expert_cache.h"
+#include "worker/experts/expert_manifest.h"
+#include "worker/experts/expert_source.h"
+#include "worker/experts/expert_store.h"
+#include "worker/experts/usage_log.h"
 
 using namespace charm;
 

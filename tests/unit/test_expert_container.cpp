@@ -1,4 +1,4 @@
-// worker/expert_container.h + worker/expert_convert.h: `charm convert` round trips on the
+// worker/experts/expert_container.h + worker/experts/expert_convert.h: `charm convert` round trips on the
 // fixture checkpoints (per-expert and fused layouts), every malformed-container rejection,
 // crash safety (no index = no container; a resumed conversion writes identical bytes),
 // and the int8 / int4 options' error against the checkpoint's precision.
@@ -16,9 +16,9 @@
 #include "common/model_config.h"
 #include "safetensors_writer.h"
 #include "tests/support/expect_error.h"
-#include "worker/expert_container.h"
-#include "worker/expert_convert.h"
-#include "worker/expert_executor.h"
+#include "worker/experts/expert_container.h"
+#include "worker/experts/expert_convert.h"
+#include "worker/experts/expert_executor.h"
 
 using namespace charm;
 namespace fs = std::filesystem;

@@ -1,4 +1,4 @@
-// worker/expert_manifest.h: the expert content-identity manifest is hashed once, cached
+// worker/experts/expert_manifest.h: the expert content-identity manifest is hashed once, cached
 // under the cache root (never in the checkpoint directory), reused on restart without
 // reading the checkpoint, re-hashed when a shard file changes, and a malformed or
 // oversized cache file is rejected with a clear error and rebuilt.
@@ -15,8 +15,8 @@
 #include "common/fingerprint.h"
 #include "common/model_config.h"
 #include "tests/support/expect_error.h"
-#include "worker/expert_manifest.h"
-#include "worker/expert_source.h"
+#include "worker/experts/expert_manifest.h"
+#include "worker/experts/expert_source.h"
 
 using namespace charm;
 using namespace charm::testing;

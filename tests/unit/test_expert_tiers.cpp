@@ -15,10 +15,10 @@
 #include "common/matmul.h"
 #include "common/model_config.h"
 #include "safetensors_writer.h"
-#include "worker/expert_container.h"
-#include "worker/expert_convert.h"
-#include "worker/expert_executor.h"
-#include "worker/expert_manifest.h"
+#include "worker/experts/expert_container.h"
+#include "worker/experts/expert_convert.h"
+#include "worker/experts/expert_executor.h"
+#include "worker/experts/expert_manifest.h"
 
 using namespace charm;
 namespace fs = std::filesystem;

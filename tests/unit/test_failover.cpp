@@ -1,4 +1,4 @@
-// Replicas, failover, rejoin and heartbeats of coordinator/cluster_dispatch.h over
+// Replicas, failover, rejoin and heartbeats of coordinator/dispatch/cluster_dispatch.h over
 // loopback, with in-process WorkerServers (tests/unit/rpc_cluster.h). Workers are killed
 // mid-layer (server stopped while a delayed request is in flight), made to time out
 // (WorkerServerOptions::debug_delay, test-only), or replaced by a fake that sends a
@@ -10,9 +10,9 @@
 #include <thread>
 
 #include "common/error.h"
-#include "coordinator/cluster_dispatch.h"
-#include "coordinator/metrics.h"
-#include "coordinator/status_report.h"
+#include "coordinator/dispatch/cluster_dispatch.h"
+#include "coordinator/api/metrics.h"
+#include "app/status_report.h"
 #include "rpc_cluster.h"
 #include "tests/support/expect_error.h"
 

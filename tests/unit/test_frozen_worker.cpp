@@ -1,7 +1,7 @@
 // A worker that stops answering without closing its sockets (stopped process, host asleep,
 // cut link) must not stall the coordinator: layer replies, heartbeats, prefetch hints,
 // rejoin handshakes, startup connects and `charm status` are each bounded well below
-// request_ms (coordinator/cluster_dispatch.h, docs/architecture.md "Silent workers").
+// request_ms (coordinator/dispatch/cluster_dispatch.h, docs/architecture.md "Silent workers").
 // The silence comes from a FreezeRelay in front of an in-process worker (tests/unit/
 // freeze_relay.h). Bounds are functional (seconds against a request_ms of 20 s), not
 // speed assertions; docs/benchmarks.md has the measured figures.
@@ -11,8 +11,8 @@
 #include <thread>
 
 #include "common/error.h"
-#include "coordinator/cluster_dispatch.h"
-#include "coordinator/status_report.h"
+#include "coordinator/dispatch/cluster_dispatch.h"
+#include "app/status_report.h"
 #include "freeze_relay.h"
 #include "rpc_cluster.h"
 #include "tests/support/expect_error.h"

@@ -1,4 +1,4 @@
-// Tests of the OpenAI-compatible HTTP API (coordinator/http_api.h) over a fake Engine:
+// Tests of the OpenAI-compatible HTTP API (coordinator/api/http_api.h) over a fake Engine:
 // every endpoint, the SSE framing of streams, defaults, and each rejected request.
 #include <doctest/doctest.h>
 
@@ -21,8 +21,8 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
-#include "coordinator/http_api.h"
-#include "coordinator/openai_request.h"
+#include "coordinator/api/http_api.h"
+#include "coordinator/api/openai_request.h"
 
 using json = nlohmann::json;
 

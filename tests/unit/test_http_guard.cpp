@@ -1,4 +1,4 @@
-// Tests for coordinator/http_guard.cpp: slow clients cannot hold the HTTP server's
+// Tests for coordinator/api/http_guard.cpp: slow clients cannot hold the HTTP server's
 // threads, and one address cannot hold more than its connections.
 #include <doctest/doctest.h>
 
@@ -14,7 +14,7 @@
 
 #include <httplib.h>
 
-#include "coordinator/http_guard.h"
+#include "coordinator/api/http_guard.h"
 
 using namespace std::chrono_literals;
 using charm::GuardedHttpServer;

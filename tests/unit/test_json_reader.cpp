@@ -11,14 +11,14 @@
 #include "common/checkpoint.h"
 #include "common/json_reader.h"
 #include "common/safetensors.h"
-#include "coordinator/chat_template.h"
-#include "coordinator/jinja_value.h"
-#include "coordinator/status_report.h"
-#include "coordinator/tokenizer.h"
+#include "coordinator/text/chat_template.h"
+#include "coordinator/text/jinja/value.h"
+#include "app/status_report.h"
+#include "coordinator/text/tokenizer.h"
 #include "tests/support/expect_error.h"
 #include "safetensors_writer.h"
-#include "worker/expert_container.h"
-#include "worker/usage_log.h"
+#include "worker/experts/expert_container.h"
+#include "worker/experts/usage_log.h"
 
 namespace fs = std::filesystem;
 using charm::ErrorCategory;

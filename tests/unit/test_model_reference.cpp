@@ -15,9 +15,9 @@
 #include "common/kernels.h"
 #include "common/model_config.h"
 #include "common/topology.h"
-#include "coordinator/dispatcher_factory.h"
+#include "coordinator/dispatch/dispatcher_factory.h"
 #include "coordinator/engine.h"
-#include "coordinator/model.h"
+#include "coordinator/models/model.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// RoPE variants (coordinator/blocks.h Rope, coordinator/rope_scaling.h): YaRN frequencies
+// RoPE variants (coordinator/models/blocks.h Rope, coordinator/models/rope_scaling.h): YaRN frequencies
 // and attention factor against transformers' _compute_yarn_parameters, DeepSeek-V3's
 // softmax-scale correction, and the interleaved layout against its definition.
 #include <doctest/doctest.h>
@@ -6,8 +6,8 @@
 #include <cmath>
 #include <vector>
 
-#include "coordinator/blocks.h"
-#include "coordinator/rope_scaling.h"
+#include "coordinator/models/blocks.h"
+#include "coordinator/models/rope_scaling.h"
 
 using namespace charm;
 

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <map>
 
-#include "coordinator/blocks.h"
+#include "coordinator/models/blocks.h"
 
 using namespace charm;
 
@@ -89,9 +89,9 @@ TEST_CASE("a routed-experts call sends every (row, expert) once and sums weighte
   CHECK(out[3] == doctest::Approx(0.5f * 1 * 4 + 0.5f * 4 * 4));
 }
 
-// ---- DeepSeek-V3's group-limited sigmoid router (coordinator/routers.h) -----------------
+// ---- DeepSeek-V3's group-limited sigmoid router (coordinator/models/routers.h) -----------------
 
-#include "coordinator/routers.h"
+#include "coordinator/models/routers.h"
 
 namespace {
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }

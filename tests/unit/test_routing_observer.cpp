@@ -1,4 +1,4 @@
-// coordinator/routing_observer.h: prefetch recall counted by hand, the prefetch switch,
+// coordinator/dispatch/routing_observer.h: prefetch recall counted by hand, the prefetch switch,
 // the routing trace's lines, and LocalDispatcher delivering hints behind the layer in
 // flight. Also: hint_next_moe_layer predicts what the next router would pick.
 #include <doctest/doctest.h>
@@ -9,9 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
-#include "coordinator/blocks.h"
-#include "coordinator/local_dispatch.h"
-#include "coordinator/routing_observer.h"
+#include "coordinator/models/blocks.h"
+#include "coordinator/dispatch/local_dispatch.h"
+#include "coordinator/dispatch/routing_observer.h"
 #include "safetensors_writer.h"
 
 using namespace charm;

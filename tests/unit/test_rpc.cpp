@@ -1,4 +1,4 @@
-// worker/rpc_server.h + coordinator/cluster_dispatch.h + coordinator/status_report.h over
+// worker/rpc_server.h + coordinator/dispatch/cluster_dispatch.h + app/status_report.h over
 // loopback: two in-process WorkerServers on ephemeral ports, each holding half of a tiny
 // checkpoint's experts (written to a temp dir), against a local ExpertExecutor.
 #include <doctest/doctest.h>
@@ -17,12 +17,12 @@
 #include "common/fingerprint.h"
 #include "common/json_reader.h"
 #include "common/wire.h"
-#include "coordinator/cluster_dispatch.h"
-#include "coordinator/status_report.h"
+#include "coordinator/dispatch/cluster_dispatch.h"
+#include "app/status_report.h"
 #include "rpc_cluster.h"
 #include "safetensors_writer.h"
-#include "worker/expert_executor.h"
-#include "worker/expert_store.h"
+#include "worker/experts/expert_executor.h"
+#include "worker/experts/expert_store.h"
 #include "worker/rpc_server.h"
 
 using namespace charm;

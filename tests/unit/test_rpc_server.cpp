@@ -27,8 +27,8 @@
 
 #include "common/cluster_auth.h"
 #include "common/wire.h"
-#include "coordinator/cluster_dispatch.h"
-#include "coordinator/status_report.h"
+#include "coordinator/dispatch/cluster_dispatch.h"
+#include "app/status_report.h"
 #include "echo_worker.h"
 
 using namespace charm;

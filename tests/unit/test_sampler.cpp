@@ -1,4 +1,4 @@
-// Sampling (coordinator/sampler.h) and stop strings (coordinator/stop_strings.h).
+// Sampling (coordinator/sampler.h) and stop strings (coordinator/text/stop_strings.h).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -6,8 +6,8 @@
 
 #include "coordinator/engine.h"
 #include "coordinator/sampler.h"
-#include "coordinator/stop_strings.h"
-#include "coordinator/tokenizer.h"
+#include "coordinator/text/stop_strings.h"
+#include "coordinator/text/tokenizer.h"
 
 using namespace charm;
 

@@ -1,4 +1,4 @@
-// coordinator/status_report.h: the columns added with the metrics and failover (TIERS,
+// app/status_report.h: the columns added with the metrics and failover (TIERS,
 // LAST_SEEN, FAILOVERS, REJOINS, COORD), filled from the coordinator's /cluster/status view, and a /cluster/status
 // body from a coordinator built before them.
 #include <doctest/doctest.h>
@@ -9,7 +9,7 @@
 #include <httplib.h>
 
 #include "common/wire.h"
-#include "coordinator/status_report.h"
+#include "app/status_report.h"
 
 using namespace charm;
 

@@ -1,4 +1,4 @@
-// worker/swiglu_batch.h: the batch-union as GEMMs gives every row the bits of that row
+// worker/experts/swiglu_batch.h: the batch-union as GEMMs gives every row the bits of that row
 // computed alone (one GEMV chain), whatever the other rows and experts, the thread
 // count and the kernel path.
 #include <doctest/doctest.h>
@@ -10,7 +10,7 @@
 
 #include "common/kernels.h"
 #include "common/matmul.h"
-#include "worker/swiglu_batch.h"
+#include "worker/experts/swiglu_batch.h"
 
 using namespace charm;
 

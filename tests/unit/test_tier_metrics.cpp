@@ -11,14 +11,14 @@
 #include <string>
 #include <thread>
 
-#include "coordinator/cluster_dispatch.h"
-#include "coordinator/local_dispatch.h"
-#include "coordinator/metrics.h"
-#include "coordinator/status_report.h"
+#include "coordinator/dispatch/cluster_dispatch.h"
+#include "coordinator/dispatch/local_dispatch.h"
+#include "coordinator/api/metrics.h"
+#include "app/status_report.h"
 #include "rpc_cluster.h"
-#include "worker/expert_executor.h"
-#include "worker/expert_source.h"
-#include "worker/expert_store.h"
+#include "worker/experts/expert_executor.h"
+#include "worker/experts/expert_source.h"
+#include "worker/experts/expert_store.h"
 
 using namespace charm;
 using namespace charm::rpc_test;

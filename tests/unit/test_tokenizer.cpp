@@ -9,8 +9,8 @@
 #include <sstream>
 
 #include "common/error.h"
-#include "coordinator/tokenizer.h"
-#include "coordinator/unicode_nfc.h"
+#include "coordinator/text/tokenizer.h"
+#include "coordinator/text/unicode_nfc.h"
 
 namespace fs = std::filesystem;
 using charm::Tokenizer;

@@ -1,0 +1,95 @@
+// The coordinator's counters and histograms, exported at GET /metrics in the Prometheus
+// text exposition format (version 0.0.4,
+// https://prometheus.io/docs/instrumenting/exposition_formats/). Written by hand: the
+// format is a few lines of text and Debian 12 packages no Prometheus client for C++.
+//
+// Who records what:
+//   HttpApi            http_request, generation (tokens, TTFT, per-token latency)
+//   ClusterDispatcher  worker_rpc (per-worker round trip, every reply), expert_stats (the
+//                      reply's LayerStats hits, misses, bytesRead), and worker_error +
+//                      failover(worker) where it fails a worker over (the same event
+//                      WorkerStatus::failovers counts)
+//   LocalDispatcher    expert_stats as worker "local" (the in-process store's counts)
+// Thread-safety: every method may be called from any thread (one mutex).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "coordinator/dispatch/expert_dispatch.h"
+
+namespace charm {
+
+/// A histogram's cumulative state: counts[i] observations <= bounds[i] (not yet
+/// cumulative: render() accumulates), plus the +Inf bucket as `count`.
+struct HistogramData {
+  std::vector<uint64_t> counts;  ///< per bucket, same length as the family's bounds
+  double sum = 0;
+  uint64_t count = 0;
+};
+
+class Metrics {
+ public:
+  Metrics();
+
+  /// One HTTP request answered: `endpoint` is the route path ("/v1/chat/completions";
+  /// unknown paths should be passed as "other" to bound the label set), `status` the
+  /// HTTP status code.
+  void http_request(const std::string& endpoint, int status);
+
+  /// One finished generation: prompt and completion token counts, time to first token
+  /// (seconds) and the latency of every later token (seconds each, one observation per
+  /// token: the time from the previous sampled token to this one).
+  void generation(int64_t prompt_tokens, int64_t completion_tokens, double ttft_s,
+                  const std::vector<double>& token_latencies_s);
+
+  /// One layer request's round trip to `worker` (send to reply decoded), seconds.
+  void worker_rpc(const std::string& worker, double seconds);
+  /// One failed layer request to `worker` (socket error, timeout, error reply).
+  void worker_error(const std::string& worker);
+  /// `worker` failed mid-layer and its share went to replicas (or the layer failed for
+  /// want of one): ClusterDispatcher calls it where it counts WorkerStatus::failovers.
+  void failover(const std::string& worker);
+  /// Expert tier statistics a worker reported for one layer request (LayerStats): distinct
+  /// experts found in RAM (hits, prefetched ones included), experts the request read from
+  /// disk (misses) and the bytes those reads fetched.
+  void expert_stats(const std::string& worker, uint64_t hits, uint64_t misses, uint64_t bytes_read);
+
+  /// Failovers counted so far per worker (for /cluster/status and `charm status`).
+  uint64_t failovers(const std::string& worker) const;
+
+  /// Everything in the text exposition format, families in a fixed order, each with
+  /// # HELP and # TYPE lines; `workers` adds the gauges charm_worker_up and
+  /// charm_worker_experts_held from the dispatcher's current view.
+  std::string render(const std::vector<WorkerStatus>& workers = {}) const;
+
+ private:
+  using Labels = std::vector<std::string>;  // values, in the family's label-name order
+  struct CounterFamily {
+    std::string name, help;
+    std::vector<std::string> label_names;
+    std::map<Labels, double> values;
+  };
+  struct HistogramFamily {
+    std::string name, help;
+    std::vector<std::string> label_names;
+    std::vector<double> bounds;  // upper bounds, ascending, seconds
+    std::map<Labels, HistogramData> values;
+  };
+
+  void add(CounterFamily& family, const Labels& labels, double amount);
+  void observe(HistogramFamily& family, const Labels& labels, double value);
+
+  mutable std::mutex mutex_;
+  CounterFamily http_requests_, prompt_tokens_, completion_tokens_, worker_errors_, failovers_,
+      expert_hits_, expert_misses_, expert_bytes_read_;
+  HistogramFamily ttft_, token_latency_, worker_rpc_;
+};
+
+/// Escapes a label value for the text format (backslash, double quote, newline).
+std::string escape_label_value(const std::string& value);
+
+}  // namespace charm

@@ -1,0 +1,66 @@
+#include "coordinator/dispatch/local_dispatch.h"
+
+#include <string>
+
+#include <spdlog/spdlog.h>
+
+#include "common/error.h"
+#include "coordinator/api/metrics.h"
+
+namespace charm {
+namespace {
+
+// A hint is advice: a store that cannot take it must not fail the generation.
+void issue_hint(const LocalDispatcher::PrefetchFn& prefetch, uint32_t layer, const std::vector<uint32_t>& experts) {
+  try {
+    prefetch(layer, experts);
+  } catch (const std::exception& e) {
+    spdlog::debug("local experts: prefetch hint for layer {} dropped: {}", layer, e.what());
+  }
+}
+
+}  // namespace
+
+void LocalDispatcher::begin_layer(uint32_t layer, const float* hidden, uint32_t num_rows, uint32_t hidden_size,
+                                  const std::vector<ExpertAssignment>& assignments, float* outputs) {
+  if (hidden_size != executor_.store().hidden_size()) {
+    fail_internal("hidden_size " + std::to_string(hidden_size) + " does not match the expert store's");
+  }
+  deferred_hints_.clear();  // hints behind an abandoned layer go with it
+  pending_ = Pending{layer, hidden, num_rows, &assignments, outputs};
+}
+
+void LocalDispatcher::finish_layer() {
+  if (!pending_) fail_internal("finish_layer without begin_layer");
+  const Pending p = *pending_;
+  pending_.reset();
+  auto hints = std::move(deferred_hints_);
+  deferred_hints_.clear();
+  const ExpertStats stats = executor_.run_into(p.layer, p.hidden, p.num_rows, *p.assignments, p.outputs);
+  ++requests_;
+  if (metrics_) metrics_->expert_stats("local", stats.hits, stats.misses, stats.bytes_read);
+  for (const auto& [layer, experts] : hints) issue_hint(prefetch_, layer, experts);
+}
+
+void LocalDispatcher::hint_layer(uint32_t layer, const std::vector<uint32_t>& experts) {
+  if (!prefetch_) return;
+  if (pending_) {
+    deferred_hints_.emplace_back(layer, experts);
+  } else {
+    issue_hint(prefetch_, layer, experts);
+  }
+}
+
+std::vector<WorkerStatus> LocalDispatcher::status() const {
+  WorkerStatus s;
+  s.name = "local";
+  s.address = "in-process";
+  s.state = "in-process";
+  s.experts_held = executor_.store().size();
+  s.requests = requests_.load();
+  s.experts_by_tier = split_by_tier(s.experts_held, executor_.store().cache().slot_count());
+  s.tier_layers = executor_.store().layer_stats();
+  return {s};
+}
+
+}  // namespace charm

@@ -1,0 +1,54 @@
+// Single-node mode: the coordinator calls the in-process worker role directly, with no
+// serialisation, through the same ExpertDispatcher interface the cluster path uses.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <optional>
+
+#include "coordinator/dispatch/expert_dispatch.h"
+#include "worker/experts/expert_executor.h"
+
+namespace charm {
+
+class Metrics;
+
+class LocalDispatcher final : public ExpertDispatcher {
+ public:
+  /// Starts loading `experts` of `layer` without waiting (the store's prefetch).
+  using PrefetchFn = std::function<void(uint32_t layer, const std::vector<uint32_t>& experts)>;
+
+  /// `executor` must outlive the dispatcher. `prefetch` receives hint_layer's hints (none
+  /// given: hints are dropped). `metrics` (may be null; must outlive the dispatcher) gets
+  /// the in-process store's tier counts of every layer as worker "local".
+  explicit LocalDispatcher(const ExpertExecutor& executor, PrefetchFn prefetch = nullptr, Metrics* metrics = nullptr)
+      : executor_(executor), prefetch_(std::move(prefetch)), metrics_(metrics) {}
+
+  /// Records the layer; the experts run in finish_layer, on the same cores a shared
+  /// expert would use, so deferring loses nothing.
+  void begin_layer(uint32_t layer, const float* hidden, uint32_t num_rows, uint32_t hidden_size,
+                   const std::vector<ExpertAssignment>& assignments, float* outputs) override;
+  void finish_layer() override;
+  /// Passes the hint to the store's prefetch now, or right after the pending layer's
+  /// experts have run (as a worker would read it after answering that layer).
+  void hint_layer(uint32_t layer, const std::vector<uint32_t>& experts) override;
+  std::vector<WorkerStatus> status() const override;
+
+ private:
+  struct Pending {
+    uint32_t layer = 0;
+    const float* hidden = nullptr;
+    uint32_t num_rows = 0;
+    const std::vector<ExpertAssignment>* assignments = nullptr;
+    float* outputs = nullptr;
+  };
+
+  const ExpertExecutor& executor_;
+  PrefetchFn prefetch_;
+  Metrics* metrics_;
+  std::optional<Pending> pending_;
+  std::vector<std::pair<uint32_t, std::vector<uint32_t>>> deferred_hints_;  // behind pending_
+  std::atomic<uint64_t> requests_{0};
+};
+
+}  // namespace charm

@@ -1,0 +1,275 @@
+#include "coordinator/models/blocks.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "common/error.h"
+#include "common/kernels.h"
+#include "common/matmul.h"
+
+namespace charm {
+
+Linear Linear::load(const Checkpoint& ckpt, const std::string& name, size_t out, size_t in, bool with_bias) {
+  Linear l;
+  l.weight = ckpt.load_matrix(name + ".weight", static_cast<int64_t>(out), static_cast<int64_t>(in));
+  if (with_bias) l.bias = ckpt.load_f32(name + ".bias", {static_cast<int64_t>(out)});
+  return l;
+}
+
+void Linear::operator()(const float* x, size_t rows, float* y) const {
+  matmul(weight.view(), x, rows, bias.empty() ? nullptr : bias.data(), y);
+}
+
+RmsNorm RmsNorm::load(const Checkpoint& ckpt, const std::string& name, size_t n, double eps) {
+  RmsNorm norm;
+  norm.weight = ckpt.load_f32(name + ".weight", {static_cast<int64_t>(n)});
+  norm.eps = static_cast<float>(eps);
+  return norm;
+}
+
+void RmsNorm::operator()(const float* x, size_t rows, float* y) const {
+  rms_norm(x, weight.data(), rows, weight.size(), eps, y);
+}
+
+Rope::Rope(size_t head_dim, double theta, RopeLayout layout)
+    : head_dim_(head_dim), inv_freq_(head_dim / 2), layout_(layout) {
+  // Computed in f32 as transformers does: 1 / base ** (arange(0, d, 2) / d).
+  for (size_t i = 0; i < head_dim / 2; ++i) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+    inv_freq_[i] = 1.0f / std::pow(static_cast<float>(theta), exponent);
+  }
+}
+
+Rope::Rope(std::vector<float> inv_freq, float attention_factor, RopeLayout layout)
+    : head_dim_(2 * inv_freq.size()), inv_freq_(std::move(inv_freq)), attention_factor_(attention_factor),
+      layout_(layout) {}
+
+void Rope::apply(float* x, size_t rows, size_t heads, size_t pos0) const {
+  const size_t half = head_dim_ / 2;
+  // The interleaved layout reads pair i from dims (2i, 2i+1) and writes it to (i, i+half).
+  const bool interleaved = layout_ == RopeLayout::kInterleaved;
+  std::vector<float> cos(half), sin(half), in(head_dim_);
+  for (size_t r = 0; r < rows; ++r) {
+    const float pos = static_cast<float>(pos0 + r);
+    for (size_t i = 0; i < half; ++i) {
+      const float angle = pos * inv_freq_[i];
+      cos[i] = std::cos(angle) * attention_factor_;
+      sin[i] = std::sin(angle) * attention_factor_;
+    }
+    for (size_t h = 0; h < heads; ++h) {
+      float* v = x + (r * heads + h) * head_dim_;
+      std::copy(v, v + head_dim_, in.begin());
+      for (size_t i = 0; i < half; ++i) {
+        const float a = interleaved ? in[2 * i] : in[i];
+        const float b = interleaved ? in[2 * i + 1] : in[i + half];
+        v[i] = a * cos[i] - b * sin[i];
+        v[i + half] = b * cos[i] + a * sin[i];
+      }
+    }
+  }
+}
+
+void causal_gqa_attention(const float* q, size_t rows, size_t pos0, const KvCache& cache, size_t layer,
+                          size_t num_heads, size_t num_kv_heads, size_t head_dim, float* out) {
+  const size_t group = num_heads / num_kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+#pragma omp parallel for collapse(2) schedule(static) if (rows * num_heads > 1)
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t h = 0; h < num_heads; ++h) {
+      const size_t visible = pos0 + r + 1;  // causal: positions 0..pos0+r
+      const size_t kvh = h / group;
+      const float* qh = q + (r * num_heads + h) * head_dim;
+      std::vector<float> scores(visible);
+      for (size_t t = 0; t < visible; ++t) scores[t] = dot(qh, cache.key(layer, t) + kvh * head_dim, head_dim) * scale;
+      softmax(scores.data(), visible);
+      float* oh = out + (r * num_heads + h) * head_dim;
+      std::fill(oh, oh + head_dim, 0.0f);
+      for (size_t t = 0; t < visible; ++t) {
+        const float* vt = cache.value(layer, t) + kvh * head_dim;
+        for (size_t d = 0; d < head_dim; ++d) oh[d] += scores[t] * vt[d];
+      }
+    }
+  }
+}
+
+void rope_attention(const Rope& rope, float* q, float* k, const float* v, size_t rows, size_t pos0, KvCache& cache,
+                    size_t layer, size_t num_heads, size_t num_kv_heads, size_t head_dim, const Linear& o_proj,
+                    float* out) {
+  rope.apply(q, rows, num_heads, pos0);
+  rope.apply(k, rows, num_kv_heads, pos0);
+  store_kv(cache, layer, pos0, rows, num_kv_heads * head_dim, k, v);
+  std::vector<float> attn(rows * num_heads * head_dim);
+  causal_gqa_attention(q, rows, pos0, cache, layer, num_heads, num_kv_heads, head_dim, attn.data());
+  o_proj(attn.data(), rows, out);
+}
+
+RopeGqaAttention RopeGqaAttention::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,
+                                        size_t num_heads, size_t num_kv_heads, size_t head_dim, bool qkv_bias) {
+  RopeGqaAttention a;
+  a.num_heads = num_heads;
+  a.num_kv_heads = num_kv_heads;
+  a.head_dim = head_dim;
+  a.q_proj = Linear::load(ckpt, prefix + ".q_proj", num_heads * head_dim, hidden, qkv_bias);
+  a.k_proj = Linear::load(ckpt, prefix + ".k_proj", num_kv_heads * head_dim, hidden, qkv_bias);
+  a.v_proj = Linear::load(ckpt, prefix + ".v_proj", num_kv_heads * head_dim, hidden, qkv_bias);
+  a.o_proj = Linear::load(ckpt, prefix + ".o_proj", hidden, num_heads * head_dim);
+  return a;
+}
+
+void RopeGqaAttention::operator()(const Rope& rope, const float* x, size_t rows, size_t pos0, KvCache& cache,
+                                  size_t layer, float* out) const {
+  std::vector<float> q(rows * q_proj.out()), k(rows * k_proj.out()), v(rows * v_proj.out());
+  q_proj(x, rows, q.data());
+  k_proj(x, rows, k.data());
+  v_proj(x, rows, v.data());
+  rope_attention(rope, q.data(), k.data(), v.data(), rows, pos0, cache, layer, num_heads, num_kv_heads, head_dim,
+                 o_proj, out);
+}
+
+DenseMlp DenseMlp::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden, size_t intermediate) {
+  return DenseMlp{Linear::load(ckpt, prefix + ".gate_proj", intermediate, hidden),
+                  Linear::load(ckpt, prefix + ".up_proj", intermediate, hidden),
+                  Linear::load(ckpt, prefix + ".down_proj", hidden, intermediate)};
+}
+
+void DenseMlp::operator()(const float* x, size_t rows, float* y) const {
+  std::vector<float> g(rows * gate.out());
+  std::vector<float> u(rows * up.out());
+  gate(x, rows, g.data());
+  up(x, rows, u.data());
+  for (size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * u[i];
+  down(g.data(), rows, y);
+}
+
+Routing softmax_topk(const float* router_logits, size_t rows, size_t num_experts, size_t top_k, bool norm_topk_prob) {
+  Routing routing;
+  routing.top_k = top_k;
+  routing.experts.resize(rows * top_k);
+  routing.weights.resize(rows * top_k);
+  std::vector<float> probs(num_experts);
+  std::vector<uint32_t> order(num_experts);
+  for (size_t r = 0; r < rows; ++r) {
+    std::copy(router_logits + r * num_experts, router_logits + (r + 1) * num_experts, probs.begin());
+    softmax(probs.data(), num_experts);
+    std::iota(order.begin(), order.end(), 0u);
+    std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [&](uint32_t a, uint32_t b) {
+      return probs[a] > probs[b] || (probs[a] == probs[b] && a < b);
+    });
+    float sum = 0;
+    for (size_t k = 0; k < top_k; ++k) sum += probs[order[k]];
+    for (size_t k = 0; k < top_k; ++k) {
+      routing.experts[r * top_k + k] = order[k];
+      routing.weights[r * top_k + k] = norm_topk_prob ? probs[order[k]] / sum : probs[order[k]];
+    }
+  }
+  return routing;
+}
+
+RoutedExpertsCall::RoutedExpertsCall(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows,
+                                     size_t hidden, Routing routing)
+    : dispatcher_(dispatcher), rows_(rows), hidden_(hidden), routing_(std::move(routing)) {
+  const size_t k = routing_.top_k;
+  assignments_.resize(rows * k);
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t j = 0; j < k; ++j) {
+      assignments_[r * k + j] = ExpertAssignment{static_cast<uint32_t>(r), routing_.experts[r * k + j]};
+    }
+  }
+  outputs_.resize(assignments_.size() * hidden);
+  dispatcher_.begin_layer(layer, x, static_cast<uint32_t>(rows), static_cast<uint32_t>(hidden), assignments_,
+                          outputs_.data());
+}
+
+void RoutedExpertsCall::finish(float* out) {
+  dispatcher_.finish_layer();
+  // Combine in rank order: the one place routed outputs are summed (placement invariant).
+  const size_t k = routing_.top_k;
+  for (size_t r = 0; r < rows_; ++r) {
+    float* o = out + r * hidden_;
+    std::fill(o, o + hidden_, 0.0f);
+    for (size_t j = 0; j < k; ++j) {
+      const float w = routing_.weights[r * k + j];
+      const float* y = outputs_.data() + (r * k + j) * hidden_;
+      for (size_t d = 0; d < hidden_; ++d) o[d] += w * y[d];
+    }
+  }
+}
+
+}  // namespace charm
+
+namespace charm {
+
+void add_residual(float* a, const float* b, size_t n) {
+  for (size_t i = 0; i < n; ++i) a[i] += b[i];
+}
+
+void store_kv(KvCache& cache, size_t layer, size_t pos0, size_t rows, size_t kv_dim, const float* k, const float* v) {
+  for (size_t i = 0; i < rows; ++i) {
+    std::copy(k + i * kv_dim, k + (i + 1) * kv_dim, cache.key(layer, pos0 + i));
+    std::copy(v + i * kv_dim, v + (i + 1) * kv_dim, cache.value(layer, pos0 + i));
+  }
+}
+
+OutputHead OutputHead::load(const Checkpoint& ckpt, size_t hidden, size_t vocab, double eps, bool tied) {
+  OutputHead head;
+  head.norm = RmsNorm::load(ckpt, "model.norm", hidden, eps);
+  if (!tied) head.lm_head = Linear::load(ckpt, "lm_head", vocab, hidden);
+  return head;
+}
+
+void OutputHead::operator()(const float* hidden_row, const StoredMatrix& embed, float* logits) const {
+  std::vector<float> normed(norm.weight.size());
+  norm(hidden_row, 1, normed.data());
+  matmul(lm_head.weight.empty() ? embed.view() : lm_head.weight.view(), normed.data(), 1, nullptr, logits);
+}
+
+SoftmaxTopkMoe SoftmaxTopkMoe::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,
+                                    size_t num_experts, size_t top_k, bool norm_topk_prob) {
+  return SoftmaxTopkMoe{Linear::load(ckpt, prefix + ".gate", num_experts, hidden), top_k, norm_topk_prob};
+}
+
+RoutedExpertsCall SoftmaxTopkMoe::begin(ExpertDispatcher& dispatcher, uint32_t layer, const float* x,
+                                        size_t rows) const {
+  return RoutedExpertsCall(dispatcher, layer, x, rows, router.in(), route(x, rows));
+}
+
+Routing SoftmaxTopkMoe::route(const float* x, size_t rows) const {
+  std::vector<float> router_logits(rows * router.out());
+  router(x, rows, router_logits.data());
+  return softmax_topk(router_logits.data(), rows, router.out(), top_k, norm_topk_prob);
+}
+
+std::vector<uint32_t> SoftmaxTopkMoe::predict(const float* x, size_t rows) const {
+  std::vector<uint32_t> experts = route(x, rows).experts;
+  std::sort(experts.begin(), experts.end());
+  experts.erase(std::unique(experts.begin(), experts.end()), experts.end());
+  return experts;
+}
+
+void hint_next_moe_layer(ExpertDispatcher& dispatcher, uint32_t next_layer, const RmsNorm& next_norm,
+                         const SoftmaxTopkMoe& next_moe, const float* hidden, size_t rows) {
+  if (!dispatcher.wants_hints()) return;
+  std::vector<float> x(rows * next_norm.weight.size());
+  next_norm(hidden, rows, x.data());
+  dispatcher.hint_layer(next_layer, next_moe.predict(x.data(), rows));
+}
+
+GatedSharedExpert GatedSharedExpert::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,
+                                          size_t intermediate) {
+  return GatedSharedExpert{DenseMlp::load(ckpt, prefix + ".shared_expert", hidden, intermediate),
+                           Linear::load(ckpt, prefix + ".shared_expert_gate", 1, hidden)};
+}
+
+void GatedSharedExpert::operator()(const float* x, size_t rows, float* out) const {
+  const size_t hidden = gate.in();
+  std::vector<float> g(rows);
+  gate(x, rows, g.data());
+  mlp(x, rows, out);
+  for (size_t r = 0; r < rows; ++r) {
+    const float scale = 1.0f / (1.0f + std::exp(-g[r]));  // sigmoid
+    for (size_t d = 0; d < hidden; ++d) out[r * hidden + d] *= scale;
+  }
+}
+
+}  // namespace charm

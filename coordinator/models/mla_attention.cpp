@@ -1,0 +1,125 @@
+#include "coordinator/models/mla_attention.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/kernels.h"
+#include "coordinator/models/rope_scaling.h"
+
+namespace charm {
+
+size_t MlaAttention::cache_row_dim(const ModelConfig& config) {
+  return static_cast<size_t>(config.kv_lora_rank + config.qk_rope_head_dim);
+}
+
+MlaAttention MlaAttention::load(const Checkpoint& ckpt, const std::string& prefix, const ModelConfig& config) {
+  MlaAttention a;
+  a.num_heads_ = config.num_attention_heads;
+  a.kv_lora_ = config.kv_lora_rank;
+  a.nope_ = config.qk_nope_head_dim;
+  a.rope_dim_ = config.qk_rope_head_dim;
+  a.v_dim_ = config.v_head_dim;
+  const size_t h = config.hidden_size;
+  const size_t qk = a.nope_ + a.rope_dim_;
+  const bool bias = config.attention_bias;
+  a.scale_ = static_cast<float>(std::pow(static_cast<double>(qk), -0.5) * yarn_softmax_scale_factor(config));
+  if (config.q_lora_rank == 0) {
+    a.q_proj_ = Linear::load(ckpt, prefix + ".q_proj", a.num_heads_ * qk, h);
+  } else {
+    const size_t q_lora = config.q_lora_rank;
+    a.q_a_proj_ = Linear::load(ckpt, prefix + ".q_a_proj", q_lora, h, bias);
+    a.q_a_layernorm_ = RmsNorm::load(ckpt, prefix + ".q_a_layernorm", q_lora, 1e-6);  // DeepseekV3RMSNorm default eps
+    a.q_b_proj_ = Linear::load(ckpt, prefix + ".q_b_proj", a.num_heads_ * qk, q_lora);
+  }
+  a.kv_a_proj_with_mqa_ = Linear::load(ckpt, prefix + ".kv_a_proj_with_mqa", a.kv_lora_ + a.rope_dim_, h, bias);
+  a.kv_a_layernorm_ = RmsNorm::load(ckpt, prefix + ".kv_a_layernorm", a.kv_lora_, 1e-6);
+  const std::vector<float> kv_b = ckpt.load_f32(
+      prefix + ".kv_b_proj.weight",
+      {static_cast<int64_t>(a.num_heads_ * (a.nope_ + a.v_dim_)), static_cast<int64_t>(a.kv_lora_)});
+  // kv_b_proj rows per head: nope key rows, then v_head_dim value rows.
+  a.w_uk_t_.resize(a.num_heads_ * a.kv_lora_ * a.nope_);
+  a.w_uv_.resize(a.num_heads_ * a.v_dim_ * a.kv_lora_);
+  for (size_t head = 0; head < a.num_heads_; ++head) {
+    const float* rows = kv_b.data() + head * (a.nope_ + a.v_dim_) * a.kv_lora_;
+    float* uk_t = a.w_uk_t_.data() + head * a.kv_lora_ * a.nope_;
+    for (size_t d = 0; d < a.nope_; ++d) {
+      for (size_t c = 0; c < a.kv_lora_; ++c) uk_t[c * a.nope_ + d] = rows[d * a.kv_lora_ + c];
+    }
+    std::copy(rows + a.nope_ * a.kv_lora_, rows + (a.nope_ + a.v_dim_) * a.kv_lora_,
+              a.w_uv_.data() + head * a.v_dim_ * a.kv_lora_);
+  }
+  a.o_proj_ = Linear::load(ckpt, prefix + ".o_proj", h, a.num_heads_ * a.v_dim_, bias);
+  return a;
+}
+
+std::vector<float> MlaAttention::queries(const float* x, size_t rows) const {
+  std::vector<float> q(rows * num_heads_ * (nope_ + rope_dim_));
+  if (q_a_proj_.out() == 0) {
+    q_proj_(x, rows, q.data());
+    return q;
+  }
+  std::vector<float> q_latent(rows * q_a_proj_.out());
+  q_a_proj_(x, rows, q_latent.data());
+  q_a_layernorm_(q_latent.data(), rows, q_latent.data());
+  q_b_proj_(q_latent.data(), rows, q.data());
+  return q;
+}
+
+void MlaAttention::operator()(const Rope& rope, const float* x, size_t rows, size_t pos0, KvCache& cache,
+                              size_t layer, float* out) const {
+  const size_t qk = nope_ + rope_dim_;
+  const size_t row_dim = kv_lora_ + rope_dim_;
+  const std::vector<float> q = queries(x, rows);
+  // Compressed KV: [latent | k_rot] per position, latent normalised, k_rot rotated.
+  std::vector<float> compressed(rows * row_dim);
+  kv_a_proj_with_mqa_(x, rows, compressed.data());
+  std::vector<float> k_rot(rows * rope_dim_);
+  for (size_t r = 0; r < rows; ++r) {
+    float* row = compressed.data() + r * row_dim;
+    kv_a_layernorm_(row, 1, row);
+    std::copy(row + kv_lora_, row + row_dim, k_rot.data() + r * rope_dim_);
+  }
+  rope.apply(k_rot.data(), rows, 1, pos0);
+  for (size_t r = 0; r < rows; ++r) {
+    float* dst = cache.key(layer, pos0 + r);
+    std::copy(compressed.data() + r * row_dim, compressed.data() + r * row_dim + kv_lora_, dst);
+    std::copy(k_rot.data() + r * rope_dim_, k_rot.data() + (r + 1) * rope_dim_, dst + kv_lora_);
+  }
+  // Rotated query parts [rows, num_heads, qk_rope].
+  std::vector<float> q_rot(rows * num_heads_ * rope_dim_);
+  for (size_t i = 0; i < rows * num_heads_; ++i) {
+    std::copy(q.data() + i * qk + nope_, q.data() + (i + 1) * qk, q_rot.data() + i * rope_dim_);
+  }
+  rope.apply(q_rot.data(), rows, num_heads_, pos0);
+
+  std::vector<float> attn(rows * num_heads_ * v_dim_);
+#pragma omp parallel for collapse(2) schedule(static) if (rows * num_heads_ > 1)
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t head = 0; head < num_heads_; ++head) {
+      const size_t i = r * num_heads_ + head;
+      std::vector<float> q_lat(kv_lora_);  // W_uk^T q_nope: the query in latent space
+      linear_serial(q.data() + i * qk, 1, w_uk_t_.data() + head * kv_lora_ * nope_, nope_, kv_lora_, q_lat.data());
+      attend_head(q_lat.data(), q_rot.data() + i * rope_dim_, head, pos0 + r + 1, cache, layer,
+                  attn.data() + i * v_dim_);
+    }
+  }
+  o_proj_(attn.data(), rows, out);
+}
+
+void MlaAttention::attend_head(const float* q_lat, const float* q_rot, size_t h, size_t visible,
+                               const KvCache& cache, size_t layer, float* out) const {
+  std::vector<float> scores(visible);
+  for (size_t t = 0; t < visible; ++t) {
+    const float* row = cache.key(layer, t);
+    scores[t] = (dot(q_lat, row, kv_lora_) + dot(q_rot, row + kv_lora_, rope_dim_)) * scale_;
+  }
+  softmax(scores.data(), visible);
+  std::vector<float> o_lat(kv_lora_, 0.0f);  // sum_t p_t c_t
+  for (size_t t = 0; t < visible; ++t) {
+    const float* c = cache.key(layer, t);
+    for (size_t d = 0; d < kv_lora_; ++d) o_lat[d] += scores[t] * c[d];
+  }
+  linear_serial(o_lat.data(), 1, w_uv_.data() + h * v_dim_ * kv_lora_, kv_lora_, v_dim_, out);
+}
+
+}  // namespace charm

@@ -1,0 +1,63 @@
+// Multi-head latent attention (MLA, DeepSeek-V2/V3) over a compressed KV cache, following
+// transformers' models/deepseek_v3/modeling_deepseek_v3.py: DeepseekV3Attention.
+//
+// Per token the layer stores only c = kv_a_layernorm(latent) [kv_lora_rank] and the
+// rotated shared key k_rot [qk_rope_head_dim] (one KvCache key row, no values). The
+// reference expands c with kv_b_proj into per-head k_nope [qk_nope_head_dim] and v
+// [v_head_dim]; here kv_b_proj is absorbed instead (same maths, other rounding):
+//   q_nope . (W_uk c) = (W_uk^T q_nope) . c        (score, per head)
+//   sum_t p_t (W_uv c_t) = W_uv (sum_t p_t c_t)      (output, per head)
+// so attention reads kv_lora_rank + qk_rope_head_dim floats per cached token instead of
+// num_heads * (qk_nope_head_dim + qk_rope_head_dim + v_head_dim).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "common/checkpoint.h"
+#include "common/model_config.h"
+#include "coordinator/models/blocks.h"
+#include "coordinator/models/kv_cache.h"
+
+namespace charm {
+
+class MlaAttention {
+ public:
+  /// Loads "<prefix>.{q_proj | q_a_proj, q_a_layernorm, q_b_proj}", "<prefix>.kv_a_proj_with_mqa",
+  /// "<prefix>.kv_a_layernorm", "<prefix>.kv_b_proj", "<prefix>.o_proj" with the shapes the
+  /// config's MLA fields give (biases on q_a/kv_a/o when attention_bias). The softmax
+  /// scale is (qk_nope_head_dim + qk_rope_head_dim)^-0.5 times YaRN's mscale^2.
+  /// Throws what Checkpoint::load_f32 throws.
+  static MlaAttention load(const Checkpoint& ckpt, const std::string& prefix, const ModelConfig& config);
+
+  /// Width of this attention's cache row: kv_lora_rank + qk_rope_head_dim.
+  static size_t cache_row_dim(const ModelConfig& config);
+
+  /// out [rows, hidden] = attention of x [rows, hidden] (normalised input) at positions
+  /// pos0.., after appending those positions' cache rows to `layer` of `cache` (whose key
+  /// width must be cache_row_dim). Causal.
+  void operator()(const Rope& rope, const float* x, size_t rows, size_t pos0, KvCache& cache, size_t layer,
+                  float* out) const;
+
+ private:
+  /// Query heads [rows, num_heads, qk_nope + qk_rope], before RoPE.
+  std::vector<float> queries(const float* x, size_t rows) const;
+  /// Attention of one query head (absorbed q_lat [kv_lora], rotated q_rot [qk_rope]) over
+  /// positions 0..visible-1: writes the head's output [v_head_dim].
+  void attend_head(const float* q_lat, const float* q_rot, size_t h, size_t visible, const KvCache& cache,
+                   size_t layer, float* out) const;
+
+  size_t num_heads_ = 0, kv_lora_ = 0, nope_ = 0, rope_dim_ = 0, v_dim_ = 0;
+  float scale_ = 1.0f;
+  Linear q_proj_;                   // when q_lora_rank == 0
+  Linear q_a_proj_, q_b_proj_;      // when q_lora_rank > 0
+  RmsNorm q_a_layernorm_;
+  Linear kv_a_proj_with_mqa_;       // [kv_lora + qk_rope, hidden]
+  RmsNorm kv_a_layernorm_;
+  std::vector<float> w_uk_t_;       // per head [kv_lora, qk_nope]: kv_b_proj's key rows, transposed
+  std::vector<float> w_uv_;         // per head [v_head_dim, kv_lora]: kv_b_proj's value rows
+  Linear o_proj_;                   // [hidden, num_heads * v_head_dim]
+};
+
+}  // namespace charm

@@ -1,0 +1,86 @@
+#include "coordinator/models/routers.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+namespace charm {
+namespace {
+
+/// The first `k` of `order` by descending value, ties to the lower index.
+void top_k_by(std::vector<uint32_t>& order, size_t k, const std::vector<float>& value) {
+  std::iota(order.begin(), order.end(), 0u);
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                    [&](uint32_t a, uint32_t b) { return value[a] > value[b] || (value[a] == value[b] && a < b); });
+}
+
+}  // namespace
+
+Routing sigmoid_group_topk(const float* router_logits, size_t rows, size_t num_experts, const float* bias,
+                           const GroupLimitedTopk& p) {
+  const size_t per_group = num_experts / p.n_group;
+  Routing routing;
+  routing.top_k = p.top_k;
+  routing.experts.resize(rows * p.top_k);
+  routing.weights.resize(rows * p.top_k);
+  std::vector<float> scores(num_experts), choice(num_experts), group_score(p.n_group);
+  std::vector<uint32_t> expert_order(num_experts), group_order(p.n_group);
+  for (size_t r = 0; r < rows; ++r) {
+    const float* logits = router_logits + r * num_experts;
+    for (size_t e = 0; e < num_experts; ++e) {
+      scores[e] = 1.0f / (1.0f + std::exp(-logits[e]));
+      choice[e] = scores[e] + bias[e];
+    }
+    // Group score: the sum of the group's two largest choice values.
+    for (size_t g = 0; g < p.n_group; ++g) {
+      const float* c = choice.data() + g * per_group;
+      float first = -std::numeric_limits<float>::infinity(), second = first;
+      for (size_t i = 0; i < per_group; ++i) {
+        if (c[i] > first) {
+          second = first;
+          first = c[i];
+        } else if (c[i] > second) {
+          second = c[i];
+        }
+      }
+      group_score[g] = first + second;
+    }
+    top_k_by(group_order, p.topk_group, group_score);
+    std::vector<bool> kept(p.n_group, false);
+    for (size_t i = 0; i < p.topk_group; ++i) kept[group_order[i]] = true;
+    for (size_t e = 0; e < num_experts; ++e) {
+      if (!kept[e / per_group]) choice[e] = -std::numeric_limits<float>::infinity();  // masked_fill
+    }
+    top_k_by(expert_order, p.top_k, choice);
+    // Weights from the unbiased scores.
+    float sum = 0;
+    for (size_t k = 0; k < p.top_k; ++k) sum += scores[expert_order[k]];
+    const float denominator = sum + 1e-20f;
+    for (size_t k = 0; k < p.top_k; ++k) {
+      float w = scores[expert_order[k]];
+      if (p.norm_topk_prob) w /= denominator;
+      routing.experts[r * p.top_k + k] = expert_order[k];
+      routing.weights[r * p.top_k + k] = w * p.routed_scaling_factor;
+    }
+  }
+  return routing;
+}
+
+GroupLimitedRouter GroupLimitedRouter::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,
+                                            size_t num_experts, const GroupLimitedTopk& params) {
+  GroupLimitedRouter router;
+  router.gate = Linear::load(ckpt, prefix, num_experts, hidden);
+  router.e_score_correction_bias =
+      ckpt.load_f32(prefix + ".e_score_correction_bias", {static_cast<int64_t>(num_experts)});
+  router.params = params;
+  return router;
+}
+
+Routing GroupLimitedRouter::operator()(const float* x, size_t rows) const {
+  std::vector<float> logits(rows * gate.out());
+  gate(x, rows, logits.data());
+  return sigmoid_group_topk(logits.data(), rows, gate.out(), e_score_correction_bias.data(), params);
+}
+
+}  // namespace charm

@@ -1,0 +1,49 @@
+// Routers other than the softmax top-k of coordinator/models/blocks.h: DeepSeek-V3's sigmoid
+// scores with a selection-only bias and group-limited top-k ("noaux_tc"), following
+// transformers' models/deepseek_v3/modeling_deepseek_v3.py: DeepseekV3TopkRouter.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "common/checkpoint.h"
+#include "coordinator/models/blocks.h"
+
+namespace charm {
+
+/// Parameters of the group-limited sigmoid router (DeepseekV3Config names).
+struct GroupLimitedTopk {
+  size_t top_k = 0;                    ///< num_experts_per_tok
+  size_t n_group = 1;                  ///< groups of num_experts / n_group consecutive experts
+  size_t topk_group = 1;               ///< groups a token may route into
+  bool norm_topk_prob = true;          ///< renormalise the k weights to sum 1
+  float routed_scaling_factor = 1.0f;  ///< then multiply them by this
+};
+
+/// For each row of router_logits [rows, num_experts] (f32):
+///   scores = sigmoid(logits); choice = scores + bias (bias [num_experts], selection only);
+///   group score = sum of the two largest choice values of the group; keep the topk_group
+///   best groups; the top_k experts by choice among the kept groups; weights = their
+///   unbiased scores, divided by (sum + 1e-20) when norm_topk_prob, times
+///   routed_scaling_factor.
+/// Experts come best choice first (ties: lower id first; groups likewise); the reference
+/// leaves the order unspecified (topk sorted=False) and sums in expert order, so only the
+/// set and the weights are the reference's. REQUIRES num_experts % n_group == 0, two or
+/// more experts per group, top_k <= topk_group * num_experts / n_group.
+Routing sigmoid_group_topk(const float* router_logits, size_t rows, size_t num_experts, const float* bias,
+                           const GroupLimitedTopk& params);
+
+/// DeepseekV3TopkRouter's weights: "<prefix>.weight" [num_experts, hidden] and
+/// "<prefix>.e_score_correction_bias" [num_experts], both read as f32.
+struct GroupLimitedRouter {
+  Linear gate;
+  std::vector<float> e_score_correction_bias;
+  GroupLimitedTopk params;
+  static GroupLimitedRouter load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,
+                                 size_t num_experts, const GroupLimitedTopk& params);
+  /// Routing of x [rows, hidden].
+  Routing operator()(const float* x, size_t rows) const;
+};
+
+}  // namespace charm

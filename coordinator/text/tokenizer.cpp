@@ -1,0 +1,594 @@
+// Byte-level BPE tokenizer (see tokenizer.h). Mirrors the pipeline of Hugging Face
+// `tokenizers` (Rust): lossy UTF-8 -> split out added tokens -> NFC -> Split regex ->
+// ByteLevel byte<->unicode map -> BPE merges by rank -> ids; decode joins token bytes
+// and replaces invalid UTF-8 as String::from_utf8_lossy does.
+#include "coordinator/text/tokenizer.h"
+
+#include <algorithm>
+#include <array>
+#include <mutex>
+#include <queue>
+#include <unordered_map>
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/json_reader.h"
+#include "common/utf8.h"
+#include "coordinator/text/unicode_nfc.h"
+
+namespace charm {
+namespace {
+
+using json = nlohmann::json;
+
+// ---------------------------------------------------------------------------------------
+// GPT-2 byte <-> unicode map (tokenizers pre_tokenizers/byte_level.rs bytes_char): the
+// printable bytes stand for themselves, the other 68 bytes for U+0100.. in byte order.
+
+struct ByteMap {
+  std::array<std::string, 256> byte_to_utf8;  // byte -> UTF-8 of its stand-in char
+  std::unordered_map<char32_t, unsigned char> char_to_byte;
+
+  ByteMap() {
+    char32_t next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+      const char32_t cp = printable ? static_cast<char32_t>(b) : next++;
+      append_utf8(byte_to_utf8[b], cp);
+      char_to_byte[cp] = static_cast<unsigned char>(b);
+    }
+  }
+
+  /// Bytes a vocabulary string stands for; the string itself if some char is not in the
+  /// map (as tokenizers' ByteLevel decoder does).
+  std::string to_bytes(std::string_view token) const {
+    std::string out;
+    for (char32_t cp : decode_utf8_lossy(token)) {
+      auto it = char_to_byte.find(cp);
+      if (it == char_to_byte.end()) return std::string(token);
+      out += static_cast<char>(it->second);
+    }
+    return out;
+  }
+};
+
+const ByteMap& byte_map() {
+  static const ByteMap map;
+  return map;
+}
+
+// ---------------------------------------------------------------------------------------
+// PCRE2 wrappers (RAII)
+
+struct CodeDeleter {
+  void operator()(pcre2_code* c) const { pcre2_code_free(c); }
+};
+struct MatchDataDeleter {
+  void operator()(pcre2_match_data* m) const { pcre2_match_data_free(m); }
+};
+using RegexPtr = std::unique_ptr<pcre2_code, CodeDeleter>;
+using MatchDataPtr = std::unique_ptr<pcre2_match_data, MatchDataDeleter>;
+
+/// Compiles `pattern` in UTF + Unicode-property mode; throws naming `where`.
+RegexPtr compile_regex(const std::string& pattern, const std::string& where) {
+  int code = 0;
+  PCRE2_SIZE offset = 0;
+  pcre2_code* re = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                 PCRE2_UTF | PCRE2_UCP, &code, &offset, nullptr);
+  if (re == nullptr) {
+    PCRE2_UCHAR buf[256];
+    pcre2_get_error_message(code, buf, sizeof(buf));
+    fail_invalid(where + ": PCRE2 rejects the regex at offset " + std::to_string(offset) + ": " +
+                 reinterpret_cast<const char*>(buf));
+  }
+  pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);  // optional speed-up; falls back if absent
+  return RegexPtr(re);
+}
+
+/// PCRE2 pattern matching `literal` verbatim.
+std::string escape_literal(std::string_view literal) {
+  std::string out;
+  for (char c : literal) {
+    if (std::string_view("\\^$.|?*+()[]{}").find(c) != std::string_view::npos) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+// GPT-2's pre-tokenizer regex, used by ByteLevel with use_regex: true.
+constexpr const char* kGpt2Regex =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+// ---------------------------------------------------------------------------------------
+// The tokenizer
+
+struct AddedToken {
+  std::string content;
+  int32_t id = 0;
+  bool special = false;
+  bool normalized = false;
+};
+
+/// A piece of text after added-token splitting: an added token's id, or text (id -1).
+struct Segment {
+  std::string_view text;
+  int32_t id = -1;
+};
+
+class BpeTokenizer final : public Tokenizer {
+ public:
+  explicit BpeTokenizer(const std::filesystem::path& file) : file_(file.string()) {}
+
+  void load(const json& root);
+
+  std::vector<int32_t> encode(std::string_view text, bool parse_special) const override;
+  std::string decode(std::span<const int32_t> ids, bool skip_special) const override;
+  std::string token_bytes(int32_t id) const override;
+  int32_t token_id(std::string_view token) const override;
+  int32_t vocab_size() const override { return static_cast<int32_t>(bytes_.size()); }
+  bool is_special(int32_t id) const override {
+    return id >= 0 && id < vocab_size() && special_[static_cast<size_t>(id)];
+  }
+  bool has_token(int32_t id) const override {
+    return id >= 0 && id < vocab_size() && present_[static_cast<size_t>(id)];
+  }
+
+ private:
+  [[noreturn]] void bad(const std::string& what) const { fail_invalid(file_ + ": " + what); }
+  [[noreturn]] void unsupported(const std::string& what) const {
+    fail_unsupported(file_ + ": " + what);
+  }
+
+  void load_model(const json& model);
+  void load_merges(const json& merges);
+  void load_added_tokens(const json& added);
+  void load_normalizer(const json& normalizer);
+  void load_pre_tokenizer(const json& pre);
+  void add_split(const json& split, const std::string& where);
+  void finish_tables();
+
+  std::vector<Segment> split_added(std::string_view text, bool normalized_set,
+                                   bool parse_special) const;
+  void encode_text(std::string_view text, bool parse_special, std::vector<int32_t>& out) const;
+  void encode_normalized(std::string_view text, std::vector<int32_t>& out) const;
+  std::vector<std::string_view> pre_tokenize(std::string_view text) const;
+  void encode_word(std::string_view word, std::vector<int32_t>& out) const;
+  std::vector<int32_t> bpe(std::string_view word) const;
+
+  std::string file_;
+  std::unordered_map<std::string, int32_t> vocab_;                    // vocabulary string -> id
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // pair -> rank, new id
+  std::array<int32_t, 256> byte_ids_{};  // id of each byte's stand-in char
+  std::vector<AddedToken> added_;        // sorted longest content first
+  std::vector<std::string> bytes_;       // id -> raw bytes
+  std::vector<bool> special_;            // id -> special added token
+  std::vector<bool> present_;            // id -> in model.vocab or added_tokens (else a hole)
+  bool nfc_ = false;
+  bool ignore_merges_ = false;
+  std::vector<RegexPtr> splits_;  // applied in order, Isolated
+
+  mutable std::mutex cache_mutex_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+};
+
+uint64_t pair_key(int32_t a, int32_t b) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+}
+
+void BpeTokenizer::load(const json& root) {
+  if (!root.is_object()) bad("top level is not a JSON object");
+  if (!root.contains("model") || !root["model"].is_object()) bad("has no \"model\" object");
+  load_model(root["model"]);
+  load_added_tokens(root.value("added_tokens", json::array()));
+  load_normalizer(root.value("normalizer", json()));
+  load_pre_tokenizer(root.value("pre_tokenizer", json()));
+  finish_tables();
+}
+
+void BpeTokenizer::load_model(const json& model) {
+  const std::string type = model.value("type", "BPE");
+  if (type != "BPE") bad("model.type is \"" + type + "\"; charm supports only \"BPE\"");
+  if (!model.contains("vocab") || !model["vocab"].is_object()) bad("model.vocab is missing");
+  for (const auto& [token, id] : model["vocab"].items()) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+      bad("model.vocab[\"" + token + "\"] is not a non-negative integer id");
+    vocab_.emplace(token, id.get<int32_t>());
+  }
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    if (model.contains(key) && model[key].is_string() && !model[key].get<std::string>().empty())
+      unsupported(std::string("model.") + key + " is not empty");
+  }
+  if (model.value("byte_fallback", false)) unsupported("model.byte_fallback is true");
+  if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"] != 0.0)
+    unsupported("model.dropout is set");
+  ignore_merges_ = model.value("ignore_merges", false);
+  if (!model.contains("merges") || !model["merges"].is_array()) bad("model.merges is missing");
+  load_merges(model["merges"]);
+}
+
+void BpeTokenizer::load_merges(const json& merges) {
+  merges_.reserve(merges.size());
+  for (size_t rank = 0; rank < merges.size(); ++rank) {
+    const json& m = merges[rank];
+    std::string left, right;
+    if (m.is_string()) {  // "left right" (older tokenizers files)
+      const std::string s = m.get<std::string>();
+      const size_t space = s.find(' ');
+      if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
+        bad("model.merges[" + std::to_string(rank) + "] \"" + s + "\" is not two tokens");
+      left = s.substr(0, space);
+      right = s.substr(space + 1);
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      left = m[0].get<std::string>();  // ["left", "right"] (tokenizers >= 0.20)
+      right = m[1].get<std::string>();
+    } else {
+      bad("model.merges[" + std::to_string(rank) + "] is neither \"a b\" nor [\"a\", \"b\"]");
+    }
+    const auto find = [&](const std::string& token) {
+      auto it = vocab_.find(token);
+      if (it == vocab_.end())
+        bad("model.merges[" + std::to_string(rank) + "] names \"" + token +
+            "\", which is not in model.vocab");
+      return it->second;
+    };
+    const int32_t a = find(left), b = find(right), merged = find(left + right);
+    merges_.emplace(pair_key(a, b), std::make_pair(static_cast<int32_t>(rank), merged));
+  }
+}
+
+void BpeTokenizer::load_added_tokens(const json& added) {
+  if (!added.is_array()) bad("added_tokens is not an array");
+  for (size_t i = 0; i < added.size(); ++i) {
+    const json& t = added[i];
+    const std::string where = "added_tokens[" + std::to_string(i) + "]";
+    if (!t.is_object() || !t.contains("content") || !t["content"].is_string() ||
+        t["content"].get<std::string>().empty())
+      bad(where + " has no non-empty \"content\"");
+    if (!t.contains("id") || !t["id"].is_number_integer() || t["id"].get<int64_t>() < 0 ||
+        t["id"].get<int64_t>() > INT32_MAX)
+      bad(where + ".id is not a non-negative integer");
+    for (const char* flag : {"lstrip", "rstrip", "single_word"})
+      if (t.value(flag, false)) unsupported(where + "." + flag + " is true");
+    AddedToken token{t["content"].get<std::string>(), t["id"].get<int32_t>(),
+                     t.value("special", false), t.value("normalized", false)};
+    auto existing = vocab_.find(token.content);
+    if (existing != vocab_.end() && existing->second != token.id)
+      bad(where + " \"" + token.content + "\" has id " + std::to_string(token.id) +
+          " but model.vocab gives it " + std::to_string(existing->second));
+    added_.push_back(std::move(token));
+  }
+  // Longest first, so the first candidate matching at a position is the longest one
+  // (tokenizers' Aho-Corasick runs with MatchKind::LeftmostLongest).
+  std::stable_sort(added_.begin(), added_.end(), [](const AddedToken& x, const AddedToken& y) {
+    return x.content.size() > y.content.size();
+  });
+}
+
+void BpeTokenizer::load_normalizer(const json& normalizer) {
+  if (normalizer.is_null()) return;
+  const std::string type = normalizer.value("type", "");
+  if (type == "NFC") {
+    nfc_ = true;
+  } else if (type == "Sequence" && normalizer.contains("normalizers") &&
+             normalizer["normalizers"].is_array()) {
+    for (const json& n : normalizer["normalizers"]) load_normalizer(n);
+  } else {
+    unsupported("normalizer type \"" + type + "\" is not implemented (only NFC)");
+  }
+}
+
+void BpeTokenizer::load_pre_tokenizer(const json& pre) {
+  const std::string type = pre.is_object() ? pre.value("type", "") : "";
+  const auto check_byte_level = [&](const json& bl, const std::string& where) {
+    if (bl.value("add_prefix_space", false)) unsupported(where + ".add_prefix_space is true");
+    if (bl.value("use_regex", true))
+      splits_.push_back(compile_regex(kGpt2Regex, file_ + ": " + where));
+  };
+  if (type == "ByteLevel") {
+    check_byte_level(pre, "pre_tokenizer");
+    return;
+  }
+  if (type != "Sequence" || !pre.contains("pretokenizers") || !pre["pretokenizers"].is_array())
+    unsupported("pre_tokenizer must be ByteLevel or Sequence[Split..., ByteLevel]");
+  const json& list = pre["pretokenizers"];
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string where = "pre_tokenizer.pretokenizers[" + std::to_string(i) + "]";
+    const std::string t = list[i].is_object() ? list[i].value("type", "") : "";
+    const bool last = i + 1 == list.size();
+    if (t == "Split" && !last) {
+      add_split(list[i], where);
+    } else if (t == "ByteLevel" && last) {
+      check_byte_level(list[i], where);
+    } else {
+      unsupported(where + " of type \"" + t + "\" is not implemented here");
+    }
+  }
+  if (list.empty()) unsupported("pre_tokenizer.pretokenizers is empty");
+}
+
+void BpeTokenizer::add_split(const json& split, const std::string& where) {
+  if (split.value("behavior", "") != "Isolated")
+    unsupported(where + ".behavior is not \"Isolated\"");
+  if (split.value("invert", false)) unsupported(where + ".invert is true");
+  const json pattern = split.value("pattern", json());
+  if (pattern.contains("Regex") && pattern["Regex"].is_string()) {
+    splits_.push_back(
+        compile_regex(pattern["Regex"].get<std::string>(), file_ + ": " + where + ".pattern"));
+  } else if (pattern.contains("String") && pattern["String"].is_string()) {
+    splits_.push_back(compile_regex(escape_literal(pattern["String"].get<std::string>()),
+                                    file_ + ": " + where + ".pattern"));
+  } else {
+    bad(where + ".pattern has neither \"Regex\" nor \"String\"");
+  }
+}
+
+void BpeTokenizer::finish_tables() {
+  int32_t size = 0;
+  for (const auto& [token, id] : vocab_) size = std::max(size, id + 1);
+  for (const AddedToken& t : added_) size = std::max(size, t.id + 1);
+  bytes_.assign(static_cast<size_t>(size), std::string());
+  special_.assign(static_cast<size_t>(size), false);
+  present_.assign(static_cast<size_t>(size), false);
+  const ByteMap& map = byte_map();
+  for (const auto& [token, id] : vocab_) {
+    bytes_[static_cast<size_t>(id)] = map.to_bytes(token);
+    present_[static_cast<size_t>(id)] = true;
+  }
+  for (const AddedToken& t : added_) {
+    bytes_[static_cast<size_t>(t.id)] = map.to_bytes(t.content);
+    special_[static_cast<size_t>(t.id)] = t.special;
+    present_[static_cast<size_t>(t.id)] = true;
+    vocab_.emplace(t.content, t.id);
+  }
+  for (int b = 0; b < 256; ++b) {
+    auto it = vocab_.find(map.byte_to_utf8[b]);
+    byte_ids_[b] = it == vocab_.end() ? -1 : it->second;  // -1: byte dropped (no unk)
+  }
+}
+
+// --- encode -----------------------------------------------------------------------------
+
+std::vector<Segment> BpeTokenizer::split_added(std::string_view text, bool normalized_set,
+                                               bool parse_special) const {
+  std::vector<Segment> out;
+  size_t start = 0, i = 0;
+  while (i < text.size()) {
+    const AddedToken* hit = nullptr;
+    for (const AddedToken& t : added_) {
+      if (t.normalized != normalized_set || (t.special && !parse_special)) continue;
+      if (text.compare(i, t.content.size(), t.content) == 0) {
+        hit = &t;
+        break;
+      }
+    }
+    if (hit == nullptr) {
+      ++i;
+      continue;
+    }
+    if (i > start) out.push_back({text.substr(start, i - start), -1});
+    out.push_back({text.substr(i, hit->content.size()), hit->id});
+    i += hit->content.size();
+    start = i;
+  }
+  if (start < text.size()) out.push_back({text.substr(start), -1});
+  return out;
+}
+
+std::vector<int32_t> BpeTokenizer::encode(std::string_view text, bool parse_special) const {
+  std::string valid;
+  if (!is_valid_utf8(text)) {
+    valid = utf8_lossy(text);
+    text = valid;
+  }
+  std::vector<int32_t> ids;
+  encode_text(text, parse_special, ids);
+  return ids;
+}
+
+void BpeTokenizer::encode_text(std::string_view text, bool parse_special,
+                               std::vector<int32_t>& out) const {
+  for (const Segment& seg : split_added(text, /*normalized_set=*/false, parse_special)) {
+    if (seg.id >= 0) {
+      out.push_back(seg.id);
+      continue;
+    }
+    // Normalisation runs on the text between non-normalized added tokens; normalized
+    // added tokens are then matched in the normalised text (tokenizers AddedVocabulary).
+    std::string normalized;
+    std::string_view piece = seg.text;
+    if (nfc_ && !is_nfc_quick(piece)) {
+      normalized = to_nfc(piece);
+      piece = normalized;
+    }
+    for (const Segment& sub : split_added(piece, /*normalized_set=*/true, parse_special)) {
+      if (sub.id >= 0) {
+        out.push_back(sub.id);
+      } else {
+        encode_normalized(sub.text, out);
+      }
+    }
+  }
+}
+
+void BpeTokenizer::encode_normalized(std::string_view text, std::vector<int32_t>& out) const {
+  for (std::string_view word : pre_tokenize(text)) encode_word(word, out);
+}
+
+std::vector<std::string_view> BpeTokenizer::pre_tokenize(std::string_view text) const {
+  std::vector<std::string_view> pieces{text};
+  for (const RegexPtr& re : splits_) {
+    MatchDataPtr md(pcre2_match_data_create_from_pattern(re.get(), nullptr));
+    std::vector<std::string_view> next;
+    for (std::string_view piece : pieces) {
+      const auto subject = reinterpret_cast<PCRE2_SPTR>(piece.data());
+      size_t pos = 0, gap_start = 0;
+      while (pos < piece.size()) {
+        const int rc = pcre2_match(re.get(), subject, piece.size(), pos, PCRE2_NO_UTF_CHECK,
+                                   md.get(), nullptr);
+        if (rc == PCRE2_ERROR_NOMATCH) break;
+        if (rc < 0) {  // e.g. a JIT stack or match limit: never guess a split
+          PCRE2_UCHAR buf[256];
+          pcre2_get_error_message(rc, buf, sizeof(buf));
+          fail_internal(file_ + ": pre-tokenizer regex failed on a " +
+                        std::to_string(piece.size()) +
+                        "-byte piece: " + reinterpret_cast<const char*>(buf));
+        }
+        const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
+        if (ov[1] == ov[0]) {  // empty match: step over one character
+          pos = ov[0] + 1;
+          while (pos < piece.size() && (static_cast<unsigned char>(piece[pos]) & 0xC0) == 0x80)
+            ++pos;
+          continue;
+        }
+        if (ov[0] > gap_start) next.push_back(piece.substr(gap_start, ov[0] - gap_start));
+        next.push_back(piece.substr(ov[0], ov[1] - ov[0]));
+        pos = gap_start = ov[1];
+      }
+      if (gap_start < piece.size()) next.push_back(piece.substr(gap_start));
+    }
+    pieces = std::move(next);
+  }
+  return pieces;
+}
+
+void BpeTokenizer::encode_word(std::string_view word, std::vector<int32_t>& out) const {
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex_);
+    auto it = cache_.find(std::string(word));
+    if (it != cache_.end()) {
+      out.insert(out.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  std::vector<int32_t> ids = bpe(word);
+  out.insert(out.end(), ids.begin(), ids.end());
+  std::lock_guard<std::mutex> lock(cache_mutex_);
+  if (cache_.size() >= 200000) cache_.clear();  // bound memory on adversarial input
+  cache_.emplace(std::string(word), std::move(ids));
+}
+
+/// BPE of one pre-token, as tokenizers' Word::merge_all: a min-heap of candidate merges
+/// ordered by (rank, position); a popped merge is applied if its pair still exists.
+std::vector<int32_t> BpeTokenizer::bpe(std::string_view word) const {
+  if (ignore_merges_) {
+    std::string mapped;
+    for (char c : word) mapped += byte_map().byte_to_utf8[static_cast<unsigned char>(c)];
+    auto it = vocab_.find(mapped);
+    if (it != vocab_.end()) return {it->second};
+  }
+  struct Symbol {
+    int32_t id;
+    int32_t prev, next;
+    bool alive;
+  };
+  std::vector<Symbol> sym;
+  sym.reserve(word.size());
+  for (char c : word) {
+    const int32_t id = byte_ids_[static_cast<unsigned char>(c)];
+    if (id < 0) continue;
+    const int32_t n = static_cast<int32_t>(sym.size());
+    sym.push_back({id, n - 1, n + 1, true});
+  }
+  if (sym.empty()) return {};
+  sym.back().next = -1;
+
+  struct Candidate {
+    int32_t rank, pos, new_id;
+    bool operator>(const Candidate& o) const {
+      return rank != o.rank ? rank > o.rank : pos > o.pos;
+    }
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
+  const auto push_pair = [&](int32_t left) {
+    if (left < 0 || sym[left].next < 0) return;
+    auto it = merges_.find(pair_key(sym[left].id, sym[sym[left].next].id));
+    if (it != merges_.end()) heap.push({it->second.first, left, it->second.second});
+  };
+  for (int32_t i = 0; i + 1 < static_cast<int32_t>(sym.size()); ++i) push_pair(i);
+
+  while (!heap.empty()) {
+    const Candidate top = heap.top();
+    heap.pop();
+    Symbol& left = sym[top.pos];
+    if (!left.alive || left.next < 0) continue;
+    auto it = merges_.find(pair_key(left.id, sym[left.next].id));
+    if (it == merges_.end() || it->second.second != top.new_id) continue;  // stale
+    Symbol& right = sym[left.next];
+    left.id = top.new_id;
+    right.alive = false;
+    left.next = right.next;
+    if (left.next >= 0) sym[left.next].prev = top.pos;
+    push_pair(left.prev);
+    push_pair(top.pos);
+  }
+  std::vector<int32_t> ids;
+  for (const Symbol& s : sym)
+    if (s.alive) ids.push_back(s.id);
+  return ids;
+}
+
+// --- decode -----------------------------------------------------------------------------
+
+std::string BpeTokenizer::token_bytes(int32_t id) const {
+  if (id < 0 || id >= vocab_size())
+    fail_invalid(file_ + ": token id " + std::to_string(id) + " is outside [0, " +
+                 std::to_string(vocab_size()) + ")");
+  return bytes_[static_cast<size_t>(id)];
+}
+
+std::string BpeTokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {
+  std::string raw;
+  for (int32_t id : ids) {
+    if (skip_special && is_special(id)) continue;
+    raw += token_bytes(id);
+  }
+  return utf8_lossy(raw);
+}
+
+int32_t BpeTokenizer::token_id(std::string_view token) const {
+  auto it = vocab_.find(std::string(token));
+  return it == vocab_.end() ? -1 : it->second;
+}
+
+json read_json(const std::filesystem::path& path) {
+  return read_json_file(path, kTokenizerJsonLimits, "a tokenizer file");
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> Tokenizer::load(const std::filesystem::path& tokenizer_json) {
+  const json root = read_json(tokenizer_json);
+  auto tokenizer = std::make_unique<BpeTokenizer>(tokenizer_json);
+  try {
+    tokenizer->load(root);
+  } catch (const json::exception& e) {  // a field of the wrong JSON type
+    fail_invalid(tokenizer_json.string() + ": unexpected field type: " + e.what());
+  }
+  return tokenizer;
+}
+
+// --- StreamDecoder ------------------------------------------------------------------------
+
+StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special)
+    : tokenizer_(tokenizer), skip_special_(skip_special) {}
+
+std::string StreamDecoder::push(int32_t id) {
+  if (skip_special_ && tokenizer_.is_special(id)) return {};
+  pending_ += tokenizer_.token_bytes(id);
+  const size_t cut = utf8_incomplete_tail_start(pending_);
+  std::string out = utf8_lossy(std::string_view(pending_).substr(0, cut));
+  pending_.erase(0, cut);
+  return out;
+}
+
+std::string StreamDecoder::flush() {
+  std::string out = utf8_lossy(pending_);
+  pending_.clear();
+  return out;
+}
+
+}  // namespace charm

@@ -1,0 +1,101 @@
+#include "worker/experts/expert_executor.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "worker/experts/swiglu_batch.h"
+
+namespace charm {
+
+ExpertStats ExpertExecutor::run_into(uint32_t layer, const float* hidden, uint32_t num_rows,
+                                     const std::vector<ExpertAssignment>& assignments, float* outputs) const {
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t h = store_.hidden_size();
+  const int64_t inter = store_.intermediate_size();
+  std::map<uint32_t, std::vector<size_t>> rows_of;  // expert -> assignment indices
+  for (size_t i = 0; i < assignments.size(); ++i) {
+    const auto& a = assignments[i];
+    if (a.row >= num_rows) {
+      fail_invalid("layer " + std::to_string(layer) + ": assignment row " + std::to_string(a.row) +
+                   " out of range (rows: " + std::to_string(num_rows) + ")");
+    }
+    if (!store_.holds(layer, a.expert)) {
+      fail_invalid("layer " + std::to_string(layer) + " expert " + std::to_string(a.expert) +
+                   " is not held by this worker");
+    }
+    rows_of[a.expert].push_back(i);
+  }
+  std::vector<uint32_t> distinct;
+  for (const auto& [expert, rows] : rows_of) distinct.push_back(expert);
+  std::unique_ptr<ExpertFetch> fetch = store_.fetch(layer, distinct);
+  // Resident experts come first, missing ones as their reads land. Each expert's rows
+  // are gathered into one block and computed as GEMMs (worker/experts/swiglu_batch.h), whose
+  // bits for a row never depend on the other rows, the batch or the thread count.
+  std::vector<ExpertLease> batch;
+  std::vector<float> x, y;  // gathered rows in, their outputs, expert by expert
+  std::vector<SwigluJob> jobs;
+  for (;;) {
+    batch.clear();  // give the slots back before asking for more (a layer may have one)
+    batch = fetch->next();
+    if (batch.empty()) break;
+    size_t total = 0;
+    for (const ExpertLease& lease : batch) total += rows_of[lease.expert()].size();
+    x.resize(total * h);
+    y.resize(total * h);
+    jobs.clear();
+    size_t at = 0;  // first gathered row of the current expert
+    for (const ExpertLease& lease : batch) {
+      const std::vector<size_t>& rows = rows_of[lease.expert()];
+      for (size_t k = 0; k < rows.size(); ++k) {
+        std::copy_n(hidden + assignments[rows[k]].row * h, h, x.data() + (at + k) * h);
+      }
+      jobs.push_back(SwigluJob{&lease.view(), x.data() + at * h, rows.size(), y.data() + at * h});
+      at += rows.size();
+    }
+    swiglu_batch(jobs, h, inter);
+    at = 0;
+    for (const ExpertLease& lease : batch) {  // scatter: one output per assignment
+      for (size_t i : rows_of[lease.expert()]) std::copy_n(y.data() + (at++) * h, h, outputs + i * h);
+    }
+  }
+  const TierStats& tier = fetch->stats();
+  ExpertStats stats;
+  stats.experts_computed = static_cast<uint32_t>(distinct.size());
+  stats.rows_computed = static_cast<uint32_t>(assignments.size());
+  stats.hits = static_cast<uint32_t>(tier.hits);
+  stats.misses = static_cast<uint32_t>(tier.misses);
+  stats.bytes_read = tier.bytes_read;
+  stats.io_wait_ns = tier.io_wait_ns;
+  stats.disk_ns = tier.disk_ns;
+  stats.prefetch_hits = static_cast<uint32_t>(tier.prefetch_hits);
+  // compute_ns is the request's time minus what it spent waiting for the disk.
+  const auto elapsed = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
+  stats.compute_ns = elapsed > tier.io_wait_ns ? elapsed - tier.io_wait_ns : 0;
+  return stats;
+}
+
+ExpertResponse ExpertExecutor::run(const ExpertRequest& request) const {
+  if (request.hidden_size != store_.hidden_size()) {
+    fail_invalid("layer " + std::to_string(request.layer) + ": hidden_size " + std::to_string(request.hidden_size) +
+                 " does not match the model's " + std::to_string(store_.hidden_size()));
+  }
+  if (request.hidden.size() != static_cast<size_t>(request.num_rows) * request.hidden_size) {
+    fail_invalid("layer " + std::to_string(request.layer) + ": hidden holds " + std::to_string(request.hidden.size()) +
+                 " floats, expected num_rows * hidden_size = " +
+                 std::to_string(static_cast<size_t>(request.num_rows) * request.hidden_size));
+  }
+  ExpertResponse response;
+  response.request_id = request.request_id;
+  response.outputs.resize(request.assignments.size() * request.hidden_size);
+  response.stats = run_into(request.layer, request.hidden.data(), request.num_rows, request.assignments,
+                            response.outputs.data());
+  return response;
+}
+
+}  // namespace charm

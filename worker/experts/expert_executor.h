@@ -1,0 +1,36 @@
+// Runs a layer's batch-union on the experts a worker holds: for every assignment
+// (row, expert), y = down_proj(silu(gate_proj(x)) * up_proj(x)) (SwiGLU, as
+// Qwen3MoeMLP / OlmoeMLP), unweighted. Experts already resident are computed first while
+// the missing ones are read (worker/experts/expert_store.h); the rows sharing an expert are one
+// GEMM (worker/experts/swiglu_batch.h). Each output row has the same bits whatever else is in
+// the batch and whichever tier held the expert, so results are bit-identical across
+// topologies and budgets.
+#pragma once
+
+#include "common/moe_types.h"
+#include "worker/experts/expert_store.h"
+
+namespace charm {
+
+class ExpertExecutor {
+ public:
+  explicit ExpertExecutor(const ExpertStore& store) : store_(store) {}
+
+  /// Computes every assignment of `request`. Throws Error(kInvalidInput) naming the
+  /// layer and expert when an assignment names an expert this store does not hold, a row
+  /// out of range, or when hidden_size / hidden.size() disagree with the store; Error(kIo)
+  /// when an expert cannot be read from disk.
+  ExpertResponse run(const ExpertRequest& request) const;
+
+  /// Same, writing outputs into `outputs` ([assignments.size(), hidden] f32) directly,
+  /// for the in-process path that needs no copy.
+  ExpertStats run_into(uint32_t layer, const float* hidden, uint32_t num_rows,
+                       const std::vector<ExpertAssignment>& assignments, float* outputs) const;
+
+  const ExpertStore& store() const { return store_; }
+
+ private:
+  const ExpertStore& store_;
+};
+
+}  // namespace charm
