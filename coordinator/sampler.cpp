@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "common/kernels.h"
-#include "coordinator/engine.h"
+#include "coordinator/sampling_params.h"
 #include "coordinator/text/tokenizer.h"
 
 namespace charm {

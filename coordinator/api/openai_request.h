@@ -11,8 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "coordinator/sampling_params.h"
 #include "coordinator/text/chat_template.h"
-#include "coordinator/engine.h"
+#include "coordinator/text/tokenizer.h"
 
 namespace charm {
 

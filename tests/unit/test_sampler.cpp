@@ -4,7 +4,7 @@
 #include <cmath>
 #include <map>
 
-#include "coordinator/engine.h"
+#include "coordinator/sampling_params.h"
 #include "coordinator/sampler.h"
 #include "coordinator/text/stop_strings.h"
 #include "coordinator/text/tokenizer.h"
