@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint_copy.h"
+#include "tests/support/checkpoint_copy.h"
 #include "common/checkpoint.h"
 #include "common/error.h"
 #include "common/fingerprint.h"
@@ -20,7 +20,7 @@
 #include "common/wire.h"
 #include "coordinator/dispatch/dispatcher_factory.h"
 #include "app/status_report.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
 #include "tests/support/expect_error.h"
 #include "worker/experts/expert_container.h"
 #include "worker/experts/expert_convert.h"

@@ -14,7 +14,7 @@
 
 #include "common/checkpoint.h"
 #include "common/model_config.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
 
 namespace charm::testing {
 

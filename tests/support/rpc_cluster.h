@@ -23,7 +23,7 @@
 #include "common/topology.h"
 #include "common/wire.h"
 #include "coordinator/dispatch/expert_dispatch.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
 #include "worker/experts/expert_executor.h"
 #include "worker/experts/expert_manifest.h"
 #include "worker/experts/expert_store.h"

@@ -7,7 +7,7 @@
 
 #include "common/checkpoint.h"
 #include "common/error.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
 #include "tests/support/expect_error.h"
 
 using namespace charm;

@@ -12,7 +12,7 @@
 #include "common/topology.h"
 #include "coordinator/engine.h"
 #include "coordinator/models/kv_cache.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
 #include "tests/support/expect_error.h"
 
 namespace {

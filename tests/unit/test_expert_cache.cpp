@@ -13,7 +13,7 @@
 
 #include "common/checkpoint.h"
 #include "common/error.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
 #include "tests/support/expect_error.h"
 #include "worker/experts/expert_cache.h"
 #include "worker/experts/expert_manifest.h"

@@ -14,7 +14,7 @@
 #include "common/error.h"
 #include "common/fingerprint.h"
 #include "common/model_config.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
 #include "tests/support/expect_error.h"
 #include "worker/experts/expert_container.h"
 #include "worker/experts/expert_convert.h"

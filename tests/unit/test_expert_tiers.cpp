@@ -14,7 +14,7 @@
 #include "common/kernels.h"
 #include "common/matmul.h"
 #include "common/model_config.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
 #include "worker/experts/expert_container.h"
 #include "worker/experts/expert_convert.h"
 #include "worker/experts/expert_executor.h"

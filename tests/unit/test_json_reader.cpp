@@ -16,7 +16,7 @@
 #include "app/status_report.h"
 #include "coordinator/text/tokenizer.h"
 #include "tests/support/expect_error.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
 #include "worker/experts/expert_container.h"
 #include "worker/experts/usage_log.h"
 

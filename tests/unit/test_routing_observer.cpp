@@ -12,7 +12,7 @@
 #include "coordinator/models/blocks.h"
 #include "coordinator/dispatch/local_dispatch.h"
 #include "coordinator/dispatch/routing_observer.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
 
 using namespace charm;
 using namespace charm::testing;

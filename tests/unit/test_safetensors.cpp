@@ -7,7 +7,7 @@
 
 #include "common/error.h"
 #include "common/safetensors.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
 #include "tests/support/expect_error.h"
 
 using namespace charm;

@@ -10,7 +10,7 @@
 
 #include "common/error.h"
 #include "common/secret.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
 #include "tests/support/expect_error.h"
 
 using namespace charm;

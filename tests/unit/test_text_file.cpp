@@ -5,7 +5,7 @@
 #include <string>
 
 #include "common/text_file.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
 #include "tests/support/expect_error.h"
 
 namespace fs = std::filesystem;

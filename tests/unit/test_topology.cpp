@@ -5,7 +5,7 @@
 #include "common/error.h"
 #include "common/topology.h"
 #include "common/user_path.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
 #include "tests/support/expect_error.h"
 
 using namespace charm;
