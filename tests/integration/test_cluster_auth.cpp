@@ -15,6 +15,7 @@
 #include "tests/support/echo_worker.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/safetensors_writer.h"
+#include "tests/support/temp_dir.h"
 
 using namespace charm;
 using namespace charm::test;
