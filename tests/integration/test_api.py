@@ -9,7 +9,7 @@ ever sampled (the fixture's vocab_size is padded past its tokenizer).
 Copies the given topology (configs/local-cluster.yaml) to a temporary YAML with free
 loopback ports and an absolute model path, starts the workers and the server, and always
 stops every process it started at the end. Every wait is bounded. Exit 0 = pass,
-77 = skipped (model fixture absent), anything else = failure.
+anything else = failure (a missing committed model fixture too).
 """
 import argparse
 import json
@@ -25,7 +25,6 @@ from pathlib import Path
 
 import yaml
 
-SKIP = 77
 API_KEY = "sk-charm-integration-0123456789"
 STARTUP_TIMEOUT_S = 180
 REQUEST_TIMEOUT_S = 120
@@ -334,8 +333,8 @@ def main():
     with tempfile.TemporaryDirectory(prefix="charm-api-") as tmp:
         topology, doc = write_topology(a.charm, a.config, tmp)
         if not (Path(doc["model"]) / "config.json").exists():
-            print(f"skipped: model fixture {doc['model']} is absent", file=sys.stderr)
-            return SKIP
+            print(f"FAIL: committed model fixture {doc['model']}/config.json is missing", file=sys.stderr)
+            return 1
         procs = Processes(tmp)
         ok = False
         try:

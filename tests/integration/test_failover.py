@@ -15,7 +15,8 @@ namespace. Checks, through the HTTP API:
 
 Where namespaces cannot be created (not root, no CAP_NET_ADMIN) the test says why and
 runs the same scenario with the workers on 127.0.0.1 ports. Namespaces and processes are
-removed at exit, also on failure. Exit 0 = pass, 77 = skipped (model fixture absent).
+removed at exit, also on failure.
+Exit 0 = pass, anything else = failure (a missing committed model fixture too).
 """
 import argparse
 import re
@@ -31,7 +32,6 @@ from cluster_harness import (Namespaces, cluster_status, stream_completion,  # n
                              write_replica_topology)
 from test_api import Processes, check, free_port, wait_health  # noqa: E402
 
-SKIP = 77
 PROMPT = "The quick brown fox"
 MAX_TOKENS = 200
 KILL_AFTER_CHUNKS = 40
@@ -158,9 +158,10 @@ def main():
     ap.add_argument("--source-dir", required=True)
     ap.add_argument("--loopback", action="store_true", help="skip namespaces (127.0.0.1 ports)")
     a = ap.parse_args()
-    if not (Path(a.source_dir) / "tests/fixtures/models/qwen3-moe-tiny/config.json").exists():
-        print("skipped: model fixture absent", file=sys.stderr)
-        return SKIP
+    fixture = Path(a.source_dir) / "tests/fixtures/models/qwen3-moe-tiny/config.json"
+    if not fixture.exists():
+        print(f"FAIL: committed model fixture {fixture} is missing", file=sys.stderr)
+        return 1
 
     ns = None if a.loopback else Namespaces(3, delay_ms=1)
     why = "--loopback given" if a.loopback else ns.setup()

@@ -19,8 +19,8 @@ Prints stop -> next token, cut -> next token, the longest gap between tokens aft
 (the stall it caused), and how long each rejoin took. Without
 namespaces (not root) the SIGSTOP part runs on 127.0.0.1 and the link cut is skipped (said
 so). Every stopped process is continued, the link restored, the route removed, processes
-and namespaces removed at exit, also on failure. Exit 0 = pass, 77 = skipped (model
-fixture absent).
+and namespaces removed at exit, also on failure. Exit 0 = pass, anything else =
+failure (a missing committed model fixture too).
 """
 import argparse
 import os
@@ -36,7 +36,6 @@ from cluster_harness import (Namespaces, cluster_status, run, stream_completion,
                              write_replica_topology)
 from test_api import Processes, check, free_port, wait_health  # noqa: E402
 
-SKIP = 77
 PROMPT = "The quick brown fox"
 MAX_TOKENS = 200
 DISTURB_AFTER_REQUESTS = 60  # w1 layer requests into the stream before it goes silent
@@ -180,9 +179,10 @@ def main():
     ap.add_argument("--no-bound", action="store_true",
                     help="measure only: do not assert the stall bound (for the figures of an older build)")
     a = ap.parse_args()
-    if not (Path(a.source_dir) / "tests/fixtures/models/qwen3-moe-tiny/config.json").exists():
-        print("skipped: model fixture absent", file=sys.stderr)
-        return SKIP
+    fixture = Path(a.source_dir) / "tests/fixtures/models/qwen3-moe-tiny/config.json"
+    if not fixture.exists():
+        print(f"FAIL: committed model fixture {fixture} is missing", file=sys.stderr)
+        return 1
 
     ns = None if a.loopback else Namespaces(3, delay_ms=1)
     why = "--loopback given" if a.loopback else ns.setup()

@@ -5,7 +5,7 @@ client sends one request per round), each request MAX_TOKENS greedy tokens. Requ
 errors and every answer complete (a finish_reason and [DONE], the same text for the same
 prompt), samples the coordinator's RSS every 20 ms, reports the peak, and requires memory
 flat: RSS after the last round within max(8 MiB, 10 %) of RSS after the first round.
-Exit 0 = pass, 77 = skipped (model fixture absent).
+Exit 0 = pass, anything else = failure (a missing committed model fixture too).
 """
 import argparse
 import sys
@@ -19,7 +19,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_harness import rss_kib, stream_completion, write_replica_topology  # noqa: E402
 from test_api import Processes, check, free_port, wait_health  # noqa: E402
 
-SKIP = 77
 PROMPTS = ["The quick brown fox", "Once upon a time", "In the beginning", "Hello, world"]
 TIMEOUTS = {"connect_ms": 1000, "request_ms": 5000, "heartbeat_ms": 500}
 
@@ -32,9 +31,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=48)
     a = ap.parse_args()
-    if not (Path(a.source_dir) / "tests/fixtures/models/qwen3-moe-tiny/config.json").exists():
-        print("skipped: model fixture absent", file=sys.stderr)
-        return SKIP
+    fixture = Path(a.source_dir) / "tests/fixtures/models/qwen3-moe-tiny/config.json"
+    if not fixture.exists():
+        print(f"FAIL: committed model fixture {fixture} is missing", file=sys.stderr)
+        return 1
 
     with tempfile.TemporaryDirectory(prefix="charm-load-") as tmp:
         topology, doc = write_replica_topology(a.source_dir, tmp, ["127.0.0.1"] * 3, free_port(), TIMEOUTS)

@@ -14,6 +14,7 @@
 #include "common/wire.h"
 #include "coordinator/engine.h"
 #include "tests/support/child_process.h"
+#include "tests/support/temp_dir.h"
 
 namespace {
 
@@ -56,8 +57,8 @@ struct Outcome {
 /// Starts the workers of a split (if any), builds an Engine and runs every reference prompt.
 Outcome run_split(const std::string& model, const std::vector<std::string>& split, const std::string& tiers = "", bool prefetch = false) {
   std::vector<std::pair<std::string, uint16_t>> workers;
-  const fs::path yaml = write_topology(fs::temp_directory_path() / ("charm-topo-" + std::to_string(getpid())), model,
-                                       split, workers, tiers, prefetch);
+  const test::TempDir dir("charm-topo");  // outlives the workers and the engine below
+  const fs::path yaml = write_topology(dir.path(), model, split, workers, tiers, prefetch);
   std::vector<std::unique_ptr<test::ChildProcess>> children;
   for (const auto& [name, port] : workers) {
     children.push_back(std::make_unique<test::ChildProcess>(
@@ -159,9 +160,8 @@ TEST_CASE("prefetch hints never change a bit: single node and two workers, hints
 }
 
 TEST_CASE("qwen3-moe-tiny: one expert slot per layer gives the logits of full residency (checkpoint and container)") {
-  const fs::path dir = fs::temp_directory_path() / ("charm-tiers-" + std::to_string(getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const test::TempDir tmp("charm-tiers");
+  const fs::path& dir = tmp.path();
   // Two shards written by `charm convert --worker`, and one container of every expert.
   std::vector<std::pair<std::string, uint16_t>> unused;
   const fs::path cluster_yaml = write_topology(dir / "convert", "qwen3-moe-tiny", {"\"0-7\"", "\"8-15\""}, unused);
@@ -221,7 +221,6 @@ TEST_CASE("qwen3-moe-tiny: one expert slot per layer gives the logits of full re
     MESSAGE(name << ": hits " << health.tier.hits << ", misses " << health.tier.misses << ", bytes read "
                  << health.tier.bytes_read << ", io wait " << health.tier.io_wait_ns / 1000 << " us");
   }
-  fs::remove_all(dir);
 }
 
 // --- Qwen2-MoE and Mixtral (issue 4) ---------------------------------------------------

@@ -8,7 +8,7 @@ if(Python3_Interpreter_FOUND)
             --charm $<TARGET_FILE:charm>
             --config ${PROJECT_SOURCE_DIR}/configs/local-cluster.yaml
             --source-dir ${PROJECT_SOURCE_DIR})
-  set_tests_properties(integration_api PROPERTIES LABELS integration TIMEOUT 600 SKIP_RETURN_CODE 77)
+  set_tests_properties(integration_api PROPERTIES LABELS integration TIMEOUT 600)
 endif()
 
 # The CLI's exit codes and error messages, without a model.
@@ -31,6 +31,6 @@ if(Python3_Interpreter_FOUND)
     COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_frozen_worker.py
             --charm $<TARGET_FILE:charm> --source-dir ${PROJECT_SOURCE_DIR})
   set_tests_properties(integration_failover integration_load integration_frozen_worker PROPERTIES
-    LABELS integration TIMEOUT 300 SKIP_RETURN_CODE 77 ENVIRONMENT OMP_WAIT_POLICY=passive
+    LABELS integration TIMEOUT 300 ENVIRONMENT OMP_WAIT_POLICY=passive
     RESOURCE_LOCK charm_cluster_ports)
 endif()

@@ -8,12 +8,13 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
 #include "coordinator/text/chat_template.h"
+#include "tests/support/expect_error.h"
+#include "tests/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using charm::ChatMessage;
@@ -34,17 +35,11 @@ std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
-// The message of the Error that `fn` throws ("" and a failed check when it throws nothing).
+// The message of the Error that `fn` throws (tests/support/expect_error.h: fails the test
+// case when `fn` throws nothing, and checks the category).
 template <typename Fn>
 std::string error_of(Fn&& fn, ErrorCategory want = ErrorCategory::kInvalidInput) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    CHECK_MESSAGE(e.category() == want, "category was " << charm::category_name(e.category()) << ": " << e.message());
-    return e.message();
-  }
-  FAIL_CHECK("expected a charm::Error");
-  return "";
+  return charm::test::expect_error(std::forward<Fn>(fn), want).message();
 }
 
 // "2025-03-14T15:09:26" (a case's "local_time") as broken-down local time.
@@ -68,20 +63,7 @@ std::string render(const std::string& source, const std::vector<ChatMessage>& me
   return ChatTemplate::parse(source, "<s>", "</s>", fixed_time())->render(messages, agp);
 }
 
-// A scratch directory removed at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("charm_chat_template_" + std::to_string(::getpid()) + "_" +
-                                        std::to_string(reinterpret_cast<uintptr_t>(this)));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  fs::path write(const std::string& name, const std::string& text) const {
-    std::ofstream(path / name, std::ios::binary) << text;
-    return path / name;
-  }
-};
+using charm::test::TempDir;
 
 }  // namespace
 
@@ -296,7 +278,7 @@ TEST_CASE("load reads chat_template and special tokens from tokenizer_config.jso
     msg = error_of([&] { ChatTemplate::load(dir.write("syn.json", R"({"chat_template": "{% if %}"})")); });
     CHECK(msg.find("syn.json") != std::string::npos);
     CHECK(msg.find("line 1") != std::string::npos);
-    error_of([&] { ChatTemplate::load(dir.path / "does_not_exist.json"); }, ErrorCategory::kIo);
+    error_of([&] { ChatTemplate::load(dir / "does_not_exist.json"); }, ErrorCategory::kIo);
   }
 }
 
@@ -305,7 +287,7 @@ TEST_CASE("the repository's tokenizer_config.json fixtures load and render") {
   // the Qwen ones hold exactly the templates checked byte for byte above.
   for (const char* sub : {"tokenizer", "models"}) {
     fs::path root = fs::path(CHARM_SOURCE_DIR) / "tests" / "fixtures" / sub;
-    if (!fs::exists(root)) continue;
+    REQUIRE_MESSAGE(fs::is_directory(root), "committed fixture folder missing: " << root);
     for (const auto& entry : fs::recursive_directory_iterator(root)) {
       if (entry.path().filename() != "tokenizer_config.json") continue;
       ordered_json cfg = ordered_json::parse(slurp(entry.path()), nullptr, false);

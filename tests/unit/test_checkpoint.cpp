@@ -7,12 +7,13 @@
 
 #include "common/checkpoint.h"
 #include "common/error.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/temp_dir.h"
 
 using namespace charm;
 using charm::test::expect_error;
-using charm::testing::TempDir;
+using charm::test::TempDir;
 using charm::testing::TensorSpec;
 
 namespace {

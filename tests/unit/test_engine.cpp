@@ -12,8 +12,9 @@
 #include "common/topology.h"
 #include "coordinator/engine.h"
 #include "coordinator/models/kv_cache.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/temp_dir.h"
 
 namespace {
 
@@ -80,7 +81,7 @@ TEST_CASE("the sampling mask leaves greedy generation as the reference has it, f
 }
 
 TEST_CASE("a tokenizer with more ids than the model's vocab_size is refused at load, naming both files") {
-  testing::TempDir dir("charm-engine");
+  test::TempDir dir("charm-engine");
   const auto fixture = kModels / "qwen3-moe-tiny";
   for (const auto& entry : std::filesystem::directory_iterator(fixture)) {
     if (entry.path().filename() != "config.json")
@@ -97,22 +98,18 @@ TEST_CASE("a tokenizer with more ids than the model's vocab_size is refused at l
 // The refusal reaches HTTP clients as a 400 (a chat request to such a model is the
 // request's mistake), so it names the model, not the server's files; the load logged why.
 TEST_CASE("a model without a usable chat template refuses chat without naming its files") {
-  testing::TempDir dir("charm-engine");
+  test::TempDir dir("charm-engine");
   for (const auto& entry : std::filesystem::directory_iterator(kModels / "qwen3-moe-tiny")) {
     if (entry.path().filename() != "tokenizer_config.json")
       std::filesystem::create_symlink(entry.path(), dir / entry.path().filename().string());
   }
   auto engine = single_node(dir.path());
-  try {
-    engine->chat_template();
-    FAIL("no error");
-  } catch (const Error& e) {
-    CHECK(e.category() == ErrorCategory::kInvalidInput);
-    CHECK(e.message().find("'" + dir.path().filename().string() + "'") != std::string::npos);  // the model's name
-    CHECK(e.message().find(dir.path().string()) == std::string::npos);
-    CHECK(e.message().find("no usable chat template") != std::string::npos);
-    CHECK(e.message().find("/v1/completions") != std::string::npos);
-  }
+  std::string model_name = "'";  // quoted, as the message writes it
+  model_name += dir.path().filename().string();
+  model_name += "'";
+  const Error e = test::expect_error([&] { engine->chat_template(); }, ErrorCategory::kInvalidInput,
+                                     {model_name, "no usable chat template", "/v1/completions"});
+  CHECK(e.message().find(dir.path().string()) == std::string::npos);
   SamplingParams greedy;
   greedy.temperature = 0;
   greedy.max_tokens = 2;

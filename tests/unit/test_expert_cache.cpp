@@ -13,8 +13,9 @@
 
 #include "common/checkpoint.h"
 #include "common/error.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/temp_dir.h"
 #include "worker/experts/expert_cache.h"
 #include "worker/experts/expert_manifest.h"
 #include "worker/experts/expert_source.h"
@@ -271,7 +272,7 @@ TEST_CASE("plan_slots: fewer slots than layers is an error naming the worker and
 }
 
 TEST_CASE("usage file: two restarts merge their counts; a corrupt file is warned about and ignored") {
-  testing::TempDir dir("charm-usage");
+  test::TempDir dir("charm-usage");
   const auto path = dir / "usage.json";
   {
     UsageLog log(path, "fp1");
@@ -315,7 +316,7 @@ TEST_CASE("usage file: two restarts merge their counts; a corrupt file is warned
 }
 
 TEST_CASE("ExpertStore pins the hottest experts of the usage file at start (pin: auto)") {
-  testing::TempDir dir("charm-pin");
+  test::TempDir dir("charm-pin");
   const auto usage = dir / "usage.json";
   {
     UsageLog log(usage, "fp");
@@ -348,7 +349,7 @@ TEST_CASE("ExpertStore pins the hottest experts of the usage file at start (pin:
 TEST_CASE("a checkpoint expert holding NaN fails a pinned start and an LRU fill, naming file, tensor and element") {
   // Issue 12 item 7: every read of an expert into RAM checks its weights (pinned at
   // start, LRU fills on demand, prefetch), so a bad checkpoint cannot print garbage.
-  testing::TempDir dir("charm-nan-cache");
+  test::TempDir dir("charm-nan-cache");
   testing::write_bytes(dir / "config.json", R"({"architectures": ["Qwen3MoeForCausalLM"]})");
   std::vector<testing::TensorSpec> tensors;
   for (int e = 0; e < 3; ++e) {

@@ -14,8 +14,9 @@
 #include "common/error.h"
 #include "common/fingerprint.h"
 #include "common/model_config.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/temp_dir.h"
 #include "worker/experts/expert_container.h"
 #include "worker/experts/expert_convert.h"
 #include "worker/experts/expert_executor.h"
@@ -75,7 +76,7 @@ TEST_CASE("convert keeps every expert's bytes (bf16 stays bf16), per-expert and 
   for (const char* name : {"qwen3-moe-tiny", "olmoe-tiny"}) {
     INFO(name);
     const Model m(name);
-    testing::TempDir dir("charm-container");
+    test::TempDir dir("charm-container");
     const ConvertResult r = m.convert(dir.path());
     CHECK(r.experts == m.all.size());
     CHECK(r.data_bytes % 4096 == 0);
@@ -106,7 +107,7 @@ TEST_CASE("convert keeps every expert's bytes (bf16 stays bf16), per-expert and 
 
 TEST_CASE("a directory without index.json is not a container") {
   const Model m("qwen3-moe-tiny");
-  testing::TempDir dir("charm-container");
+  test::TempDir dir("charm-container");
   test::expect_error([&] { m.open(dir.path()); }, ErrorCategory::kInvalidInput, {"not an expert container", "charm convert"});
   testing::write_bytes(dir / "convert.journal", "{}\n");
   test::expect_error([&] { m.open(dir.path()); }, ErrorCategory::kInvalidInput, {"did not finish", "resume"});
@@ -114,10 +115,10 @@ TEST_CASE("a directory without index.json is not a container") {
 
 TEST_CASE("malformed containers are rejected naming the file and what is wrong") {
   const Model m("qwen3-moe-tiny");
-  testing::TempDir good("charm-container");
+  test::TempDir good("charm-container");
   m.convert(good.path());
   auto fresh = [&](const std::string& tag) {
-    auto dir = std::make_unique<testing::TempDir>("charm-bad-" + tag);
+    auto dir = std::make_unique<test::TempDir>("charm-bad-" + tag);
     fs::copy(good.path(), dir->path(), fs::copy_options::recursive | fs::copy_options::overwrite_existing);
     return dir;
   };
@@ -222,7 +223,7 @@ TEST_CASE("malformed containers are rejected naming the file and what is wrong")
 
 TEST_CASE("an interrupted conversion resumes and writes the same bytes as an uninterrupted one") {
   const Model m("qwen3-moe-tiny");
-  testing::TempDir full("charm-full");
+  test::TempDir full("charm-full");
   m.convert(full.path());
   const std::string want_data = slurp(full / "experts.bin");
   const std::string want_index = slurp(full / "index.json");
@@ -230,7 +231,7 @@ TEST_CASE("an interrupted conversion resumes and writes the same bytes as an uni
 
   // The state a crash during layer 2 leaves: a journal with the first 20 records (the
   // last one torn), experts.bin cut inside record 20, no index.
-  testing::TempDir crash("charm-crash");
+  test::TempDir crash("charm-crash");
   json header = index;
   header.erase("experts");
   header.erase("data_bytes");
@@ -259,7 +260,7 @@ TEST_CASE("an interrupted conversion resumes and writes the same bytes as an uni
 
 TEST_CASE("convert refuses to mix options with an unfinished or finished conversion") {
   const Model m("qwen3-moe-tiny");
-  testing::TempDir dir("charm-mix");
+  test::TempDir dir("charm-mix");
   json header = {{"format", kContainerFormat}, {"version", kContainerVersion}, {"model_fingerprint", m.fingerprint},
                  {"hidden_size", 64},          {"moe_intermediate_size", 32}, {"quant", "int8"},
                  {"group_size", 32},           {"worker", ""}};
@@ -274,7 +275,7 @@ TEST_CASE("convert refuses to mix options with an unfinished or finished convers
 
 TEST_CASE("a worker's shard holds only its experts; serving a missing one is an error naming it") {
   const Model m("qwen3-moe-tiny");
-  testing::TempDir dir("charm-shard");
+  test::TempDir dir("charm-shard");
   std::vector<ExpertKey> mine;
   for (const ExpertKey& k : m.all) {
     if (k.second < 8) mine.push_back(k);
@@ -309,7 +310,7 @@ TEST_CASE("int8 and int4 containers stay within their stated error of the checkp
   }
   const size_t n = assignments.size() * m.config.hidden_size;
   for (auto [quant, bound] : {std::pair{"int8", 0.02}, {"int4", 0.25}}) {
-    testing::TempDir dir("charm-quant");
+    test::TempDir dir("charm-quant");
     m.convert(dir.path(), quant);
     ExpertStore store(m.open(dir.path()), m.all, m.config.hidden_size, m.config.moe_intermediate_size, StoreOptions{});
     CHECK(m.open(dir.path())->header().group_size == 32);
@@ -332,7 +333,7 @@ TEST_CASE("int8 and int4 containers stay within their stated error of the checkp
 }
 
 TEST_CASE("convert refuses a checkpoint expert holding NaN or Inf, naming the tensor, in every target form") {
-  testing::TempDir ckpt("charm-nan-convert");
+  test::TempDir ckpt("charm-nan-convert");
   testing::write_bytes(ckpt / "config.json", R"({"architectures": ["Qwen3MoeForCausalLM"]})");
   std::vector<testing::TensorSpec> tensors;
   for (int e = 0; e < 2; ++e) {
@@ -351,7 +352,7 @@ TEST_CASE("convert refuses a checkpoint expert holding NaN or Inf, naming the te
   config.moe_intermediate_size = 2;
   for (const std::string quant : {"none", "int8", "int4"}) {
     CAPTURE(quant);
-    testing::TempDir out("charm-nan-out");
+    test::TempDir out("charm-nan-out");
     ConvertOptions o;
     o.out = out.path() / "c";
     o.quant = quant;

@@ -9,7 +9,7 @@
 
 #include <xxhash.h>
 
-#include "checkpoint_copy.h"
+#include "tests/support/checkpoint_copy.h"
 #include "common/checkpoint.h"
 #include "common/error.h"
 #include "common/fingerprint.h"

@@ -14,7 +14,8 @@
 #include "common/kernels.h"
 #include "common/matmul.h"
 #include "common/model_config.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
+#include "tests/support/temp_dir.h"
 #include "worker/experts/expert_container.h"
 #include "worker/experts/expert_convert.h"
 #include "worker/experts/expert_executor.h"
@@ -130,7 +131,7 @@ TEST_CASE("expert outputs are bit-identical for every tier, budget and source") 
     CHECK(t.bytes_read > 0);
     CHECK(t.disk_ns > 0);
 
-    testing::TempDir dir("charm-tiers");
+    test::TempDir dir("charm-tiers");
     ConvertOptions o;
     o.out = dir.path();
     o.progress = false;

@@ -16,7 +16,8 @@
 #include "app/status_report.h"
 #include "coordinator/text/tokenizer.h"
 #include "tests/support/expect_error.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
+#include "tests/support/temp_dir.h"
 #include "worker/experts/expert_container.h"
 #include "worker/experts/usage_log.h"
 
@@ -24,7 +25,7 @@ namespace fs = std::filesystem;
 using charm::ErrorCategory;
 using charm::JsonLimits;
 using charm::test::expect_error;
-using charm::testing::TempDir;
+using charm::test::TempDir;
 using charm::testing::write_bytes;
 
 namespace {
@@ -65,15 +66,15 @@ TEST_CASE("parse_json keeps documents within the depth and size limits") {
                ErrorCategory::kInvalidInput, {"big.json", "1002 bytes", "limit of 1000 bytes"});
   // Numbers a double cannot hold are a limit too; syntax errors are plain Errors.
   CHECK_THROWS_AS(charm::parse_json("[1e400]", "doc", limits), charm::JsonLimitError);
-  try {
-    charm::parse_json("[1,", "doc.json", limits);
-    FAIL("no error");
-  } catch (const charm::JsonLimitError&) {
-    FAIL("a syntax error is not a limit");
-  } catch (const charm::Error& e) {
-    CHECK(e.category() == ErrorCategory::kInvalidInput);
-    CHECK(e.message().find("doc.json: not valid JSON") != std::string::npos);
-  }
+  expect_error(
+      [&] {
+        try {
+          charm::parse_json("[1,", "doc.json", limits);
+        } catch (const charm::JsonLimitError&) {
+          FAIL("a syntax error is not a limit");  // any other Error goes on to expect_error
+        }
+      },
+      ErrorCategory::kInvalidInput, {"doc.json: not valid JSON"});
 }
 
 TEST_CASE("a hostile depth is refused at once, whatever the limits") {
@@ -156,21 +157,16 @@ TEST_CASE("a key repeated within one object is refused, naming it and where it i
   const JsonLimits limits{1 << 20, 64};
   // Equal keys in different objects are fine.
   CHECK_NOTHROW(charm::parse_json(R"({"a": 1, "b": {"a": 2}, "c": [{"a": 3}, {"a": 4}]})", "doc", limits));
-  try {
-    charm::parse_json(R"({"a": 1, "b": 2, "a": 3})", "doc.json", limits);
-    FAIL("a repeated key was accepted");
-  } catch (const charm::JsonDuplicateKeyError& e) {
-    CHECK(e.duplicate().key == "a");
-    CHECK(e.duplicate().path.empty());
-    CHECK(e.message() == "doc.json: key 'a' appears twice at the top level");
-  }
-  try {
-    charm::parse_ordered_json(R"({"x": [1, {"y": {"k": 1, "k": 1}}]})", "doc.json", limits);
-    FAIL("a repeated key was accepted");
-  } catch (const charm::JsonDuplicateKeyError& e) {
-    CHECK(e.duplicate().path == std::vector<std::string>{"'x'", "[1]", "'y'"});
-    CHECK(e.message() == "doc.json: key 'k' appears twice in 'x'[1].'y'");
-  }
+  const auto top = expect_error<charm::JsonDuplicateKeyError>(
+      [&] { charm::parse_json(R"({"a": 1, "b": 2, "a": 3})", "doc.json", limits); }, ErrorCategory::kInvalidInput);
+  CHECK(top.duplicate().key == "a");
+  CHECK(top.duplicate().path.empty());
+  CHECK(top.message() == "doc.json: key 'a' appears twice at the top level");
+  const auto nested = expect_error<charm::JsonDuplicateKeyError>(
+      [&] { charm::parse_ordered_json(R"({"x": [1, {"y": {"k": 1, "k": 1}}]})", "doc.json", limits); },
+      ErrorCategory::kInvalidInput);
+  CHECK(nested.duplicate().path == std::vector<std::string>{"'x'", "[1]", "'y'"});
+  CHECK(nested.message() == "doc.json: key 'k' appears twice in 'x'[1].'y'");
   // After a closed object its keys no longer count; the index of an array counts values
   // and containers alike.
   expect_error([&] { charm::parse_json(R"([{"a": 1}, 2, {"a": 1, "b": [], "b": 0}])", "doc", limits); },

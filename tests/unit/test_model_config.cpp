@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "common/model_config.h"
+#include "tests/support/expect_error.h"
 
 using namespace charm;
 using nlohmann::json;
@@ -23,13 +24,9 @@ json qwen3() {
               {"eos_token_id", 7}};
 }
 
+// what() of the Error that parsing `j` throws; the test case fails when it parses.
 std::string error_of(const json& j) {
-  try {
-    ModelConfig::parse(j, "model/config.json");
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return test::expect_throw<Error>([&] { ModelConfig::parse(j, "model/config.json"); }).what();
 }
 }  // namespace
 

@@ -18,6 +18,7 @@
 #include "coordinator/dispatch/dispatcher_factory.h"
 #include "coordinator/engine.h"
 #include "coordinator/models/model.h"
+#include "tests/support/expect_error.h"
 
 namespace {
 
@@ -146,5 +147,5 @@ TEST_CASE("a prefill chunk of 0 tokens is refused by name") {
   topology.single_node = true;
   EngineOptions options;
   options.prefill_chunk = 0;
-  CHECK_THROWS_WITH_AS(Engine::create(topology, options), doctest::Contains("prefill chunk"), charm::Error);
+  test::expect_error([&] { Engine::create(topology, options); }, ErrorCategory::kInvalidInput, {"prefill chunk"});
 }

@@ -12,10 +12,13 @@
 #include "coordinator/models/blocks.h"
 #include "coordinator/dispatch/local_dispatch.h"
 #include "coordinator/dispatch/routing_observer.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
+#include "tests/support/temp_dir.h"
+#include "tests/support/expect_error.h"
 
 using namespace charm;
 using namespace charm::testing;
+using charm::test::TempDir;
 
 namespace {
 
@@ -112,14 +115,9 @@ TEST_CASE("the routing trace has one line per layer call, steps, rows in rank or
 }
 
 TEST_CASE("an unwritable routing trace path is an I/O error naming the file") {
-  try {
-    RoutingObserver observer(std::make_unique<FakeDispatcher>(),
-                             RoutingObserverOptions{false, "/nonexistent-dir/trace.jsonl"});
-    FAIL("no error");
-  } catch (const Error& e) {
-    CHECK(e.category() == ErrorCategory::kIo);
-    CHECK(e.message().find("/nonexistent-dir/trace.jsonl") != std::string::npos);
-  }
+  test::expect_error(
+      [] { RoutingObserver observer(std::make_unique<FakeDispatcher>(), RoutingObserverOptions{false, "/nonexistent-dir/trace.jsonl"}); },
+      ErrorCategory::kIo, {"/nonexistent-dir/trace.jsonl"});
 }
 
 TEST_CASE("hint_next_moe_layer sends what the next router picks on the normalised state") {

@@ -10,8 +10,9 @@
 
 #include "common/error.h"
 #include "common/secret.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/temp_dir.h"
 
 using namespace charm;
 namespace fs = std::filesystem;
@@ -41,7 +42,7 @@ SecretSource file_source(const fs::path& path) {
 }  // namespace
 
 TEST_CASE("create_secret_file: 64 hex digits and a newline, mode 0600, that read_secret reads back") {
-  testing::TempDir dir("charm-secret");
+  test::TempDir dir("charm-secret");
   const mode_t old_umask = ::umask(0);  // even a permissive umask gives 0600
   create_secret_file(dir / "cluster.secret");
   ::umask(old_umask);
@@ -59,7 +60,7 @@ TEST_CASE("create_secret_file: 64 hex digits and a newline, mode 0600, that read
 }
 
 TEST_CASE("create_secret_file never overwrites, and leaves nothing behind when it cannot write") {
-  testing::TempDir dir("charm-secret");
+  test::TempDir dir("charm-secret");
   testing::write_bytes(dir / "existing", "keep me\n");
   test::expect_error([&] { create_secret_file(dir / "existing"); }, ErrorCategory::kInvalidInput,
                      {(dir / "existing").string(), "already exists"});
@@ -74,7 +75,7 @@ TEST_CASE("create_secret_file never overwrites, and leaves nothing behind when i
 }
 
 TEST_CASE("read_secret refuses files others may access or the group may write; warns on group-readable") {
-  testing::TempDir dir("charm-secret");
+  test::TempDir dir("charm-secret");
   const fs::path file = dir / "s";
   testing::write_bytes(file, "0123456789abcdef0123456789abcdef\n");
   for (unsigned mode : {0644u, 0604u, 0602u, 0601u, 0620u, 0660u, 0666u}) {
@@ -91,7 +92,7 @@ TEST_CASE("read_secret refuses files others may access or the group may write; w
 }
 
 TEST_CASE("read_secret refuses what is not a small regular file") {
-  testing::TempDir dir("charm-secret");
+  test::TempDir dir("charm-secret");
   test::expect_error([&] { read_secret(file_source(dir.path())); }, ErrorCategory::kInvalidInput,
                      {"not a regular file"});
   testing::write_bytes(dir / "big", std::string(kMaxSecretBytes + 1, 'x'));

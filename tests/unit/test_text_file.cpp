@@ -5,13 +5,14 @@
 #include <string>
 
 #include "common/text_file.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using charm::ErrorCategory;
 using charm::test::expect_error;
-using charm::testing::TempDir;
+using charm::test::TempDir;
 using charm::testing::write_bytes;
 
 TEST_CASE("read_text_file refuses a file over its limit before reading it, naming it") {

@@ -11,6 +11,8 @@
 #include "common/error.h"
 #include "coordinator/text/tokenizer.h"
 #include "coordinator/text/unicode_nfc.h"
+#include "tests/support/expect_error.h"
+#include "tests/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using charm::Tokenizer;
@@ -248,25 +250,18 @@ json tiny_tokenizer() {
   })");
 }
 
+// Writes `content` to `name` in a scratch directory removed when the test program exits.
 fs::path write_temp(const std::string& name, const std::string& content) {
-  const fs::path dir = fs::path(CHARM_BINARY_DIR) / "test_tokenizer_tmp";
-  fs::create_directories(dir);
-  const fs::path p = dir / name;
-  std::ofstream(p, std::ios::binary) << content;
-  return p;
+  static const charm::test::TempDir dir("charm-tokenizer");
+  return dir.write(name, content);
 }
 
-void expect_error(const std::string& name, const std::string& content,
-                  charm::ErrorCategory category, const std::string& needle) {
+// Loading `content` saved as `name` fails with `category`, naming the file and `needle`.
+void expect_load_error(const std::string& name, const std::string& content,
+                       charm::ErrorCategory category, const std::string& needle) {
   const fs::path p = write_temp(name, content);
-  try {
-    Tokenizer::load(p);
-    FAIL("no error for " << name);
-  } catch (const charm::Error& e) {
-    CHECK(e.category() == category);
-    CHECK_MESSAGE(e.message().find(p.string()) != std::string::npos, e.message());
-    CHECK_MESSAGE(e.message().find(needle) != std::string::npos, e.message());
-  }
+  CAPTURE(name);
+  charm::test::expect_error([&] { Tokenizer::load(p); }, category, {p.string(), needle});
 }
 
 }  // namespace
@@ -297,56 +292,51 @@ TEST_CASE("has_token: vocabulary and added ids only, not holes or ids past the e
 
 TEST_CASE("malformed tokenizer.json files name the file and the problem") {
   using C = charm::ErrorCategory;
-  expect_error("bad.json", "{\"model\": {", C::kInvalidInput, "not valid JSON");
-  expect_error("array.json", "[1, 2]", C::kInvalidInput, "not a JSON object");
+  expect_load_error("bad.json", "{\"model\": {", C::kInvalidInput, "not valid JSON");
+  expect_load_error("array.json", "[1, 2]", C::kInvalidInput, "not a JSON object");
 
   json j = tiny_tokenizer();
   j.erase("model");
-  expect_error("no_model.json", j.dump(), C::kInvalidInput, "\"model\"");
+  expect_load_error("no_model.json", j.dump(), C::kInvalidInput, "\"model\"");
 
   j = tiny_tokenizer();
   j["model"]["type"] = "WordPiece";
-  expect_error("wordpiece.json", j.dump(), C::kInvalidInput, "WordPiece");
+  expect_load_error("wordpiece.json", j.dump(), C::kInvalidInput, "WordPiece");
 
   j = tiny_tokenizer();
   j["model"]["merges"] = json::array({"a zz"});
-  expect_error("merge_unknown.json", j.dump(), C::kInvalidInput, "\"zz\"");
+  expect_load_error("merge_unknown.json", j.dump(), C::kInvalidInput, "\"zz\"");
 
   j = tiny_tokenizer();
   j["model"]["merges"] = json::array({"ab"});
-  expect_error("merge_one.json", j.dump(), C::kInvalidInput, "model.merges[0]");
+  expect_load_error("merge_one.json", j.dump(), C::kInvalidInput, "model.merges[0]");
 
   j = tiny_tokenizer();
   j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(\\p{L}+";
-  expect_error("bad_regex.json", j.dump(), C::kInvalidInput, "PCRE2");
+  expect_load_error("bad_regex.json", j.dump(), C::kInvalidInput, "PCRE2");
 
   j = tiny_tokenizer();
   j["added_tokens"][0]["id"] = -5;
-  expect_error("added_id.json", j.dump(), C::kInvalidInput, "added_tokens[0].id");
+  expect_load_error("added_id.json", j.dump(), C::kInvalidInput, "added_tokens[0].id");
 
   j = tiny_tokenizer();
   j["added_tokens"][0]["content"] = "ab";  // vocab has "ab" as id 2
-  expect_error("added_clash.json", j.dump(), C::kInvalidInput, "model.vocab gives it 2");
+  expect_load_error("added_clash.json", j.dump(), C::kInvalidInput, "model.vocab gives it 2");
 
   j = tiny_tokenizer();
   j["model"]["vocab"]["a"] = "zero";
-  expect_error("vocab_type.json", j.dump(), C::kInvalidInput, "model.vocab[\"a\"]");
+  expect_load_error("vocab_type.json", j.dump(), C::kInvalidInput, "model.vocab[\"a\"]");
 
   j = tiny_tokenizer();
   j["normalizer"] = json::parse(R"({"type": "Lowercase"})");
-  expect_error("lowercase.json", j.dump(), C::kUnsupported, "Lowercase");
+  expect_load_error("lowercase.json", j.dump(), C::kUnsupported, "Lowercase");
 
   j = tiny_tokenizer();
   j["pre_tokenizer"] = json::parse(R"({"type": "Whitespace"})");
-  expect_error("whitespace.json", j.dump(), C::kUnsupported, "pre_tokenizer");
+  expect_load_error("whitespace.json", j.dump(), C::kUnsupported, "pre_tokenizer");
 
-  try {
-    Tokenizer::load("/nonexistent/tokenizer.json");
-    FAIL("no error for a missing file");
-  } catch (const charm::Error& e) {
-    CHECK(e.category() == C::kIo);
-    CHECK(e.message().find("/nonexistent/tokenizer.json") != std::string::npos);
-  }
+  charm::test::expect_error([] { Tokenizer::load("/nonexistent/tokenizer.json"); }, C::kIo,
+                            {"/nonexistent/tokenizer.json"});
 }
 
 TEST_CASE("long inputs round-trip (no regex limits hit)") {

@@ -5,12 +5,13 @@
 #include "common/error.h"
 #include "common/topology.h"
 #include "common/user_path.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/temp_dir.h"
 
 using namespace charm;
 using charm::test::expect_error;
-using charm::testing::TempDir;
+using charm::test::TempDir;
 
 namespace {
 

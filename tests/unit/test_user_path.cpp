@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "common/user_path.h"
+#include "tests/support/expect_error.h"
 
 using namespace charm;
 namespace fs = std::filesystem;
@@ -38,15 +39,12 @@ TEST_CASE("from_command_line resolves against the current directory; a relative 
 
 TEST_CASE("rethrow_in appends a relative path's origin to an error about a file inside it") {
   const UserPath rel = UserPath::resolve("models/q", "/srv");
-  try {
-    rethrow_in(Error(ErrorCategory::kIo, "/srv/models/q/config.json: missing"), rel);
-  } catch (const Error& e) {
-    CHECK(e.category() == ErrorCategory::kIo);
-    CHECK(e.message() == "/srv/models/q/config.json: missing (in /srv/models/q, resolved from 'models/q' against /srv)");
-  }
-  try {
-    rethrow_in(Error(ErrorCategory::kInvalidInput, "x: bad"), UserPath::resolve("/abs/q", "/srv"));
-  } catch (const Error& e) {
-    CHECK(e.message() == "x: bad");  // absolute: nothing to add
-  }
+  const Error relative = test::expect_error(
+      [&] { rethrow_in(Error(ErrorCategory::kIo, "/srv/models/q/config.json: missing"), rel); }, ErrorCategory::kIo);
+  CHECK(relative.message() ==
+        "/srv/models/q/config.json: missing (in /srv/models/q, resolved from 'models/q' against /srv)");
+  const Error absolute = test::expect_error(
+      [] { rethrow_in(Error(ErrorCategory::kInvalidInput, "x: bad"), UserPath::resolve("/abs/q", "/srv")); },
+      ErrorCategory::kInvalidInput);
+  CHECK(absolute.message() == "x: bad");  // absolute: nothing to add
 }

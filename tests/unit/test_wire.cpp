@@ -11,25 +11,13 @@
 #include "common/error.h"
 #include "common/wire.h"
 #include "schema/charm.capnp.h"
+#include "tests/support/expect_error.h"
 
 using namespace charm;
 
 namespace {
 
 FrameBody body_of(const Frame& frame) { return split_frame(frame.data(), frame.size()); }
-
-// Runs `fn`, requires Error(kProtocol) whose message contains `needle`.
-void require_protocol_error(const std::function<void()>& fn, const std::string& needle) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    CHECK(e.category() == ErrorCategory::kProtocol);
-    INFO("message: " << e.message());
-    CHECK(e.message().find(needle) != std::string::npos);
-    return;
-  }
-  FAIL("no Error thrown; expected one mentioning " << needle);
-}
 
 // A frame built straight from a capnp builder, so tests can write what encoders refuse.
 Frame frame_from(capnp::MessageBuilder& builder) {
@@ -158,25 +146,25 @@ TEST_CASE("encode_layer_request refuses hidden that does not match num_rows * hi
 
 TEST_CASE("truncated frames are rejected") {
   const Frame frame = encode_health_request();
-  require_protocol_error([&] { split_frame(frame.data(), 3); }, "truncated");
-  require_protocol_error([&] { split_frame(frame.data(), frame.size() - 8); }, "truncated");
+  test::expect_error([&] { split_frame(frame.data(), 3); }, ErrorCategory::kProtocol, {"truncated"});
+  test::expect_error([&] { split_frame(frame.data(), frame.size() - 8); }, ErrorCategory::kProtocol, {"truncated"});
   Frame longer = frame;
   longer.push_back(0);
-  require_protocol_error([&] { split_frame(longer.data(), longer.size()); }, "trailing");
+  test::expect_error([&] { split_frame(longer.data(), longer.size()); }, ErrorCategory::kProtocol, {"trailing"});
 }
 
 TEST_CASE("a length over the cap is rejected before anything is read") {
   const Frame frame = encode_layer_request(sample_request());
-  require_protocol_error([&] { split_frame(frame.data(), frame.size(), 64); }, "exceeds the cap");
+  test::expect_error([&] { split_frame(frame.data(), frame.size(), 64); }, ErrorCategory::kProtocol, {"exceeds the cap"});
   const uint8_t huge[4] = {0xf8, 0xff, 0xff, 0xff};
-  require_protocol_error([&] { split_frame(huge, 4); }, "exceeds the cap");
+  test::expect_error([&] { split_frame(huge, 4); }, ErrorCategory::kProtocol, {"exceeds the cap"});
   // decode_message checks the cap too (bodies that came from elsewhere).
-  require_protocol_error([&] { decode_message(body_of(frame), 64); }, "exceeds the cap");
+  test::expect_error([&] { decode_message(body_of(frame), 64); }, ErrorCategory::kProtocol, {"exceeds the cap"});
 }
 
 TEST_CASE("a length that is not whole Cap'n Proto words is rejected") {
   const uint8_t odd[4 + 12] = {12, 0, 0, 0};
-  require_protocol_error([&] { split_frame(odd, sizeof odd); }, "8-byte");
+  test::expect_error([&] { split_frame(odd, sizeof odd); }, ErrorCategory::kProtocol, {"8-byte"});
 }
 
 TEST_CASE("garbage bytes are rejected as a malformed message") {
@@ -184,28 +172,28 @@ TEST_CASE("garbage bytes are rejected as a malformed message") {
   FrameBody body;
   body.words = {0xffffffff7fffffffull, 0x0123456789abcdefull};
   body.bytes = 16;
-  require_protocol_error([&] { decode_message(body); }, "malformed Cap'n Proto message");
+  test::expect_error([&] { decode_message(body); }, ErrorCategory::kProtocol, {"malformed Cap'n Proto message"});
   // One segment whose root pointer points far outside it.
   body.words = {0x0000000200000000ull, 0x7ffffff0fffffffcull, 0};
   body.bytes = 24;
-  require_protocol_error([&] { decode_message(body); }, "malformed Cap'n Proto message");
+  test::expect_error([&] { decode_message(body); }, ErrorCategory::kProtocol, {"malformed Cap'n Proto message"});
   // An empty body.
   FrameBody empty;
-  require_protocol_error([&] { decode_message(empty); }, "malformed Cap'n Proto message");
+  test::expect_error([&] { decode_message(empty); }, ErrorCategory::kProtocol, {"malformed Cap'n Proto message"});
 }
 
 TEST_CASE("trailing words after a valid message are rejected") {
   FrameBody body = body_of(encode_health_request());
   body.words.push_back(0);
   body.bytes += 8;
-  require_protocol_error([&] { decode_message(body); }, "trailing");
+  test::expect_error([&] { decode_message(body); }, ErrorCategory::kProtocol, {"trailing"});
 }
 
 TEST_CASE("the wrong union member is rejected by decode_as, naming both") {
   const FrameBody hello = body_of(encode_hello(HelloMsg{kProtocolVersion, "ab", "c", ""}));
-  require_protocol_error([&] { decode_as<ExpertRequest>(hello); }, "expected layerRequest, got hello");
+  test::expect_error([&] { decode_as<ExpertRequest>(hello); }, ErrorCategory::kProtocol, {"expected layerRequest, got hello"});
   const FrameBody error = body_of(encode_error("worker exploded"));
-  require_protocol_error([&] { decode_as<HelloReplyMsg>(error); }, "worker exploded");
+  test::expect_error([&] { decode_as<HelloReplyMsg>(error); }, ErrorCategory::kProtocol, {"worker exploded"});
 }
 
 TEST_CASE("an unknown union member (a newer peer) is rejected") {
@@ -214,36 +202,30 @@ TEST_CASE("an unknown union member (a newer peer) is rejected") {
   // section, whose low 16 bits are the union discriminant.
   REQUIRE(body.words.size() >= 3);
   body.words[2] = (body.words[2] & ~0xffffull) | 77;
-  require_protocol_error([&] { decode_message(body); }, "union member 77");
+  test::expect_error([&] { decode_message(body); }, ErrorCategory::kProtocol, {"union member 77"});
 }
 
 TEST_CASE("layerRequest: hidden payload must be numRows * hiddenSize f32") {
-  require_protocol_error([&] { decode_message(body_of(raw_layer_request(4, 2, 28, {}))); },
-                         "layerRequest.hidden is 28 bytes but numRows (2) * hiddenSize (4)");
-  require_protocol_error([&] { decode_message(body_of(raw_layer_request(4, 2, 33, {}))); },
-                         "layerRequest.hidden is 33 bytes, not a multiple of 4");
+  test::expect_error([&] { decode_message(body_of(raw_layer_request(4, 2, 28, {}))); }, ErrorCategory::kProtocol, {"layerRequest.hidden is 28 bytes but numRows (2) * hiddenSize (4)"});
+  test::expect_error([&] { decode_message(body_of(raw_layer_request(4, 2, 33, {}))); }, ErrorCategory::kProtocol, {"layerRequest.hidden is 33 bytes, not a multiple of 4"});
 }
 
 TEST_CASE("layerRequest: assignment row out of range") {
-  require_protocol_error(
-      [&] { decode_message(body_of(raw_layer_request(4, 2, 32, {{0, 1}, {2, 0}}))); },
-      "layerRequest.assignments[1].row = 2 is out of range (numRows = 2)");
+  test::expect_error(
+      [&] { decode_message(body_of(raw_layer_request(4, 2, 32, {{0, 1}, {2, 0}}))); }, ErrorCategory::kProtocol, {"layerRequest.assignments[1].row = 2 is out of range (numRows = 2)"});
 }
 
 TEST_CASE("layerRequest: zero and oversized hiddenSize") {
-  require_protocol_error([&] { decode_message(body_of(raw_layer_request(0, 0, 0, {}))); },
-                         "layerRequest.hiddenSize is 0");
-  require_protocol_error(
-      [&] { decode_message(body_of(raw_layer_request(kMaxWireHiddenSize + 1, 0, 0, {}))); },
-      "layerRequest.hiddenSize");
+  test::expect_error([&] { decode_message(body_of(raw_layer_request(0, 0, 0, {}))); }, ErrorCategory::kProtocol, {"layerRequest.hiddenSize is 0"});
+  test::expect_error(
+      [&] { decode_message(body_of(raw_layer_request(kMaxWireHiddenSize + 1, 0, 0, {}))); }, ErrorCategory::kProtocol, {"layerRequest.hiddenSize"});
 }
 
 TEST_CASE("layerResponse: outputs must be whole f32 values") {
   capnp::MallocMessageBuilder builder;
   builder.initRoot<wire::Message>().initLayerResponse().initOutputs(10);
   const Frame frame = frame_from(builder);
-  require_protocol_error([&] { decode_message(body_of(frame)); },
-                         "layerResponse.outputs is 10 bytes, not a multiple of 4");
+  test::expect_error([&] { decode_message(body_of(frame)); }, ErrorCategory::kProtocol, {"layerResponse.outputs is 10 bytes, not a multiple of 4"});
 }
 
 TEST_CASE("an amplification attack (2^28 zero-size assignments in 0 bytes) hits the traversal limit") {
@@ -265,7 +247,7 @@ TEST_CASE("an amplification attack (2^28 zero-size assignments in 0 bytes) hits 
     patched = true;
   }
   REQUIRE(patched);
-  require_protocol_error([&] { decode_message(body); }, "malformed Cap'n Proto message");
+  test::expect_error([&] { decode_message(body); }, ErrorCategory::kProtocol, {"malformed Cap'n Proto message"});
 }
 
 TEST_CASE("prefetchHint round-trips; an empty list is allowed") {
@@ -284,7 +266,7 @@ TEST_CASE("prefetchHint: more than kMaxHintExperts experts is refused by the enc
   auto r = builder.initRoot<wire::Message>().initPrefetchHint();
   r.setLayer(1);
   r.initExperts(kMaxHintExperts + 1);
-  require_protocol_error([&] { decode_message(body_of(frame_from(builder))); }, "prefetchHint.experts");
+  test::expect_error([&] { decode_message(body_of(frame_from(builder))); }, ErrorCategory::kProtocol, {"prefetchHint.experts"});
 }
 
 TEST_CASE("prefetchHint: a truncated experts list is a malformed message") {
@@ -293,7 +275,7 @@ TEST_CASE("prefetchHint: a truncated experts list is a malformed message") {
   FrameBody body = body_of(frame);
   body.words.pop_back();
   body.bytes -= 8;
-  require_protocol_error([&] { decode_message(body); }, "malformed");
+  test::expect_error([&] { decode_message(body); }, ErrorCategory::kProtocol, {"malformed"});
 }
 
 TEST_CASE("tier stats round trip in layerResponse and healthReply") {
@@ -347,9 +329,9 @@ TEST_CASE("layerResponse: hits + misses must be expertsComputed; prefetchHits <=
     st.setPrefetchHits(prefetch_hits);
     return frame_from(builder);
   };
-  require_protocol_error([&] { decode_message(body_of(frame(4, 3, 2, 0))); }, "hits (3) + misses (2) must equal expertsComputed (4)");
-  require_protocol_error([&] { decode_message(body_of(frame(1, 0xffffffffu, 2, 0))); }, "expertsComputed");
-  require_protocol_error([&] { decode_message(body_of(frame(4, 2, 2, 3))); }, "prefetchHits 3 exceeds hits 2");
+  test::expect_error([&] { decode_message(body_of(frame(4, 3, 2, 0))); }, ErrorCategory::kProtocol, {"hits (3) + misses (2) must equal expertsComputed (4)"});
+  test::expect_error([&] { decode_message(body_of(frame(1, 0xffffffffu, 2, 0))); }, ErrorCategory::kProtocol, {"expertsComputed"});
+  test::expect_error([&] { decode_message(body_of(frame(4, 2, 2, 3))); }, ErrorCategory::kProtocol, {"prefetchHits 3 exceeds hits 2"});
 }
 
 TEST_CASE("healthReply: tier layers ascending and once each; prefetchHits <= prefetchIssued") {
@@ -358,21 +340,20 @@ TEST_CASE("healthReply: tier layers ascending and once each; prefetchHits <= pre
     auto layers = builder.initRoot<wire::Message>().initHealthReply().initTierLayers(2);
     layers[0].setLayer(3);
     layers[1].setLayer(3);
-    require_protocol_error([&] { decode_message(body_of(frame_from(builder))); }, "healthReply.tierLayers[1].layer 3");
+    test::expect_error([&] { decode_message(body_of(frame_from(builder))); }, ErrorCategory::kProtocol, {"healthReply.tierLayers[1].layer 3"});
   }
   {
     capnp::MallocMessageBuilder builder;
     auto t = builder.initRoot<wire::Message>().initHealthReply().initTierTotal();
     t.setPrefetchIssued(1);
     t.setPrefetchHits(2);
-    require_protocol_error([&] { decode_message(body_of(frame_from(builder))); },
-                           "healthReply.tierTotal.prefetchHits 2 exceeds prefetchIssued 1");
+    test::expect_error([&] { decode_message(body_of(frame_from(builder))); }, ErrorCategory::kProtocol, {"healthReply.tierTotal.prefetchHits 2 exceeds prefetchIssued 1"});
   }
   {
     capnp::MallocMessageBuilder builder;
     auto layers = builder.initRoot<wire::Message>().initHealthReply().initTierLayers(1);
     layers[0].initCounters().setPrefetchHits(1);
-    require_protocol_error([&] { decode_message(body_of(frame_from(builder))); }, "tierLayers[0].prefetchHits");
+    test::expect_error([&] { decode_message(body_of(frame_from(builder))); }, ErrorCategory::kProtocol, {"tierLayers[0].prefetchHits"});
   }
 }
 
@@ -380,8 +361,8 @@ TEST_CASE("helloReply: every held expert needs a 16-byte identity; lossyForm is 
   HelloReplyMsg reply;
   reply.held = {{2, {4, 7}}};
   reply.identities = {{{2, 4}, {1, 2}}};
-  CHECK_THROWS_WITH_AS(encode_hello_reply(reply), doctest::Contains("no content identity for layer 2 expert 7"),
-                       Error);
+  test::expect_error([&] { encode_hello_reply(reply); }, ErrorCategory::kInvalidInput,
+                     {"no content identity for layer 2 expert 7"});
   reply.identities[{2, 7}] = {3, 4};
   CHECK(decode_as<HelloReplyMsg>(body_of(encode_hello_reply(reply))).identities == reply.identities);
   // A peer whose identities do not cover its list: 16 bytes for two experts.
@@ -393,15 +374,12 @@ TEST_CASE("helloReply: every held expert needs a 16-byte identity; lossyForm is 
   list.set(0, 4);
   list.set(1, 7);
   held[0].initIdentities(16);
-  require_protocol_error([&] { decode_message(body_of(frame_from(builder))); },
-                         "helloReply.held[0].identities is 16 bytes, expected 16 per expert (2 experts)");
+  test::expect_error([&] { decode_message(body_of(frame_from(builder))); }, ErrorCategory::kProtocol, {"helloReply.held[0].identities is 16 bytes, expected 16 per expert (2 experts)"});
   HelloReplyMsg short_reply = reply;
   short_reply.lossy_form = std::string("int8\x01");
-  require_protocol_error([&] { decode_message(body_of(encode_hello_reply(short_reply))); },
-                         "helloReply.lossyForm holds a byte that is not printable ASCII");
+  test::expect_error([&] { decode_message(body_of(encode_hello_reply(short_reply))); }, ErrorCategory::kProtocol, {"helloReply.lossyForm holds a byte that is not printable ASCII"});
   short_reply.lossy_form = std::string(kMaxWireNameBytes + 1, 'q');
-  require_protocol_error([&] { decode_message(body_of(encode_hello_reply(short_reply))); },
-                         "helloReply.lossyForm is 257 bytes, over the cap of 256");
+  test::expect_error([&] { decode_message(body_of(encode_hello_reply(short_reply))); }, ErrorCategory::kProtocol, {"helloReply.lossyForm is 257 bytes, over the cap of 256"});
 }
 
 // --- the caps a client reads a stranger's replies with (issue 12, item 6) --------------
@@ -467,10 +445,9 @@ TEST_CASE("max_health_reply_bytes: the largest legitimate healthReply or error f
 
 TEST_CASE("frame_length: the one length check, naming the peer and the cap") {
   const uint8_t gib[4] = {0, 0, 0, 0x40};
-  require_protocol_error([&] { frame_length(gib, 4096, "worker 'a'"); },
-                         "frame length 1073741824 bytes from worker 'a' exceeds the cap of 4096 bytes");
+  test::expect_error([&] { frame_length(gib, 4096, "worker 'a'"); }, ErrorCategory::kProtocol, {"frame length 1073741824 bytes from worker 'a' exceeds the cap of 4096 bytes"});
   const uint8_t odd[4] = {12, 0, 0, 0};
-  require_protocol_error([&] { frame_length(odd, 4096); }, "frame length 12 bytes is not a whole number of 8-byte");
+  test::expect_error([&] { frame_length(odd, 4096); }, ErrorCategory::kProtocol, {"frame length 12 bytes is not a whole number of 8-byte"});
   const uint8_t ok[4] = {0, 16, 0, 0};
   CHECK(frame_length(ok, 4096) == 4096);
 }

@@ -16,7 +16,7 @@
 #include "common/wire.h"
 #include "coordinator/dispatch/cluster_dispatch.h"
 #include "app/status_report.h"
-#include "echo_worker.h"
+#include "tests/support/echo_worker.h"
 #include "tests/support/expect_error.h"
 
 using namespace charm;

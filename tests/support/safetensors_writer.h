@@ -1,6 +1,6 @@
-// Test helper: writes small .safetensors files (valid or deliberately malformed) and
-// temporary directories for them. Used by the reader tests; header-only on purpose so
-// any test_*.cpp can include it.
+// Test helper: writes small .safetensors files (valid or deliberately malformed), to be
+// put in a test::TempDir (tests/support/temp_dir.h). Used by the reader tests;
+// header-only on purpose so any test_*.cpp can include it.
 #pragma once
 
 #include <unistd.h>
@@ -17,28 +17,6 @@
 #include "common/dtype.h"
 
 namespace charm::testing {
-
-/// A fresh, empty directory under the system temp dir, removed with everything in it
-/// when the object dies.
-class TempDir {
- public:
-  explicit TempDir(const std::string& tag = "charm") {
-    std::string pattern = (std::filesystem::temp_directory_path() / (tag + "-XXXXXX")).string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
-
- private:
-  std::filesystem::path path_;
-};
 
 /// Writes `bytes` to `path` verbatim.
 inline void write_bytes(const std::filesystem::path& path, const std::string& bytes) {

@@ -23,6 +23,7 @@
 #include "common/error.h"
 #include "coordinator/api/http_api.h"
 #include "coordinator/api/openai_request.h"
+#include "tests/support/expect_error.h"
 
 using json = nlohmann::json;
 
@@ -903,12 +904,7 @@ TEST_CASE("tool calling and structured output are refused by name, not ignored")
            R"({"messages":[{"role":"user","content":"hi"}],"tool_choice":"auto"})",
            R"({"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_object"}})"}) {
     CAPTURE(body);
-    try {
-      charm::parse_chat_request(body);
-      FAIL("accepted");
-    } catch (const charm::ApiError& e) {
-      CHECK(std::string(e.what()).find("is not supported") != std::string::npos);
-    }
+    charm::test::expect_throw<charm::ApiError>([&] { charm::parse_chat_request(body); }, {"is not supported"});
   }
   CHECK_NOTHROW(charm::parse_chat_request(
       R"({"messages":[{"role":"user","content":"hi"}],"tools":[],"tool_choice":"none","response_format":{"type":"text"}})"));

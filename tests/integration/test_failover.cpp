@@ -1,5 +1,5 @@
 // Replicas, failover, rejoin and heartbeats of coordinator/dispatch/cluster_dispatch.h over
-// loopback, with in-process WorkerServers (tests/unit/rpc_cluster.h). Workers are killed
+// loopback, with in-process WorkerServers (tests/support/rpc_cluster.h). Workers are killed
 // mid-layer (server stopped while a delayed request is in flight), made to time out
 // (WorkerServerOptions::debug_delay, test-only), or replaced by a fake that sends a
 // malformed reply. Every answer is compared byte for byte with the local executor.
@@ -13,7 +13,7 @@
 #include "coordinator/dispatch/cluster_dispatch.h"
 #include "coordinator/api/metrics.h"
 #include "app/status_report.h"
-#include "rpc_cluster.h"
+#include "tests/support/rpc_cluster.h"
 #include "tests/support/expect_error.h"
 
 using namespace charm;

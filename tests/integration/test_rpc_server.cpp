@@ -29,7 +29,7 @@
 #include "common/wire.h"
 #include "coordinator/dispatch/cluster_dispatch.h"
 #include "app/status_report.h"
-#include "echo_worker.h"
+#include "tests/support/echo_worker.h"
 
 using namespace charm;
 using namespace charm::test;

@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "common/wire.h"
-#include "echo_worker.h"
+#include "tests/support/echo_worker.h"
 #include "tests/support/expect_error.h"
 
 using namespace charm;

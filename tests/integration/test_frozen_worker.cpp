@@ -2,7 +2,7 @@
 // cut link) must not stall the coordinator: layer replies, heartbeats, prefetch hints,
 // rejoin handshakes, startup connects and `charm status` are each bounded well below
 // request_ms (coordinator/dispatch/cluster_dispatch.h, docs/architecture.md "Silent workers").
-// The silence comes from a FreezeRelay in front of an in-process worker (tests/unit/
+// The silence comes from a FreezeRelay in front of an in-process worker (tests/support/
 // freeze_relay.h). Bounds are functional (seconds against a request_ms of 20 s), not
 // speed assertions; docs/benchmarks.md has the measured figures.
 #include <doctest/doctest.h>
@@ -13,8 +13,8 @@
 #include "common/error.h"
 #include "coordinator/dispatch/cluster_dispatch.h"
 #include "app/status_report.h"
-#include "freeze_relay.h"
-#include "rpc_cluster.h"
+#include "tests/support/freeze_relay.h"
+#include "tests/support/rpc_cluster.h"
 #include "tests/support/expect_error.h"
 
 using namespace charm;

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint_copy.h"
+#include "tests/support/checkpoint_copy.h"
 #include "common/checkpoint.h"
 #include "common/error.h"
 #include "common/fingerprint.h"
@@ -20,8 +20,9 @@
 #include "common/wire.h"
 #include "coordinator/dispatch/dispatcher_factory.h"
 #include "app/status_report.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/temp_dir.h"
 #include "worker/experts/expert_container.h"
 #include "worker/experts/expert_convert.h"
 #include "worker/experts/expert_executor.h"
@@ -227,7 +228,7 @@ TEST_CASE("bytes that changed without their file's stat changing (bit rot) are r
 TEST_CASE("a lossless container converted from other weights is refused at the handshake") {
   CheckpointCopy changed;
   change_expert_bytes(changed.path(), kLayer, kExpert);
-  testing::TempDir container("charm-identity-container");
+  test::TempDir container("charm-identity-container");
   Model(changed.path()).convert(container.path());
   const Model original(kQwen3Tiny);
   Topology topology = two_workers(kQwen3Tiny);
@@ -247,7 +248,7 @@ TEST_CASE("a lossy container of other weights is refused; of these weights it is
   change_expert_bytes(changed.path(), kLayer, kExpert);
   const Model original(kQwen3Tiny);
   {
-    testing::TempDir other("charm-identity-int8-other");
+    test::TempDir other("charm-identity-int8-other");
     Model(changed.path()).convert(other.path(), "int8");
     Topology topology = two_workers(kQwen3Tiny);
     StoreSpec spec;
@@ -258,7 +259,7 @@ TEST_CASE("a lossy container of other weights is refused; of these weights it is
     test::expect_error([&] { coordinator(topology, original, local); }, ErrorCategory::kProtocol,
                        {"worker 'a'", "layer 2 expert 4: content hash"});
   }
-  testing::TempDir same("charm-identity-int8");
+  test::TempDir same("charm-identity-int8");
   original.convert(same.path(), "int8");
   Topology topology = two_workers(kQwen3Tiny);
   StoreSpec spec;
@@ -283,7 +284,7 @@ TEST_CASE("a lossy container of other weights is refused; of these weights it is
 TEST_CASE("single node: a container converted from other weights is refused at start") {
   CheckpointCopy changed;
   change_expert_bytes(changed.path(), kLayer, kExpert);
-  testing::TempDir container("charm-identity-local");
+  test::TempDir container("charm-identity-local");
   Model(changed.path()).convert(container.path());
   const Model original(kQwen3Tiny);
   Topology topology;
@@ -296,7 +297,7 @@ TEST_CASE("single node: a container converted from other weights is refused at s
                                                      Model(changed.path()).hash(kLayer, kExpert) + " in the container, " +
                                                      original.hash(kLayer, kExpert) + " in the checkpoint"});
   // The container of these weights serves.
-  testing::TempDir good("charm-identity-local-good");
+  test::TempDir good("charm-identity-local-good");
   original.convert(good.path());
   topology.store.container = good.path();
   LocalExperts ok;
@@ -307,13 +308,13 @@ TEST_CASE("convert: a resumed or finished conversion from other weights is not k
   CheckpointCopy changed;
   change_expert_bytes(changed.path(), kLayer, kExpert);
   const Model original(kQwen3Tiny);
-  testing::TempDir want("charm-identity-want");
+  test::TempDir want("charm-identity-want");
   original.convert(want.path());
 
   // A conversion of the changed copy interrupted after every record was written: the
   // journal and experts.bin hold the changed expert. Resuming from the original must
   // convert that expert (and the ones after it) again.
-  testing::TempDir crash("charm-identity-crash");
+  test::TempDir crash("charm-identity-crash");
   Model(changed.path()).convert(crash.path());
   json index = json::parse(slurp(crash / "index.json"));
   json header = index;
@@ -332,7 +333,7 @@ TEST_CASE("convert: a resumed or finished conversion from other weights is not k
   CHECK(slurp(crash / "index.json") == slurp(want / "index.json"));
 
   // A finished container of the changed copy is not "already complete" for the original.
-  testing::TempDir done("charm-identity-done");
+  test::TempDir done("charm-identity-done");
   Model(changed.path()).convert(done.path());
   test::expect_error([&] { original.convert(done.path()); }, ErrorCategory::kInvalidInput,
                      {"converted from other weights", "layer 2 expert 4: content hash"});
@@ -340,7 +341,7 @@ TEST_CASE("convert: a resumed or finished conversion from other weights is not k
 
 TEST_CASE("a lossless container's records hash to the source identity they record") {
   const Model original(kQwen3Tiny);
-  testing::TempDir dir("charm-identity-record");
+  test::TempDir dir("charm-identity-record");
   original.convert(dir.path());
   const auto c = ExpertContainer::open(dir.path(), original.fingerprint, original.config.hidden_size,
                                        original.config.moe_intermediate_size);

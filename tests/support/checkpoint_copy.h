@@ -14,7 +14,8 @@
 
 #include "common/checkpoint.h"
 #include "common/model_config.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
+#include "tests/support/temp_dir.h"
 
 namespace charm::testing {
 
@@ -36,7 +37,7 @@ class CheckpointCopy {
   const std::filesystem::path& path() const { return dir_.path(); }
 
  private:
-  TempDir dir_{"charm-checkpoint-copy"};
+  test::TempDir dir_{"charm-checkpoint-copy"};
 };
 
 /// XORs byte 7 of (layer, expert)'s gate weight in the checkpoint at `dir`, in place with
@@ -77,7 +78,7 @@ class ScopedCacheRoot {
   const std::filesystem::path& path() const { return dir_.path(); }
 
  private:
-  TempDir dir_{"charm-cache"};
+  test::TempDir dir_{"charm-cache"};
   std::optional<std::string> previous_;
 };
 

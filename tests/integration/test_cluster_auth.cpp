@@ -12,9 +12,10 @@
 #include "common/topology.h"
 #include "coordinator/dispatch/cluster_dispatch.h"
 #include "app/status_report.h"
-#include "echo_worker.h"
+#include "tests/support/echo_worker.h"
 #include "tests/support/expect_error.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
+#include "tests/support/temp_dir.h"
 
 using namespace charm;
 using namespace charm::test;

@@ -23,7 +23,8 @@
 #include "common/topology.h"
 #include "common/wire.h"
 #include "coordinator/dispatch/expert_dispatch.h"
-#include "safetensors_writer.h"
+#include "tests/support/safetensors_writer.h"
+#include "tests/support/temp_dir.h"
 #include "worker/experts/expert_executor.h"
 #include "worker/experts/expert_manifest.h"
 #include "worker/experts/expert_store.h"
@@ -52,7 +53,7 @@ std::vector<float> noise(size_t count, uint32_t seed) {
 
 // A checkpoint directory with per-expert SwiGLU tensors for layers 0 and 2.
 struct TinyModel {
-  TempDir dir{"charm-rpc"};
+  test::TempDir dir{"charm-rpc"};
   std::unique_ptr<Checkpoint> checkpoint;
   std::string fingerprint;
   ExpertIdentities identities;  // every expert's content identity (what a coordinator expects)

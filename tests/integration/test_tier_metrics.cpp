@@ -15,7 +15,7 @@
 #include "coordinator/dispatch/local_dispatch.h"
 #include "coordinator/api/metrics.h"
 #include "app/status_report.h"
-#include "rpc_cluster.h"
+#include "tests/support/rpc_cluster.h"
 #include "worker/experts/expert_executor.h"
 #include "worker/experts/expert_source.h"
 #include "worker/experts/expert_store.h"

@@ -19,8 +19,9 @@
 #include "common/wire.h"
 #include "coordinator/dispatch/cluster_dispatch.h"
 #include "app/status_report.h"
-#include "rpc_cluster.h"
-#include "safetensors_writer.h"
+#include "tests/support/rpc_cluster.h"
+#include "tests/support/expect_error.h"
+#include "tests/support/safetensors_writer.h"
 #include "worker/experts/expert_executor.h"
 #include "worker/experts/expert_store.h"
 #include "worker/rpc_server.h"
@@ -32,19 +33,6 @@ using namespace std::chrono_literals;
 namespace {
 
 using namespace charm::rpc_test;
-
-void require_error(const std::function<void()>& fn, ErrorCategory category,
-                   const std::vector<std::string>& needles) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    INFO("message: " << e.what());
-    CHECK(e.category() == category);
-    for (const auto& n : needles) CHECK(e.message().find(n) != std::string::npos);
-    return;
-  }
-  FAIL("no Error thrown");
-}
 
 }  // namespace
 
@@ -111,7 +99,7 @@ TEST_CASE("begin_layer returns with requests in flight; an abandoned layer is dr
   dispatcher.finish_layer();
   CHECK(cluster.a.server->health().requests_served == 2);  // the abandoned one was answered and dropped
   CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
-  require_error([&] { dispatcher.finish_layer(); }, ErrorCategory::kInternal, {"begin_layer"});
+  test::expect_error([&] { dispatcher.finish_layer(); }, ErrorCategory::kInternal, {"begin_layer"});
 }
 
 TEST_CASE("bytes on the wire per token per layer") {
@@ -146,7 +134,7 @@ TEST_CASE("bytes on the wire per token per layer") {
 TEST_CASE("a model fingerprint mismatch is rejected naming both fingerprints") {
   Cluster cluster;
   const std::string wrong = "0123456789abcdef";
-  require_error([&] { ClusterDispatcher(cluster.topology, cluster.placement, wrong, cluster.model.identities); },
+  test::expect_error([&] { ClusterDispatcher(cluster.topology, cluster.placement, wrong, cluster.model.identities); },
                 ErrorCategory::kProtocol, {"worker 'a'", wrong, cluster.model.fingerprint});
   // And the raw reply says ok=false with both values.
   auto conn = FrameConnection::connect("127.0.0.1", cluster.a.server->port(), 5s, "a");
@@ -167,7 +155,7 @@ TEST_CASE("a placement the worker does not hold is rejected at the handshake") {
   Cluster cluster;
   auto placement = cluster.placement;
   placement[0] = {{1}, {0}, {0}, {1}};  // claims "a" holds expert 1
-  require_error([&] { ClusterDispatcher(cluster.topology, placement, cluster.model.fingerprint, cluster.model.identities); },
+  test::expect_error([&] { ClusterDispatcher(cluster.topology, placement, cluster.model.fingerprint, cluster.model.identities); },
                 ErrorCategory::kProtocol, {"worker 'a'", "expert 1 of layer 0"});
 }
 
@@ -182,14 +170,14 @@ TEST_CASE("malformed frames get an error and a close; the server keeps serving")
     conn->send(garbage, 5s);
     const auto error = decode_as<ErrorMsg>(conn->receive(5s));
     CHECK(error.message.find("malformed") != std::string::npos);
-    require_error([&] { conn->receive(5s); }, ErrorCategory::kUnavailable, {"closed"});
+    test::expect_error([&] { conn->receive(5s); }, ErrorCategory::kUnavailable, {"closed"});
   }
   SUBCASE("length over the cap") {
     auto conn = FrameConnection::connect("127.0.0.1", port, 5s, "a");
     conn->send(Frame{0xf8, 0xff, 0xff, 0xff}, 5s);
     const auto error = decode_as<ErrorMsg>(conn->receive(5s));
     CHECK(error.message.find("exceeds the cap") != std::string::npos);
-    require_error([&] { conn->receive(5s); }, ErrorCategory::kUnavailable, {"closed"});
+    test::expect_error([&] { conn->receive(5s); }, ErrorCategory::kUnavailable, {"closed"});
   }
   SUBCASE("a bad layerRequest (row out of range)") {
     auto conn = FrameConnection::connect("127.0.0.1", port, 5s, "a");
@@ -274,7 +262,7 @@ TEST_CASE("a worker without a replica that goes away fails run_layer naming the 
   const std::vector<float> hidden = noise(4 * kHidden, 3);
   const auto assignments = routing(4);
   std::vector<float> got(assignments.size() * kHidden);
-  require_error([&] { dispatcher.run_layer(2, hidden.data(), 4, kHidden, assignments, got.data()); },
+  test::expect_error([&] { dispatcher.run_layer(2, hidden.data(), 4, kHidden, assignments, got.data()); },
                 ErrorCategory::kUnavailable, {"worker 'b'", "layer 2", "experts 1, 3"});
   const auto status = dispatcher.status();
   CHECK(status[0].state == "up");
@@ -465,9 +453,9 @@ TEST_CASE("charm status table joins the coordinator's /cluster/status view") {
   const size_t header_col = table.find("ADDRESS");
   CHECK(table.find("127.0.0.1:5001") - table.find('\n') - 1 == header_col);
 
-  require_error([] { parse_cluster_status("{\"workers\":[{\"name\":\"w1\"}]}"); },
+  test::expect_error([] { parse_cluster_status("{\"workers\":[{\"name\":\"w1\"}]}"); },
                 ErrorCategory::kProtocol, {"workers[0].address"});
-  require_error([] { parse_cluster_status("not json"); }, ErrorCategory::kProtocol, {"/cluster/status", "not valid JSON"});
+  test::expect_error([] { parse_cluster_status("not json"); }, ErrorCategory::kProtocol, {"/cluster/status", "not valid JSON"});
 }
 
 namespace {
