@@ -63,8 +63,8 @@ void require_value(const nlohmann::json& j, const std::string& source, const cha
 /// means none. Throws Error(kUnsupported) naming `key`, its value and c.architecture.
 void refuse_biting_window(const std::string& source, const std::string& key, int64_t window, const ModelConfig& c);
 
-/// The routed experts' width, moe_intermediate_size (Qwen3MoeConfig, Qwen2MoeConfig,
-/// DeepseekV3Config); required and positive.
+/// The routed experts' width under its own key, moe_intermediate_size (for families
+/// whose experts are not intermediate_size wide); required and positive.
 void read_moe_intermediate_size(const nlohmann::json& j, const std::string& source, ModelConfig& c);
 
 /// Which layers are dense, as Qwen3MoeConfig spells it: decoder_sparse_step (default 1,

@@ -65,7 +65,7 @@ RopeFields read_rope_fields(const json& j, const std::string& source) {
   return r;
 }
 
-/// Reads the "yarn" or "default" rope scaling of a DeepSeek-V3 config as
+/// Reads the "yarn" or "default" rope scaling of a family with yarn_rope as
 /// _compute_yarn_parameters and standardize_rope_params do: original_max_position_embeddings
 /// from the top level or the rope dict (they must agree), else max_position_embeddings;
 /// beta_fast/beta_slow default (also when 0) to 32/1.
