@@ -33,6 +33,7 @@
 #include "coordinator/engine.h"
 #include "coordinator/api/http_api.h"
 #include "coordinator/api/metrics.h"
+#include "coordinator/models/checkpoint_families.h"
 
 #include "common/checkpoint.h"
 #include "common/cpu_threads.h"
@@ -141,7 +142,7 @@ int worker(const std::string& config, const std::string& name, const std::option
   for (WorkerSpec& w : topology.workers) {
     if (w.name == name) override_ram(w.store, ram_gb);
   }
-  return run_worker(topology, name, debug_delay_ms);
+  return run_worker(topology, name, checkpoint_families(), debug_delay_ms);
 }
 
 struct ConvertArgs {
@@ -161,7 +162,8 @@ int convert(const ConvertArgs& args) {
   if (args.checkpoint.empty() && !topology) fail_invalid("give --checkpoint DIR (or --config, whose model is used)");
   const UserPath model = args.checkpoint.empty() ? topology->model : UserPath::from_command_line(args.checkpoint);
   std::unique_ptr<Checkpoint> checkpoint = Checkpoint::open(model);
-  const ModelConfig config = ModelConfig::parse(checkpoint->config_json(), (model / "config.json").string());
+  const ModelConfig config =
+      ModelConfig::parse(checkpoint->config_json(), (model / "config.json").string(), checkpoint_families());
   std::vector<ExpertKey> experts;
   if (!args.worker.empty()) {
     const WorkerSpec& spec = topology->worker(args.worker);

@@ -16,6 +16,7 @@
 #include "common/json_reader.h"
 #include "common/fingerprint.h"
 #include "common/model_config.h"
+#include "coordinator/models/checkpoint_families.h"
 #include "worker/experts/expert_manifest.h"
 
 namespace charm {
@@ -253,7 +254,7 @@ StatusExpectations expected_status(const Topology& topology) {
   out.fingerprint = model_fingerprint(*checkpoint);
   try {
     const ModelConfig config =
-        ModelConfig::parse(checkpoint->config_json(), (topology.model / "config.json").string());
+        ModelConfig::parse(checkpoint->config_json(), (topology.model / "config.json").string(), checkpoint_families());
     const std::vector<int64_t> moe_layers = config.moe_layer_ids();
     if (!moe_layers.empty() && config.num_experts > 0 && config.num_experts <= UINT32_MAX) {
       out.num_moe_layers = static_cast<uint32_t>(moe_layers.size());

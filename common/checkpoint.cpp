@@ -322,17 +322,6 @@ ExpertSlice slice_of(const TensorInfo& info, uint64_t first, int64_t rows, int64
 
 }  // namespace
 
-ExpertTensorNames expert_tensor_names(const std::string& architecture) {
-  ExpertTensorNames names;
-  if (architecture == "MixtralForCausalLM") {
-    names.prefix = "model.layers.{}.block_sparse_moe.experts";
-    names.gate = "w1";
-    names.up = "w3";
-    names.down = "w2";
-  }
-  return names;
-}
-
 void Checkpoint::read_slice(const ExpertSlice& slice, void* dst) const {
   const TensorInfo& t = *slice.tensor;
   file_of(t).read(t, slice.offset, slice.bytes, dst);

@@ -17,32 +17,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/expert_tensor_names.h"
 #include "common/safetensors.h"
 #include "common/user_path.h"
 #include "common/weight_format.h"
 
 namespace charm {
-
-/// Names of one family's routed-expert tensors. `prefix` has one "{}" for the layer:
-/// per-expert layout  "<prefix>.<e>.<gate>.weight"  shape [moe_intermediate, hidden]
-///                    "<prefix>.<e>.<up>.weight"    shape [moe_intermediate, hidden]
-///                    "<prefix>.<e>.<down>.weight"  shape [hidden, moe_intermediate]
-/// fused 3-D layouts  "<prefix>.<gate_up>" [E, 2*I, H] (gate rows first, then up),
-///                    "<prefix>.down_proj" [E, H, I]   (transformers >= 5 Qwen3-MoE/OLMoE)
-///               or   "<prefix>.<gate>" / "<prefix>.<up>" [E, I, H], "<prefix>.<down>" [E, H, I]
-///                    (with or without a ".weight" suffix).
-struct ExpertTensorNames {
-  std::string prefix = "model.layers.{}.mlp.experts";
-  std::string gate = "gate_proj";
-  std::string up = "up_proj";
-  std::string down = "down_proj";
-  std::string gate_up = "gate_up_proj";  ///< fused gate+up name in the fused 3-D layout
-};
-
-/// The routed-expert tensor names the hub checkpoints of `architecture` (config.json's
-/// architectures[0]) use: MixtralForCausalLM's "model.layers.{}.block_sparse_moe.experts"
-/// with w1 (gate), w3 (up), w2 (down); every other family the defaults above.
-ExpertTensorNames expert_tensor_names(const std::string& architecture);
 
 /// One routed expert's SwiGLU weights in f32, row-major.
 struct ExpertWeights {

@@ -1,5 +1,7 @@
 // The fields of a Hugging Face config.json that charm's MoE families read, with the
-// names transformers uses. Parsed once; families read only what they need.
+// names transformers uses. Parsed once; families read only what they need. Which
+// families exist, and which fields each reads, is the families table's business
+// (coordinator/models/families.h); this header lists none.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +11,9 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "common/expert_tensor_names.h"
+#include "common/model_family.h"
 
 namespace charm {
 
@@ -27,8 +32,8 @@ struct YarnRopeScaling {
   bool operator==(const YarnRopeScaling&) const = default;
 };
 
-/// config.json of a supported MoE checkpoint (Qwen3MoeConfig, OlmoeConfig,
-/// DeepseekV3Config field names).
+/// config.json of a supported MoE checkpoint, fields under their transformers names (the
+/// family-specific ones say which family reads them).
 struct ModelConfig {
   std::string architecture;        ///< architectures[0], e.g. "Qwen3MoeForCausalLM"
   std::string model_type;          ///< "qwen3_moe", "olmoe"
@@ -58,7 +63,7 @@ struct ModelConfig {
   std::vector<int64_t> eos_token_ids;  ///< from config.json; generation_config adds more
   int64_t bos_token_id = -1;
 
-  // --- Qwen2-MoE and Mixtral (coordinator/models/qwen2_moe.cpp, coordinator/models/mixtral.cpp) ---
+  // --- Qwen2-MoE (coordinator/models/qwen2_moe.cpp) ---
   /// Qwen2-MoE: width of the gated shared expert (`mlp.shared_expert`); 0 for families
   /// without one.
   int64_t shared_expert_intermediate_size = 0;
@@ -82,6 +87,10 @@ struct ModelConfig {
   bool rope_interleave = false;        ///< RoPE pairs (2i, 2i+1) instead of (i, i + d/2)
   std::optional<YarnRopeScaling> yarn; ///< set when rope scaling type is "yarn"
 
+  /// Where this checkpoint's routed experts are stored: its family's names
+  /// (CheckpointFamily::expert_tensors), set by parse.
+  ExpertTensorNames expert_tensors;
+
   /// Field by field (two spellings of one checkpoint's config compare equal).
   bool operator==(const ModelConfig&) const = default;
 
@@ -93,15 +102,14 @@ struct ModelConfig {
   /// The ids of every MoE layer, ascending.
   std::vector<int64_t> moe_layer_ids() const;
 
-  /// Parses `config` (the contents of `source`, used in messages). Supported
-  /// architectures: Qwen3MoeForCausalLM, OlmoeForCausalLM, Qwen2MoeForCausalLM,
-  /// MixtralForCausalLM (routed experts: `num_local_experts` of width
-  /// `intermediate_size`), DeepseekV3ForCausalLM.
+  /// Parses `config` (the contents of `source`, used in messages) as the checkpoint of
+  /// the family in `families` that serves its architectures[0] (charm's table:
+  /// coordinator/models/checkpoint_families.h): the generic fields here,
+  /// then the family's own (CheckpointFamily::read_fields).
   ///
   /// Reads every spelling transformers 4.x and 5.x write and read for a field: the expert
-  /// count under the family's key and its attribute_map alias (Qwen3-MoE / OLMoE
-  /// num_experts | num_local_experts, Mixtral num_local_experts | num_experts, DeepSeek-V3
-  /// n_routed_experts | num_local_experts), dtype | torch_dtype, RoPE as top-level
+  /// count under the family's key and its attribute_map alias
+  /// (CheckpointFamily::num_experts_keys), dtype | torch_dtype, RoPE as top-level
   /// rope_theta + rope_scaling {type | rope_type, ...} or as rope_parameters {rope_type,
   /// rope_theta, ...} (or both), original_max_position_embeddings at the top level or in
   /// the rope dict, and transformers 5's layer_types. Absent fields take the family's
@@ -112,13 +120,14 @@ struct ModelConfig {
   /// field, a field of the wrong JSON type or out of range, and naming both keys when two
   /// spellings of one field are present with different values (or DeepSeek-V3's derived
   /// head_dim / qk_head_dim disagree with their source). Throws Error(kUnsupported)
-  /// naming the architecture when it is not one charm implements, and naming the field
-  /// (and value) for a feature charm does not implement: scaled RoPE (DeepSeek-V3: a rope
-  /// type other than "yarn"), partial_rotary_factor other than 1, per-layer-type RoPE, a
-  /// sliding window that would bite, a layer type other than full_attention,
-  /// scoring_func other than "sigmoid", topk_method other than "noaux_tc",
-  /// moe_layer_freq other than 1.
-  static ModelConfig parse(const nlohmann::json& config, const std::string& source);
+  /// naming the architecture and the supported ones when no family in `families` serves
+  /// it, and naming the field (and value) for a feature charm does not implement: scaled
+  /// RoPE (any but "yarn", and that only where the family implements it),
+  /// partial_rotary_factor other than 1, per-layer-type RoPE, a sliding window that would
+  /// bite, a layer type other than full_attention, and the family's own (DeepSeek-V3:
+  /// scoring_func other than "sigmoid", topk_method other than "noaux_tc", moe_layer_freq
+  /// other than 1).
+  static ModelConfig parse(const nlohmann::json& config, const std::string& source, CheckpointFamilies families);
 };
 
 }  // namespace charm

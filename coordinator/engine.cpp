@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "common/model_config.h"
 #include "coordinator/dispatch/dispatcher_factory.h"
+#include "coordinator/models/families.h"
 #include "coordinator/models/model.h"
 #include "coordinator/sampler.h"
 #include "coordinator/text/stop_strings.h"
@@ -47,7 +48,8 @@ class EngineImpl final : public Engine {
   EngineImpl(const Topology& topology, const EngineOptions& options) : prefill_chunk_(options.prefill_chunk) {
     if (prefill_chunk_ < 1) fail_invalid("prefill chunk must be at least 1 token, got 0");
     checkpoint_ = Checkpoint::open(topology.model);
-    config_ = ModelConfig::parse(checkpoint_->config_json(), (topology.model / "config.json").string());
+    config_ = ModelConfig::parse(checkpoint_->config_json(), (topology.model / "config.json").string(),
+                                 checkpoint_families());
     tokenizer_ = Tokenizer::load(topology.model / "tokenizer.json");
     check_tokenizer_fits(topology.model);
     try {

@@ -60,13 +60,14 @@ void check_worker_listen(const Topology& topology, const WorkerSpec& spec) {
   check_listen(listen);
 }
 
-int run_worker(const Topology& topology, const std::string& worker_name, int64_t debug_delay_ms) {
+int run_worker(const Topology& topology, const std::string& worker_name, CheckpointFamilies families,
+               int64_t debug_delay_ms) {
   const sigset_t signals = block_stop_signals();  // before any thread starts
   const WorkerSpec& spec = topology.worker(worker_name);
   check_worker_listen(topology, spec);  // before minutes of loading, not after
   std::unique_ptr<Checkpoint> checkpoint = Checkpoint::open(topology.model);
   const ModelConfig config =
-      ModelConfig::parse(checkpoint->config_json(), (topology.model / "config.json").string());
+      ModelConfig::parse(checkpoint->config_json(), (topology.model / "config.json").string(), families);
   const std::vector<ExpertKey> owned = owned_experts(topology, config, index_of(topology, spec));
   spdlog::info("worker {}: loading {} experts of {} from {}", worker_name, owned.size(),
                config.architecture, topology.model.string());

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/model_config.h"
+#include "common/model_family.h"
 #include "common/topology.h"
 #include "worker/experts/expert_store.h"
 
@@ -24,7 +25,8 @@ std::vector<ExpertKey> owned_experts(const Topology& topology, const ModelConfig
 void check_worker_listen(const Topology& topology, const WorkerSpec& spec);
 
 /// Runs worker `worker_name`: checks its address (check_worker_listen), then opens
-/// topology.model (Checkpoint::open), parses its config,
+/// topology.model (Checkpoint::open), parses its config as one of `families` (the
+/// program's family table, coordinator/models/checkpoint_families.h; worker/ lists none),
 /// opens only the experts the placement assigns it in an ExpertStore with the worker's
 /// tier settings (worker/experts/store_factory.h: budget, container, pin), binds exactly the
 /// worker's host:port and serves (worker/rpc_server.h) until SIGINT or SIGTERM, then
@@ -33,6 +35,7 @@ void check_worker_listen(const Topology& topology, const WorkerSpec& spec);
 /// Error(kInvalidInput) for an unknown worker name or a bad checkpoint/config/placement,
 /// Error(kUnavailable) when the address cannot be bound. `debug_delay_ms` > 0 (tests only:
 /// `charm worker --debug-delay-ms`) delays every layer reply, see WorkerServerOptions.
-int run_worker(const Topology& topology, const std::string& worker_name, int64_t debug_delay_ms = 0);
+int run_worker(const Topology& topology, const std::string& worker_name, CheckpointFamilies families,
+               int64_t debug_delay_ms = 0);
 
 }  // namespace charm

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <utility>
 
 #include "common/error.h"
 #include "common/kernels.h"
@@ -93,6 +94,12 @@ void causal_gqa_attention(const float* q, size_t rows, size_t pos0, const KvCach
   }
 }
 
+namespace {
+
+/// The tail of a RoPE GQA attention block, after the q/k/v projections and norms: rotates
+/// q [rows, num_heads, head_dim] and k [rows, num_kv_heads, head_dim] in place for
+/// positions pos0.., stores k and v in the cache of `layer`, attends causally and
+/// projects with o_proj into out [rows, hidden].
 void rope_attention(const Rope& rope, float* q, float* k, const float* v, size_t rows, size_t pos0, KvCache& cache,
                     size_t layer, size_t num_heads, size_t num_kv_heads, size_t head_dim, const Linear& o_proj,
                     float* out) {
@@ -104,17 +111,43 @@ void rope_attention(const Rope& rope, float* q, float* k, const float* v, size_t
   o_proj(attn.data(), rows, out);
 }
 
+}  // namespace
+
 RopeGqaAttention RopeGqaAttention::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,
-                                        size_t num_heads, size_t num_kv_heads, size_t head_dim, bool qkv_bias) {
+                                        size_t num_heads, size_t num_kv_heads, size_t head_dim,
+                                        const GqaOptions& options) {
   RopeGqaAttention a;
   a.num_heads = num_heads;
   a.num_kv_heads = num_kv_heads;
   a.head_dim = head_dim;
-  a.q_proj = Linear::load(ckpt, prefix + ".q_proj", num_heads * head_dim, hidden, qkv_bias);
-  a.k_proj = Linear::load(ckpt, prefix + ".k_proj", num_kv_heads * head_dim, hidden, qkv_bias);
-  a.v_proj = Linear::load(ckpt, prefix + ".v_proj", num_kv_heads * head_dim, hidden, qkv_bias);
-  a.o_proj = Linear::load(ckpt, prefix + ".o_proj", hidden, num_heads * head_dim);
+  a.options = options;
+  a.q_proj = Linear::load(ckpt, prefix + ".q_proj", num_heads * head_dim, hidden, options.qkv_bias);
+  a.k_proj = Linear::load(ckpt, prefix + ".k_proj", num_kv_heads * head_dim, hidden, options.qkv_bias);
+  a.v_proj = Linear::load(ckpt, prefix + ".v_proj", num_kv_heads * head_dim, hidden, options.qkv_bias);
+  a.o_proj = Linear::load(ckpt, prefix + ".o_proj", hidden, num_heads * head_dim, options.o_bias);
+  if (options.qk_norm != QkNorm::kNone) {
+    const bool per_head = options.qk_norm == QkNorm::kPerHead;
+    a.q_norm = RmsNorm::load(ckpt, prefix + ".q_norm", per_head ? head_dim : num_heads * head_dim, options.norm_eps);
+    a.k_norm = RmsNorm::load(ckpt, prefix + ".k_norm", per_head ? head_dim : num_kv_heads * head_dim, options.norm_eps);
+  }
   return a;
+}
+
+void RopeGqaAttention::normalise_qkv(float* q, float* k, float* v, size_t rows) const {
+  if (options.qk_norm == QkNorm::kPerHead) {  // one row per head
+    q_norm(q, rows * num_heads, q);
+    k_norm(k, rows * num_kv_heads, k);
+  } else if (options.qk_norm == QkNorm::kWhole) {
+    q_norm(q, rows, q);
+    k_norm(k, rows, k);
+  }
+  if (options.clip_qkv > 0) {
+    const float c = static_cast<float>(options.clip_qkv);
+    const size_t kv_size = rows * num_kv_heads * head_dim;
+    for (auto [t, size] : {std::pair{q, rows * num_heads * head_dim}, {k, kv_size}, {v, kv_size}}) {
+      for (size_t i = 0; i < size; ++i) t[i] = std::clamp(t[i], -c, c);
+    }
+  }
 }
 
 void RopeGqaAttention::operator()(const Rope& rope, const float* x, size_t rows, size_t pos0, KvCache& cache,
@@ -123,6 +156,7 @@ void RopeGqaAttention::operator()(const Rope& rope, const float* x, size_t rows,
   q_proj(x, rows, q.data());
   k_proj(x, rows, k.data());
   v_proj(x, rows, v.data());
+  normalise_qkv(q.data(), k.data(), v.data(), rows);
   rope_attention(rope, q.data(), k.data(), v.data(), rows, pos0, cache, layer, num_heads, num_kv_heads, head_dim,
                  o_proj, out);
 }
@@ -224,23 +258,22 @@ void OutputHead::operator()(const float* hidden_row, const StoredMatrix& embed, 
   matmul(lm_head.weight.empty() ? embed.view() : lm_head.weight.view(), normed.data(), 1, nullptr, logits);
 }
 
-SoftmaxTopkMoe SoftmaxTopkMoe::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,
-                                    size_t num_experts, size_t top_k, bool norm_topk_prob) {
-  return SoftmaxTopkMoe{Linear::load(ckpt, prefix + ".gate", num_experts, hidden), top_k, norm_topk_prob};
+SoftmaxTopkRouter SoftmaxTopkRouter::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,
+                                          size_t num_experts, size_t top_k, bool norm_topk_prob) {
+  SoftmaxTopkRouter r;
+  r.router = Linear::load(ckpt, prefix + ".gate", num_experts, hidden);
+  r.top_k = top_k;
+  r.norm_topk_prob = norm_topk_prob;
+  return r;
 }
 
-RoutedExpertsCall SoftmaxTopkMoe::begin(ExpertDispatcher& dispatcher, uint32_t layer, const float* x,
-                                        size_t rows) const {
-  return RoutedExpertsCall(dispatcher, layer, x, rows, router.in(), route(x, rows));
-}
-
-Routing SoftmaxTopkMoe::route(const float* x, size_t rows) const {
+Routing SoftmaxTopkRouter::route(const float* x, size_t rows) const {
   std::vector<float> router_logits(rows * router.out());
   router(x, rows, router_logits.data());
   return softmax_topk(router_logits.data(), rows, router.out(), top_k, norm_topk_prob);
 }
 
-std::vector<uint32_t> SoftmaxTopkMoe::predict(const float* x, size_t rows) const {
+std::vector<uint32_t> Router::predict(const float* x, size_t rows) const {
   std::vector<uint32_t> experts = route(x, rows).experts;
   std::sort(experts.begin(), experts.end());
   experts.erase(std::unique(experts.begin(), experts.end()), experts.end());
@@ -248,11 +281,23 @@ std::vector<uint32_t> SoftmaxTopkMoe::predict(const float* x, size_t rows) const
 }
 
 void hint_next_moe_layer(ExpertDispatcher& dispatcher, uint32_t next_layer, const RmsNorm& next_norm,
-                         const SoftmaxTopkMoe& next_moe, const float* hidden, size_t rows) {
+                         const Router& next_router, const float* hidden, size_t rows) {
   if (!dispatcher.wants_hints()) return;
   std::vector<float> x(rows * next_norm.weight.size());
   next_norm(hidden, rows, x.data());
-  dispatcher.hint_layer(next_layer, next_moe.predict(x.data(), rows));
+  dispatcher.hint_layer(next_layer, next_router.predict(x.data(), rows));
+}
+
+void MoeBlock::operator()(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows,
+                          const NextMoeLayer* next, float* out) const {
+  const size_t hidden = router->hidden();
+  RoutedExpertsCall routed(dispatcher, layer, x, rows, hidden, router->route(x, rows));
+  // While the routed experts are out: the next layer's hint, then the shared expert.
+  if (next != nullptr) hint_next_moe_layer(dispatcher, next->layer, *next->norm, *next->router, next->hidden, rows);
+  std::vector<float> shared(shared_expert ? rows * hidden : 0);
+  if (shared_expert) shared_expert(x, rows, shared.data());
+  routed.finish(out);
+  if (shared_expert) add_residual(out, shared.data(), shared.size());
 }
 
 GatedSharedExpert GatedSharedExpert::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,

@@ -1,11 +1,14 @@
 // Shared building blocks of the decoder families (one file per family composes them, as
 // the Hugging Face modeling files do): linear layers, RMSNorm, rotary embeddings, causal
-// GQA attention over the KV cache, the dense SwiGLU MLP, softmax top-k routing and the
-// routed-expert step that goes through the ExpertDispatcher.
+// GQA attention over the KV cache (with the families' q/k-norm variants), the dense
+// SwiGLU MLP, softmax top-k routing, and the one MoE block every family runs (routed
+// experts through the ExpertDispatcher, an optional shared expert, the prefetch hint).
 // Activations are f32 row-major [rows, width]; rows are token positions of one sequence.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -71,26 +74,44 @@ class Rope {
 void causal_gqa_attention(const float* q, size_t rows, size_t pos0, const KvCache& cache, size_t layer,
                           size_t num_heads, size_t num_kv_heads, size_t head_dim, float* out);
 
-/// The common tail of a RoPE GQA attention block, after the family's own q/k/v
-/// projections and norms: rotates q [rows, num_heads, head_dim] and k [rows,
-/// num_kv_heads, head_dim] in place for positions pos0.., stores k and v in the cache of
-/// `layer`, attends causally and projects with o_proj into out [rows, hidden].
-void rope_attention(const Rope& rope, float* q, float* k, const float* v, size_t rows, size_t pos0, KvCache& cache,
-                    size_t layer, size_t num_heads, size_t num_kv_heads, size_t head_dim, const Linear& o_proj,
-                    float* out);
+/// Where a GQA attention block RMS-normalises q and k, after their projections and
+/// before RoPE.
+enum class QkNorm {
+  kNone,     ///< no q/k norm (MixtralAttention, Qwen2MoeAttention)
+  kPerHead,  ///< each head over head_dim, one weight for all heads (Qwen3MoeAttention)
+  kWhole,    ///< the whole projection, num_heads * head_dim wide (OlmoeAttention)
+};
 
-/// The plain Llama-style attention block (MixtralAttention, Qwen2MoeAttention): q/k/v
-/// projections (biased when `qkv_bias`), no q/k norm, then rope_attention; o_proj has no
-/// bias. Weights "<prefix>.{q,k,v,o}_proj.weight" (+ ".bias" for q/k/v).
+/// The family's choices in a RoPE GQA attention block.
+struct GqaOptions {
+  bool qkv_bias = false;         ///< biases on q_proj, k_proj and v_proj
+  bool o_bias = false;           ///< a bias on o_proj
+  QkNorm qk_norm = QkNorm::kNone;
+  double norm_eps = 1e-6;        ///< of q_norm and k_norm
+  double clip_qkv = 0;           ///< when > 0, q, k and v are clamped to [-clip, clip] after the norms
+};
+
+/// The RoPE GQA attention block of the Llama-style families: q/k/v projections, the
+/// family's q/k norm (GqaOptions::qk_norm) and clamp, then RoPE attention. Weights
+/// "<prefix>.{q,k,v,o}_proj.weight" (+ ".bias" as the options say) and, with a q/k
+/// norm, "<prefix>.{q,k}_norm.weight". After the norms it rotates q and k, stores k and
+/// v in the cache, attends causally (causal_gqa_attention) and projects with o_proj.
 struct RopeGqaAttention {
   Linear q_proj, k_proj, v_proj, o_proj;
+  RmsNorm q_norm, k_norm;  ///< empty unless options.qk_norm
   size_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
+  GqaOptions options;
   static RopeGqaAttention load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden, size_t num_heads,
-                               size_t num_kv_heads, size_t head_dim, bool qkv_bias);
+                               size_t num_kv_heads, size_t head_dim, const GqaOptions& options);
   /// out [rows, hidden] for x [rows, hidden] (normed) at positions pos0..; stores the
   /// positions' K/V in the cache of `layer`.
   void operator()(const Rope& rope, const float* x, size_t rows, size_t pos0, KvCache& cache, size_t layer,
                   float* out) const;
+
+ private:
+  /// Applies the q/k norm and the clamp to q [rows, num_heads * head_dim], k and v
+  /// [rows, num_kv_heads * head_dim], in place.
+  void normalise_qkv(float* q, float* k, float* v, size_t rows) const;
 };
 
 /// Dense SwiGLU MLP: down(silu(gate(x)) * up(x)) (Qwen3MoeMLP).
@@ -129,6 +150,18 @@ struct Routing {
 /// first), renormalised to sum 1 when `norm_topk_prob` (Qwen3MoeTopKRouter, OlmoeTopKRouter).
 Routing softmax_topk(const float* router_logits, size_t rows, size_t num_experts, size_t top_k, bool norm_topk_prob);
 
+/// The router of a MoE block: which experts each position goes to, with what weights.
+class Router {
+ public:
+  virtual ~Router() = default;
+  /// The decisions for normed rows x [rows, hidden()].
+  virtual Routing route(const float* x, size_t rows) const = 0;
+  /// The width of the rows it routes.
+  virtual size_t hidden() const = 0;
+  /// The batch-union (ascending) of the experts it picks for x [rows, hidden()].
+  std::vector<uint32_t> predict(const float* x, size_t rows) const;
+};
+
 /// The routed-expert step of one MoE layer while it is in flight: the constructor sends
 /// x [rows, hidden]'s assignments through `dispatcher` (begin_layer) and returns, so the
 /// caller can run a shared expert meanwhile; finish() waits and writes out[r] = sum over
@@ -156,23 +189,18 @@ class RoutedExpertsCall {
   std::vector<float> outputs_;  // [rows * top_k, hidden], unweighted, rank order per row
 };
 
-/// A softmax top-k routed MoE block without shared experts (Qwen3MoeSparseMoeBlock,
-/// OlmoeSparseMoeBlock, MixtralSparseMoeBlock's routing): router "<prefix>.gate"
-/// [num_experts, hidden], then softmax_topk, then a RoutedExpertsCall.
-struct SoftmaxTopkMoe {
+/// Softmax top-k routing (Qwen3MoeTopKRouter, OlmoeTopKRouter, MixtralTopKRouter,
+/// Qwen2MoeSparseMoeBlock's gate): router "<prefix>.gate" [num_experts, hidden] with no
+/// bias, then softmax_topk.
+struct SoftmaxTopkRouter final : Router {
   Linear router;
   size_t top_k = 0;
   bool norm_topk_prob = false;
   /// Loads "<prefix>.gate.weight" [num_experts, hidden].
-  static SoftmaxTopkMoe load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden, size_t num_experts,
-                             size_t top_k, bool norm_topk_prob);
-  /// Routes x and starts its experts; the caller finishes the returned call (and may do
-  /// other work, such as a prefetch hint, in between). `x` must stay unchanged until then.
-  RoutedExpertsCall begin(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows) const;
-  /// The batch-union (ascending) of the experts this router picks for x [rows, hidden].
-  std::vector<uint32_t> predict(const float* x, size_t rows) const;
-  /// The router's decisions for x [rows, hidden].
-  Routing route(const float* x, size_t rows) const;
+  static SoftmaxTopkRouter load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden, size_t num_experts,
+                                size_t top_k, bool norm_topk_prob);
+  Routing route(const float* x, size_t rows) const override;
+  size_t hidden() const override { return router.in(); }
 };
 
 /// A shared expert scaled by a learned sigmoid gate per position (Qwen2MoeSparseMoeBlock's
@@ -194,6 +222,33 @@ struct GatedSharedExpert {
 /// dispatcher.wants_hints(), sends the predicted batch-union with hint_layer(next_layer).
 /// Reads only; nothing the model computes depends on it.
 void hint_next_moe_layer(ExpertDispatcher& dispatcher, uint32_t next_layer, const RmsNorm& next_norm,
-                         const SoftmaxTopkMoe& next_moe, const float* hidden, size_t rows);
+                         const Router& next_router, const float* hidden, size_t rows);
+
+/// The next MoE layer a block's prefetch hint is about, and the state it predicts from.
+struct NextMoeLayer {
+  uint32_t layer = 0;
+  const RmsNorm* norm = nullptr;      ///< its post_attention_layernorm
+  const Router* router = nullptr;     ///< its router
+  const float* hidden = nullptr;      ///< this layer's residual stream [rows, hidden_size]
+};
+
+/// The MoE block of every family (Qwen3MoeSparseMoeBlock, OlmoeSparseMoeBlock,
+/// MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock, DeepseekV3MoE): routed experts through
+/// the dispatcher, plus, where the family has one, a shared expert that runs here while
+/// the routed experts are in flight.
+struct MoeBlock {
+  std::unique_ptr<const Router> router;  ///< null on a family's dense layers
+  /// out [rows, hidden] = the shared expert of x [rows, hidden]; empty when there is none
+  /// (Qwen2-MoE: GatedSharedExpert; DeepSeek-V3: a DenseMlp of the shared experts).
+  std::function<void(const float* x, size_t rows, float* out)> shared_expert;
+
+  /// out [rows, hidden] = routed(x) + shared_expert(x), for normed rows x of `layer`.
+  /// Sends the routed experts, then, while they run, the prefetch hint for `next` (when
+  /// not null) and the shared expert; then combines (RoutedExpertsCall::finish) and adds
+  /// the shared output. `x` and next->hidden must stay unchanged until it returns. Errors
+  /// as RoutedExpertsCall.
+  void operator()(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows, const NextMoeLayer* next,
+                  float* out) const;
+};
 
 }  // namespace charm

@@ -6,9 +6,13 @@
 // (coordinator/models/routers.h), the routed experts through the ExpertDispatcher, plus the
 // shared experts computed here on the coordinator while the routed requests are out.
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "common/config_fields.h"
+#include "common/error.h"
 #include "coordinator/models/blocks.h"
+#include "coordinator/models/families.h"
 #include "coordinator/models/mla_attention.h"
 #include "coordinator/models/model.h"
 #include "coordinator/models/routers.h"
@@ -16,44 +20,27 @@
 namespace charm {
 namespace {
 
-/// DeepseekV3MoE: routed experts (remote or in-process) + shared experts (here).
-struct DeepseekV3Moe {
-  GroupLimitedRouter gate;
-  bool has_shared = false;
-  DenseMlp shared_experts;  // width n_shared_experts * moe_intermediate_size
-
-  static DeepseekV3Moe load(const Checkpoint& ckpt, const std::string& prefix, const ModelConfig& c) {
-    DeepseekV3Moe moe;
-    const GroupLimitedTopk params{static_cast<size_t>(c.num_experts_per_tok), static_cast<size_t>(c.n_group),
-                                  static_cast<size_t>(c.topk_group), c.norm_topk_prob,
-                                  static_cast<float>(c.routed_scaling_factor)};
-    moe.gate = GroupLimitedRouter::load(ckpt, prefix + ".gate", c.hidden_size, c.num_experts, params);
-    moe.has_shared = c.n_shared_experts > 0;
-    if (moe.has_shared) {
-      moe.shared_experts =
-          DenseMlp::load(ckpt, prefix + ".shared_experts", c.hidden_size, c.n_shared_experts * c.moe_intermediate_size);
-    }
-    return moe;
+/// DeepseekV3MoE: the group-limited router, the routed experts (remote or in-process)
+/// and, when n_shared_experts > 0, the shared experts as one dense MLP computed here.
+MoeBlock load_moe(const Checkpoint& ckpt, const std::string& prefix, const ModelConfig& c) {
+  const GroupLimitedTopk params{static_cast<size_t>(c.num_experts_per_tok), static_cast<size_t>(c.n_group),
+                                static_cast<size_t>(c.topk_group), c.norm_topk_prob,
+                                static_cast<float>(c.routed_scaling_factor)};
+  MoeBlock moe;
+  moe.router = std::make_unique<GroupLimitedRouter>(
+      GroupLimitedRouter::load(ckpt, prefix + ".gate", c.hidden_size, c.num_experts, params));
+  if (c.n_shared_experts > 0) {
+    moe.shared_expert =
+        DenseMlp::load(ckpt, prefix + ".shared_experts", c.hidden_size, c.n_shared_experts * c.moe_intermediate_size);
   }
-
-  /// out [rows, hidden] = routed(x) + shared_experts(x). The shared experts run here
-  /// while the routed requests are in flight.
-  void operator()(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows, float* out) const {
-    const size_t hidden = gate.gate.in();
-    RoutedExpertsCall routed(dispatcher, layer, x, rows, hidden, gate(x, rows));
-    std::vector<float> shared(has_shared ? rows * hidden : 0);
-    if (has_shared) shared_experts(x, rows, shared.data());
-    routed.finish(out);
-    if (has_shared) add_residual(out, shared.data(), rows * hidden);
-  }
-};
+  return moe;
+}
 
 struct DeepseekV3Layer {
   RmsNorm input_layernorm, post_attention_layernorm;
   MlaAttention self_attn;
-  bool moe = false;
-  DeepseekV3Moe sparse_moe;  // when moe
-  DenseMlp mlp;              // when !moe
+  MoeBlock sparse_moe;  // DeepseekV3MoE; no router in the first first_k_dense_replace layers
+  DenseMlp mlp;         // dense layers only
 };
 
 class DeepseekV3 final : public LayerStack<DeepseekV3Layer> {
@@ -68,9 +55,8 @@ class DeepseekV3 final : public LayerStack<DeepseekV3Layer> {
       layer.input_layernorm = RmsNorm::load(ckpt, p + ".input_layernorm", h, eps);
       layer.post_attention_layernorm = RmsNorm::load(ckpt, p + ".post_attention_layernorm", h, eps);
       layer.self_attn = MlaAttention::load(ckpt, p + ".self_attn", config);
-      layer.moe = config.is_moe_layer(l);
-      if (layer.moe) {
-        layer.sparse_moe = DeepseekV3Moe::load(ckpt, p + ".mlp", config);
+      if (config.is_moe_layer(l)) {
+        layer.sparse_moe = load_moe(ckpt, p + ".mlp", config);
       } else {
         layer.mlp = DenseMlp::load(ckpt, p + ".mlp", h, config.intermediate_size);
       }
@@ -82,28 +68,100 @@ class DeepseekV3 final : public LayerStack<DeepseekV3Layer> {
   KvCache new_cache(size_t max_tokens) const override {
     return KvCache(config_.num_hidden_layers, max_tokens, MlaAttention::cache_row_dim(config_), 0);
   }
+};
 
- protected:
-  void attention(size_t l, const float* x, size_t n, size_t pos0, KvCache& cache, float* out) override {
-    layers_[l].self_attn(rope_, x, n, pos0, cache, l, out);
+using nlohmann::json;
+using namespace hf;
+
+/// The DeepseekV3Config fields (MLA attention, group-limited sigmoid routing, shared
+/// experts, dense first layers, YaRN), checked for consistency.
+void read_deepseek_v3_fields(const json& j, const std::string& source, ModelConfig& c) {
+  // q_lora_rank may be null (a plain q_proj) but must be spelled out: transformers'
+  // default (1536) belongs to the full-size model.
+  if (!j.contains("q_lora_rank")) fail_invalid(source + ": missing required field 'q_lora_rank'");
+  c.q_lora_rank = get_int(j, source, "q_lora_rank", 0);
+  if (c.q_lora_rank < 0) fail_invalid(source + ": field 'q_lora_rank' must be positive or null");
+  c.kv_lora_rank = get_int(j, source, "kv_lora_rank", std::nullopt);
+  c.qk_nope_head_dim = get_int(j, source, "qk_nope_head_dim", std::nullopt);
+  c.qk_rope_head_dim = get_int(j, source, "qk_rope_head_dim", std::nullopt);
+  c.v_head_dim = get_int(j, source, "v_head_dim", std::nullopt);
+  c.n_shared_experts = get_int(j, source, "n_shared_experts", std::nullopt);
+  c.first_k_dense_replace = get_int(j, source, "first_k_dense_replace", std::nullopt);
+  c.n_group = get_int(j, source, "n_group", std::nullopt);
+  c.topk_group = get_int(j, source, "topk_group", std::nullopt);
+  if (!j.contains("routed_scaling_factor")) fail_invalid(source + ": missing required field 'routed_scaling_factor'");
+  c.routed_scaling_factor = get_number(j, source, "routed_scaling_factor", 1.0);
+  c.norm_topk_prob = get_bool(j, source, "norm_topk_prob", true);  // DeepseekV3Config's default
+  c.rope_interleave = get_bool(j, source, "rope_interleave", true);
+  for (auto [key, value] : {std::pair{"kv_lora_rank", c.kv_lora_rank}, {"qk_nope_head_dim", c.qk_nope_head_dim},
+                            {"qk_rope_head_dim", c.qk_rope_head_dim}, {"v_head_dim", c.v_head_dim},
+                            {"n_group", c.n_group}, {"topk_group", c.topk_group}}) {
+    require_positive(source, key, value);
   }
-
-  /// DeepseekV3MoE (routed + shared experts), or dense SwiGLU in the first layers.
-  void feed_forward(size_t l, const float* x, const float* /*hidden*/, size_t n, float* out) override {
-    const DeepseekV3Layer& layer = layers_[l];
-    if (layer.moe) {
-      layer.sparse_moe(dispatcher_, static_cast<uint32_t>(l), x, n, out);
-    } else {
-      layer.mlp(x, n, out);
+  if (c.qk_rope_head_dim % 2 != 0) fail_invalid(source + ": field 'qk_rope_head_dim' must be even");
+  if (c.n_shared_experts < 0) fail_invalid(source + ": field 'n_shared_experts' must not be negative");
+  if (c.first_k_dense_replace < 0 || c.first_k_dense_replace > c.num_hidden_layers) {
+    fail_invalid(source + ": field 'first_k_dense_replace' must be in [0, num_hidden_layers], got " +
+                 std::to_string(c.first_k_dense_replace));
+  }
+  if (c.routed_scaling_factor <= 0) fail_invalid(source + ": field 'routed_scaling_factor' must be positive");
+  // Group-limited top-k: groups of equal size, each scored by its top-2 experts.
+  if (c.num_experts % c.n_group != 0 || c.num_experts / c.n_group < 2) {
+    fail_invalid(source + ": n_routed_experts (" + std::to_string(c.num_experts) + ") must be n_group (" +
+                 std::to_string(c.n_group) + ") groups of at least 2 experts");
+  }
+  if (c.topk_group > c.n_group) fail_invalid(source + ": topk_group exceeds n_group");
+  if (c.num_experts_per_tok > c.topk_group * (c.num_experts / c.n_group)) {
+    fail_invalid(source + ": num_experts_per_tok (" + std::to_string(c.num_experts_per_tok) +
+                 ") exceeds the experts of topk_group groups");
+  }
+  // MLA expands the latent to one key/value per query head; transformers' repeat_kv
+  // would break for any other num_key_value_heads.
+  if (c.num_key_value_heads != c.num_attention_heads) {
+    fail_unsupported(source + ": num_key_value_heads " + std::to_string(c.num_key_value_heads) +
+                     " differs from num_attention_heads " + std::to_string(c.num_attention_heads) +
+                     " (MLA has one key per head)");
+  }
+  // Fields transformers does not read; only the value it implements is accepted.
+  require_value(j, source, "scoring_func", "sigmoid");
+  require_value(j, source, "topk_method", "noaux_tc");
+  if (j.contains("moe_layer_freq") && get_int(j, source, "moe_layer_freq", 1) != 1) {
+    fail_unsupported(source + ": moe_layer_freq " + j["moe_layer_freq"].dump() + " is not supported (supported: 1)");
+  }
+  // DeepseekV3Config.__post_init__ derives head_dim and qk_head_dim, and both versions of
+  // transformers write them back; a saved value that disagrees is not this model.
+  const int64_t qk_head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim;
+  for (auto [key, derived, from] : {std::tuple{"head_dim", c.qk_rope_head_dim, "qk_rope_head_dim"},
+                                    {"qk_head_dim", qk_head_dim, "qk_nope_head_dim + qk_rope_head_dim"}}) {
+    const int64_t saved = get_int(j, source, key, derived);
+    if (saved != derived) {
+      fail_invalid(source + ": field '" + key + "' is " + std::to_string(saved) + " but " + from + " is " +
+                   std::to_string(derived) + "; DeepseekV3Config derives one from the other");
     }
   }
-};
+  c.head_dim = c.qk_rope_head_dim;
+}
+
+/// DeepseekV3Config's fields on top of the generic ones: the experts' width and the
+/// dense-layer rule as Qwen3-MoE spells them, then read_deepseek_v3_fields.
+void read_deepseek_v3_config(const json& j, const std::string& source, ModelConfig& c) {
+  read_moe_intermediate_size(j, source, c);
+  read_sparse_layers(j, source, c);
+  read_deepseek_v3_fields(j, source, c);
+}
 
 }  // namespace
 
-std::unique_ptr<Model> load_deepseek_v3(const Checkpoint& checkpoint, const ModelConfig& config,
-                                        ExpertDispatcher& dispatcher) {
-  return std::make_unique<DeepseekV3>(checkpoint, config, dispatcher);
+const ModelFamily& deepseek_v3_family() {
+  static const ModelFamily family{
+      .checkpoint = {.architectures = {"DeepseekV3ForCausalLM"},
+                     .num_experts_keys = {"n_routed_experts", "num_local_experts"},
+                     .yarn_rope = true,
+                     .read_fields = read_deepseek_v3_config,
+                     .expert_tensors = ExpertTensorNames{}},  // the hub default names
+      .build = build_model<DeepseekV3>,
+  };
+  return family;
 }
 
 }  // namespace charm

@@ -1,7 +1,8 @@
-// Per-sequence key/value cache, f32. Two shapes:
-//  - GQA (Qwen3-MoE, OLMoE): per layer and position the post-RoPE key and the value,
-//    kv_dim = num_key_value_heads * head_dim each.
-//  - MLA, compressed (DeepSeek-V3): per layer and position one row [kv_lora_rank latent |
+// Per-sequence key/value cache, f32. Two shapes (which family uses which: its
+// Model::new_cache; the families are listed in coordinator/models/families.h):
+//  - GQA: per layer and position the post-RoPE key and the value,
+//    kv_dim = num_key_value_heads * head_dim each (DecoderModel::new_cache).
+//  - MLA, compressed: per layer and position one row [kv_lora_rank latent |
 //    qk_rope_head_dim rotated key] and no values; keys and values of every head are
 //    computed from the latent at attention time (coordinator/models/mla_attention.h).
 #pragma once

@@ -2,12 +2,14 @@
 // pre-norm decoder layers with plain GQA attention (no biases, no q/k norm), RoPE, and a
 // sparse MoE block in every layer (hub name `block_sparse_moe`): softmax top-k routing
 // renormalised over the chosen experts, no shared expert. Routed experts are stored as
-// `block_sparse_moe.experts.{e}.w1/w3/w2` (gate/up/down; see expert_tensor_names).
-// A sliding window is accepted only when it cannot bite (ModelConfig::parse).
+// `block_sparse_moe.experts.{e}.w1/w3/w2` (gate/up/down; the family's expert_tensors).
+// A sliding window is accepted only when it cannot bite (read_mixtral_config).
 #include <string>
 #include <vector>
 
+#include "common/config_fields.h"
 #include "coordinator/models/blocks.h"
+#include "coordinator/models/families.h"
 #include "coordinator/models/model.h"
 
 namespace charm {
@@ -15,8 +17,9 @@ namespace {
 
 struct MixtralLayer {
   RmsNorm input_layernorm, post_attention_layernorm;
-  RopeGqaAttention self_attn;  // MixtralAttention: no biases
-  SoftmaxTopkMoe sparse_moe;
+  RopeGqaAttention self_attn;  // MixtralAttention: no biases, no q/k norm
+  MoeBlock sparse_moe;         // MixtralSparseMoeBlock, in every layer
+  DenseMlp mlp;                // unused: Mixtral has no dense layers
 };
 
 class Mixtral final : public LayerStack<MixtralLayer> {
@@ -31,32 +34,41 @@ class Mixtral final : public LayerStack<MixtralLayer> {
       layer.input_layernorm = RmsNorm::load(ckpt, p + ".input_layernorm", h, eps);
       layer.post_attention_layernorm = RmsNorm::load(ckpt, p + ".post_attention_layernorm", h, eps);
       layer.self_attn = RopeGqaAttention::load(ckpt, p + ".self_attn", h, config.num_attention_heads,
-                                               config.num_key_value_heads, config.head_dim, false);
-      // MixtralTopKRouter always renormalises the top-k (ModelConfig sets norm_topk_prob).
-      layer.sparse_moe = SoftmaxTopkMoe::load(ckpt, p + ".block_sparse_moe", h, config.num_experts,
-                                              config.num_experts_per_tok, config.norm_topk_prob);
+                                               config.num_key_value_heads, config.head_dim, GqaOptions{});
+      // MixtralTopKRouter always renormalises the top-k (read_mixtral_config sets norm_topk_prob).
+      layer.sparse_moe.router = std::make_unique<SoftmaxTopkRouter>(SoftmaxTopkRouter::load(
+          ckpt, p + ".block_sparse_moe", h, config.num_experts, config.num_experts_per_tok, config.norm_topk_prob));
       layers_.push_back(std::move(layer));
     }
   }
-
- protected:
-  const SoftmaxTopkMoe* hint_router(size_t l) const override { return &layers_[l].sparse_moe; }
-
-  void attention(size_t l, const float* x, size_t n, size_t pos0, KvCache& cache, float* out) override {
-    layers_[l].self_attn(rope_, x, n, pos0, cache, l, out);
-  }
-
-  /// MixtralSparseMoeBlock: every layer is routed; a prefetch hint goes out while it runs.
-  void feed_forward(size_t l, const float* x, const float* hidden, size_t n, float* out) override {
-    routed_moe(l, layers_[l].sparse_moe, x, hidden, n, out);
-  }
 };
+
+/// MixtralConfig's own rules: the experts are intermediate_size wide, every layer is a
+/// sparse MoE block with norm_topk_prob implied (MixtralTopKRouter always renormalises
+/// the top-k), and the sliding window MixtralAttention passes when set is refused when
+/// it would bite.
+void read_mixtral_config(const nlohmann::json& j, const std::string& source, ModelConfig& c) {
+  c.moe_intermediate_size = c.intermediate_size;
+  hf::refuse_biting_window(source, "sliding_window", hf::get_int(j, source, "sliding_window", 0), c);
+  c.norm_topk_prob = true;
+}
 
 }  // namespace
 
-std::unique_ptr<Model> load_mixtral(const Checkpoint& checkpoint, const ModelConfig& config,
-                                    ExpertDispatcher& dispatcher) {
-  return std::make_unique<Mixtral>(checkpoint, config, dispatcher);
+const ModelFamily& mixtral_family() {
+  static const ModelFamily family{
+      .checkpoint = {.architectures = {"MixtralForCausalLM"},
+                     .num_experts_keys = {"num_local_experts", "num_experts"},
+                     .default_rms_norm_eps = 1e-5,  // MixtralConfig's
+                     .default_rope_theta = 1e6,
+                     .read_fields = read_mixtral_config,
+                     .expert_tensors = {.prefix = "model.layers.{}.block_sparse_moe.experts",
+                                        .gate = "w1",
+                                        .up = "w3",
+                                        .down = "w2"}},
+      .build = build_model<Mixtral>,
+  };
+  return family;
 }
 
 }  // namespace charm

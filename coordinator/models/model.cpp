@@ -8,16 +8,6 @@
 
 namespace charm {
 
-std::unique_ptr<Model> load_model(const Checkpoint& checkpoint, const ModelConfig& config,
-                                  ExpertDispatcher& dispatcher) {
-  if (config.architecture == "Qwen3MoeForCausalLM") return load_qwen3_moe(checkpoint, config, dispatcher);
-  if (config.architecture == "OlmoeForCausalLM") return load_olmoe(checkpoint, config, dispatcher);
-  if (config.architecture == "Qwen2MoeForCausalLM") return load_qwen2_moe(checkpoint, config, dispatcher);
-  if (config.architecture == "MixtralForCausalLM") return load_mixtral(checkpoint, config, dispatcher);
-  if (config.architecture == "DeepseekV3ForCausalLM") return load_deepseek_v3(checkpoint, config, dispatcher);
-  fail_unsupported("architecture '" + config.architecture + "' has no model family in charm");
-}
-
 void check_token_ids(const int32_t* tokens, size_t n, int64_t vocab_size) {
   for (size_t i = 0; i < n; ++i) {
     if (tokens[i] < 0 || tokens[i] >= vocab_size) {
@@ -63,20 +53,20 @@ void DecoderModel::forward(const int32_t* tokens, size_t n, KvCache& cache, floa
   end_forward(hidden.data(), n, logits);
 }
 
-void DecoderModel::hint_next(size_t layer, const float* hidden, size_t n) {
-  for (size_t j = layer + 1; j < num_layers(); ++j) {
-    if (const SoftmaxTopkMoe* router = hint_router(j)) {
-      hint_next_moe_layer(dispatcher_, static_cast<uint32_t>(j), post_attention_norm(j), *router, hidden, n);
-      return;
-    }
-  }
+void DecoderModel::feed_forward(size_t layer, const float* x, const float* hidden, size_t n, float* out) {
+  const MoeBlock* moe = moe_block(layer);
+  if (moe == nullptr) return dense_mlp(layer)(x, n, out);
+  const std::optional<NextMoeLayer> next = next_moe_layer(layer, hidden);
+  (*moe)(dispatcher_, static_cast<uint32_t>(layer), x, n, next ? &*next : nullptr, out);
 }
 
-void DecoderModel::routed_moe(size_t layer, const SoftmaxTopkMoe& moe, const float* x, const float* hidden,
-                              size_t n, float* out) {
-  RoutedExpertsCall call = moe.begin(dispatcher_, static_cast<uint32_t>(layer), x, n);
-  hint_next(layer, hidden, n);
-  call.finish(out);
+std::optional<NextMoeLayer> DecoderModel::next_moe_layer(size_t layer, const float* hidden) const {
+  for (size_t j = layer + 1; j < num_layers(); ++j) {
+    if (const MoeBlock* moe = moe_block(j)) {
+      return NextMoeLayer{static_cast<uint32_t>(j), &post_attention_norm(j), moe->router.get(), hidden};
+    }
+  }
+  return std::nullopt;
 }
 
 void DecoderModel::end_forward(const float* hidden, size_t n, float* logits) const {

@@ -1,10 +1,12 @@
 // A decoder-only MoE model as the coordinator runs it: the dense part (embeddings,
 // attention, norms, routers, dense MLPs, lm_head) is resident here; routed experts are
-// reached through an ExpertDispatcher. One implementation per family, one file each.
+// reached through an ExpertDispatcher. One implementation per family, one file each,
+// listed in coordinator/models/families.h (which also loads them: load_model).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "common/checkpoint.h"
 #include "common/model_config.h"
@@ -42,7 +44,9 @@ class DecoderModel : public Model {
 
   /// The pre-norm decoder stack every family here shares (the *DecoderLayer of each HF
   /// modeling file): per layer, hidden += attention(input_norm(hidden)), then
-  /// hidden += feed_forward(post_attention_norm(hidden)); then the output head.
+  /// hidden += feed_forward(post_attention_norm(hidden)); then the output head. The
+  /// feed-forward block is the layer's MoE block (blocks.h: MoeBlock, with the next MoE
+  /// layer's prefetch hint) or, on dense layers, its dense MLP.
   void forward(const int32_t* tokens, size_t n, KvCache& cache, float* logits) final;
 
  protected:
@@ -53,21 +57,10 @@ class DecoderModel : public Model {
   /// out = the attention block for normed rows x at positions pos0..pos0+n-1; appends
   /// their keys/values (or latents) to `cache`.
   virtual void attention(size_t layer, const float* x, size_t n, size_t pos0, KvCache& cache, float* out) = 0;
-  /// out = the MLP or MoE block for normed rows x; `hidden` is the residual stream the
-  /// rows were normed from (what prefetch hints apply the next router to).
-  virtual void feed_forward(size_t layer, const float* x, const float* hidden, size_t n, float* out) = 0;
-  /// The softmax top-k MoE block of `layer` when prefetch hints can predict it, else
-  /// nullptr (dense layers; routers the hint does not model).
-  virtual const SoftmaxTopkMoe* hint_router(size_t /*layer*/) const { return nullptr; }
-
-  /// Sends a prefetch hint for the first layer after `layer` that has a hint_router,
-  /// predicted from `hidden` [n, hidden]; call it while `layer`'s experts are in flight.
-  void hint_next(size_t layer, const float* hidden, size_t n);
-
-  /// A softmax top-k MoE block without shared experts: sends the routed experts of
-  /// `layer`, hints the next MoE layer while they run, and writes their sum to out.
-  void routed_moe(size_t layer, const SoftmaxTopkMoe& moe, const float* x, const float* hidden, size_t n,
-                  float* out);
+  /// The MoE block of `layer`, or nullptr when the layer is dense.
+  virtual const MoeBlock* moe_block(size_t layer) const = 0;
+  /// The dense MLP of a layer without a MoE block.
+  virtual const DenseMlp& dense_mlp(size_t layer) const = 0;
 
   ModelConfig config_;
   ExpertDispatcher& dispatcher_;
@@ -79,12 +72,19 @@ class DecoderModel : public Model {
   /// Checks `tokens`, reserves n positions in `cache` (returns the first one) and writes
   /// their embeddings to hidden [n, hidden_size].
   size_t begin_forward(const int32_t* tokens, size_t n, KvCache& cache, float* hidden) const;
+  /// out = the MoE block or dense MLP of `layer` for normed rows x; `hidden` is the
+  /// residual stream the rows were normed from (what the prefetch hint predicts from).
+  void feed_forward(size_t layer, const float* x, const float* hidden, size_t n, float* out);
+  /// The first MoE layer after `layer`, which the hint of `layer` is about; nullopt when none.
+  std::optional<NextMoeLayer> next_moe_layer(size_t layer, const float* hidden) const;
   /// logits [vocab] of the last of n hidden rows (final norm + lm_head).
   void end_forward(const float* hidden, size_t n, float* logits) const;
 };
 
-/// A DecoderModel whose layers are a vector of the family's `Layer` struct, each with
-/// `input_layernorm` and `post_attention_layernorm` RmsNorm members (the HF names).
+/// A DecoderModel whose layers are a vector of the family's `Layer` struct, with the HF
+/// names: RmsNorm `input_layernorm` and `post_attention_layernorm`, an attention block
+/// `self_attn` called as (rope, x, n, pos0, cache, layer, out), a MoeBlock `sparse_moe`
+/// (router null on dense layers) and a DenseMlp `mlp` (dense layers only).
 template <typename Layer>
 class LayerStack : public DecoderModel {
  public:
@@ -94,32 +94,18 @@ class LayerStack : public DecoderModel {
   size_t num_layers() const override { return layers_.size(); }
   const RmsNorm& input_norm(size_t l) const override { return layers_[l].input_layernorm; }
   const RmsNorm& post_attention_norm(size_t l) const override { return layers_[l].post_attention_layernorm; }
+  void attention(size_t l, const float* x, size_t n, size_t pos0, KvCache& cache, float* out) override {
+    layers_[l].self_attn(rope_, x, n, pos0, cache, l, out);
+  }
+  const MoeBlock* moe_block(size_t l) const override {
+    return layers_[l].sparse_moe.router ? &layers_[l].sparse_moe : nullptr;
+  }
+  const DenseMlp& dense_mlp(size_t l) const override { return layers_[l].mlp; }
 
   std::vector<Layer> layers_;
 };
 
-/// Loads the family `config.architecture` names. Resident weights are read from
-/// `checkpoint` into f32; routed experts stay with `dispatcher`, which must outlive the
-/// model. Throws Error(kUnsupported) for an architecture without a family file.
-std::unique_ptr<Model> load_model(const Checkpoint& checkpoint, const ModelConfig& config,
-                                  ExpertDispatcher& dispatcher);
-
-/// Family constructors (coordinator/<family>.cpp).
-std::unique_ptr<Model> load_qwen3_moe(const Checkpoint& checkpoint, const ModelConfig& config,
-                                      ExpertDispatcher& dispatcher);
-std::unique_ptr<Model> load_olmoe(const Checkpoint& checkpoint, const ModelConfig& config,
-                                  ExpertDispatcher& dispatcher);
-std::unique_ptr<Model> load_qwen2_moe(const Checkpoint& checkpoint, const ModelConfig& config,
-                                      ExpertDispatcher& dispatcher);
-std::unique_ptr<Model> load_mixtral(const Checkpoint& checkpoint, const ModelConfig& config,
-                                    ExpertDispatcher& dispatcher);
-
-/// DeepSeek-V3 family (coordinator/models/deepseek_v3.cpp).
-std::unique_ptr<Model> load_deepseek_v3(const Checkpoint& checkpoint, const ModelConfig& config,
-                                        ExpertDispatcher& dispatcher);
-
 /// Checks every token id of tokens[0..n) is in [0, vocab_size); throws Error(kInvalidInput).
 void check_token_ids(const int32_t* tokens, size_t n, int64_t vocab_size);
-
 
 }  // namespace charm

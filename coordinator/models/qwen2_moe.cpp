@@ -7,7 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "common/config_fields.h"
+#include "common/error.h"
 #include "coordinator/models/blocks.h"
+#include "coordinator/models/families.h"
 #include "coordinator/models/model.h"
 
 namespace charm {
@@ -16,10 +19,8 @@ namespace {
 struct Qwen2MoeLayer {
   RmsNorm input_layernorm, post_attention_layernorm;
   RopeGqaAttention self_attn;  // Qwen2MoeAttention: biased q/k/v (qkv_bias)
-  bool moe = false;
-  SoftmaxTopkMoe sparse_moe;       // when moe
-  GatedSharedExpert shared_expert;  // when moe
-  DenseMlp mlp;                     // when !moe
+  MoeBlock sparse_moe;         // routed + gated shared expert; no router on dense layers
+  DenseMlp mlp;                // dense layers only
 };
 
 class Qwen2Moe final : public LayerStack<Qwen2MoeLayer> {
@@ -34,48 +35,49 @@ class Qwen2Moe final : public LayerStack<Qwen2MoeLayer> {
       layer.input_layernorm = RmsNorm::load(ckpt, p + ".input_layernorm", h, eps);
       layer.post_attention_layernorm = RmsNorm::load(ckpt, p + ".post_attention_layernorm", h, eps);
       layer.self_attn = RopeGqaAttention::load(ckpt, p + ".self_attn", h, config.num_attention_heads,
-                                               config.num_key_value_heads, config.head_dim, config.qkv_bias);
-      layer.moe = config.is_moe_layer(l);
-      if (layer.moe) {
-        layer.sparse_moe = SoftmaxTopkMoe::load(ckpt, p + ".mlp", h, config.num_experts, config.num_experts_per_tok,
-                                                config.norm_topk_prob);
-        layer.shared_expert = GatedSharedExpert::load(ckpt, p + ".mlp", h, config.shared_expert_intermediate_size);
+                                               config.num_key_value_heads, config.head_dim,
+                                               GqaOptions{.qkv_bias = config.qkv_bias});
+      if (config.is_moe_layer(l)) {
+        layer.sparse_moe.router = std::make_unique<SoftmaxTopkRouter>(SoftmaxTopkRouter::load(
+            ckpt, p + ".mlp", h, config.num_experts, config.num_experts_per_tok, config.norm_topk_prob));
+        layer.sparse_moe.shared_expert =
+            GatedSharedExpert::load(ckpt, p + ".mlp", h, config.shared_expert_intermediate_size);
       } else {
         layer.mlp = DenseMlp::load(ckpt, p + ".mlp", h, config.intermediate_size);
       }
       layers_.push_back(std::move(layer));
     }
   }
-
- protected:
-  const SoftmaxTopkMoe* hint_router(size_t l) const override {
-    return layers_[l].moe ? &layers_[l].sparse_moe : nullptr;
-  }
-
-  void attention(size_t l, const float* x, size_t n, size_t pos0, KvCache& cache, float* out) override {
-    layers_[l].self_attn(rope_, x, n, pos0, cache, l, out);
-  }
-
-  /// Qwen2MoeSparseMoeBlock: routed experts go out first; the gated shared expert (and a
-  /// prefetch hint) run here while they are in flight; the block's output is their sum.
-  /// Dense SwiGLU on mlp_only layers.
-  void feed_forward(size_t l, const float* x, const float* hidden, size_t n, float* out) override {
-    const Qwen2MoeLayer& layer = layers_[l];
-    if (!layer.moe) return layer.mlp(x, n, out);
-    RoutedExpertsCall routed = layer.sparse_moe.begin(dispatcher_, static_cast<uint32_t>(l), x, n);
-    hint_next(l, hidden, n);
-    std::vector<float> shared(n * config_.hidden_size);
-    layer.shared_expert(x, n, shared.data());
-    routed.finish(out);
-    add_residual(out, shared.data(), shared.size());
-  }
 };
+
+/// Qwen2MoeConfig's own fields (transformers models/qwen2_moe/configuration_qwen2_moe.py):
+/// the experts' width and dense layers as Qwen3-MoE spells them, the gated shared
+/// expert's width, qkv_bias (default true), and the sliding window, which charm does not
+/// implement: use_sliding_window true is refused (transformers 5's layer_types are
+/// checked by ModelConfig::parse).
+void read_qwen2_moe_config(const nlohmann::json& j, const std::string& source, ModelConfig& c) {
+  hf::read_moe_intermediate_size(j, source, c);
+  hf::read_sparse_layers(j, source, c);
+  c.shared_expert_intermediate_size = hf::get_int(j, source, "shared_expert_intermediate_size", std::nullopt);
+  hf::require_positive(source, "shared_expert_intermediate_size", c.shared_expert_intermediate_size);
+  c.qkv_bias = hf::get_bool(j, source, "qkv_bias", true);
+  if (hf::get_bool(j, source, "use_sliding_window", false)) {
+    fail_unsupported(source + ": field 'use_sliding_window' is true; sliding-window attention is not "
+                     "implemented for Qwen2MoeForCausalLM");
+  }
+}
 
 }  // namespace
 
-std::unique_ptr<Model> load_qwen2_moe(const Checkpoint& checkpoint, const ModelConfig& config,
-                                      ExpertDispatcher& dispatcher) {
-  return std::make_unique<Qwen2Moe>(checkpoint, config, dispatcher);
+const ModelFamily& qwen2_moe_family() {
+  static const ModelFamily family{
+      .checkpoint = {.architectures = {"Qwen2MoeForCausalLM"},
+                     .num_experts_keys = {"num_experts"},  // Qwen2MoeConfig has no alias
+                     .read_fields = read_qwen2_moe_config,
+                     .expert_tensors = ExpertTensorNames{}},  // the hub default names
+      .build = build_model<Qwen2Moe>,
+  };
+  return family;
 }
 
 }  // namespace charm

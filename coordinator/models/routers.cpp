@@ -77,7 +77,7 @@ GroupLimitedRouter GroupLimitedRouter::load(const Checkpoint& ckpt, const std::s
   return router;
 }
 
-Routing GroupLimitedRouter::operator()(const float* x, size_t rows) const {
+Routing GroupLimitedRouter::route(const float* x, size_t rows) const {
   std::vector<float> logits(rows * gate.out());
   gate(x, rows, logits.data());
   return sigmoid_group_topk(logits.data(), rows, gate.out(), e_score_correction_bias.data(), params);

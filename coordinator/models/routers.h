@@ -34,16 +34,16 @@ struct GroupLimitedTopk {
 Routing sigmoid_group_topk(const float* router_logits, size_t rows, size_t num_experts, const float* bias,
                            const GroupLimitedTopk& params);
 
-/// DeepseekV3TopkRouter's weights: "<prefix>.weight" [num_experts, hidden] and
-/// "<prefix>.e_score_correction_bias" [num_experts], both read as f32.
-struct GroupLimitedRouter {
+/// DeepseekV3TopkRouter: weights "<prefix>.weight" [num_experts, hidden] and
+/// "<prefix>.e_score_correction_bias" [num_experts] (read as f32), then sigmoid_group_topk.
+struct GroupLimitedRouter final : Router {
   Linear gate;
   std::vector<float> e_score_correction_bias;
   GroupLimitedTopk params;
   static GroupLimitedRouter load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,
                                  size_t num_experts, const GroupLimitedTopk& params);
-  /// Routing of x [rows, hidden].
-  Routing operator()(const float* x, size_t rows) const;
+  Routing route(const float* x, size_t rows) const override;
+  size_t hidden() const override { return gate.in(); }
 };
 
 }  // namespace charm

@@ -9,12 +9,13 @@
 #include "common/error.h"
 #include "common/json_reader.h"
 #include "common/model_config.h"
+#include "coordinator/models/checkpoint_families.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const nlohmann::json json = charm::parse_json(
         std::string_view(reinterpret_cast<const char*>(data), size), "config.json", charm::kConfigJsonLimits);
-    const charm::ModelConfig config = charm::ModelConfig::parse(json, "config.json");
+    const charm::ModelConfig config = charm::ModelConfig::parse(json, "config.json", charm::checkpoint_families());
     config.moe_layer_ids();
   } catch (const charm::Error&) {
   }

@@ -30,6 +30,7 @@
 #include "worker/rpc_server.h"
 #include "worker/experts/store_factory.h"
 #include "worker/worker_main.h"
+#include "coordinator/models/checkpoint_families.h"
 
 using namespace charm;
 using namespace charm::testing;
@@ -57,7 +58,7 @@ struct Model {
   std::string fingerprint;
   explicit Model(const fs::path& dir) {
     checkpoint = Checkpoint::open(dir);
-    config = ModelConfig::parse(checkpoint->config_json(), (dir / "config.json").string());
+    config = ModelConfig::parse(checkpoint->config_json(), (dir / "config.json").string(), checkpoint_families());
     fingerprint = model_fingerprint(*checkpoint);
   }
   std::vector<ExpertKey> all() const {
@@ -76,7 +77,7 @@ struct Model {
   }
   /// The content identity of (layer, expert) as this checkpoint holds it now.
   std::string hash(uint32_t layer, uint32_t expert) const {
-    return hash_expert_identities(*checkpoint, expert_tensor_names(config.architecture), {{layer, expert}},
+    return hash_expert_identities(*checkpoint, config.expert_tensors, {{layer, expert}},
                                   config.hidden_size, config.moe_intermediate_size)
         .at({layer, expert})
         .hex();
@@ -346,7 +347,7 @@ TEST_CASE("a lossless container's records hash to the source identity they recor
   const auto c = ExpertContainer::open(dir.path(), original.fingerprint, original.config.hidden_size,
                                        original.config.moe_intermediate_size);
   const ExpertIdentities want =
-      hash_expert_identities(*original.checkpoint, expert_tensor_names(original.config.architecture), original.all(),
+      hash_expert_identities(*original.checkpoint, original.config.expert_tensors, original.all(),
                              original.config.hidden_size, original.config.moe_intermediate_size);
   for (const auto& [key, record] : c->records()) {
     AlignedBuffer blob(record.layout.bytes);

@@ -14,6 +14,7 @@
 
 #include "common/checkpoint.h"
 #include "common/model_config.h"
+#include "coordinator/models/checkpoint_families.h"
 #include "tests/support/safetensors_writer.h"
 #include "tests/support/temp_dir.h"
 
@@ -44,8 +45,8 @@ class CheckpointCopy {
 /// pwrite (the shard keeps its inode; its mtime and ctime move).
 inline void change_expert_bytes(const std::filesystem::path& dir, uint32_t layer, uint32_t expert) {
   const auto checkpoint = Checkpoint::open(dir);
-  const ModelConfig config = ModelConfig::parse(checkpoint->config_json(), "config.json");
-  const ExpertSlices s = checkpoint->locate_expert(expert_tensor_names(config.architecture), static_cast<int>(layer),
+  const ModelConfig config = ModelConfig::parse(checkpoint->config_json(), "config.json", checkpoint_families());
+  const ExpertSlices s = checkpoint->locate_expert(config.expert_tensors, static_cast<int>(layer),
                                                    static_cast<int>(expert), config.hidden_size,
                                                    config.moe_intermediate_size);
   const auto at = static_cast<off_t>(s.gate.tensor->data_begin + s.gate.offset + 7);

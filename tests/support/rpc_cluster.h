@@ -29,6 +29,7 @@
 #include "worker/experts/expert_manifest.h"
 #include "worker/experts/expert_store.h"
 #include "worker/rpc_server.h"
+#include "coordinator/models/checkpoint_families.h"
 
 namespace charm::rpc_test {
 
@@ -99,7 +100,7 @@ struct TinyModel {
 
   /// Writes the model's expert manifest into the cache, as a coordinator's start does.
   void cache_manifest() const {
-    const ModelConfig config = ModelConfig::parse(checkpoint->config_json(), "config.json");
+    const ModelConfig config = ModelConfig::parse(checkpoint->config_json(), "config.json", checkpoint_families());
     std::vector<ExpertKey> all(identities.size());
     std::transform(identities.begin(), identities.end(), all.begin(), [](const auto& entry) { return entry.first; });
     load_expert_manifest(*checkpoint, config, all, ManifestOptions{manifest_cache_file(*checkpoint, fingerprint)});

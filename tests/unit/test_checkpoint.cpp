@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "tests/support/safetensors_writer.h"
 #include "tests/support/expect_error.h"
+#include "coordinator/models/families.h"
 #include "tests/support/temp_dir.h"
 
 using namespace charm;
@@ -193,8 +194,8 @@ TEST_CASE("load_expert honours custom tensor names") {
   mixtral.down = "w2";
   check_expert(ck->load_expert(mixtral, 2, 1, kH, kI), 1);
   // The names charm picks for a MixtralForCausalLM checkpoint read the same tensors.
-  check_expert(ck->load_expert(expert_tensor_names("MixtralForCausalLM"), 2, 1, kH, kI), 1);
-  const ExpertTensorNames qwen2 = expert_tensor_names("Qwen2MoeForCausalLM");
+  check_expert(ck->load_expert(model_family("MixtralForCausalLM").checkpoint.expert_tensors, 2, 1, kH, kI), 1);
+  const ExpertTensorNames qwen2 = model_family("Qwen2MoeForCausalLM").checkpoint.expert_tensors;
   CHECK(qwen2.prefix == "model.layers.{}.mlp.experts");
   CHECK(qwen2.gate == "gate_proj");
 }

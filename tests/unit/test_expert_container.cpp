@@ -20,6 +20,7 @@
 #include "worker/experts/expert_container.h"
 #include "worker/experts/expert_convert.h"
 #include "worker/experts/expert_executor.h"
+#include "coordinator/models/checkpoint_families.h"
 
 using namespace charm;
 namespace fs = std::filesystem;
@@ -37,7 +38,7 @@ struct Model {
 
   explicit Model(const std::string& name) {
     checkpoint = Checkpoint::open(kModels / name);
-    config = ModelConfig::parse(checkpoint->config_json(), name);
+    config = ModelConfig::parse(checkpoint->config_json(), name, checkpoint_families());
     fingerprint = model_fingerprint(*checkpoint);
     for (int64_t l : config.moe_layer_ids()) {
       for (int64_t e = 0; e < config.num_experts; ++e) all.emplace_back(l, e);

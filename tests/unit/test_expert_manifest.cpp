@@ -17,6 +17,7 @@
 #include "tests/support/expect_error.h"
 #include "worker/experts/expert_manifest.h"
 #include "worker/experts/expert_source.h"
+#include "coordinator/models/checkpoint_families.h"
 
 using namespace charm;
 using namespace charm::testing;
@@ -31,7 +32,7 @@ struct Model {
   std::vector<ExpertKey> all;
   explicit Model(const fs::path& dir) {
     checkpoint = Checkpoint::open(dir);
-    config = ModelConfig::parse(checkpoint->config_json(), "config.json");
+    config = ModelConfig::parse(checkpoint->config_json(), "config.json", checkpoint_families());
     fingerprint = model_fingerprint(*checkpoint);
     for (int64_t l : config.moe_layer_ids()) {
       for (int64_t e = 0; e < config.num_experts; ++e) all.emplace_back(l, e);

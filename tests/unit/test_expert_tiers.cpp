@@ -20,6 +20,7 @@
 #include "worker/experts/expert_convert.h"
 #include "worker/experts/expert_executor.h"
 #include "worker/experts/expert_manifest.h"
+#include "coordinator/models/checkpoint_families.h"
 
 using namespace charm;
 namespace fs = std::filesystem;
@@ -41,10 +42,10 @@ struct Case {
 
   explicit Case(const std::string& name) {
     checkpoint = Checkpoint::open(kModels / name);
-    config = ModelConfig::parse(checkpoint->config_json(), name);
+    config = ModelConfig::parse(checkpoint->config_json(), name, checkpoint_families());
     H = config.hidden_size;
     I = config.moe_intermediate_size;
-    names = expert_tensor_names(config.architecture);
+    names = config.expert_tensors;
     for (int64_t l : config.moe_layer_ids()) {
       for (int64_t e = 0; e < config.num_experts; ++e) all.emplace_back(l, e);
     }

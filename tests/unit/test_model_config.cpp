@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "common/model_config.h"
+#include "coordinator/models/checkpoint_families.h"
 #include "tests/support/expect_error.h"
 
 using namespace charm;
@@ -26,12 +27,12 @@ json qwen3() {
 
 // what() of the Error that parsing `j` throws; the test case fails when it parses.
 std::string error_of(const json& j) {
-  return test::expect_throw<Error>([&] { ModelConfig::parse(j, "model/config.json"); }).what();
+  return test::expect_throw<Error>([&] { ModelConfig::parse(j, "model/config.json", checkpoint_families()); }).what();
 }
 }  // namespace
 
 TEST_CASE("a Qwen3-MoE config parses with defaults") {
-  const ModelConfig c = ModelConfig::parse(qwen3(), "config.json");
+  const ModelConfig c = ModelConfig::parse(qwen3(), "config.json", checkpoint_families());
   CHECK(c.head_dim == 4);
   CHECK(c.moe_intermediate_size == 8);
   CHECK(c.eos_token_ids == std::vector<int64_t>{7});
@@ -44,7 +45,7 @@ TEST_CASE("decoder_sparse_step 2 makes every second layer sparse") {
   json j = qwen3();
   j["decoder_sparse_step"] = 2;
   j["mlp_only_layers"] = json::array();
-  const ModelConfig c = ModelConfig::parse(j, "config.json");
+  const ModelConfig c = ModelConfig::parse(j, "config.json", checkpoint_families());
   CHECK_FALSE(c.is_moe_layer(0));
   CHECK(c.is_moe_layer(1));
   CHECK(c.is_moe_layer(3));
@@ -54,7 +55,7 @@ TEST_CASE("OLMoE uses intermediate_size for its experts") {
   json j = qwen3();
   j["architectures"] = {"OlmoeForCausalLM"};
   j.erase("moe_intermediate_size");
-  const ModelConfig c = ModelConfig::parse(j, "config.json");
+  const ModelConfig c = ModelConfig::parse(j, "config.json", checkpoint_families());
   CHECK(c.moe_intermediate_size == 32);
   CHECK(c.is_moe_layer(1));
 }
@@ -110,7 +111,7 @@ json mixtral() {
 }  // namespace
 
 TEST_CASE("a Qwen2-MoE config: shared expert width, q/k/v biases by default, sliding window off") {
-  const ModelConfig c = ModelConfig::parse(qwen2_moe(), "config.json");
+  const ModelConfig c = ModelConfig::parse(qwen2_moe(), "config.json", checkpoint_families());
   CHECK(c.shared_expert_intermediate_size == 24);
   CHECK(c.qkv_bias);  // Qwen2MoeConfig's default; hub configs do not spell it out
   CHECK(c.moe_intermediate_size == 8);
@@ -118,11 +119,11 @@ TEST_CASE("a Qwen2-MoE config: shared expert width, q/k/v biases by default, sli
 
   json no_bias = qwen2_moe();
   no_bias["qkv_bias"] = false;
-  CHECK_FALSE(ModelConfig::parse(no_bias, "config.json").qkv_bias);
+  CHECK_FALSE(ModelConfig::parse(no_bias, "config.json", checkpoint_families()).qkv_bias);
 }
 
 TEST_CASE("a Mixtral config: num_local_experts of width intermediate_size, every layer routed, renormalised") {
-  const ModelConfig c = ModelConfig::parse(mixtral(), "config.json");
+  const ModelConfig c = ModelConfig::parse(mixtral(), "config.json", checkpoint_families());
   CHECK(c.num_experts == 8);
   CHECK(c.moe_intermediate_size == 12);
   CHECK(c.norm_topk_prob);
@@ -131,7 +132,7 @@ TEST_CASE("a Mixtral config: num_local_experts of width intermediate_size, every
 
   json wide_window = mixtral();
   wide_window["sliding_window"] = 32768;  // never bites within max_position_embeddings
-  CHECK(ModelConfig::parse(wide_window, "config.json").num_experts == 8);
+  CHECK(ModelConfig::parse(wide_window, "config.json", checkpoint_families()).num_experts == 8);
 }
 
 TEST_CASE("Qwen2-MoE and Mixtral configs missing a field name the field and the file") {
@@ -192,7 +193,7 @@ json deepseek_v3() {
 }  // namespace
 
 TEST_CASE("a DeepSeek-V3 hub config parses: MLA dims, routing, dense first layers, YaRN") {
-  const ModelConfig c = ModelConfig::parse(deepseek_v3(), "config.json");
+  const ModelConfig c = ModelConfig::parse(deepseek_v3(), "config.json", checkpoint_families());
   CHECK(c.num_experts == 256);
   CHECK(c.head_dim == 64);  // qk_rope_head_dim, as DeepseekV3Config sets it
   CHECK(c.q_lora_rank == 1536);
@@ -218,7 +219,7 @@ TEST_CASE("DeepSeek-V3: null q_lora_rank means q_proj; transformers 5's rope_par
   j.erase("rope_theta");  // transformers 5 moves it into rope_parameters
   j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"rope_theta", 5000.0}};
   j["rope_interleave"] = false;
-  const ModelConfig c = ModelConfig::parse(j, "config.json");
+  const ModelConfig c = ModelConfig::parse(j, "config.json", checkpoint_families());
   CHECK(c.q_lora_rank == 0);
   CHECK_FALSE(c.rope_interleave);
   CHECK(c.rope_theta == 5000.0);
@@ -226,7 +227,7 @@ TEST_CASE("DeepSeek-V3: null q_lora_rank means q_proj; transformers 5's rope_par
   CHECK(c.yarn->original_max_position_embeddings == 163840);  // max_position_embeddings by default
   CHECK(c.yarn->beta_fast == 32);
   j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}};
-  CHECK_FALSE(ModelConfig::parse(j, "config.json").yarn.has_value());
+  CHECK_FALSE(ModelConfig::parse(j, "config.json", checkpoint_families()).yarn.has_value());
 }
 
 TEST_CASE("DeepSeek-V3: missing fields are named") {
@@ -280,7 +281,7 @@ json read_json_file(const fs::path& path) {
 /// (hub-layout) config.json; both major versions must be there.
 void check_spellings(const std::string& fixture) {
   const fs::path hub = kFixtures / "models" / fixture / "config.json";
-  const ModelConfig want = ModelConfig::parse(read_json_file(hub), hub.string());
+  const ModelConfig want = ModelConfig::parse(read_json_file(hub), hub.string(), checkpoint_families());
   CHECK(want.dtype == "bfloat16");
   std::set<char> majors;
   for (const auto& entry : fs::directory_iterator(kFixtures / "configs" / fixture)) {
@@ -290,7 +291,7 @@ void check_spellings(const std::string& fixture) {
     CAPTURE(name);
     ModelConfig got;
     try {
-      got = ModelConfig::parse(read_json_file(entry.path()), entry.path().string());
+      got = ModelConfig::parse(read_json_file(entry.path()), entry.path().string(), checkpoint_families());
     } catch (const Error& e) {
       FAIL(std::string(e.what()));
     }
@@ -378,7 +379,7 @@ TEST_CASE("two spellings of one field with different values are an error naming 
   same["dtype"] = same["torch_dtype"] = "bfloat16";
   same["rope_theta"] = 1e6;
   same["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000000}};
-  const ModelConfig c = ModelConfig::parse(same, "config.json");
+  const ModelConfig c = ModelConfig::parse(same, "config.json", checkpoint_families());
   CHECK(c.num_experts == 8);
   CHECK(c.rope_theta == 1e6);
   CHECK(c.dtype == "bfloat16");
@@ -404,7 +405,7 @@ TEST_CASE("DeepSeek-V3's derived head_dim and qk_head_dim must agree with their 
   json ok = deepseek_v3();
   ok["head_dim"] = 64;
   ok["qk_head_dim"] = 192;
-  CHECK(ModelConfig::parse(ok, "config.json").head_dim == 64);
+  CHECK(ModelConfig::parse(ok, "config.json", checkpoint_families()).head_dim == 64);
   json head = deepseek_v3();
   head["head_dim"] = 128;
   CHECK(error_of(head).find("field 'head_dim' is 128 but qk_rope_head_dim is 64") != std::string::npos);
@@ -424,7 +425,7 @@ TEST_CASE("transformers 5's RoPE and layer settings that change the model are re
 
   json nested = qwen3();
   nested["rope_parameters"] = {{"full_attention", {{"rope_type", "default"}, {"rope_theta", 5e5}}}};
-  CHECK(ModelConfig::parse(nested, "config.json").rope_theta == 5e5);
+  CHECK(ModelConfig::parse(nested, "config.json", checkpoint_families()).rope_theta == 5e5);
   nested["rope_parameters"]["sliding_attention"] = {{"rope_type", "default"}, {"rope_theta", 1e4}};
   CHECK(error_of(nested).find("per-layer-type RoPE ('sliding_attention')") != std::string::npos);
 
@@ -439,10 +440,10 @@ TEST_CASE("transformers 5's RoPE and layer settings that change the model are re
   qwen3_window["max_position_embeddings"] = 32768;
   CHECK(error_of(qwen3_window).find("field 'sliding_window' is 4096") != std::string::npos);
   qwen3_window["sliding_window"] = nullptr;  // null: no window
-  CHECK(ModelConfig::parse(qwen3_window, "config.json").num_experts == 8);
+  CHECK(ModelConfig::parse(qwen3_window, "config.json", checkpoint_families()).num_experts == 8);
   qwen3_window["use_sliding_window"] = false;
   qwen3_window["sliding_window"] = 128;  // kept only with use_sliding_window
-  CHECK(ModelConfig::parse(qwen3_window, "config.json").num_experts == 8);
+  CHECK(ModelConfig::parse(qwen3_window, "config.json", checkpoint_families()).num_experts == 8);
 
   json olmoe = qwen3();
   olmoe["architectures"] = {"OlmoeForCausalLM"};
@@ -453,10 +454,10 @@ TEST_CASE("transformers 5's RoPE and layer settings that change the model are re
 TEST_CASE("absent generic fields take the family's config-class default") {
   json olmoe = qwen3();
   olmoe["architectures"] = {"OlmoeForCausalLM"};
-  CHECK(ModelConfig::parse(olmoe, "config.json").rms_norm_eps == 1e-5);
-  CHECK(ModelConfig::parse(qwen3(), "config.json").rms_norm_eps == 1e-6);
-  const ModelConfig mix = ModelConfig::parse(mixtral(), "config.json");
+  CHECK(ModelConfig::parse(olmoe, "config.json", checkpoint_families()).rms_norm_eps == 1e-5);
+  CHECK(ModelConfig::parse(qwen3(), "config.json", checkpoint_families()).rms_norm_eps == 1e-6);
+  const ModelConfig mix = ModelConfig::parse(mixtral(), "config.json", checkpoint_families());
   CHECK(mix.rms_norm_eps == 1e-5);
   CHECK(mix.rope_theta == 1e6);
-  CHECK(ModelConfig::parse(qwen2_moe(), "config.json").rope_theta == 1e4);
+  CHECK(ModelConfig::parse(qwen2_moe(), "config.json", checkpoint_families()).rope_theta == 1e4);
 }

@@ -17,7 +17,7 @@
 #include "common/topology.h"
 #include "coordinator/dispatch/dispatcher_factory.h"
 #include "coordinator/engine.h"
-#include "coordinator/models/model.h"
+#include "coordinator/models/families.h"
 #include "tests/support/expect_error.h"
 
 namespace {
@@ -40,7 +40,8 @@ std::vector<float> read_f32_file(const std::filesystem::path& path) {
 void check_fixture(const std::string& name) {
   const auto dir = kModels / name;
   auto ckpt = Checkpoint::open(dir);
-  const ModelConfig config = ModelConfig::parse(ckpt->config_json(), (dir / "config.json").string());
+  const ModelConfig config =
+      ModelConfig::parse(ckpt->config_json(), (dir / "config.json").string(), checkpoint_families());
   Topology topology;
   topology.model = dir;
   topology.single_node = true;

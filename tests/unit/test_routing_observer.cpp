@@ -125,7 +125,7 @@ TEST_CASE("hint_next_moe_layer sends what the next router picks on the normalise
   FakeDispatcher* inner = fake.get();
   RoutingObserver observer(std::move(fake), RoutingObserverOptions{true, ""});
   // Router over hidden 2, 3 experts, top-1: expert 0 likes +x, expert 1 likes +y, 2 likes -x.
-  SoftmaxTopkMoe moe;
+  SoftmaxTopkRouter moe;
   moe.router.weight = StoredMatrix::from_f32({1, 0, 0, 1, -1, 0}, 3, 2);
   moe.top_k = 1;
   RmsNorm norm;

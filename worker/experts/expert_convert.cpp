@@ -184,7 +184,7 @@ void progress_line(const ConvertOptions& o, uint32_t layer, size_t done, size_t 
 
 ConvertResult convert_experts(const Checkpoint& checkpoint, const ModelConfig& config,
                               const std::vector<ExpertKey>& experts, const ConvertOptions& options) {
-  const ExpertTensorNames names = expert_tensor_names(config.architecture);
+  const ExpertTensorNames names = config.expert_tensors;
   const int64_t hidden_size = config.hidden_size;
   const int64_t intermediate_size = config.moe_intermediate_size;
   ConvertOptions o = options;

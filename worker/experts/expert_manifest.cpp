@@ -316,7 +316,7 @@ ExpertIdentities load_expert_manifest(const Checkpoint& checkpoint, const ModelC
 
   const auto start = std::chrono::steady_clock::now();
   ExpertIdentities hashed =
-      hash_expert_identities(checkpoint, expert_tensor_names(config.architecture), missing, config.hidden_size,
+      hash_expert_identities(checkpoint, config.expert_tensors, missing, config.hidden_size,
                              config.moe_intermediate_size, options.threads, &st.bytes_hashed);
   st.hash_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   st.hashed = hashed.size();

@@ -40,7 +40,7 @@ std::unique_ptr<ExpertStore> open_store(const StoreSpec& spec, const Checkpoint&
     ManifestOptions manifest;
     manifest.cache_file = manifest_cache_file(checkpoint, fingerprint);
     manifest.threads = static_cast<int>(std::max<int64_t>(spec.io_threads, 1));
-    source = std::make_unique<CheckpointSource>(checkpoint, expert_tensor_names(config.architecture), owned,
+    source = std::make_unique<CheckpointSource>(checkpoint, config.expert_tensors, owned,
                                                 config.hidden_size, config.moe_intermediate_size,
                                                 load_expert_manifest(checkpoint, config, owned, manifest));
   }

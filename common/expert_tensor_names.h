@@ -1,0 +1,28 @@
+// Where a checkpoint stores its routed experts: the tensor names of one family's hub
+// layout (each family's file gives its own, coordinator/models/families.h).
+#pragma once
+
+#include <string>
+
+namespace charm {
+
+/// Names of one family's routed-expert tensors. `prefix` has one "{}" for the layer:
+/// per-expert layout  "<prefix>.<e>.<gate>.weight"  shape [moe_intermediate, hidden]
+///                    "<prefix>.<e>.<up>.weight"    shape [moe_intermediate, hidden]
+///                    "<prefix>.<e>.<down>.weight"  shape [hidden, moe_intermediate]
+/// fused 3-D layouts  "<prefix>.<gate_up>" [E, 2*I, H] (gate rows first, then up),
+///                    "<prefix>.down_proj" [E, H, I]   (transformers >= 5 Qwen3-MoE/OLMoE)
+///               or   "<prefix>.<gate>" / "<prefix>.<up>" [E, I, H], "<prefix>.<down>" [E, H, I]
+///                    (with or without a ".weight" suffix).
+/// The defaults are the names most hub families use.
+struct ExpertTensorNames {
+  std::string prefix = "model.layers.{}.mlp.experts";
+  std::string gate = "gate_proj";
+  std::string up = "up_proj";
+  std::string down = "down_proj";
+  std::string gate_up = "gate_up_proj";  ///< fused gate+up name in the fused 3-D layout
+
+  bool operator==(const ExpertTensorNames&) const = default;
+};
+
+}  // namespace charm

@@ -1,0 +1,44 @@
+// What the checkpoint readers (ModelConfig::parse, the expert library) know of one model
+// family: the architectures it serves, how its config.json reads, where its routed
+// experts are stored. Each family's file (coordinator/models/<family>.cpp) defines its
+// record and coordinator/models/families.cpp lists them in one table; common/ lists no
+// family, so whoever parses a config passes that table down.
+#pragma once
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/expert_tensor_names.h"
+
+namespace charm {
+
+struct ModelConfig;
+
+/// One family as its checkpoints read. Defaults are those most families share.
+struct CheckpointFamily {
+  /// The config.json architectures[0] values it serves, e.g. "Qwen3MoeForCausalLM".
+  std::vector<std::string> architectures;
+  /// The keys transformers 4 and 5 read the routed-expert count under: the config
+  /// class's field first, then its attribute_map alias (each version writes one).
+  std::vector<std::string> num_experts_keys = {"num_experts", "num_local_experts"};
+  /// The config class's defaults of fields every family reads.
+  double default_rms_norm_eps = 1e-6;
+  double default_rope_theta = 1e4;
+  /// True when the family implements YaRN rope scaling; else only unscaled RoPE is accepted.
+  bool yarn_rope = false;
+  /// Reads the family's own fields of `config` (by their HF names) into `c`, after
+  /// ModelConfig::parse has read the generic ones. Throws as ModelConfig::parse documents,
+  /// naming `source` and the field.
+  void (*read_fields)(const nlohmann::json& config, const std::string& source, ModelConfig& c) = nullptr;
+  /// Where its checkpoints store the routed experts.
+  ExpertTensorNames expert_tensors;
+};
+
+/// The families a program reads, in one list (charm's: checkpoint_families() in
+/// coordinator/models/checkpoint_families.h). Pointers into records that outlive every parse.
+using CheckpointFamilies = std::span<const CheckpointFamily* const>;
+
+}  // namespace charm
