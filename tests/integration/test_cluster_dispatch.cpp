@@ -39,8 +39,8 @@ class GigabyteWorker {
         if (!conn) continue;
         try {
           conn->receive(5s, &stop_);
+          ++answered_;  // before the send: the client may fail on it before this thread runs on
           conn->send(Frame{0, 0, 0, 0x40}, 5s);  // 0x40000000 bytes announced
-          ++answered_;
           conn->receive(60s, &stop_);  // returns when the client closes
         } catch (const Error&) {
         }
