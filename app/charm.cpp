@@ -214,8 +214,8 @@ nlohmann::json prefetch_json(const PrefetchLayerStats& s) {
   return {{"steps", s.steps}, {"actual", s.actual}, {"predicted", s.predicted}, {"correct", s.correct}};
 }
 
-/// One worker's tier counters as JSON (names as in TierStats).
-nlohmann::json tier_json(const TierStats& t) {
+/// One worker's tier counters as JSON (names as in TierCounters).
+nlohmann::json tier_json(const TierCounters& t) {
   return {{"hits", t.hits},         {"misses", t.misses},   {"bytes_read", t.bytes_read},
           {"io_wait_ns", t.io_wait_ns}, {"disk_ns", t.disk_ns}, {"prefetch_issued", t.prefetch_issued},
           {"prefetch_hits", t.prefetch_hits}};
@@ -223,7 +223,7 @@ nlohmann::json tier_json(const TierStats& t) {
 
 /// The tier counters of one worker: the in-process store's, or a remote worker's own
 /// (a healthRequest; nothing when it does not answer within 5 s).
-std::map<uint32_t, TierStats> worker_tier_layers(const Topology& topology, const WorkerStatus& w) {
+std::map<uint32_t, TierCounters> worker_tier_layers(const Topology& topology, const WorkerStatus& w) {
   if (topology.single_node) return w.tier_layers;
   for (const WorkerSpec& spec : topology.workers) {
     if (spec.name != w.name) continue;
@@ -263,7 +263,7 @@ void write_run_stats(const UserPath& path, const Topology& topology, const Engin
   for (const WorkerStatus& w : engine.cluster_status()) {
     nlohmann::json worker = {{"name", w.name}, {"state", w.state}, {"requests", w.requests},
                              {"bytes_out", w.bytes_out}, {"bytes_in", w.bytes_in}};
-    TierStats total;
+    TierCounters total;
     nlohmann::json per_layer = nlohmann::json::object();
     for (const auto& [layer, t] : worker_tier_layers(topology, w)) {
       per_layer[std::to_string(layer)] = tier_json(t);

@@ -190,7 +190,7 @@ std::vector<WorkerStatus> query_coordinator(const Topology& topology, int timeou
 }
 
 // "87.5%", or "-" when nothing was looked up yet.
-std::string hit_rate(const TierStats& t) {
+std::string hit_rate(const TierCounters& t) {
   const uint64_t lookups = t.hits + t.misses;
   return lookups == 0 ? "-" : fixed(100.0 * static_cast<double>(t.hits) / static_cast<double>(lookups), 1) + "%";
 }
@@ -228,7 +228,7 @@ ExpertIdentities cached_identities(const Checkpoint& checkpoint, const ModelConf
   return identities;
 }
 
-std::string tier_line(const std::string& worker, uint32_t layer, const TierStats& t) {
+std::string tier_line(const std::string& worker, uint32_t layer, const TierCounters& t) {
   return worker + " layer " + std::to_string(layer) + ": hits " + std::to_string(t.hits) + ", misses " +
          std::to_string(t.misses) + " (" + hit_rate(t) + " hit), read " + bytes_text(t.bytes_read) + ", io wait " +
          fixed(static_cast<double>(t.io_wait_ns) / 1e6, 2) + " ms, disk " + fixed(static_cast<double>(t.disk_ns) / 1e6, 2) +

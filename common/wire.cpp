@@ -89,8 +89,8 @@ std::string bytes_of(capnp::Data::Reader data, const char* field, size_t size,
   return std::string(reinterpret_cast<const char*>(data.begin()), data.size());
 }
 
-ExpertRequest decode_layer_request(wire::LayerRequest::Reader r) {
-  ExpertRequest req;
+LayerRequest decode_layer_request(wire::LayerRequest::Reader r) {
+  LayerRequest req;
   req.request_id = r.getRequestId();
   req.layer = r.getLayer();
   req.hidden_size = r.getHiddenSize();
@@ -196,8 +196,8 @@ HelloReplyMsg decode_hello_reply(wire::HelloReply::Reader r) {
   return msg;
 }
 
-TierStats tier_of(wire::TierCounters::Reader r, const std::string& field) {
-  TierStats t{r.getHits(), r.getMisses(), r.getBytesRead(), r.getIoWaitNs(), r.getDiskNs(), r.getPrefetchIssued(),
+TierCounters tier_of(wire::TierCounters::Reader r, const std::string& field) {
+  TierCounters t{r.getHits(), r.getMisses(), r.getBytesRead(), r.getIoWaitNs(), r.getDiskNs(), r.getPrefetchIssued(),
               r.getPrefetchHits()};
   if (t.prefetch_hits > t.prefetch_issued) {
     fail_protocol(field + ".prefetchHits " + std::to_string(t.prefetch_hits) + " exceeds prefetchIssued " +
@@ -206,7 +206,7 @@ TierStats tier_of(wire::TierCounters::Reader r, const std::string& field) {
   return t;
 }
 
-void set_tier(wire::TierCounters::Builder b, const TierStats& t) {
+void set_tier(wire::TierCounters::Builder b, const TierCounters& t) {
   b.setHits(t.hits);
   b.setMisses(t.misses);
   b.setBytesRead(t.bytes_read);
@@ -404,7 +404,7 @@ Frame encode_hello_reply(const HelloReplyMsg& reply) {
   return finish_frame(builder);
 }
 
-Frame encode_layer_request(const ExpertRequest& request) {
+Frame encode_layer_request(const LayerRequest& request) {
   if (request.hidden.size() != uint64_t{request.num_rows} * request.hidden_size) {
     fail_invalid("layer request " + std::to_string(request.request_id) + ": hidden has " +
                  std::to_string(request.hidden.size()) + " floats, expected num_rows (" +
@@ -551,7 +551,7 @@ WireMessage decode_message(const FrameBody& body, uint64_t max_frame_bytes) {
   }
 }
 
-void check_layer_request(const ExpertRequest& request, const ModelLimits& limits) {
+void check_layer_request(const LayerRequest& request, const ModelLimits& limits) {
   const std::string at = "layerRequest (layer " + std::to_string(request.layer) + ")";
   if (limits.num_layers && request.layer >= limits.num_layers) {
     fail_protocol("layerRequest.layer " + std::to_string(request.layer) +

@@ -356,7 +356,7 @@ bool WorkerServer::reply_hello(FrameConnection& conn, HelloReplyMsg reply, Sessi
   return true;
 }
 
-LayerResponseMsg WorkerServer::answer_layer(const ExpertRequest& request, const Session& session) {
+LayerResponseMsg WorkerServer::answer_layer(const LayerRequest& request, const Session& session) {
   LayerResponseMsg response;
   response.response.request_id = request.request_id;
   if (!session.hello_ok) {
@@ -395,7 +395,7 @@ bool WorkerServer::handle(FrameConnection& conn, WireMessage& message, Session& 
     return refuse(session, "worker '" + options_.worker_name + "' requires the cluster's shared secret: send hello "
                         "and answer its authChallenge first");
   }
-  if (auto* request = std::get_if<ExpertRequest>(&message)) {
+  if (auto* request = std::get_if<LayerRequest>(&message)) {
     if (!debug_delay_elapsed()) return false;  // stopped while "computing": no reply
     LayerResponseMsg response = answer_layer(*request, session);
     ++requests_served_;  // before the reply, for the same reason as in send()

@@ -28,7 +28,7 @@ class LayerService {
   virtual ~LayerService() = default;
   /// Runs one request whose shapes the wire decoder has already validated. Throws
   /// charm::Error (or any std::exception); its text goes back as layerResponse.error.
-  virtual ExpertResponse run(const ExpertRequest& request) = 0;
+  virtual LayerResponse run(const LayerRequest& request) = 0;
   /// Experts held: layer -> expert ids, ascending.
   virtual std::map<uint32_t, std::vector<uint32_t>> held() const = 0;
   /// The content identity of every held expert's bytes (ExpertStore::identities), asked
@@ -48,7 +48,7 @@ class LayerService {
 class ExecutorService final : public LayerService {
  public:
   explicit ExecutorService(const ExpertExecutor& executor) : executor_(executor) {}
-  ExpertResponse run(const ExpertRequest& request) override { return executor_.run(request); }
+  LayerResponse run(const LayerRequest& request) override { return executor_.run(request); }
   std::map<uint32_t, std::vector<uint32_t>> held() const override {
     return executor_.store().held();
   }
@@ -61,7 +61,7 @@ class ExecutorService final : public LayerService {
   void add_tier_stats(HealthReplyMsg& health) const override {
     const ExpertStore& store = executor_.store();
     health.tier_layers = store.layer_stats();
-    health.tier = TierStats{};
+    health.tier = TierCounters{};
     for (const auto& [layer, t] : health.tier_layers) health.tier += t;
     health.slot_bytes = store.cache().slot_bytes();
     health.slots = store.cache().slot_count();
@@ -169,7 +169,7 @@ class WorkerServer {
   // Sends a helloReply, once `reply.ok` has a handshaken slot; false when it has none.
   bool reply_hello(FrameConnection& conn, HelloReplyMsg reply, Session& session);
   bool refuse(Session& session, const std::string& text);
-  LayerResponseMsg answer_layer(const ExpertRequest& request, const Session& session);
+  LayerResponseMsg answer_layer(const LayerRequest& request, const Session& session);
   void send(Session& session, const Frame& frame);
   HelloReplyMsg answer_hello(const HelloMsg& hello, const std::string& peer);
   void reap_finished();

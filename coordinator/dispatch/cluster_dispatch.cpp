@@ -70,7 +70,7 @@ struct ClusterDispatcher::Batch {
   std::vector<uint32_t> local_row;  // global row -> row in request (UINT32_MAX: unused)
   std::vector<uint32_t> rows;       // request row -> global row
   std::vector<uint32_t> origin;     // request assignment -> index in the caller's list
-  ExpertRequest request;
+  LayerRequest request;
   std::shared_ptr<FrameConnection> conn;  // sent on this one: its reply comes on it
   Clock::time_point sent_at;
 };
@@ -406,7 +406,7 @@ void ClusterDispatcher::progressed(size_t w) {
 void ClusterDispatcher::send_request(size_t w, Batch& batch) {
   Worker& worker = *workers_[w];
   const PendingLayer& p = *pending_;
-  ExpertRequest& req = batch.request;
+  LayerRequest& req = batch.request;
   req.request_id = next_request_id_++;
   req.layer = p.layer;
   req.hidden_size = p.hidden_size;
@@ -465,7 +465,7 @@ void ClusterDispatcher::receive_reply(Worker& worker, Batch& batch) {
     metrics_->worker_rpc(worker.spec.name, rtt_ms / 1000.0);
     // The worker's own tier counts for this request (hits + misses = experts computed,
     // checked by the decoder); a failed-over resend counts on the replica that served it.
-    const ExpertStats& st = reply.response.stats;
+    const LayerStats& st = reply.response.stats;
     metrics_->expert_stats(worker.spec.name, st.hits, st.misses, st.bytes_read);
   }
   std::lock_guard<std::mutex> lock(stats_mutex_);

@@ -37,7 +37,7 @@ struct WorkerStatus {
   std::map<std::string, uint64_t> experts_by_tier;
   /// In-process experts only: the store's tier counters per MoE layer (a remote worker
   /// reports its own in healthReply).
-  std::map<uint32_t, TierStats> tier_layers;
+  std::map<uint32_t, TierCounters> tier_layers;
 };
 
 /// Experts per tier from a worker's counts: `experts_held` (layer, expert) pairs and

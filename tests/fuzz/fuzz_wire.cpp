@@ -18,7 +18,7 @@ charm::Frame encode(const charm::WireMessage& m) {
   using namespace charm;
   if (auto* v = std::get_if<HelloMsg>(&m)) return encode_hello(*v);
   if (auto* v = std::get_if<HelloReplyMsg>(&m)) return encode_hello_reply(*v);
-  if (auto* v = std::get_if<ExpertRequest>(&m)) return encode_layer_request(*v);
+  if (auto* v = std::get_if<LayerRequest>(&m)) return encode_layer_request(*v);
   if (auto* v = std::get_if<LayerResponseMsg>(&m)) return encode_layer_response(*v);
   if (std::holds_alternative<HealthRequestMsg>(m)) return encode_health_request();
   if (auto* v = std::get_if<HealthReplyMsg>(&m)) return encode_health_reply(*v);
@@ -38,7 +38,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const charm::Error&) {
     return 0;
   }
-  if (auto* request = std::get_if<charm::ExpertRequest>(&message)) {
+  if (auto* request = std::get_if<charm::LayerRequest>(&message)) {
     try {
       charm::check_layer_request(*request, charm::ModelLimits{48, 128, 64, {1, 3, 5}});
     } catch (const charm::Error&) {

@@ -121,7 +121,7 @@ TEST_CASE("a malformed reply is failed over to the replica") {
     auto conn = accept();
     auto probe = accept();
     if (!conn || !probe) return;
-    const ExpertRequest req = decode_as<ExpertRequest>(conn->receive(10s));
+    const LayerRequest req = decode_as<LayerRequest>(conn->receive(10s));
     LayerResponseMsg reply;
     reply.response.request_id = req.request_id;
     reply.response.outputs.assign(1, 0.5f);

@@ -58,8 +58,8 @@ Frame raw_layer_request(uint32_t hidden_size, uint32_t num_rows, size_t hidden_b
   return frame_from(builder);
 }
 
-ExpertRequest sample_request() {
-  ExpertRequest req;
+LayerRequest sample_request() {
+  LayerRequest req;
   req.request_id = 0x1234567890abcdefull;
   req.layer = 5;
   req.hidden_size = 3;
@@ -72,12 +72,12 @@ ExpertRequest sample_request() {
 }  // namespace
 
 TEST_CASE("layerRequest round trip keeps every field and every bit") {
-  const ExpertRequest req = sample_request();
+  const LayerRequest req = sample_request();
   const Frame frame = encode_layer_request(req);
   // Length prefix is little-endian and counts the body only.
   const uint32_t length = frame[0] | frame[1] << 8 | frame[2] << 16 | uint32_t(frame[3]) << 24;
   CHECK(length == frame.size() - 4);
-  const ExpertRequest got = decode_as<ExpertRequest>(body_of(frame));
+  const LayerRequest got = decode_as<LayerRequest>(body_of(frame));
   CHECK(got.request_id == req.request_id);
   CHECK(got.layer == req.layer);
   CHECK(got.hidden_size == req.hidden_size);
@@ -151,7 +151,7 @@ TEST_CASE("layerResponse, hello, helloReply, health and error round trip") {
 }
 
 TEST_CASE("encode_layer_request refuses hidden that does not match num_rows * hidden_size") {
-  ExpertRequest req = sample_request();
+  LayerRequest req = sample_request();
   req.hidden.pop_back();
   CHECK_THROWS_AS(encode_layer_request(req), Error);
 }
@@ -203,7 +203,7 @@ TEST_CASE("trailing words after a valid message are rejected") {
 
 TEST_CASE("the wrong union member is rejected by decode_as, naming both") {
   const FrameBody hello = body_of(encode_hello(HelloMsg{kProtocolVersion, "ab", "c", ""}));
-  require_protocol_error([&] { decode_as<ExpertRequest>(hello); }, "expected layerRequest, got hello");
+  require_protocol_error([&] { decode_as<LayerRequest>(hello); }, "expected layerRequest, got hello");
   const FrameBody error = body_of(encode_error("worker exploded"));
   require_protocol_error([&] { decode_as<HelloReplyMsg>(error); }, "worker exploded");
 }
@@ -307,7 +307,7 @@ TEST_CASE("tier stats round trip in layerResponse and healthReply") {
   resp.response.stats.io_wait_ns = 777;
   resp.response.stats.disk_ns = 888;
   resp.response.stats.prefetch_hits = 1;
-  const ExpertStats s = decode_as<LayerResponseMsg>(body_of(encode_layer_response(resp))).response.stats;
+  const LayerStats s = decode_as<LayerResponseMsg>(body_of(encode_layer_response(resp))).response.stats;
   CHECK(s.hits == 3);
   CHECK(s.misses == 2);
   CHECK(s.bytes_read == 24576);
@@ -458,7 +458,7 @@ TEST_CASE("max_health_reply_bytes: the largest legitimate healthReply or error f
     h.state = std::string(kMaxWireNameBytes, 's');
     h.model_fingerprint = std::string(kMaxWireFingerprintBytes, 'f');
     h.experts_held = h.requests_served = h.bytes_in = h.bytes_out = h.uptime_ms = h.slot_bytes = h.slots = ~0ull;
-    for (uint32_t l = 0; l < layers; ++l) h.tier_layers[l] = TierStats{1, 2, 3, 4, 5, 6, 6};
+    for (uint32_t l = 0; l < layers; ++l) h.tier_layers[l] = TierCounters{1, 2, 3, 4, 5, 6, 6};
     const uint64_t bound = max_health_reply_bytes(layers);
     CHECK(encode_health_reply(h).size() - 4 <= bound);
     CHECK(encode_error(std::string(kMaxWireTextBytes, 'x')).size() - 4 <= bound);
