@@ -261,7 +261,7 @@ void write_run_stats(const UserPath& path, const Topology& topology, const Engin
   j["prefetch"]["layers"] = layers;
   j["workers"] = nlohmann::json::array();
   for (const WorkerStatus& w : engine.cluster_status()) {
-    nlohmann::json worker = {{"name", w.name}, {"state", w.state}, {"requests", w.requests},
+    nlohmann::json worker = {{"name", w.name}, {"state", worker_state_name(w.state)}, {"requests", w.requests},
                              {"bytes_out", w.bytes_out}, {"bytes_in", w.bytes_in}};
     TierCounters total;
     nlohmann::json per_layer = nlohmann::json::object();

@@ -94,7 +94,9 @@ std::string state_of(const WorkerStatusRow& row) {
 }
 
 // The coordinator's view in one word: "up", "down", "slow", "in-process".
-std::string coordinator_state(const WorkerStatus& s) { return s.slow && s.state == "up" ? "slow" : s.state; }
+std::string coordinator_state(const WorkerStatus& s) {
+  return s.slow && s.state == WorkerState::kUp ? "slow" : worker_state_name(s.state);
+}
 
 // Human-sized byte counts: 1023 B, 1.5 KiB, 12.0 MiB ...
 std::string bytes_text(uint64_t bytes) {
@@ -325,7 +327,7 @@ std::vector<WorkerStatus> parse_cluster_status(const std::string& body) {
     WorkerStatus s;
     s.name = field<std::string>(w, "name", i);
     s.address = field<std::string>(w, "address", i);
-    s.state = field<std::string>(w, "state", i);
+    s.state = parse_worker_state(field<std::string>(w, "state", i));
     s.experts_held = field<uint64_t>(w, "experts_held", i);
     s.requests = field<uint64_t>(w, "requests", i);
     s.rtt_p50_ms = field<double>(w, "rtt_p50_ms", i);
@@ -424,7 +426,7 @@ std::string format_status(const ClusterStatus& status, bool layers) {
     }
     if (!w.coordinator) continue;
     if (w.coordinator->slow) out += w.name + " is slow: " + w.coordinator->slow_reason + "\n";
-    if (w.coordinator->state == "down") {
+    if (w.coordinator->state == WorkerState::kDown) {
       out += w.name + " is down in the coordinator: " +
              (w.coordinator->last_error.empty() ? "not connected" : w.coordinator->last_error) + "\n";
     }

@@ -323,7 +323,7 @@ void ClusterDispatcher::connect(Worker& worker) {
   worker.conn = std::move(data.conn);
   if (worker.ever_up) ++worker.rejoins;
   worker.ever_up = true;
-  worker.state = "up";
+  worker.state = WorkerState::kUp;
   worker.experts_held = data.held;
   worker.ram_slots = probe.health.slots;
   worker.bytes_out += data.bytes_out + probe.bytes_out;
@@ -357,8 +357,8 @@ void ClusterDispatcher::mark_down(Worker& worker, const FrameConnection* conn, c
   // which this ends at once (and a late reply can never be read from it).
   if (worker.conn) worker.conn->abort();
   worker.conn.reset();
-  if (worker.state != "down") spdlog::warn("coordinator: {} is down: {}", worker.label, reason);
-  worker.state = "down";
+  if (worker.state != WorkerState::kDown) spdlog::warn("coordinator: {} is down: {}", worker.label, reason);
+  worker.state = WorkerState::kDown;
   worker.down_reason = worker.last_error = reason;
   worker.rejoin_error.clear();
   worker.backoff = rejoin_min_;
@@ -372,7 +372,7 @@ void ClusterDispatcher::require_coverage(const std::string& why) const {
     std::vector<int64_t> missing;
     for (size_t e = 0; e < owners.size(); ++e) {
       const bool live = std::any_of(owners[e].begin(), owners[e].end(),
-                                    [&](int w) { return workers_[static_cast<size_t>(w)]->state == "up"; });
+                                    [&](int w) { return workers_[static_cast<size_t>(w)]->state == WorkerState::kUp; });
       if (!live) missing.push_back(static_cast<int64_t>(e));
     }
     if (!missing.empty()) {
@@ -528,7 +528,7 @@ void ClusterDispatcher::fail_uncovered(const std::vector<int64_t>& experts) {
         if (std::find(seen.begin(), seen.end(), w) != seen.end()) continue;
         seen.push_back(w);
         const Worker& worker = *workers_[static_cast<size_t>(w)];
-        owners += (owners.empty() ? "" : "; ") + worker.label + " " + worker.state +
+        owners += (owners.empty() ? "" : "; ") + worker.label + " " + worker_state_name(worker.state) +
                   (worker.last_error.empty() ? "" : " (" + worker.last_error + ")");
       }
     }
@@ -556,8 +556,8 @@ void ClusterDispatcher::send_round(const std::vector<uint32_t>& which) {
   {
     std::lock_guard<std::mutex> lock(stats_mutex_);
     for (size_t w = 0; w < workers_.size(); ++w) {
-      const std::string& state = workers_[w]->state;
-      rank[w] = p.failed[w] ? 0 : state == "up" ? 2 : state == "suspect" ? 1 : 0;
+      const WorkerState state = workers_[w]->state;
+      rank[w] = p.failed[w] ? 0 : state == WorkerState::kUp ? 2 : state == WorkerState::kSuspect ? 1 : 0;
     }
   }
   // Per expert, ascending: the best-ranked live replica with the fewest assignments so far
@@ -759,7 +759,7 @@ std::vector<WorkerStatus> ClusterDispatcher::status() const {
   std::vector<size_t> samples;
   for (const auto& w : workers_) {
     p50.push_back(w->rtt.percentile(0.50));
-    samples.push_back(w->state != "down" ? w->rtt.size() : 0);  // a down worker is not judged
+    samples.push_back(w->state != WorkerState::kDown ? w->rtt.size() : 0);  // a down worker is not judged
   }
   const std::vector<std::string> slow = slow_workers(p50, samples, slow_ms_);
   const auto now = Clock::now();

@@ -55,7 +55,7 @@ std::vector<WorkerStatus> LocalDispatcher::status() const {
   WorkerStatus s;
   s.name = "local";
   s.address = "in-process";
-  s.state = "in-process";
+  s.state = WorkerState::kInProcess;
   s.experts_held = executor_.store().size();
   s.requests = requests_.load();
   s.experts_by_tier = split_by_tier(s.experts_held, executor_.store().cache().slot_count());
