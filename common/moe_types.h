@@ -54,18 +54,14 @@ struct TierCounters {
   bool operator==(const TierCounters&) const = default;
 };
 
-/// What a worker measured while serving one request (schema/charm.capnp `LayerStats`).
-struct LayerStats {
+/// What a worker measured while serving one request (schema/charm.capnp `LayerStats`):
+/// the tier counters of this request alone (the one counter type: what the store's fetch
+/// counted, not a narrowed copy; prefetch_issued is 0, hits + misses is experts_computed)
+/// plus what it computed.
+struct LayerStats : TierCounters {
   uint32_t experts_computed = 0;  ///< distinct experts run (the union's size on this worker)
   uint32_t rows_computed = 0;     ///< assignments computed
-  uint64_t compute_ns = 0;        ///< wall time spent in expert kernels
-  // The worker's tiers while serving this request (worker/experts/expert_cache.h: TierCounters).
-  uint32_t hits = 0;              ///< distinct experts found resident (or being prefetched)
-  uint32_t misses = 0;            ///< distinct experts this request read from disk
-  uint64_t bytes_read = 0;        ///< bytes this request's misses read
-  uint64_t io_wait_ns = 0;        ///< time the request blocked on reads or slots
-  uint64_t disk_ns = 0;           ///< time the I/O threads spent on this request's reads
-  uint32_t prefetch_hits = 0;     ///< experts served by an earlier prefetch
+  uint64_t compute_ns = 0;        ///< wall time spent in expert kernels (I/O wait excluded)
 };
 
 /// A worker's answer (schema/charm.capnp `LayerResponse`, less its error): one unweighted expert output per assignment, in the request's

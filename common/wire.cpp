@@ -137,7 +137,7 @@ LayerResponseMsg decode_layer_response(wire::LayerResponse::Reader r) {
   st.io_wait_ns = stats.getIoWaitNs();
   st.disk_ns = stats.getDiskNs();
   st.prefetch_hits = stats.getPrefetchHits();
-  const uint64_t looked_up = uint64_t{st.hits} + st.misses;
+  const uint64_t looked_up = st.hits + st.misses;  // each read from a u32: no overflow
   if (looked_up != 0 && looked_up != st.experts_computed) {
     fail_protocol("layerResponse.stats: hits (" + std::to_string(st.hits) + ") + misses (" + std::to_string(st.misses) +
                   ") must equal expertsComputed (" + std::to_string(st.experts_computed) + ")");
@@ -438,12 +438,14 @@ Frame encode_layer_response(const LayerResponseMsg& response) {
   stats.setExpertsComputed(response.response.stats.experts_computed);
   stats.setRowsComputed(response.response.stats.rows_computed);
   stats.setComputeNs(response.response.stats.compute_ns);
-  stats.setHits(response.response.stats.hits);
-  stats.setMisses(response.response.stats.misses);
+  // hits, misses and prefetchHits count distinct experts of this request, so they are at
+  // most expertsComputed (a u32): the schema's u32 holds them exactly.
+  stats.setHits(static_cast<uint32_t>(response.response.stats.hits));
+  stats.setMisses(static_cast<uint32_t>(response.response.stats.misses));
   stats.setBytesRead(response.response.stats.bytes_read);
   stats.setIoWaitNs(response.response.stats.io_wait_ns);
   stats.setDiskNs(response.response.stats.disk_ns);
-  stats.setPrefetchHits(response.response.stats.prefetch_hits);
+  stats.setPrefetchHits(static_cast<uint32_t>(response.response.stats.prefetch_hits));
   r.setError(response.error);
   return finish_frame(builder);
 }

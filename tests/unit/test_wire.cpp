@@ -95,7 +95,7 @@ TEST_CASE("layerResponse, hello, helloReply, health and error round trip") {
   LayerResponseMsg resp;
   resp.response.request_id = 99;
   resp.response.outputs = {0.5f, -1.0f, 2.0f, 4.0f};
-  resp.response.stats = {3, 4, 123456789012ull};
+  resp.response.stats = {{}, 3, 4, 123456789012ull};  // {tier counters, experts, rows, ns}
   resp.error = "";
   auto r = decode_as<LayerResponseMsg>(body_of(encode_layer_response(resp)));
   CHECK(r.response.request_id == 99);

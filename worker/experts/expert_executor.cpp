@@ -65,14 +65,9 @@ LayerStats ExpertExecutor::run_into(uint32_t layer, const float* hidden, uint32_
   }
   const TierCounters& tier = fetch->stats();
   LayerStats stats;
+  static_cast<TierCounters&>(stats) = tier;
   stats.experts_computed = static_cast<uint32_t>(distinct.size());
   stats.rows_computed = static_cast<uint32_t>(assignments.size());
-  stats.hits = static_cast<uint32_t>(tier.hits);
-  stats.misses = static_cast<uint32_t>(tier.misses);
-  stats.bytes_read = tier.bytes_read;
-  stats.io_wait_ns = tier.io_wait_ns;
-  stats.disk_ns = tier.disk_ns;
-  stats.prefetch_hits = static_cast<uint32_t>(tier.prefetch_hits);
   // compute_ns is the request's time minus what it spent waiting for the disk.
   const auto elapsed = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
