@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "common/wire.h"
+#include "common/wire_layer.h"
 #include "schema/charm.capnp.h"
 
 using namespace charm;
@@ -473,4 +474,65 @@ TEST_CASE("frame_length: the one length check, naming the peer and the cap") {
   require_protocol_error([&] { frame_length(odd, 4096); }, "frame length 12 bytes is not a whole number of 8-byte");
   const uint8_t ok[4] = {0, 16, 0, 0};
   CHECK(frame_length(ok, 4096) == 4096);
+}
+
+TEST_CASE("layerRequest and layerResponse read in place: the same values, the same frames, the same errors") {
+  LayerRequest req{7, 2, 3, 2, {1, 2, 3, 4, 5, 6}, {{0, 5}, {1, 9}, {0, 9}}};
+  const Frame frame = encode_layer_request(req);
+  // Gathering rows straight into the frame gives the owning encoder's bytes.
+  const std::vector<float> all = {9, 9, 9, 1, 2, 3, 4, 5, 6};
+  const std::vector<uint32_t> rows = {1, 2};
+  CHECK(encode_layer_request_rows({7, 2, 3}, all.data(), rows, req.assignments) == frame);
+
+  CHECK(is_layer_request(body_of(frame)));
+  CHECK_FALSE(is_layer_request(body_of(encode_health_request())));
+  const LayerRequestView view = decode_layer_request_view(body_of(frame));
+  const auto* begin = reinterpret_cast<const uint8_t*>(view.body.words.data());
+  const auto* at = reinterpret_cast<const uint8_t*>(view.hidden.data());
+  CHECK((at > begin && at + view.hidden.size_bytes() <= begin + view.body.bytes));  // in the frame, not a copy
+  CHECK(std::vector<float>(view.hidden.begin(), view.hidden.end()) == req.hidden);
+  CHECK(view.request_id == 7);
+  CHECK(view.layer == 2);
+  CHECK(view.num_rows == 2);
+  REQUIRE(view.assignments.size() == 3);
+  CHECK(view.assignments[2].expert == 9);
+  check_layer_request(view, ModelLimits{4, 16, 3, {2}});
+  require_protocol_error([&] { check_layer_request(view, ModelLimits{4, 8, 3, {2}}); }, "assignments[1].expert = 9");
+  require_protocol_error([&] { decode_layer_request_view(body_of(encode_health_request())); }, "expected layerRequest");
+  {  // rows that do not match the payload: decode_message's error
+    capnp::MallocMessageBuilder builder;
+    auto r = builder.initRoot<wire::Message>().initLayerRequest();
+    r.setHiddenSize(4);
+    r.setNumRows(2);
+    r.initHidden(28);
+    const auto words = capnp::messageToFlatArray(builder);
+    FrameBody b;
+    b.words.assign(reinterpret_cast<const uint64_t*>(words.begin()), reinterpret_cast<const uint64_t*>(words.end()));
+    b.bytes = b.words.size() * 8;
+    for (const auto& decode : {std::function<void()>([&] { decode_layer_request_view(b); }),
+                               std::function<void()>([&] { decode_message(b); })}) {
+      require_protocol_error(decode, "layerRequest.hidden is 28 bytes but numRows (2) * hiddenSize (4)");
+    }
+  }
+
+  // A reply built in place is the owning encoder's frame and reads back in place.
+  LayerStats stats;
+  stats.experts_computed = 2;
+  stats.rows_computed = 3;
+  stats.hits = 1;
+  stats.misses = 1;
+  LayerResponseFrame built(7, 3, 3);
+  for (int i = 0; i < 9; ++i) built.outputs()[i] = float(i) * 0.5f;
+  const Frame reply = built.finish(stats);
+  LayerResponseMsg owned;
+  owned.response.request_id = 7;
+  owned.response.outputs = {0, 0.5f, 1, 1.5f, 2, 2.5f, 3, 3.5f, 4};
+  owned.response.stats = stats;
+  CHECK(encode_layer_response(owned) == reply);
+  const LayerResponseView got = decode_layer_response_view(body_of(reply));
+  CHECK(got.request_id == 7);
+  CHECK(std::vector<float>(got.outputs.begin(), got.outputs.end()) == owned.response.outputs);
+  CHECK(got.stats.hits == 1);
+  CHECK(got.error.empty());
+  require_protocol_error([&] { decode_layer_response_view(body_of(encode_error("worker says no"))); }, "worker says no");
 }
