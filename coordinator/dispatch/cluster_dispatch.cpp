@@ -10,6 +10,7 @@
 
 #include "common/cluster_auth.h"
 #include "common/error.h"
+#include "common/wire_layer.h"
 #include "coordinator/dispatch/cluster_worker.h"
 
 namespace charm {
@@ -411,12 +412,10 @@ void ClusterDispatcher::send_request(size_t w, Batch& batch) {
   req.layer = p.layer;
   req.hidden_size = p.hidden_size;
   req.num_rows = static_cast<uint32_t>(batch.rows.size());
-  req.hidden.resize(size_t{req.num_rows} * p.hidden_size);
-  for (size_t r = 0; r < batch.rows.size(); ++r) {
-    std::memcpy(&req.hidden[r * p.hidden_size], p.hidden + size_t{batch.rows[r]} * p.hidden_size,
-                p.hidden_size * sizeof(float));
-  }
-  const Frame frame = encode_layer_request(req);
+  // The rows go from the caller's hidden states straight into the frame (req.hidden stays
+  // empty: the batch keeps the request's ids and assignments only).
+  const Frame frame = encode_layer_request_rows({req.request_id, req.layer, req.hidden_size}, p.hidden, batch.rows,
+                                                req.assignments);
   {
     // Marked down by its health thread since this round chose it: fail over like any
     // send error.
@@ -443,29 +442,30 @@ void ClusterDispatcher::receive_reply(Worker& worker, Batch& batch) {
     std::lock_guard<std::mutex> lock(stats_mutex_);
     worker.bytes_in += body.bytes + 4;
   }
-  LayerResponseMsg reply = decode_as<LayerResponseMsg>(body);
-  if (reply.response.request_id != batch.request.request_id) {
-    fail_protocol("reply to request " + std::to_string(reply.response.request_id) +
+  // Read in place: each output row goes from the frame straight into the caller's outputs.
+  const LayerResponseView reply = decode_layer_response_view(std::move(body));
+  if (reply.request_id != batch.request.request_id) {
+    fail_protocol("reply to request " + std::to_string(reply.request_id) +
                   ", expected " + std::to_string(batch.request.request_id));
   }
   if (!reply.error.empty()) fail_unavailable(reply.error);
   const size_t expected = batch.origin.size() * size_t{p.hidden_size};
-  if (reply.response.outputs.size() != expected) {
-    fail_protocol("layerResponse.outputs has " + std::to_string(reply.response.outputs.size()) +
+  if (reply.outputs.size() != expected) {
+    fail_protocol("layerResponse.outputs has " + std::to_string(reply.outputs.size()) +
                   " floats, expected " + std::to_string(batch.origin.size()) +
                   " assignments * hidden_size " + std::to_string(p.hidden_size));
   }
   if (!p.abandoned) {
     for (size_t j = 0; j < batch.origin.size(); ++j) {
       std::memcpy(p.outputs + size_t{batch.origin[j]} * p.hidden_size,
-                  &reply.response.outputs[j * p.hidden_size], p.hidden_size * sizeof(float));
+                  &reply.outputs[j * p.hidden_size], p.hidden_size * sizeof(float));
     }
   }
   if (metrics_) {
     metrics_->worker_rpc(worker.spec.name, rtt_ms / 1000.0);
     // The worker's own tier counts for this request (hits + misses = experts computed,
     // checked by the decoder); a failed-over resend counts on the replica that served it.
-    const LayerStats& st = reply.response.stats;
+    const LayerStats& st = reply.stats;
     metrics_->expert_stats(worker.spec.name, st.hits, st.misses, st.bytes_read);
   }
   std::lock_guard<std::mutex> lock(stats_mutex_);
