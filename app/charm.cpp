@@ -4,7 +4,8 @@
 //   status  the health of every worker of a topology
 //   run     one generation without HTTP, streamed to stdout, stats to stderr
 //   convert write an expert container (one worker's shard or every expert) from a checkpoint
-//   bench   microbenchmarks of this machine (kernels: matmul per weight format; memory: STREAM-like bandwidth)
+//   bench   microbenchmarks of this machine (kernels: matmul per weight format; memory: STREAM-like bandwidth;
+//           wire: a layer request round trip on loopback)
 //   secret  `secret new FILE`: a random shared secret or API key, mode 0600
 // Exit status: 0 success, 1 failure, 2 invalid input (bad flags, config or prompt).
 #include <csignal>
@@ -25,6 +26,7 @@
 
 #include "app/bench_kernels.h"
 #include "app/bench_memory.h"
+#include "app/bench_wire.h"
 #include "common/error.h"
 #include "common/secret.h"
 #include "common/stop_signals.h"
@@ -455,6 +457,7 @@ int run_cli(int argc, char** argv) {
   bench_cmd->require_subcommand(1);
   add_bench_kernels(*bench_cmd);
   add_bench_memory(*bench_cmd);
+  add_bench_wire(*bench_cmd);
 
   try {
     app.parse(argc, argv);
