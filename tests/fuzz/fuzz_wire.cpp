@@ -9,6 +9,7 @@
 #include <cstring>
 #include <cstdlib>
 #include <variant>
+#include <vector>
 
 #include "common/error.h"
 #include "common/wire.h"
@@ -33,6 +34,8 @@ charm::Frame encode(const charm::WireMessage& m) {
   return encode_auth_response(std::get<AuthResponseMsg>(m));
 }
 
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
 // The in-place decoders agree with decode_message on `body` (`message` when it decoded,
 // nullptr when it threw).
 void check_views(const charm::FrameBody& body, const charm::WireMessage* message) {
@@ -45,7 +48,7 @@ void check_views(const charm::FrameBody& body, const charm::WireMessage* message
       const LayerRequestView view = decode_layer_request_view(body, kMaxFrame);
       if (!request || view.num_rows != request->num_rows || view.assignments.size() != request->assignments.size() ||
           !std::equal(view.hidden.begin(), view.hidden.end(), request->hidden.begin(), request->hidden.end(),
-                      [](float a, float b) { return std::memcmp(&a, &b, 4) == 0; })) {
+                      same_bits)) {
         std::abort();
       }
     } catch (const Error&) {
@@ -55,8 +58,9 @@ void check_views(const charm::FrameBody& body, const charm::WireMessage* message
   const auto* response = message ? std::get_if<LayerResponseMsg>(message) : nullptr;
   try {
     const LayerResponseView view = decode_layer_response_view(body, kMaxFrame);
-    if (!response || view.outputs.size() != response->response.outputs.size() || view.error != response->error ||
-        std::memcmp(view.outputs.data(), response->response.outputs.data(), view.outputs.size() * 4) != 0) {
+    const auto& outputs = response ? response->response.outputs : std::vector<float>{};
+    if (!response || view.error != response->error ||
+        !std::equal(view.outputs.begin(), view.outputs.end(), outputs.begin(), outputs.end(), same_bits)) {
       std::abort();
     }
   } catch (const Error&) {
