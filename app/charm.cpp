@@ -4,7 +4,8 @@
 //   status  the health of every worker of a topology
 //   run     one generation without HTTP, streamed to stdout, stats to stderr
 //   convert write an expert container (one worker's shard or every expert) from a checkpoint
-//   bench   microbenchmarks of this machine (kernels: matmul per weight format; memory: STREAM-like bandwidth)
+//   bench   microbenchmarks of this machine (kernels: matmul per weight format; memory: STREAM-like bandwidth;
+//           wire: a layer request round trip on loopback)
 //   secret  `secret new FILE`: a random shared secret or API key, mode 0600
 // Exit status: 0 success, 1 failure, 2 invalid input (bad flags, config or prompt).
 #include <csignal>
@@ -25,6 +26,7 @@
 
 #include "app/bench_kernels.h"
 #include "app/bench_memory.h"
+#include "app/bench_wire.h"
 #include "common/error.h"
 #include "common/secret.h"
 #include "common/stop_signals.h"
@@ -216,8 +218,8 @@ nlohmann::json prefetch_json(const PrefetchLayerStats& s) {
   return {{"steps", s.steps}, {"actual", s.actual}, {"predicted", s.predicted}, {"correct", s.correct}};
 }
 
-/// One worker's tier counters as JSON (names as in TierStats).
-nlohmann::json tier_json(const TierStats& t) {
+/// One worker's tier counters as JSON (names as in TierCounters).
+nlohmann::json tier_json(const TierCounters& t) {
   return {{"hits", t.hits},         {"misses", t.misses},   {"bytes_read", t.bytes_read},
           {"io_wait_ns", t.io_wait_ns}, {"disk_ns", t.disk_ns}, {"prefetch_issued", t.prefetch_issued},
           {"prefetch_hits", t.prefetch_hits}};
@@ -225,7 +227,7 @@ nlohmann::json tier_json(const TierStats& t) {
 
 /// The tier counters of one worker: the in-process store's, or a remote worker's own
 /// (a healthRequest; nothing when it does not answer within 5 s).
-std::map<uint32_t, TierStats> worker_tier_layers(const Topology& topology, const WorkerStatus& w) {
+std::map<uint32_t, TierCounters> worker_tier_layers(const Topology& topology, const WorkerStatus& w) {
   if (topology.single_node) return w.tier_layers;
   for (const WorkerSpec& spec : topology.workers) {
     if (spec.name != w.name) continue;
@@ -263,9 +265,9 @@ void write_run_stats(const UserPath& path, const Topology& topology, const Engin
   j["prefetch"]["layers"] = layers;
   j["workers"] = nlohmann::json::array();
   for (const WorkerStatus& w : engine.cluster_status()) {
-    nlohmann::json worker = {{"name", w.name}, {"state", w.state}, {"requests", w.requests},
+    nlohmann::json worker = {{"name", w.name}, {"state", worker_state_name(w.state)}, {"requests", w.requests},
                              {"bytes_out", w.bytes_out}, {"bytes_in", w.bytes_in}};
-    TierStats total;
+    TierCounters total;
     nlohmann::json per_layer = nlohmann::json::object();
     for (const auto& [layer, t] : worker_tier_layers(topology, w)) {
       per_layer[std::to_string(layer)] = tier_json(t);
@@ -457,6 +459,7 @@ int run_cli(int argc, char** argv) {
   bench_cmd->require_subcommand(1);
   add_bench_kernels(*bench_cmd);
   add_bench_memory(*bench_cmd);
+  add_bench_wire(*bench_cmd);
 
   try {
     app.parse(argc, argv);

@@ -95,7 +95,9 @@ std::string state_of(const WorkerStatusRow& row) {
 }
 
 // The coordinator's view in one word: "up", "down", "slow", "in-process".
-std::string coordinator_state(const WorkerStatus& s) { return s.slow && s.state == "up" ? "slow" : s.state; }
+std::string coordinator_state(const WorkerStatus& s) {
+  return s.slow && s.state == WorkerState::kUp ? "slow" : worker_state_name(s.state);
+}
 
 // Human-sized byte counts: 1023 B, 1.5 KiB, 12.0 MiB ...
 std::string bytes_text(uint64_t bytes) {
@@ -191,7 +193,7 @@ std::vector<WorkerStatus> query_coordinator(const Topology& topology, int timeou
 }
 
 // "87.5%", or "-" when nothing was looked up yet.
-std::string hit_rate(const TierStats& t) {
+std::string hit_rate(const TierCounters& t) {
   const uint64_t lookups = t.hits + t.misses;
   return lookups == 0 ? "-" : fixed(100.0 * static_cast<double>(t.hits) / static_cast<double>(lookups), 1) + "%";
 }
@@ -229,7 +231,7 @@ ExpertIdentities cached_identities(const Checkpoint& checkpoint, const ModelConf
   return identities;
 }
 
-std::string tier_line(const std::string& worker, uint32_t layer, const TierStats& t) {
+std::string tier_line(const std::string& worker, uint32_t layer, const TierCounters& t) {
   return worker + " layer " + std::to_string(layer) + ": hits " + std::to_string(t.hits) + ", misses " +
          std::to_string(t.misses) + " (" + hit_rate(t) + " hit), read " + bytes_text(t.bytes_read) + ", io wait " +
          fixed(static_cast<double>(t.io_wait_ns) / 1e6, 2) + " ms, disk " + fixed(static_cast<double>(t.disk_ns) / 1e6, 2) +
@@ -326,7 +328,7 @@ std::vector<WorkerStatus> parse_cluster_status(const std::string& body) {
     WorkerStatus s;
     s.name = field<std::string>(w, "name", i);
     s.address = field<std::string>(w, "address", i);
-    s.state = field<std::string>(w, "state", i);
+    s.state = parse_worker_state(field<std::string>(w, "state", i));
     s.experts_held = field<uint64_t>(w, "experts_held", i);
     s.requests = field<uint64_t>(w, "requests", i);
     s.rtt_p50_ms = field<double>(w, "rtt_p50_ms", i);
@@ -425,7 +427,7 @@ std::string format_status(const ClusterStatus& status, bool layers) {
     }
     if (!w.coordinator) continue;
     if (w.coordinator->slow) out += w.name + " is slow: " + w.coordinator->slow_reason + "\n";
-    if (w.coordinator->state == "down") {
+    if (w.coordinator->state == WorkerState::kDown) {
       out += w.name + " is down in the coordinator: " +
              (w.coordinator->last_error.empty() ? "not connected" : w.coordinator->last_error) + "\n";
     }

@@ -12,7 +12,7 @@
 
 #include "common/topology.h"
 #include "common/wire.h"
-#include "coordinator/dispatch/expert_dispatch.h"
+#include "coordinator/dispatch/worker_status.h"
 
 namespace charm {
 

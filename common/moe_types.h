@@ -18,9 +18,10 @@ struct ExpertAssignment {
   uint32_t expert = 0;
 };
 
-/// Work for one worker on one MoE layer: the hidden rows of the positions that route to
-/// it and their assignments. Rows are the post-attention-norm hidden states.
-struct ExpertRequest {
+/// Work for one worker on one MoE layer (schema/charm.capnp `LayerRequest`): the hidden
+/// rows of the positions that route to it and their assignments. Rows are the
+/// post-attention-norm hidden states.
+struct LayerRequest {
   uint64_t request_id = 0;
   uint32_t layer = 0;
   uint32_t hidden_size = 0;
@@ -29,9 +30,10 @@ struct ExpertRequest {
   std::vector<ExpertAssignment> assignments;   ///< grouped by expert is not required
 };
 
-/// A worker's expert-tier counters (worker/experts/expert_cache.h), cumulative, for one layer or
-/// summed over layers. Units: bytes and nanoseconds.
-struct TierStats {
+/// A worker's expert-tier counters (schema/charm.capnp `TierCounters`;
+/// worker/experts/expert_cache.h), cumulative, for one layer or summed over layers.
+/// Units: bytes and nanoseconds.
+struct TierCounters {
   uint64_t hits = 0;             ///< experts a request found resident (or being prefetched)
   uint64_t misses = 0;           ///< experts a request had to read from disk itself
   uint64_t bytes_read = 0;       ///< bytes read from disk (misses and prefetches)
@@ -39,7 +41,7 @@ struct TierStats {
   uint64_t disk_ns = 0;          ///< total time the I/O threads spent in reads
   uint64_t prefetch_issued = 0;  ///< reads started by prefetch()
   uint64_t prefetch_hits = 0;    ///< prefetched experts a request then used
-  TierStats& operator+=(const TierStats& o) {
+  TierCounters& operator+=(const TierCounters& o) {
     hits += o.hits;
     misses += o.misses;
     bytes_read += o.bytes_read;
@@ -49,30 +51,26 @@ struct TierStats {
     prefetch_hits += o.prefetch_hits;
     return *this;
   }
-  bool operator==(const TierStats&) const = default;
+  bool operator==(const TierCounters&) const = default;
 };
 
-/// What a worker measured while serving one request.
-struct ExpertStats {
+/// What a worker measured while serving one request (schema/charm.capnp `LayerStats`):
+/// the tier counters of this request alone (the one counter type: what the store's fetch
+/// counted, not a narrowed copy; prefetch_issued is 0, hits + misses is experts_computed)
+/// plus what it computed.
+struct LayerStats : TierCounters {
   uint32_t experts_computed = 0;  ///< distinct experts run (the union's size on this worker)
   uint32_t rows_computed = 0;     ///< assignments computed
-  uint64_t compute_ns = 0;        ///< wall time spent in expert kernels
-  // The worker's tiers while serving this request (worker/experts/expert_cache.h: TierStats).
-  uint32_t hits = 0;              ///< distinct experts found resident (or being prefetched)
-  uint32_t misses = 0;            ///< distinct experts this request read from disk
-  uint64_t bytes_read = 0;        ///< bytes this request's misses read
-  uint64_t io_wait_ns = 0;        ///< time the request blocked on reads or slots
-  uint64_t disk_ns = 0;           ///< time the I/O threads spent on this request's reads
-  uint32_t prefetch_hits = 0;     ///< experts served by an earlier prefetch
+  uint64_t compute_ns = 0;        ///< wall time spent in expert kernels (I/O wait excluded)
 };
 
-/// A worker's answer: one unweighted expert output per assignment, in the request's
+/// A worker's answer (schema/charm.capnp `LayerResponse`, less its error): one unweighted expert output per assignment, in the request's
 /// assignment order. The coordinator applies the router weights and sums in rank order,
 /// so the result never depends on which worker computed what (DESIGN.md invariant).
-struct ExpertResponse {
+struct LayerResponse {
   uint64_t request_id = 0;
   std::vector<float> outputs;  ///< [assignments.size(), hidden_size] f32
-  ExpertStats stats;
+  LayerStats stats;
 };
 
 }  // namespace charm

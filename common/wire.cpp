@@ -2,10 +2,13 @@
 // The socket side of wire.h is in wire_socket.cpp.
 #include "common/wire.h"
 
+#include "common/wire_layer.h"
+
 #include <algorithm>
 #include <bit>
 #include <cstring>
 #include <iterator>
+#include <span>
 #include <string>
 
 #include <capnp/serialize.h>
@@ -42,6 +45,43 @@ unsigned first_segment_words(uint64_t payload_bytes) {
   return static_cast<unsigned>(payload_bytes / sizeof(capnp::word) + 64);
 }
 
+// A layerRequest frame whose rows `fill(dst)` writes straight into the message's hidden
+// field (dst: [num_rows, hidden_size] f32), so the rows are copied once into the message.
+template <typename Fill>
+Frame encode_layer_request_with(const LayerRequestHeader& header, uint32_t num_rows,
+                                const std::vector<ExpertAssignment>& assignments, Fill fill) {
+  const uint64_t hidden_bytes = uint64_t{num_rows} * header.hidden_size * sizeof(float);
+  const uint64_t payload = hidden_bytes + assignments.size() * sizeof(capnp::word);
+  capnp::MallocMessageBuilder builder(first_segment_words(payload));
+  auto r = builder.initRoot<wire::Message>().initLayerRequest();
+  r.setRequestId(header.request_id);
+  r.setLayer(header.layer);
+  r.setHiddenSize(header.hidden_size);
+  r.setNumRows(num_rows);
+  capnp::Data::Builder hidden = r.initHidden(hidden_bytes);
+  if (hidden_bytes) fill(reinterpret_cast<float*>(hidden.begin()));  // Data is word-aligned
+  auto list = r.initAssignments(static_cast<unsigned>(assignments.size()));
+  for (unsigned i = 0; i < assignments.size(); ++i) {
+    list[i].setRow(assignments[i].row);
+    list[i].setExpert(assignments[i].expert);
+  }
+  return finish_frame(builder);
+}
+
+void set_layer_stats(wire::LayerStats::Builder stats, const LayerStats& st) {
+  stats.setExpertsComputed(st.experts_computed);
+  stats.setRowsComputed(st.rows_computed);
+  stats.setComputeNs(st.compute_ns);
+  // hits, misses and prefetchHits count distinct experts of this request, so they are at
+  // most expertsComputed (a u32): the schema's u32 holds them exactly.
+  stats.setHits(static_cast<uint32_t>(st.hits));
+  stats.setMisses(static_cast<uint32_t>(st.misses));
+  stats.setBytesRead(st.bytes_read);
+  stats.setIoWaitNs(st.io_wait_ns);
+  stats.setDiskNs(st.disk_ns);
+  stats.setPrefetchHits(static_cast<uint32_t>(st.prefetch_hits));
+}
+
 capnp::Data::Reader as_data(const std::string& bytes) {
   return capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(bytes.data()), bytes.size());
 }
@@ -50,14 +90,14 @@ void copy_floats(const std::vector<float>& src, capnp::Data::Builder dst) {
   if (!src.empty()) std::memcpy(dst.begin(), src.data(), src.size() * sizeof(float));
 }
 
-std::vector<float> floats_of(capnp::Data::Reader data, const char* field) {
+// The f32 values of a Data field, in place: Cap'n Proto starts every Data on a word
+// boundary, so the floats are aligned. Valid while the frame holding `data` is.
+std::span<const float> float_view(capnp::Data::Reader data, const char* field) {
   if (data.size() % sizeof(float) != 0) {
     fail_protocol(std::string(field) + " is " + std::to_string(data.size()) +
                   " bytes, not a multiple of 4 (f32)");
   }
-  std::vector<float> out(data.size() / sizeof(float));
-  if (!out.empty()) std::memcpy(out.data(), data.begin(), data.size());
-  return out;
+  return {reinterpret_cast<const float*>(data.begin()), data.size() / sizeof(float)};
 }
 
 // A text field, capped at `max_bytes`; names (`printable`) must be printable ASCII because
@@ -89,8 +129,10 @@ std::string bytes_of(capnp::Data::Reader data, const char* field, size_t size,
   return std::string(reinterpret_cast<const char*>(data.begin()), data.size());
 }
 
-ExpertRequest decode_layer_request(wire::LayerRequest::Reader r) {
-  ExpertRequest req;
+// Reads and checks a layerRequest into `req` (a LayerRequest or a LayerRequestView: all
+// but the rows), returning its rows in place. The one place a layerRequest is validated.
+template <typename Out>
+std::span<const float> read_layer_request(wire::LayerRequest::Reader r, Out& req) {
   req.request_id = r.getRequestId();
   req.layer = r.getLayer();
   req.hidden_size = r.getHiddenSize();
@@ -107,7 +149,7 @@ ExpertRequest decode_layer_request(wire::LayerRequest::Reader r) {
                   " bytes but numRows (" + std::to_string(req.num_rows) + ") * hiddenSize (" +
                   std::to_string(req.hidden_size) + ") * 4 = " + std::to_string(expected));
   }
-  req.hidden = floats_of(hidden, "layerRequest.hidden");
+  const std::span<const float> rows = float_view(hidden, "layerRequest.hidden");
   auto assignments = r.getAssignments();
   req.assignments.reserve(assignments.size());
   for (uint32_t i = 0; i < assignments.size(); ++i) {
@@ -119,25 +161,33 @@ ExpertRequest decode_layer_request(wire::LayerRequest::Reader r) {
     }
     req.assignments.push_back({row, assignments[i].getExpert()});
   }
+  return rows;
+}
+
+LayerRequest decode_layer_request(wire::LayerRequest::Reader r) {
+  LayerRequest req;
+  const std::span<const float> rows = read_layer_request(r, req);
+  req.hidden.assign(rows.begin(), rows.end());
   return req;
 }
 
-LayerResponseMsg decode_layer_response(wire::LayerResponse::Reader r) {
-  LayerResponseMsg msg;
-  msg.response.request_id = r.getRequestId();
-  msg.response.outputs = floats_of(r.getOutputs(), "layerResponse.outputs");
+// Reads and checks a layerResponse's id, stats and error, returning its outputs in place.
+// The one place a layerResponse is validated.
+std::span<const float> read_layer_response(wire::LayerResponse::Reader r, uint64_t& request_id, LayerStats& st,
+                                           std::string& error) {
+  request_id = r.getRequestId();
+  const std::span<const float> outputs = float_view(r.getOutputs(), "layerResponse.outputs");
   auto stats = r.getStats();
-  msg.response.stats.experts_computed = stats.getExpertsComputed();
-  msg.response.stats.rows_computed = stats.getRowsComputed();
-  msg.response.stats.compute_ns = stats.getComputeNs();
-  auto& st = msg.response.stats;
+  st.experts_computed = stats.getExpertsComputed();
+  st.rows_computed = stats.getRowsComputed();
+  st.compute_ns = stats.getComputeNs();
   st.hits = stats.getHits();
   st.misses = stats.getMisses();
   st.bytes_read = stats.getBytesRead();
   st.io_wait_ns = stats.getIoWaitNs();
   st.disk_ns = stats.getDiskNs();
   st.prefetch_hits = stats.getPrefetchHits();
-  const uint64_t looked_up = uint64_t{st.hits} + st.misses;
+  const uint64_t looked_up = st.hits + st.misses;  // each read from a u32: no overflow
   if (looked_up != 0 && looked_up != st.experts_computed) {
     fail_protocol("layerResponse.stats: hits (" + std::to_string(st.hits) + ") + misses (" + std::to_string(st.misses) +
                   ") must equal expertsComputed (" + std::to_string(st.experts_computed) + ")");
@@ -146,7 +196,14 @@ LayerResponseMsg decode_layer_response(wire::LayerResponse::Reader r) {
     fail_protocol("layerResponse.stats.prefetchHits " + std::to_string(st.prefetch_hits) + " exceeds hits " +
                   std::to_string(st.hits));
   }
-  msg.error = text_of(r.getError(), "layerResponse.error", kMaxWireTextBytes);
+  error = text_of(r.getError(), "layerResponse.error", kMaxWireTextBytes);
+  return outputs;
+}
+
+LayerResponseMsg decode_layer_response(wire::LayerResponse::Reader r) {
+  LayerResponseMsg msg;
+  const std::span<const float> outputs = read_layer_response(r, msg.response.request_id, msg.response.stats, msg.error);
+  msg.response.outputs.assign(outputs.begin(), outputs.end());
   return msg;
 }
 
@@ -196,8 +253,8 @@ HelloReplyMsg decode_hello_reply(wire::HelloReply::Reader r) {
   return msg;
 }
 
-TierStats tier_of(wire::TierCounters::Reader r, const std::string& field) {
-  TierStats t{r.getHits(), r.getMisses(), r.getBytesRead(), r.getIoWaitNs(), r.getDiskNs(), r.getPrefetchIssued(),
+TierCounters tier_of(wire::TierCounters::Reader r, const std::string& field) {
+  TierCounters t{r.getHits(), r.getMisses(), r.getBytesRead(), r.getIoWaitNs(), r.getDiskNs(), r.getPrefetchIssued(),
               r.getPrefetchHits()};
   if (t.prefetch_hits > t.prefetch_issued) {
     fail_protocol(field + ".prefetchHits " + std::to_string(t.prefetch_hits) + " exceeds prefetchIssued " +
@@ -206,7 +263,7 @@ TierStats tier_of(wire::TierCounters::Reader r, const std::string& field) {
   return t;
 }
 
-void set_tier(wire::TierCounters::Builder b, const TierStats& t) {
+void set_tier(wire::TierCounters::Builder b, const TierCounters& t) {
   b.setHits(t.hits);
   b.setMisses(t.misses);
   b.setBytesRead(t.bytes_read);
@@ -404,28 +461,25 @@ Frame encode_hello_reply(const HelloReplyMsg& reply) {
   return finish_frame(builder);
 }
 
-Frame encode_layer_request(const ExpertRequest& request) {
+Frame encode_layer_request(const LayerRequest& request) {
   if (request.hidden.size() != uint64_t{request.num_rows} * request.hidden_size) {
     fail_invalid("layer request " + std::to_string(request.request_id) + ": hidden has " +
                  std::to_string(request.hidden.size()) + " floats, expected num_rows (" +
                  std::to_string(request.num_rows) + ") * hidden_size (" +
                  std::to_string(request.hidden_size) + ")");
   }
-  const uint64_t payload = request.hidden.size() * sizeof(float) +
-                           request.assignments.size() * sizeof(capnp::word);
-  capnp::MallocMessageBuilder builder(first_segment_words(payload));
-  auto r = builder.initRoot<wire::Message>().initLayerRequest();
-  r.setRequestId(request.request_id);
-  r.setLayer(request.layer);
-  r.setHiddenSize(request.hidden_size);
-  r.setNumRows(request.num_rows);
-  copy_floats(request.hidden, r.initHidden(request.hidden.size() * sizeof(float)));
-  auto list = r.initAssignments(static_cast<unsigned>(request.assignments.size()));
-  for (unsigned i = 0; i < request.assignments.size(); ++i) {
-    list[i].setRow(request.assignments[i].row);
-    list[i].setExpert(request.assignments[i].expert);
-  }
-  return finish_frame(builder);
+  return encode_layer_request_with({request.request_id, request.layer, request.hidden_size}, request.num_rows,
+                                   request.assignments, [&](float* dst) {
+                                     std::copy(request.hidden.begin(), request.hidden.end(), dst);
+                                   });
+}
+
+Frame encode_layer_request_rows(const LayerRequestHeader& header, const float* hidden,
+                                std::span<const uint32_t> rows, const std::vector<ExpertAssignment>& assignments) {
+  const size_t h = header.hidden_size;
+  return encode_layer_request_with(header, static_cast<uint32_t>(rows.size()), assignments, [&](float* dst) {
+    for (size_t r = 0; r < rows.size(); ++r) std::copy_n(hidden + size_t{rows[r]} * h, h, dst + r * h);
+  });
 }
 
 Frame encode_layer_response(const LayerResponseMsg& response) {
@@ -434,16 +488,7 @@ Frame encode_layer_response(const LayerResponseMsg& response) {
   auto r = builder.initRoot<wire::Message>().initLayerResponse();
   r.setRequestId(response.response.request_id);
   copy_floats(out, r.initOutputs(out.size() * sizeof(float)));
-  auto stats = r.initStats();
-  stats.setExpertsComputed(response.response.stats.experts_computed);
-  stats.setRowsComputed(response.response.stats.rows_computed);
-  stats.setComputeNs(response.response.stats.compute_ns);
-  stats.setHits(response.response.stats.hits);
-  stats.setMisses(response.response.stats.misses);
-  stats.setBytesRead(response.response.stats.bytes_read);
-  stats.setIoWaitNs(response.response.stats.io_wait_ns);
-  stats.setDiskNs(response.response.stats.disk_ns);
-  stats.setPrefetchHits(response.response.stats.prefetch_hits);
+  set_layer_stats(r.initStats(), response.response.stats);
   r.setError(response.error);
   return finish_frame(builder);
 }
@@ -527,7 +572,12 @@ FrameBody split_frame(const uint8_t* data, size_t size, uint64_t max_frame_bytes
   return body;
 }
 
-WireMessage decode_message(const FrameBody& body, uint64_t max_frame_bytes) {
+namespace {
+
+// Opens `body` as a Message with every reader limit, checks that nothing trails it, and
+// returns read(root). Cap'n Proto's errors become Error(kProtocol) "malformed ...".
+template <typename Read>
+auto with_root(const FrameBody& body, uint64_t max_frame_bytes, Read read) {
   if (body.bytes > max_frame_bytes) {
     fail_protocol("frame length " + std::to_string(body.bytes) + " bytes exceeds the cap of " +
                   std::to_string(max_frame_bytes) + " bytes");
@@ -545,13 +595,52 @@ WireMessage decode_message(const FrameBody& body, uint64_t max_frame_bytes) {
       fail_protocol("frame has " + std::to_string((words.end() - reader.getEnd()) * 8) +
                     " trailing bytes after the Cap'n Proto message");
     }
-    return decode_root(reader.getRoot<wire::Message>());
+    return read(reader.getRoot<wire::Message>());
   } catch (const kj::Exception& e) {
     fail_protocol(std::string("malformed Cap'n Proto message: ") + e.getDescription().cStr());
   }
 }
 
-void check_layer_request(const ExpertRequest& request, const ModelLimits& limits) {
+}  // namespace
+
+WireMessage decode_message(const FrameBody& body, uint64_t max_frame_bytes) {
+  return with_root(body, max_frame_bytes, decode_root);
+}
+
+bool is_layer_request(const FrameBody& body, uint64_t max_frame_bytes) {
+  try {
+    return with_root(body, max_frame_bytes,
+                     [](wire::Message::Reader m) { return m.which() == wire::Message::LAYER_REQUEST; });
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+LayerRequestView decode_layer_request_view(FrameBody body, uint64_t max_frame_bytes) {
+  LayerRequestView view;
+  view.hidden = with_root(body, max_frame_bytes, [&](wire::Message::Reader m) {
+    if (m.which() != wire::Message::LAYER_REQUEST) fail_unexpected_message(decode_root(m), "layerRequest");
+    return read_layer_request(m.getLayerRequest(), view);
+  });
+  view.body = std::move(body);  // the words' buffer moves, so `hidden` stays valid
+  return view;
+}
+
+LayerResponseView decode_layer_response_view(FrameBody body, uint64_t max_frame_bytes) {
+  LayerResponseView view;
+  view.outputs = with_root(body, max_frame_bytes, [&](wire::Message::Reader m) {
+    if (m.which() != wire::Message::LAYER_RESPONSE) fail_unexpected_message(decode_root(m), "layerResponse");
+    return read_layer_response(m.getLayerResponse(), view.request_id, view.stats, view.error);
+  });
+  view.body = std::move(body);
+  return view;
+}
+
+namespace {
+
+// check_layer_request for a LayerRequest or a LayerRequestView (the same fields).
+template <typename Request>
+void check_layer_request_fields(const Request& request, const ModelLimits& limits) {
   const std::string at = "layerRequest (layer " + std::to_string(request.layer) + ")";
   if (limits.num_layers && request.layer >= limits.num_layers) {
     fail_protocol("layerRequest.layer " + std::to_string(request.layer) +
@@ -582,6 +671,42 @@ void check_layer_request(const ExpertRequest& request, const ModelLimits& limits
       }
     }
   }
+}
+
+}  // namespace
+
+void check_layer_request(const LayerRequest& request, const ModelLimits& limits) {
+  check_layer_request_fields(request, limits);
+}
+
+void check_layer_request(const LayerRequestView& request, const ModelLimits& limits) {
+  check_layer_request_fields(request, limits);
+}
+
+struct LayerResponseFrame::Impl {
+  capnp::MallocMessageBuilder builder;
+  wire::LayerResponse::Builder response;
+  capnp::Data::Builder outputs;
+  explicit Impl(uint64_t payload_bytes)
+      : builder(first_segment_words(payload_bytes)),
+        response(builder.initRoot<wire::Message>().initLayerResponse()),
+        outputs(nullptr, 0) {}
+};
+
+LayerResponseFrame::LayerResponseFrame(uint64_t request_id, size_t num_outputs, uint32_t hidden_size)
+    : impl_(std::make_unique<Impl>(uint64_t{num_outputs} * hidden_size * sizeof(float))) {
+  impl_->response.setRequestId(request_id);
+  impl_->outputs = impl_->response.initOutputs(uint64_t{num_outputs} * hidden_size * sizeof(float));
+}
+
+LayerResponseFrame::~LayerResponseFrame() = default;
+
+float* LayerResponseFrame::outputs() { return reinterpret_cast<float*>(impl_->outputs.begin()); }
+
+Frame LayerResponseFrame::finish(const LayerStats& stats) {
+  set_layer_stats(impl_->response.initStats(), stats);
+  impl_->response.setError("");  // as encode_layer_response writes it: the same frame, byte for byte
+  return finish_frame(impl_->builder);
 }
 
 void check_prefetch_hint(const PrefetchHintMsg& hint, const ModelLimits& limits) {

@@ -121,9 +121,9 @@ struct HelloReplyMsg {
   std::string lossy_form;         ///< "" = the checkpoint's values; else e.g. "int8 group_size 32"
 };
 
-/// `layerResponse`: an ExpertResponse, or an error naming why the request failed.
+/// `layerResponse`: a LayerResponse, or an error naming why the request failed.
 struct LayerResponseMsg {
-  ExpertResponse response;  ///< outputs empty when error is set
+  LayerResponse response;  ///< outputs empty when error is set
   std::string error;        ///< non-empty when the worker could not run the request
 };
 
@@ -142,8 +142,8 @@ struct HealthReplyMsg {
   uint32_t protocol_version = kProtocolVersion;
   std::string model_fingerprint;  ///< model_fingerprint() of the served checkpoint; empty
                                   ///< from a worker that predates the field
-  TierStats tier;                 ///< expert-tier counters summed over layers
-  std::map<uint32_t, TierStats> tier_layers;  ///< per MoE layer
+  TierCounters tier;                 ///< expert-tier counters summed over layers
+  std::map<uint32_t, TierCounters> tier_layers;  ///< per MoE layer
   uint64_t slot_bytes = 0;        ///< bytes of one RAM expert slot
   uint64_t slots = 0;             ///< RAM expert slots (pinned + LRU)
 };
@@ -160,7 +160,7 @@ struct PrefetchHintMsg {
 };
 
 /// Any decoded message; the alternative is the union member the frame carried.
-using WireMessage = std::variant<HelloMsg, HelloReplyMsg, ExpertRequest, LayerResponseMsg,
+using WireMessage = std::variant<HelloMsg, HelloReplyMsg, LayerRequest, LayerResponseMsg,
                                  HealthRequestMsg, HealthReplyMsg, ErrorMsg, AuthChallengeMsg,
                                  AuthResponseMsg, PrefetchHintMsg>;
 
@@ -173,7 +173,7 @@ Frame encode_hello(const HelloMsg& hello);
 /// Throws Error(kInvalidInput) naming the expert when a held expert has no identity.
 Frame encode_hello_reply(const HelloReplyMsg& reply);
 /// Throws Error(kInvalidInput) when hidden.size() != num_rows * hidden_size.
-Frame encode_layer_request(const ExpertRequest& request);
+Frame encode_layer_request(const LayerRequest& request);
 Frame encode_layer_response(const LayerResponseMsg& response);
 Frame encode_health_request();
 Frame encode_health_reply(const HealthReplyMsg& reply);
@@ -229,7 +229,7 @@ struct ModelLimits {
 /// naming the field for: layer >= num_layers or not an MoE layer, hiddenSize !=
 /// hidden_size, an expert id >= num_experts, more assignments than numRows *
 /// num_experts (each (row, expert) pair at most once). A limit of 0 is not checked.
-void check_layer_request(const ExpertRequest& request, const ModelLimits& limits);
+void check_layer_request(const LayerRequest& request, const ModelLimits& limits);
 
 /// Checks a decoded prefetchHint against the served model, as check_layer_request does a
 /// layerRequest. Throws Error(kProtocol) naming the field for: layer >= num_layers or not

@@ -233,6 +233,7 @@ void WorkerServer::serve_connection(Connection& connection) {
   try {
     while (!stopping_ && conn.is_open()) {
       WireMessage message;
+      std::optional<LayerRequestView> layer_request;  // the data path: read in place
       try {
         auto timeout = kForever;
         if (!handshaken()) {
@@ -242,7 +243,12 @@ void WorkerServer::serve_connection(Connection& connection) {
         }
         FrameBody body = conn.receive(timeout, &stopping_);
         bytes_in_ += body.bytes + 4;
-        message = decode_message(body, conn.max_frame_bytes());
+        // A stranger's layerRequest takes the generic path, which refuses it.
+        if (session.authenticated && is_layer_request(body, conn.max_frame_bytes())) {
+          layer_request = decode_layer_request_view(std::move(body), conn.max_frame_bytes());
+        } else {
+          message = decode_message(body, conn.max_frame_bytes());
+        }
       } catch (const Error& e) {
         if (e.category() != ErrorCategory::kProtocol) {
           // Evicted for a newer stranger, stopping, peer gone, or no handshake in time.
@@ -265,7 +271,7 @@ void WorkerServer::serve_connection(Connection& connection) {
         if (conn.is_open()) send(session, encode_error(e.message()));
         break;
       }
-      if (!handle(conn, message, session)) break;
+      if (!(layer_request ? handle_layer(*layer_request, session) : handle(conn, message, session))) break;
       if (session.hello_ok) conn.set_max_frame_bytes(options_.max_frame_bytes);
     }
   } catch (const std::exception& e) {
@@ -356,7 +362,7 @@ bool WorkerServer::reply_hello(FrameConnection& conn, HelloReplyMsg reply, Sessi
   return true;
 }
 
-LayerResponseMsg WorkerServer::answer_layer(const ExpertRequest& request, const Session& session) {
+LayerResponseMsg WorkerServer::answer_layer(const LayerRequest& request, const Session& session) {
   LayerResponseMsg response;
   response.response.request_id = request.request_id;
   if (!session.hello_ok) {
@@ -374,6 +380,47 @@ LayerResponseMsg WorkerServer::answer_layer(const ExpertRequest& request, const 
     spdlog::warn("worker {}: request {} failed: {}", options_.worker_name, request.request_id, response.error);
   }
   return response;
+}
+
+LayerStats ExecutorService::run_in_place(const LayerRequestView& request, float* outputs) {
+  if (request.hidden_size != executor_.store().hidden_size()) {
+    fail_invalid("layer " + std::to_string(request.layer) + ": hidden_size " + std::to_string(request.hidden_size) +
+                 " does not match the model's " + std::to_string(executor_.store().hidden_size()));
+  }
+  return executor_.run_into(request.layer, request.hidden.data(), request.num_rows, request.assignments, outputs);
+}
+
+namespace {
+
+// The owning copy of a view, for services that do not run in place.
+LayerRequest owned(const LayerRequestView& view) {
+  return {view.request_id, view.layer, view.hidden_size, view.num_rows,
+          std::vector<float>(view.hidden.begin(), view.hidden.end()), view.assignments};
+}
+
+}  // namespace
+
+bool WorkerServer::handle_layer(LayerRequestView& request, Session& session) {
+  if (!debug_delay_elapsed()) return false;  // stopped while "computing": no reply
+  Frame frame;
+  if (session.hello_ok && service_.runs_in_place()) {
+    try {
+      check_layer_request(request, options_.limits);
+      LayerResponseFrame reply(request.request_id, request.assignments.size(), request.hidden_size);
+      frame = reply.finish(service_.run_in_place(request, reply.outputs()));
+    } catch (const std::exception& e) {
+      LayerResponseMsg failed;
+      failed.response.request_id = request.request_id;
+      failed.error = "worker '" + options_.worker_name + "', layer " + std::to_string(request.layer) + ": " + e.what();
+      spdlog::warn("worker {}: request {} failed: {}", options_.worker_name, request.request_id, failed.error);
+      frame = encode_layer_response(failed);
+    }
+  } else {
+    frame = encode_layer_response(answer_layer(owned(request), session));
+  }
+  ++requests_served_;  // before the reply, for the same reason as in send()
+  send(session, frame);
+  return true;
 }
 
 bool WorkerServer::handle(FrameConnection& conn, WireMessage& message, Session& session) {
@@ -394,13 +441,6 @@ bool WorkerServer::handle(FrameConnection& conn, WireMessage& message, Session& 
                  conn.peer(), message_name(message));
     return refuse(session, "worker '" + options_.worker_name + "' requires the cluster's shared secret: send hello "
                         "and answer its authChallenge first");
-  }
-  if (auto* request = std::get_if<ExpertRequest>(&message)) {
-    if (!debug_delay_elapsed()) return false;  // stopped while "computing": no reply
-    LayerResponseMsg response = answer_layer(*request, session);
-    ++requests_served_;  // before the reply, for the same reason as in send()
-    send(session, encode_layer_response(response));
-    return true;
   }
   if (auto* hint = std::get_if<PrefetchHintMsg>(&message)) {
     // Fire-and-forget: no reply on any path, so the client's reply reading stays in step.

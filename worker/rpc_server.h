@@ -15,8 +15,10 @@
 #include <thread>
 #include <vector>
 
+#include "common/error.h"
 #include "common/moe_types.h"
 #include "common/wire.h"
+#include "common/wire_layer.h"
 #include "worker/experts/expert_executor.h"
 
 namespace charm {
@@ -28,7 +30,16 @@ class LayerService {
   virtual ~LayerService() = default;
   /// Runs one request whose shapes the wire decoder has already validated. Throws
   /// charm::Error (or any std::exception); its text goes back as layerResponse.error.
-  virtual ExpertResponse run(const ExpertRequest& request) = 0;
+  virtual LayerResponse run(const LayerRequest& request) = 0;
+  /// Whether run_in_place serves requests (then the worker reads a request's rows from
+  /// its frame and writes the outputs into the reply frame, with no copies between).
+  virtual bool runs_in_place() const { return false; }
+  /// Runs one request read in place (validated as for run()), writing one unweighted
+  /// output row per assignment to `outputs` ([assignments, hidden_size] f32, zeroed), and
+  /// returns its stats. Called only when runs_in_place(); throws as run() does.
+  virtual LayerStats run_in_place(const LayerRequestView& /*request*/, float* /*outputs*/) {
+    fail_internal("LayerService::run_in_place called on a service that does not run in place");
+  }
   /// Experts held: layer -> expert ids, ascending.
   virtual std::map<uint32_t, std::vector<uint32_t>> held() const = 0;
   /// The content identity of every held expert's bytes (ExpertStore::identities), asked
@@ -48,7 +59,10 @@ class LayerService {
 class ExecutorService final : public LayerService {
  public:
   explicit ExecutorService(const ExpertExecutor& executor) : executor_(executor) {}
-  ExpertResponse run(const ExpertRequest& request) override { return executor_.run(request); }
+  LayerResponse run(const LayerRequest& request) override { return executor_.run(request); }
+  bool runs_in_place() const override { return true; }
+  /// Gathers the request's rows from the frame straight into the executor's inputs.
+  LayerStats run_in_place(const LayerRequestView& request, float* outputs) override;
   std::map<uint32_t, std::vector<uint32_t>> held() const override {
     return executor_.store().held();
   }
@@ -61,7 +75,7 @@ class ExecutorService final : public LayerService {
   void add_tier_stats(HealthReplyMsg& health) const override {
     const ExpertStore& store = executor_.store();
     health.tier_layers = store.layer_stats();
-    health.tier = TierStats{};
+    health.tier = TierCounters{};
     for (const auto& [layer, t] : health.tier_layers) health.tier += t;
     health.slot_bytes = store.cache().slot_bytes();
     health.slots = store.cache().slot_count();
@@ -169,7 +183,10 @@ class WorkerServer {
   // Sends a helloReply, once `reply.ok` has a handshaken slot; false when it has none.
   bool reply_hello(FrameConnection& conn, HelloReplyMsg reply, Session& session);
   bool refuse(Session& session, const std::string& text);
-  LayerResponseMsg answer_layer(const ExpertRequest& request, const Session& session);
+  LayerResponseMsg answer_layer(const LayerRequest& request, const Session& session);
+  /// A layerRequest read in place, answered with one reply frame: in place when the
+  /// service runs in place, else through answer_layer. Returns handle()'s verdict.
+  bool handle_layer(LayerRequestView& request, Session& session);
   void send(Session& session, const Frame& frame);
   HelloReplyMsg answer_hello(const HelloMsg& hello, const std::string& peer);
   void reap_finished();

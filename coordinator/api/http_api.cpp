@@ -158,7 +158,7 @@ json cluster_status_body(const Engine& engine) {
   for (const WorkerStatus& w : engine.cluster_status()) {
     workers.push_back({{"name", w.name},
                        {"address", w.address},
-                       {"state", w.state},
+                       {"state", worker_state_name(w.state)},
                        {"experts_held", w.experts_held},
                        {"requests", w.requests},
                        {"rtt_p50_ms", w.rtt_p50_ms},

@@ -166,7 +166,7 @@ std::string Metrics::render(const std::vector<WorkerStatus>& workers) const {
     header(out, "charm_worker_up", "1 while the coordinator holds a working connection to the worker.", "gauge");
     for (const WorkerStatus& w : workers) {
       out += "charm_worker_up" + label_text({"worker"}, {w.name}) + " " +
-             (w.state == "up" || w.state == "in-process" ? "1" : "0") + "\n";
+             (w.state == WorkerState::kUp || w.state == WorkerState::kInProcess ? "1" : "0") + "\n";
     }
     header(out, "charm_worker_experts_held", "(layer, expert) pairs the worker holds.", "gauge");
     for (const WorkerStatus& w : workers) {

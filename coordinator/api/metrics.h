@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/dispatch/expert_dispatch.h"
+#include "coordinator/dispatch/worker_status.h"
 
 namespace charm {
 

@@ -10,6 +10,7 @@
 
 #include "common/cluster_auth.h"
 #include "common/error.h"
+#include "common/wire_layer.h"
 #include "coordinator/dispatch/cluster_worker.h"
 
 namespace charm {
@@ -70,7 +71,7 @@ struct ClusterDispatcher::Batch {
   std::vector<uint32_t> local_row;  // global row -> row in request (UINT32_MAX: unused)
   std::vector<uint32_t> rows;       // request row -> global row
   std::vector<uint32_t> origin;     // request assignment -> index in the caller's list
-  ExpertRequest request;
+  LayerRequest request;
   std::shared_ptr<FrameConnection> conn;  // sent on this one: its reply comes on it
   Clock::time_point sent_at;
 };
@@ -323,7 +324,7 @@ void ClusterDispatcher::connect(Worker& worker) {
   worker.conn = std::move(data.conn);
   if (worker.ever_up) ++worker.rejoins;
   worker.ever_up = true;
-  worker.state = "up";
+  worker.state = WorkerState::kUp;
   worker.experts_held = data.held;
   worker.ram_slots = probe.health.slots;
   worker.bytes_out += data.bytes_out + probe.bytes_out;
@@ -357,8 +358,8 @@ void ClusterDispatcher::mark_down(Worker& worker, const FrameConnection* conn, c
   // which this ends at once (and a late reply can never be read from it).
   if (worker.conn) worker.conn->abort();
   worker.conn.reset();
-  if (worker.state != "down") spdlog::warn("coordinator: {} is down: {}", worker.label, reason);
-  worker.state = "down";
+  if (worker.state != WorkerState::kDown) spdlog::warn("coordinator: {} is down: {}", worker.label, reason);
+  worker.state = WorkerState::kDown;
   worker.down_reason = worker.last_error = reason;
   worker.rejoin_error.clear();
   worker.backoff = rejoin_min_;
@@ -372,7 +373,7 @@ void ClusterDispatcher::require_coverage(const std::string& why) const {
     std::vector<int64_t> missing;
     for (size_t e = 0; e < owners.size(); ++e) {
       const bool live = std::any_of(owners[e].begin(), owners[e].end(),
-                                    [&](int w) { return workers_[static_cast<size_t>(w)]->state == "up"; });
+                                    [&](int w) { return workers_[static_cast<size_t>(w)]->state == WorkerState::kUp; });
       if (!live) missing.push_back(static_cast<int64_t>(e));
     }
     if (!missing.empty()) {
@@ -406,17 +407,15 @@ void ClusterDispatcher::progressed(size_t w) {
 void ClusterDispatcher::send_request(size_t w, Batch& batch) {
   Worker& worker = *workers_[w];
   const PendingLayer& p = *pending_;
-  ExpertRequest& req = batch.request;
+  LayerRequest& req = batch.request;
   req.request_id = next_request_id_++;
   req.layer = p.layer;
   req.hidden_size = p.hidden_size;
   req.num_rows = static_cast<uint32_t>(batch.rows.size());
-  req.hidden.resize(size_t{req.num_rows} * p.hidden_size);
-  for (size_t r = 0; r < batch.rows.size(); ++r) {
-    std::memcpy(&req.hidden[r * p.hidden_size], p.hidden + size_t{batch.rows[r]} * p.hidden_size,
-                p.hidden_size * sizeof(float));
-  }
-  const Frame frame = encode_layer_request(req);
+  // The rows go from the caller's hidden states straight into the frame (req.hidden stays
+  // empty: the batch keeps the request's ids and assignments only).
+  const Frame frame = encode_layer_request_rows({req.request_id, req.layer, req.hidden_size}, p.hidden, batch.rows,
+                                                req.assignments);
   {
     // Marked down by its health thread since this round chose it: fail over like any
     // send error.
@@ -443,29 +442,30 @@ void ClusterDispatcher::receive_reply(Worker& worker, Batch& batch) {
     std::lock_guard<std::mutex> lock(stats_mutex_);
     worker.bytes_in += body.bytes + 4;
   }
-  LayerResponseMsg reply = decode_as<LayerResponseMsg>(body);
-  if (reply.response.request_id != batch.request.request_id) {
-    fail_protocol("reply to request " + std::to_string(reply.response.request_id) +
+  // Read in place: each output row goes from the frame straight into the caller's outputs.
+  const LayerResponseView reply = decode_layer_response_view(std::move(body));
+  if (reply.request_id != batch.request.request_id) {
+    fail_protocol("reply to request " + std::to_string(reply.request_id) +
                   ", expected " + std::to_string(batch.request.request_id));
   }
   if (!reply.error.empty()) fail_unavailable(reply.error);
   const size_t expected = batch.origin.size() * size_t{p.hidden_size};
-  if (reply.response.outputs.size() != expected) {
-    fail_protocol("layerResponse.outputs has " + std::to_string(reply.response.outputs.size()) +
+  if (reply.outputs.size() != expected) {
+    fail_protocol("layerResponse.outputs has " + std::to_string(reply.outputs.size()) +
                   " floats, expected " + std::to_string(batch.origin.size()) +
                   " assignments * hidden_size " + std::to_string(p.hidden_size));
   }
   if (!p.abandoned) {
     for (size_t j = 0; j < batch.origin.size(); ++j) {
       std::memcpy(p.outputs + size_t{batch.origin[j]} * p.hidden_size,
-                  &reply.response.outputs[j * p.hidden_size], p.hidden_size * sizeof(float));
+                  &reply.outputs[j * p.hidden_size], p.hidden_size * sizeof(float));
     }
   }
   if (metrics_) {
     metrics_->worker_rpc(worker.spec.name, rtt_ms / 1000.0);
     // The worker's own tier counts for this request (hits + misses = experts computed,
     // checked by the decoder); a failed-over resend counts on the replica that served it.
-    const ExpertStats& st = reply.response.stats;
+    const LayerStats& st = reply.stats;
     metrics_->expert_stats(worker.spec.name, st.hits, st.misses, st.bytes_read);
   }
   std::lock_guard<std::mutex> lock(stats_mutex_);
@@ -528,7 +528,7 @@ void ClusterDispatcher::fail_uncovered(const std::vector<int64_t>& experts) {
         if (std::find(seen.begin(), seen.end(), w) != seen.end()) continue;
         seen.push_back(w);
         const Worker& worker = *workers_[static_cast<size_t>(w)];
-        owners += (owners.empty() ? "" : "; ") + worker.label + " " + worker.state +
+        owners += (owners.empty() ? "" : "; ") + worker.label + " " + worker_state_name(worker.state) +
                   (worker.last_error.empty() ? "" : " (" + worker.last_error + ")");
       }
     }
@@ -556,8 +556,8 @@ void ClusterDispatcher::send_round(const std::vector<uint32_t>& which) {
   {
     std::lock_guard<std::mutex> lock(stats_mutex_);
     for (size_t w = 0; w < workers_.size(); ++w) {
-      const std::string& state = workers_[w]->state;
-      rank[w] = p.failed[w] ? 0 : state == "up" ? 2 : state == "suspect" ? 1 : 0;
+      const WorkerState state = workers_[w]->state;
+      rank[w] = p.failed[w] ? 0 : state == WorkerState::kUp ? 2 : state == WorkerState::kSuspect ? 1 : 0;
     }
   }
   // Per expert, ascending: the best-ranked live replica with the fewest assignments so far
@@ -759,7 +759,7 @@ std::vector<WorkerStatus> ClusterDispatcher::status() const {
   std::vector<size_t> samples;
   for (const auto& w : workers_) {
     p50.push_back(w->rtt.percentile(0.50));
-    samples.push_back(w->state != "down" ? w->rtt.size() : 0);  // a down worker is not judged
+    samples.push_back(w->state != WorkerState::kDown ? w->rtt.size() : 0);  // a down worker is not judged
   }
   const std::vector<std::string> slow = slow_workers(p50, samples, slow_ms_);
   const auto now = Clock::now();

@@ -50,18 +50,18 @@ void ClusterDispatcher::health_loop(Worker& worker) {
 
 bool ClusterDispatcher::is_down(const Worker& worker) const {
   std::lock_guard<std::mutex> lock(stats_mutex_);
-  return worker.state == "down";
+  return worker.state == WorkerState::kDown;
 }
 
 void ClusterDispatcher::health_step(Worker& worker, milliseconds& wait) {
-  std::string state;
+  WorkerState state;
   Clock::time_point next_retry;
   {
     std::lock_guard<std::mutex> lock(stats_mutex_);
     state = worker.state;
     next_retry = worker.next_retry;
   }
-  if (state == "down") {
+  if (state == WorkerState::kDown) {
     if (worker.unanswered && answered_late(worker)) next_retry = Clock::now();
     if (Clock::now() >= next_retry) rejoin(worker);
     return;
@@ -154,7 +154,7 @@ void ClusterDispatcher::probe(Worker& worker, bool late_reply) {
   const auto sent = Clock::now();
   if (late_reply) {
     std::lock_guard<std::mutex> lock(stats_mutex_);
-    if (worker.state == "up") worker.state = "suspect";
+    if (worker.state == WorkerState::kUp) worker.state = WorkerState::kSuspect;
   }
   try {
     const uint64_t out = worker.probe->send(encode_health_request(), deadline);
@@ -171,7 +171,7 @@ void ClusterDispatcher::probe(Worker& worker, bool late_reply) {
     worker.last_seen = worker.last_probe_ok = now;
     worker.ram_slots = health.slots;
     worker.bytes_in += body.bytes + 4;
-    if (worker.state == "suspect") worker.state = "up";  // busy, not frozen
+    if (worker.state == WorkerState::kSuspect) worker.state = WorkerState::kUp;  // busy, not frozen
   } catch (const Error& e) {
     worker.probe.reset();
     mark_down(worker, nullptr, std::string(what) + ": " + e.message());

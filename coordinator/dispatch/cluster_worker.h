@@ -66,7 +66,7 @@ struct ClusterDispatcher::Worker {
   std::thread health_thread;
   // State and statistics, guarded by stats_mutex_.
   FrameConnection* opening = nullptr;  // open() is in its handshake: the destructor aborts it
-  std::string state = "down";          // "up", "suspect" (probed: a reply is late), "down"
+  WorkerState state = WorkerState::kDown;
   bool ever_up = false;
   uint64_t experts_held = 0;
   uint64_t requests = 0;

@@ -3,54 +3,12 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
-#include <string>
 #include <vector>
 
 #include "common/moe_types.h"
+#include "coordinator/dispatch/worker_status.h"
 
 namespace charm {
-
-/// What the coordinator knows of one worker, for `charm status` and /cluster/status.
-struct WorkerStatus {
-  std::string name;
-  std::string address;             ///< host:port
-  std::string state;               ///< "up", "down", "in-process"
-  uint64_t experts_held = 0;
-  uint64_t requests = 0;           ///< layer requests sent
-  double rtt_p50_ms = 0;           ///< round trip of layer requests, as the coordinator saw it
-  double rtt_p99_ms = 0;
-  uint64_t bytes_out = 0;          ///< bytes the coordinator sent to this worker
-  uint64_t bytes_in = 0;           ///< bytes received from it
-  // Resilience (cluster mode; zero / empty elsewhere).
-  uint64_t failovers = 0;          ///< times it failed mid-layer and its share went to a replica
-                                   ///< (or the layer failed for want of one); the same count
-                                   ///< is exported as charm_worker_failovers_total
-  uint64_t rejoins = 0;            ///< times it came back (handshake passed) after being down
-  double last_seen_ms = -1;        ///< ms since its last reply (layer, heartbeat, hello); -1 never
-  bool slow = false;               ///< layer RTT p50 over timeouts.slow_ms, or 4x the others' median
-  std::string slow_reason;         ///< both numbers, when slow
-  std::string last_error;          ///< why it last went down or failed to rejoin; empty if never
-  /// (layer, expert) pairs held per tier ("ram", "disk"; "vram" reserved), from the
-  /// worker's tier counters (split_by_tier); empty while the coordinator has not had a
-  /// health reply from this worker since it (re)connected.
-  std::map<std::string, uint64_t> experts_by_tier;
-  /// In-process experts only: the store's tier counters per MoE layer (a remote worker
-  /// reports its own in healthReply).
-  std::map<uint32_t, TierStats> tier_layers;
-};
-
-/// Experts per tier from a worker's counts: `experts_held` (layer, expert) pairs and
-/// `ram_slots` RAM expert slots (HealthReply.slots: pinned + LRU over all layers).
-/// {"ram": experts_held} when every held expert has a slot of its own (no budget, or one
-/// that holds them all), and when ram_slots is 0 (a service that keeps no tiers holds
-/// everything in RAM); else {"ram": ram_slots, "disk": experts_held - ram_slots}: at most
-/// ram_slots are resident at once and the rest is read from disk on a miss. "ram" counts
-/// the slots, not which of them are filled at this moment (workers do not send that).
-inline std::map<std::string, uint64_t> split_by_tier(uint64_t experts_held, uint64_t ram_slots) {
-  if (ram_slots == 0 || ram_slots >= experts_held) return {{"ram", experts_held}};
-  return {{"ram", ram_slots}, {"disk", experts_held - ram_slots}};
-}
 
 /// Runs routed experts for the coordinator. Implementations must return exactly the
 /// bytes ExpertExecutor::run_into produces for each assignment.

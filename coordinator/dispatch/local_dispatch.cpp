@@ -36,7 +36,7 @@ void LocalDispatcher::finish_layer() {
   pending_.reset();
   auto hints = std::move(deferred_hints_);
   deferred_hints_.clear();
-  const ExpertStats stats = executor_.run_into(p.layer, p.hidden, p.num_rows, *p.assignments, p.outputs);
+  const LayerStats stats = executor_.run_into(p.layer, p.hidden, p.num_rows, *p.assignments, p.outputs);
   ++requests_;
   if (metrics_) metrics_->expert_stats("local", stats.hits, stats.misses, stats.bytes_read);
   for (const auto& [layer, experts] : hints) issue_hint(prefetch_, layer, experts);
@@ -55,7 +55,7 @@ std::vector<WorkerStatus> LocalDispatcher::status() const {
   WorkerStatus s;
   s.name = "local";
   s.address = "in-process";
-  s.state = "in-process";
+  s.state = WorkerState::kInProcess;
   s.experts_held = executor_.store().size();
   s.requests = requests_.load();
   s.experts_by_tier = split_by_tier(s.experts_held, executor_.store().cache().slot_count());

@@ -136,7 +136,7 @@ Frame good_health() {
   h.state = "up";
   h.experts_held = 4;
   h.model_fingerprint = kFingerprint;
-  h.tier_layers = {{0, TierStats{3, 1, 4096, 10, 20, 2, 1}}, {2, TierStats{}}};
+  h.tier_layers = {{0, TierCounters{3, 1, 4096, 10, 20, 2, 1}}, {2, TierCounters{}}};
   h.slots = 4;
   return encode_health_reply(h);
 }

@@ -29,7 +29,7 @@ const std::string kOtherSecret = "incorrect donkey battery staple 987654";
 
 // Runs one layer through `dispatcher` and checks the echo outputs.
 void check_layer(ClusterDispatcher& dispatcher) {
-  const ExpertRequest req = echo_request(2);
+  const LayerRequest req = echo_request(2);
   std::vector<float> out(req.assignments.size() * kEchoHidden, -1);
   dispatcher.run_layer(0, req.hidden.data(), req.num_rows, kEchoHidden, req.assignments, out.data());
   for (size_t j = 0; j < req.assignments.size(); ++j) {

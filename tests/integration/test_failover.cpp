@@ -121,7 +121,7 @@ TEST_CASE("a malformed reply is failed over to the replica") {
     auto conn = accept();
     auto probe = accept();
     if (!conn || !probe) return;
-    const ExpertRequest req = decode_as<ExpertRequest>(conn->receive(10s));
+    const LayerRequest req = decode_as<LayerRequest>(conn->receive(10s));
     LayerResponseMsg reply;
     reply.response.request_id = req.request_id;
     reply.response.outputs.assign(1, 0.5f);
@@ -292,12 +292,12 @@ TEST_CASE("charm status shows the coordinator's view: slow, down with its error,
   fast.name = "w0";
   fast.up = true;
   fast.state = "up";
-  fast.coordinator = WorkerStatus{"w0", "h:1", "down", 8, 3, 1.0, 2.0, 10, 20, 4, 2, 1500.0, false, "",
+  fast.coordinator = WorkerStatus{"w0", "h:1", WorkerState::kDown, 8, 3, 1.0, 2.0, 10, 20, 4, 2, 1500.0, false, "",
                                   "heartbeat: timed out", {{"ram", 8}}};
   slow.name = "w1";
   slow.up = true;
   slow.state = "up";
-  slow.coordinator = WorkerStatus{"w1", "h:2", "up", 8, 30, 9.0, 12.0, 10, 20, 0, 0, 3.0, true,
+  slow.coordinator = WorkerStatus{"w1", "h:2", WorkerState::kUp, 8, 30, 9.0, 12.0, 10, 20, 0, 0, 3.0, true,
                                   "layer RTT p50 9.00 ms is over 4x the other workers' median 1.00 ms", "", {{"ram", 8}}};
   status.workers = {fast, slow};
   const std::string table = format_status(status);

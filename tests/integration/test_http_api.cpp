@@ -166,9 +166,9 @@ class FakeEngine : public charm::Engine {
   std::vector<float> prompt_logits(const std::vector<int32_t>&) override { return {}; }
 
   std::vector<charm::WorkerStatus> cluster_status() const override {
-    charm::WorkerStatus a{"w0", "127.0.0.1:7001", "up", 64, 10, 1.5, 3.0, 1000, 2000, 0, 0, 12.5, false, "", "",
+    charm::WorkerStatus a{"w0", "127.0.0.1:7001", charm::WorkerState::kUp, 64, 10, 1.5, 3.0, 1000, 2000, 0, 0, 12.5, false, "", "",
                           {{"ram", 64}}};
-    charm::WorkerStatus b{"w1", "127.0.0.1:7002", "down", 0, 0, 0, 0, 0, 0, 2, 1, 800.0, false, "",
+    charm::WorkerStatus b{"w1", "127.0.0.1:7002", charm::WorkerState::kDown, 0, 0, 0, 0, 0, 0, 2, 1, 800.0, false, "",
                           "heartbeat: timed out", {}};
     return {a, b};
   }

@@ -108,7 +108,7 @@ TEST_CASE("bytes on the wire per token per layer") {
   // assignment + a fixed envelope.
   for (uint32_t rows : {1u, 64u}) {
     const uint32_t hidden_size = 2048, top_k = 8;
-    ExpertRequest req;
+    LayerRequest req;
     req.hidden_size = hidden_size;
     req.num_rows = rows;
     req.hidden.assign(size_t{rows} * hidden_size, 1.0f);
@@ -183,7 +183,7 @@ TEST_CASE("malformed frames get an error and a close; the server keeps serving")
     auto conn = FrameConnection::connect("127.0.0.1", port, 5s, "a");
     conn->send(encode_hello(HelloMsg{kProtocolVersion, cluster.model.fingerprint, "t", ""}), 5s);
     CHECK(decode_as<HelloReplyMsg>(conn->receive(5s)).ok);
-    ExpertRequest req;
+    LayerRequest req;
     req.hidden_size = kHidden;
     req.num_rows = 1;
     req.hidden.assign(kHidden, 0.5f);
@@ -220,7 +220,7 @@ TEST_CASE("malformed frames get an error and a close; the server keeps serving")
 TEST_CASE("errors inside a request come back as layerResponse.error; the connection survives") {
   Cluster cluster;
   auto conn = FrameConnection::connect("127.0.0.1", cluster.a.server->port(), 5s, "a");
-  ExpertRequest req;
+  LayerRequest req;
   req.request_id = 41;
   req.layer = 0;
   req.hidden_size = kHidden;
@@ -464,7 +464,7 @@ namespace {
 class RecordingService final : public LayerService {
  public:
   explicit RecordingService(const ExpertExecutor& executor) : inner_(executor) {}
-  ExpertResponse run(const ExpertRequest& request) override { return inner_.run(request); }
+  LayerResponse run(const LayerRequest& request) override { return inner_.run(request); }
   std::map<uint32_t, std::vector<uint32_t>> held() const override { return inner_.held(); }
   ExpertIdentities identities() const override { return inner_.identities(); }
   void prefetch(uint32_t layer, const std::vector<uint32_t>& experts) override {
@@ -517,7 +517,7 @@ TEST_CASE("prefetchHint gets no reply: the replies that follow stay in step") {
 
   conn->send(encode_hello(HelloMsg{kProtocolVersion, model.fingerprint, "t"}), 5s);
   REQUIRE(decode_as<HelloReplyMsg>(conn->receive(5s)).ok);
-  ExpertRequest req;
+  LayerRequest req;
   req.request_id = 41;
   req.layer = 2;
   req.hidden_size = kHidden;

@@ -130,7 +130,7 @@ TEST_CASE("single node: the in-process store's counts reach /metrics as worker \
   LocalDispatcher dispatcher(executor, nullptr, &metrics);
   run_some_layers(dispatcher);
 
-  TierStats total;
+  TierCounters total;
   for (const auto& [layer, t] : store->layer_stats()) total += t;
   CHECK(total.misses > 0);
   const std::string text = metrics.render();

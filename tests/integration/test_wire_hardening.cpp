@@ -34,7 +34,7 @@ std::unique_ptr<FrameConnection> greeted(const EchoWorker& worker) {
 }
 
 // Sends a layerRequest and returns the reply; the stream must still be in step.
-LayerResponseMsg ask(FrameConnection& conn, const ExpertRequest& req) {
+LayerResponseMsg ask(FrameConnection& conn, const LayerRequest& req) {
   conn.send(encode_layer_request(req), 5s);
   LayerResponseMsg reply = decode_as<LayerResponseMsg>(conn.receive(5s));
   CHECK(reply.response.request_id == req.request_id);
@@ -114,7 +114,7 @@ TEST_CASE("oversized frames: capped small before hello, at max_frame_bytes after
 TEST_CASE("out-of-range ids and shapes get layerResponse.error; the stream stays in step") {
   EchoWorker worker;
   auto conn = greeted(worker);
-  ExpertRequest req = echo_request(2, 5);
+  LayerRequest req = echo_request(2, 5);
   req.layer = 3;
   CHECK(ask(*conn, req).error.find("layerRequest.layer 3 is out of range (the model has 3 layers)") !=
         std::string::npos);
@@ -148,7 +148,7 @@ TEST_CASE("counts that disagree with the payload break the frame: error frame an
   EchoWorker worker;
   SUBCASE("numRows * hiddenSize * 4 != hidden bytes") {
     auto conn = greeted(worker);
-    ExpertRequest req = echo_request(2);
+    LayerRequest req = echo_request(2);
     Frame frame = encode_layer_request(req);
     // numRows is the u32 at data-section offset 16 of LayerRequest (after requestId,
     // layer, hiddenSize); find it by value: 2 rows of 8 floats -> patch the first "2, 0,
@@ -162,7 +162,7 @@ TEST_CASE("counts that disagree with the payload break the frame: error frame an
   }
   SUBCASE("hiddenSize 0") {
     auto conn = greeted(worker);
-    ExpertRequest req;
+    LayerRequest req;
     req.hidden_size = 0;
     conn->send(encode_layer_request(req), 5s);
     CHECK(error_then_close(*conn).find("hiddenSize is 0") != std::string::npos);
@@ -322,7 +322,7 @@ TEST_CASE("prefetch hints with out-of-range ids never reach the service; replies
 }
 
 TEST_CASE("check_layer_request: zero limits are not checked") {
-  ExpertRequest req = echo_request(1);
+  LayerRequest req = echo_request(1);
   req.layer = 99;
   req.assignments[0].expert = 1000;
   check_layer_request(req, ModelLimits{});

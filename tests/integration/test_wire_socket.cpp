@@ -50,7 +50,7 @@ TEST_CASE("abort ends a send that blocks because the peer stopped reading") {
   Pair p;
   REQUIRE(p.server);
   // One frame far larger than both socket buffers: the write blocks until the abort.
-  ExpertRequest big;
+  LayerRequest big;
   big.hidden_size = 1024;
   big.num_rows = 16384;  // 64 MiB of floats
   big.hidden.assign(size_t{big.num_rows} * big.hidden_size, 0.5f);

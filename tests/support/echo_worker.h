@@ -18,8 +18,8 @@ constexpr const char* kEchoFingerprint = "00000000c0ffee00";
 
 class EchoService final : public LayerService {
  public:
-  ExpertResponse run(const ExpertRequest& request) override {
-    ExpertResponse out;
+  LayerResponse run(const LayerRequest& request) override {
+    LayerResponse out;
     for (const ExpertAssignment& a : request.assignments) {
       if (a.expert > 1) fail_invalid("layer " + std::to_string(request.layer) + " expert " +
                                      std::to_string(a.expert) + " is not held here");
@@ -96,8 +96,8 @@ struct EchoWorker {
 };
 
 /// A valid layerRequest for the echo model: `rows` rows, each routed to experts 0 and 1.
-inline ExpertRequest echo_request(uint32_t rows, uint64_t id = 1, uint32_t layer = 0) {
-  ExpertRequest req;
+inline LayerRequest echo_request(uint32_t rows, uint64_t id = 1, uint32_t layer = 0) {
+  LayerRequest req;
   req.request_id = id;
   req.layer = layer;
   req.hidden_size = kEchoHidden;

@@ -89,7 +89,7 @@ LayerPlan plan_of(std::vector<uint32_t> owned, std::vector<uint32_t> pinned, siz
 /// Runs a whole fetch; returns the experts in the order they came back, checking each
 /// lease's weights belong to its expert.
 std::vector<uint32_t> drain(ExpertCache& cache, uint32_t layer, const std::vector<uint32_t>& experts,
-                            TierStats* stats = nullptr) {
+                            TierCounters* stats = nullptr) {
   auto fetch = cache.fetch(layer, experts);
   std::vector<uint32_t> order;
   std::vector<ExpertLease> batch;
@@ -119,7 +119,7 @@ TEST_CASE("LRU: the least recently used unleased expert is evicted first") {
   ExpertCache cache(source, {{0, plan_of({0, 1, 2, 3}, {}, 2)}}, 2);
   CHECK(drain(cache, 0, {0}) == std::vector<uint32_t>{0});
   CHECK(drain(cache, 0, {1}) == std::vector<uint32_t>{1});
-  TierStats s;
+  TierCounters s;
   drain(cache, 0, {0}, &s);  // 0 is now more recent than 1
   CHECK(s.hits == 1);
   CHECK(s.misses == 0);
@@ -131,7 +131,7 @@ TEST_CASE("LRU: the least recently used unleased expert is evicted first") {
   CHECK(resident(cache, 0) == std::set<uint32_t>{1, 2});
   CHECK(source.reads(0, 0) == 1);
   CHECK(source.reads(0, 1) == 2);
-  const TierStats layer = cache.stats().at(0);
+  const TierCounters layer = cache.stats().at(0);
   CHECK(layer.hits == 1);
   CHECK(layer.misses == 4);
 }
@@ -140,19 +140,19 @@ TEST_CASE("pinned experts are read once at start and never evicted") {
   FakeSource source;
   ExpertCache cache(source, {{0, plan_of({0, 1, 2, 3, 4}, {3}, 1)}, {1, plan_of({0, 1}, {0, 1}, 0)}}, 2);
   CHECK(source.reads(0, 3) == 1);
-  CHECK(cache.stats().at(0) == TierStats{});  // start-up reads are not request traffic
+  CHECK(cache.stats().at(0) == TierCounters{});  // start-up reads are not request traffic
   for (int round = 0; round < 3; ++round) {
     for (uint32_t e : {0u, 1u, 2u, 4u}) drain(cache, 0, {e, 3});
     CHECK(resident(cache, 0).count(3) == 1);
   }
   CHECK(source.reads(0, 3) == 1);
   // One LRU slot and a request for four missing experts: served one after another.
-  TierStats s;
+  TierCounters s;
   const auto order = drain(cache, 0, {0, 1, 2, 4}, &s);
   CHECK(std::set<uint32_t>(order.begin(), order.end()) == std::set<uint32_t>{0, 1, 2, 4});
   CHECK(s.misses + s.hits == 4);
   CHECK(cache.slot_count() == 2 + 2);
-  TierStats all;
+  TierCounters all;
   drain(cache, 1, {0, 1}, &all);
   CHECK(all.hits == 2);
 }
@@ -183,14 +183,14 @@ TEST_CASE("prefetch starts reads without waiting; a later request counts them as
   CHECK(cache.prefetch(0, {1, 2, 3}) == 2);  // two free slots; returns with reads held
   CHECK(cache.prefetch(0, {1}) == 0);        // already on its way
   source.release();
-  TierStats s;
+  TierCounters s;
   const auto order = drain(cache, 0, {1, 2}, &s);
   CHECK(order.size() == 2);
   CHECK(s.hits == 2);
   CHECK(s.misses == 0);
   CHECK(s.prefetch_hits == 2);
   CHECK(source.reads(0, 1) == 1);
-  const TierStats layer = cache.stats().at(0);
+  const TierCounters layer = cache.stats().at(0);
   CHECK(layer.prefetch_issued == 2);
   CHECK(layer.prefetch_hits == 2);
   CHECK(layer.bytes_read == 2 * source.layout({0, 1})->bytes);

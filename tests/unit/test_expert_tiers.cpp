@@ -66,7 +66,7 @@ struct Case {
     for (int64_t layer : config.moe_layer_ids()) {
       if (prefetch_first) store.prefetch(static_cast<uint32_t>(layer), {1, 3, 5});
       std::vector<float> y(assignments.size() * H);
-      const ExpertStats s = executor.run_into(static_cast<uint32_t>(layer), hidden.data(), rows, assignments, y.data());
+      const LayerStats s = executor.run_into(static_cast<uint32_t>(layer), hidden.data(), rows, assignments, y.data());
       CHECK(s.hits + s.misses == s.experts_computed);
       out.insert(out.end(), y.begin(), y.end());
     }
@@ -127,7 +127,7 @@ TEST_CASE("expert outputs are bit-identical for every tier, budget and source") 
     auto tiny = c.store(c.from_checkpoint(), budget(*c.from_checkpoint(), 1), 1);
     CHECK(same_bits(c.run(*tiny), want));
     CHECK(tiny->cache().slot_count() == c.config.moe_layer_ids().size());
-    const TierStats t = tiny->total_stats();
+    const TierCounters t = tiny->total_stats();
     CHECK(t.misses >= c.all.size());
     CHECK(t.bytes_read > 0);
     CHECK(t.disk_ns > 0);

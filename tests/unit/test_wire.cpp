@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "common/wire.h"
+#include "common/wire_layer.h"
 #include "schema/charm.capnp.h"
 #include "tests/support/expect_error.h"
 
@@ -46,8 +47,8 @@ Frame raw_layer_request(uint32_t hidden_size, uint32_t num_rows, size_t hidden_b
   return frame_from(builder);
 }
 
-ExpertRequest sample_request() {
-  ExpertRequest req;
+LayerRequest sample_request() {
+  LayerRequest req;
   req.request_id = 0x1234567890abcdefull;
   req.layer = 5;
   req.hidden_size = 3;
@@ -60,12 +61,12 @@ ExpertRequest sample_request() {
 }  // namespace
 
 TEST_CASE("layerRequest round trip keeps every field and every bit") {
-  const ExpertRequest req = sample_request();
+  const LayerRequest req = sample_request();
   const Frame frame = encode_layer_request(req);
   // Length prefix is little-endian and counts the body only.
   const uint32_t length = frame[0] | frame[1] << 8 | frame[2] << 16 | uint32_t(frame[3]) << 24;
   CHECK(length == frame.size() - 4);
-  const ExpertRequest got = decode_as<ExpertRequest>(body_of(frame));
+  const LayerRequest got = decode_as<LayerRequest>(body_of(frame));
   CHECK(got.request_id == req.request_id);
   CHECK(got.layer == req.layer);
   CHECK(got.hidden_size == req.hidden_size);
@@ -83,7 +84,7 @@ TEST_CASE("layerResponse, hello, helloReply, health and error round trip") {
   LayerResponseMsg resp;
   resp.response.request_id = 99;
   resp.response.outputs = {0.5f, -1.0f, 2.0f, 4.0f};
-  resp.response.stats = {3, 4, 123456789012ull};
+  resp.response.stats = {{}, 3, 4, 123456789012ull};  // {tier counters, experts, rows, ns}
   resp.error = "";
   auto r = decode_as<LayerResponseMsg>(body_of(encode_layer_response(resp)));
   CHECK(r.response.request_id == 99);
@@ -139,7 +140,7 @@ TEST_CASE("layerResponse, hello, helloReply, health and error round trip") {
 }
 
 TEST_CASE("encode_layer_request refuses hidden that does not match num_rows * hidden_size") {
-  ExpertRequest req = sample_request();
+  LayerRequest req = sample_request();
   req.hidden.pop_back();
   CHECK_THROWS_AS(encode_layer_request(req), Error);
 }
@@ -191,7 +192,7 @@ TEST_CASE("trailing words after a valid message are rejected") {
 
 TEST_CASE("the wrong union member is rejected by decode_as, naming both") {
   const FrameBody hello = body_of(encode_hello(HelloMsg{kProtocolVersion, "ab", "c", ""}));
-  test::expect_error([&] { decode_as<ExpertRequest>(hello); }, ErrorCategory::kProtocol, {"expected layerRequest, got hello"});
+  test::expect_error([&] { decode_as<LayerRequest>(hello); }, ErrorCategory::kProtocol, {"expected layerRequest, got hello"});
   const FrameBody error = body_of(encode_error("worker exploded"));
   test::expect_error([&] { decode_as<HelloReplyMsg>(error); }, ErrorCategory::kProtocol, {"worker exploded"});
 }
@@ -289,7 +290,7 @@ TEST_CASE("tier stats round trip in layerResponse and healthReply") {
   resp.response.stats.io_wait_ns = 777;
   resp.response.stats.disk_ns = 888;
   resp.response.stats.prefetch_hits = 1;
-  const ExpertStats s = decode_as<LayerResponseMsg>(body_of(encode_layer_response(resp))).response.stats;
+  const LayerStats s = decode_as<LayerResponseMsg>(body_of(encode_layer_response(resp))).response.stats;
   CHECK(s.hits == 3);
   CHECK(s.misses == 2);
   CHECK(s.bytes_read == 24576);
@@ -436,7 +437,7 @@ TEST_CASE("max_health_reply_bytes: the largest legitimate healthReply or error f
     h.state = std::string(kMaxWireNameBytes, 's');
     h.model_fingerprint = std::string(kMaxWireFingerprintBytes, 'f');
     h.experts_held = h.requests_served = h.bytes_in = h.bytes_out = h.uptime_ms = h.slot_bytes = h.slots = ~0ull;
-    for (uint32_t l = 0; l < layers; ++l) h.tier_layers[l] = TierStats{1, 2, 3, 4, 5, 6, 6};
+    for (uint32_t l = 0; l < layers; ++l) h.tier_layers[l] = TierCounters{1, 2, 3, 4, 5, 6, 6};
     const uint64_t bound = max_health_reply_bytes(layers);
     CHECK(encode_health_reply(h).size() - 4 <= bound);
     CHECK(encode_error(std::string(kMaxWireTextBytes, 'x')).size() - 4 <= bound);
@@ -450,4 +451,65 @@ TEST_CASE("frame_length: the one length check, naming the peer and the cap") {
   test::expect_error([&] { frame_length(odd, 4096); }, ErrorCategory::kProtocol, {"frame length 12 bytes is not a whole number of 8-byte"});
   const uint8_t ok[4] = {0, 16, 0, 0};
   CHECK(frame_length(ok, 4096) == 4096);
+}
+
+TEST_CASE("layerRequest and layerResponse read in place: the same values, the same frames, the same errors") {
+  LayerRequest req{7, 2, 3, 2, {1, 2, 3, 4, 5, 6}, {{0, 5}, {1, 9}, {0, 9}}};
+  const Frame frame = encode_layer_request(req);
+  // Gathering rows straight into the frame gives the owning encoder's bytes.
+  const std::vector<float> all = {9, 9, 9, 1, 2, 3, 4, 5, 6};
+  const std::vector<uint32_t> rows = {1, 2};
+  CHECK(encode_layer_request_rows({7, 2, 3}, all.data(), rows, req.assignments) == frame);
+
+  CHECK(is_layer_request(body_of(frame)));
+  CHECK_FALSE(is_layer_request(body_of(encode_health_request())));
+  const LayerRequestView view = decode_layer_request_view(body_of(frame));
+  const auto* begin = reinterpret_cast<const uint8_t*>(view.body.words.data());
+  const auto* at = reinterpret_cast<const uint8_t*>(view.hidden.data());
+  CHECK((at > begin && at + view.hidden.size_bytes() <= begin + view.body.bytes));  // in the frame, not a copy
+  CHECK(std::vector<float>(view.hidden.begin(), view.hidden.end()) == req.hidden);
+  CHECK(view.request_id == 7);
+  CHECK(view.layer == 2);
+  CHECK(view.num_rows == 2);
+  REQUIRE(view.assignments.size() == 3);
+  CHECK(view.assignments[2].expert == 9);
+  check_layer_request(view, ModelLimits{4, 16, 3, {2}});
+  test::expect_error([&] { check_layer_request(view, ModelLimits{4, 8, 3, {2}}); }, ErrorCategory::kProtocol, {"assignments[1].expert = 9"});
+  test::expect_error([&] { decode_layer_request_view(body_of(encode_health_request())); }, ErrorCategory::kProtocol, {"expected layerRequest"});
+  {  // rows that do not match the payload: decode_message's error
+    capnp::MallocMessageBuilder builder;
+    auto r = builder.initRoot<wire::Message>().initLayerRequest();
+    r.setHiddenSize(4);
+    r.setNumRows(2);
+    r.initHidden(28);
+    const auto words = capnp::messageToFlatArray(builder);
+    FrameBody b;
+    b.words.assign(reinterpret_cast<const uint64_t*>(words.begin()), reinterpret_cast<const uint64_t*>(words.end()));
+    b.bytes = b.words.size() * 8;
+    for (const auto& decode : {std::function<void()>([&] { decode_layer_request_view(b); }),
+                               std::function<void()>([&] { decode_message(b); })}) {
+      test::expect_error(decode, ErrorCategory::kProtocol, {"layerRequest.hidden is 28 bytes but numRows (2) * hiddenSize (4)"});
+    }
+  }
+
+  // A reply built in place is the owning encoder's frame and reads back in place.
+  LayerStats stats;
+  stats.experts_computed = 2;
+  stats.rows_computed = 3;
+  stats.hits = 1;
+  stats.misses = 1;
+  LayerResponseFrame built(7, 3, 3);
+  for (int i = 0; i < 9; ++i) built.outputs()[i] = float(i) * 0.5f;
+  const Frame reply = built.finish(stats);
+  LayerResponseMsg owned;
+  owned.response.request_id = 7;
+  owned.response.outputs = {0, 0.5f, 1, 1.5f, 2, 2.5f, 3, 3.5f, 4};
+  owned.response.stats = stats;
+  CHECK(encode_layer_response(owned) == reply);
+  const LayerResponseView got = decode_layer_response_view(body_of(reply));
+  CHECK(got.request_id == 7);
+  CHECK(std::vector<float>(got.outputs.begin(), got.outputs.end()) == owned.response.outputs);
+  CHECK(got.stats.hits == 1);
+  CHECK(got.error.empty());
+  test::expect_error([&] { decode_layer_response_view(body_of(encode_error("worker says no"))); }, ErrorCategory::kProtocol, {"worker says no"});
 }

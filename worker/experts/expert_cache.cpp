@@ -67,7 +67,7 @@ ExpertCache::ExpertCache(const ExpertSource& source, std::map<uint32_t, LayerPla
     for (const Slot& s : l.slots) {
       if (s.pinned && s.state != State::kReady) fail_io(s.error);  // a failed read leaves it empty
     }
-    l.stats = TierStats{};  // start-up reads are not request traffic
+    l.stats = TierCounters{};  // start-up reads are not request traffic
   }
 }
 
@@ -145,7 +145,7 @@ void ExpertCache::unref(Layer& l, size_t slot) {
   if (--s.refs == 0 && s.state == State::kFailed) s.state = State::kEmpty;
 }
 
-void ExpertCache::hold_hit(Layer& l, size_t slot, TierStats& request) {
+void ExpertCache::hold_hit(Layer& l, size_t slot, TierCounters& request) {
   Slot& s = l.slots[slot];
   ++s.refs;
   ++request.hits;
@@ -178,8 +178,8 @@ size_t ExpertCache::prefetch(uint32_t layer_id, const std::vector<uint32_t>& exp
   return started;
 }
 
-std::map<uint32_t, TierStats> ExpertCache::stats() const {
-  std::map<uint32_t, TierStats> out;
+std::map<uint32_t, TierCounters> ExpertCache::stats() const {
+  std::map<uint32_t, TierCounters> out;
   for (const auto& [id, l] : layers_) {
     std::lock_guard<std::mutex> lock(l->mutex);
     out[id] = l->stats;

@@ -71,7 +71,7 @@ class ExpertFetch {
   /// that slot back). Throws Error(kIo) naming the expert when its read failed.
   std::vector<ExpertLease> next();
   /// This request's counters so far (prefetch_issued is always 0 here).
-  const TierStats& stats() const { return stats_; }
+  const TierCounters& stats() const { return stats_; }
 
  private:
   friend class ExpertCache;
@@ -84,7 +84,7 @@ class ExpertFetch {
     bool own_read;  // this fetch started the read: its bytes and time are ours
   };
   std::vector<Waiting> waiting_;   // slots we hold a reference on, not yet returned
-  TierStats stats_;
+  TierCounters stats_;
 };
 
 class ExpertCache {
@@ -108,7 +108,7 @@ class ExpertCache {
   size_t prefetch(uint32_t layer, const std::vector<uint32_t>& experts);
 
   /// Counters per layer, cumulative since start.
-  std::map<uint32_t, TierStats> stats() const;
+  std::map<uint32_t, TierCounters> stats() const;
   /// Bytes of one slot.
   uint64_t slot_bytes() const { return slot_bytes_; }
   /// Slots (pinned + LRU) over all layers.
@@ -139,7 +139,7 @@ class ExpertCache {
     std::vector<Slot> slots;
     std::unordered_map<uint32_t, size_t> where;  // expert -> slot (loading or ready)
     uint64_t clock = 0;
-    TierStats stats;
+    TierCounters stats;
   };
 
   Layer& layer(uint32_t id);
@@ -152,7 +152,7 @@ class ExpertCache {
   // REQUIRES: l.mutex held. Drops one reference (a failed slot becomes free at zero).
   static void unref(Layer& l, size_t slot);
   // REQUIRES: l.mutex held. A request uses resident/loading `slot`: hold it, count a hit.
-  static void hold_hit(Layer& l, size_t slot, TierStats& request);
+  static void hold_hit(Layer& l, size_t slot, TierCounters& request);
   ExpertView view_of(const Slot& s) const;
 
   const ExpertSource& source_;

@@ -12,7 +12,7 @@
 
 namespace charm {
 
-ExpertStats ExpertExecutor::run_into(uint32_t layer, const float* hidden, uint32_t num_rows,
+LayerStats ExpertExecutor::run_into(uint32_t layer, const float* hidden, uint32_t num_rows,
                                      const std::vector<ExpertAssignment>& assignments, float* outputs) const {
   const auto start = std::chrono::steady_clock::now();
   const int64_t h = store_.hidden_size();
@@ -63,16 +63,11 @@ ExpertStats ExpertExecutor::run_into(uint32_t layer, const float* hidden, uint32
       for (size_t i : rows_of[lease.expert()]) std::copy_n(y.data() + (at++) * h, h, outputs + i * h);
     }
   }
-  const TierStats& tier = fetch->stats();
-  ExpertStats stats;
+  const TierCounters& tier = fetch->stats();
+  LayerStats stats;
+  static_cast<TierCounters&>(stats) = tier;
   stats.experts_computed = static_cast<uint32_t>(distinct.size());
   stats.rows_computed = static_cast<uint32_t>(assignments.size());
-  stats.hits = static_cast<uint32_t>(tier.hits);
-  stats.misses = static_cast<uint32_t>(tier.misses);
-  stats.bytes_read = tier.bytes_read;
-  stats.io_wait_ns = tier.io_wait_ns;
-  stats.disk_ns = tier.disk_ns;
-  stats.prefetch_hits = static_cast<uint32_t>(tier.prefetch_hits);
   // compute_ns is the request's time minus what it spent waiting for the disk.
   const auto elapsed = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
@@ -80,7 +75,7 @@ ExpertStats ExpertExecutor::run_into(uint32_t layer, const float* hidden, uint32
   return stats;
 }
 
-ExpertResponse ExpertExecutor::run(const ExpertRequest& request) const {
+LayerResponse ExpertExecutor::run(const LayerRequest& request) const {
   if (request.hidden_size != store_.hidden_size()) {
     fail_invalid("layer " + std::to_string(request.layer) + ": hidden_size " + std::to_string(request.hidden_size) +
                  " does not match the model's " + std::to_string(store_.hidden_size()));
@@ -90,7 +85,7 @@ ExpertResponse ExpertExecutor::run(const ExpertRequest& request) const {
                  " floats, expected num_rows * hidden_size = " +
                  std::to_string(static_cast<size_t>(request.num_rows) * request.hidden_size));
   }
-  ExpertResponse response;
+  LayerResponse response;
   response.request_id = request.request_id;
   response.outputs.resize(request.assignments.size() * request.hidden_size);
   response.stats = run_into(request.layer, request.hidden.data(), request.num_rows, request.assignments,

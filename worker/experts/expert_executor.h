@@ -20,11 +20,11 @@ class ExpertExecutor {
   /// layer and expert when an assignment names an expert this store does not hold, a row
   /// out of range, or when hidden_size / hidden.size() disagree with the store; Error(kIo)
   /// when an expert cannot be read from disk.
-  ExpertResponse run(const ExpertRequest& request) const;
+  LayerResponse run(const LayerRequest& request) const;
 
   /// Same, writing outputs into `outputs` ([assignments.size(), hidden] f32) directly,
   /// for the in-process path that needs no copy.
-  ExpertStats run_into(uint32_t layer, const float* hidden, uint32_t num_rows,
+  LayerStats run_into(uint32_t layer, const float* hidden, uint32_t num_rows,
                        const std::vector<ExpertAssignment>& assignments, float* outputs) const;
 
   const ExpertStore& store() const { return store_; }

@@ -160,8 +160,8 @@ ExpertIdentities ExpertStore::identities() const {
   return out;
 }
 
-TierStats ExpertStore::total_stats() const {
-  TierStats total;
+TierCounters ExpertStore::total_stats() const {
+  TierCounters total;
   for (const auto& [layer, s] : cache_->stats()) total += s;
   return total;
 }

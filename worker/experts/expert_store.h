@@ -86,9 +86,9 @@ class ExpertStore {
   /// The source's lossy form ("" when it serves the checkpoint's values exactly).
   std::string lossy_form() const { return source_->lossy_form(); }
   /// Tier counters per layer since start.
-  std::map<uint32_t, TierStats> layer_stats() const { return cache_->stats(); }
+  std::map<uint32_t, TierCounters> layer_stats() const { return cache_->stats(); }
   /// Their sum.
-  TierStats total_stats() const;
+  TierCounters total_stats() const;
   const ExpertCache& cache() const { return *cache_; }
   /// Merges recorded usage into the usage file now (also done periodically and at exit).
   void flush_usage() const { usage_->flush(); }

@@ -1,0 +1,75 @@
+// What the coordinator knows of each worker, for `charm status`, /cluster/status and
+// /metrics: the state of a worker as one enum, its text only at the edges (JSON, the
+// status table, log lines), and the per-worker status record.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+
+#include "common/moe_types.h"
+
+namespace charm {
+
+/// A worker as the coordinator sees it. Text forms (worker_state_name): "up", "suspect",
+/// "down", "in-process"; they are what /cluster/status and `charm status` print.
+enum class WorkerState {
+  kUp,         ///< connected and answering
+  kSuspect,    ///< a probe of it is unanswered (a layer reply of it is late)
+  kDown,       ///< failed, until it rejoins (handshake passed again)
+  kInProcess,  ///< single-node mode: the experts run in the coordinator's process
+};
+
+/// The text form of `state` ("up", "suspect", "down", "in-process"). Pure; never throws.
+const char* worker_state_name(WorkerState state);
+
+/// The state named `name` (worker_state_name's inverse). Throws Error(kProtocol) naming
+/// `name` and the accepted names for any other text (a coordinator's JSON, read back).
+WorkerState parse_worker_state(std::string_view name);
+
+/// True when `state`'s text form is `name`: lets a check read `status.state == "up"`.
+inline bool operator==(WorkerState state, std::string_view name) { return worker_state_name(state) == name; }
+
+/// What the coordinator knows of one worker, for `charm status` and /cluster/status.
+struct WorkerStatus {
+  std::string name;
+  std::string address;             ///< host:port ("in-process" in single-node mode)
+  WorkerState state = WorkerState::kDown;
+  uint64_t experts_held = 0;
+  uint64_t requests = 0;           ///< layer requests sent
+  double rtt_p50_ms = 0;           ///< round trip of layer requests, as the coordinator saw it
+  double rtt_p99_ms = 0;
+  uint64_t bytes_out = 0;          ///< bytes the coordinator sent to this worker
+  uint64_t bytes_in = 0;           ///< bytes received from it
+  // Resilience (cluster mode; zero / empty elsewhere).
+  uint64_t failovers = 0;          ///< times it failed mid-layer and its share went to a replica
+                                   ///< (or the layer failed for want of one); the same count
+                                   ///< is exported as charm_worker_failovers_total
+  uint64_t rejoins = 0;            ///< times it came back (handshake passed) after being down
+  double last_seen_ms = -1;        ///< ms since its last reply (layer, heartbeat, hello); -1 never
+  bool slow = false;               ///< layer RTT p50 over timeouts.slow_ms, or 4x the others' median
+  std::string slow_reason;         ///< both numbers, when slow
+  std::string last_error;          ///< why it last went down or failed to rejoin; empty if never
+  /// (layer, expert) pairs held per tier ("ram", "disk"; "vram" reserved), from the
+  /// worker's tier counters (split_by_tier); empty while the coordinator has not had a
+  /// health reply from this worker since it (re)connected.
+  std::map<std::string, uint64_t> experts_by_tier;
+  /// In-process experts only: the store's tier counters per MoE layer (a remote worker
+  /// reports its own in healthReply).
+  std::map<uint32_t, TierCounters> tier_layers;
+};
+
+/// Experts per tier from a worker's counts: `experts_held` (layer, expert) pairs and
+/// `ram_slots` RAM expert slots (HealthReply.slots: pinned + LRU over all layers).
+/// {"ram": experts_held} when every held expert has a slot of its own (no budget, or one
+/// that holds them all), and when ram_slots is 0 (a service that keeps no tiers holds
+/// everything in RAM); else {"ram": ram_slots, "disk": experts_held - ram_slots}: at most
+/// ram_slots are resident at once and the rest is read from disk on a miss. "ram" counts
+/// the slots, not which of them are filled at this moment (workers do not send that).
+inline std::map<std::string, uint64_t> split_by_tier(uint64_t experts_held, uint64_t ram_slots) {
+  if (ram_slots == 0 || ram_slots >= experts_held) return {{"ram", experts_held}};
+  return {{"ram", ram_slots}, {"disk", experts_held - ram_slots}};
+}
+
+}  // namespace charm
