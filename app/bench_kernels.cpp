@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "common/cpu_threads.h"
-#include "common/error.h"
 #include "common/dtype.h"
+#include "common/error.h"
 #include "common/kernels.h"
 #include "common/matmul.h"
 #include "worker/experts/swiglu_batch.h"

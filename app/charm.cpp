@@ -32,16 +32,16 @@
 #include "common/stop_signals.h"
 #include "common/topology.h"
 #include "common/wire.h"
-#include "coordinator/engine.h"
 #include "coordinator/api/http_api.h"
 #include "coordinator/api/metrics.h"
+#include "coordinator/engine.h"
 #include "coordinator/models/checkpoint_families.h"
 
+#include "app/status_report.h"
 #include "common/checkpoint.h"
 #include "common/cpu_threads.h"
 #include "common/matmul.h"
 #include "common/model_config.h"
-#include "app/status_report.h"
 #include "worker/experts/expert_convert.h"
 #include "worker/worker_main.h"
 

@@ -14,10 +14,10 @@
 #include <nlohmann/json.hpp>
 
 #include "common/topology.h"
-#include "coordinator/text/chat_template.h"
 #include "coordinator/dispatch/expert_dispatch.h"
 #include "coordinator/dispatch/routing_observer.h"
 #include "coordinator/sampling_params.h"
+#include "coordinator/text/chat_template.h"
 #include "coordinator/text/tokenizer.h"
 
 namespace charm {

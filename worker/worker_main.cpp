@@ -11,8 +11,8 @@
 #include "common/listen_check.h"
 #include "common/stop_signals.h"
 #include "worker/experts/expert_executor.h"
-#include "worker/rpc_server.h"
 #include "worker/experts/store_factory.h"
+#include "worker/rpc_server.h"
 
 namespace charm {
 std::vector<ExpertKey> owned_experts(const Topology& topology, const ModelConfig& config,

@@ -11,9 +11,9 @@
 #include <string>
 #include <thread>
 
-#include "coordinator/engine.h"
 #include "coordinator/api/http_guard.h"
 #include "coordinator/api/metrics.h"
+#include "coordinator/engine.h"
 
 namespace charm {
 

@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "coordinator/engine.h"
 #include "coordinator/api/openai_request.h"
+#include "coordinator/engine.h"
 
 namespace charm {
 

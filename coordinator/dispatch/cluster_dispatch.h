@@ -26,8 +26,8 @@
 
 #include "common/topology.h"
 #include "common/wire.h"
-#include "coordinator/dispatch/expert_dispatch.h"
 #include "coordinator/api/metrics.h"
+#include "coordinator/dispatch/expert_dispatch.h"
 
 namespace charm {
 

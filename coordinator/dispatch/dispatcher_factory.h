@@ -8,8 +8,8 @@
 #include "common/checkpoint.h"
 #include "common/model_config.h"
 #include "common/topology.h"
-#include "coordinator/dispatch/expert_dispatch.h"
 #include "coordinator/api/metrics.h"
+#include "coordinator/dispatch/expert_dispatch.h"
 #include "worker/experts/expert_executor.h"
 #include "worker/experts/expert_store.h"
 

@@ -13,8 +13,8 @@
 #include "common/checkpoint.h"
 #include "common/model_config.h"
 #include "common/model_family.h"
-#include "coordinator/models/checkpoint_families.h"
 #include "coordinator/dispatch/expert_dispatch.h"
+#include "coordinator/models/checkpoint_families.h"
 #include "coordinator/models/model.h"
 
 namespace charm {

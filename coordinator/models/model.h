@@ -10,8 +10,8 @@
 
 #include "common/checkpoint.h"
 #include "common/model_config.h"
-#include "coordinator/models/blocks.h"
 #include "coordinator/dispatch/expert_dispatch.h"
+#include "coordinator/models/blocks.h"
 #include "coordinator/models/kv_cache.h"
 
 namespace charm {

@@ -12,8 +12,8 @@
 
 #include "common/error.h"
 #include "common/json_reader.h"
-#include "coordinator/text/chat_template.h"
 #include "coordinator/api/openai_request.h"
+#include "coordinator/text/chat_template.h"
 #include "coordinator/text/tokenizer.h"
 
 namespace {

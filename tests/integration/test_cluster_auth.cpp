@@ -7,11 +7,11 @@
 #include <cstdlib>
 #include <thread>
 
+#include "app/status_report.h"
 #include "common/cluster_auth.h"
 #include "common/secret.h"
 #include "common/topology.h"
 #include "coordinator/dispatch/cluster_dispatch.h"
-#include "app/status_report.h"
 #include "tests/support/echo_worker.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/safetensors_writer.h"

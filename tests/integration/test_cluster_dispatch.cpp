@@ -12,10 +12,10 @@
 #include <chrono>
 #include <thread>
 
+#include "app/status_report.h"
 #include "common/cluster_auth.h"
 #include "common/wire.h"
 #include "coordinator/dispatch/cluster_dispatch.h"
-#include "app/status_report.h"
 #include "tests/support/echo_worker.h"
 #include "tests/support/expect_error.h"
 

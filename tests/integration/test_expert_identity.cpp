@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/support/checkpoint_copy.h"
+#include "app/status_report.h"
 #include "common/checkpoint.h"
 #include "common/error.h"
 #include "common/fingerprint.h"
@@ -19,18 +19,18 @@
 #include "common/topology.h"
 #include "common/wire.h"
 #include "coordinator/dispatch/dispatcher_factory.h"
-#include "app/status_report.h"
-#include "tests/support/safetensors_writer.h"
+#include "coordinator/models/checkpoint_families.h"
+#include "tests/support/checkpoint_copy.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/safetensors_writer.h"
 #include "tests/support/temp_dir.h"
 #include "worker/experts/expert_container.h"
 #include "worker/experts/expert_convert.h"
 #include "worker/experts/expert_executor.h"
 #include "worker/experts/expert_manifest.h"
-#include "worker/rpc_server.h"
 #include "worker/experts/store_factory.h"
+#include "worker/rpc_server.h"
 #include "worker/worker_main.h"
-#include "coordinator/models/checkpoint_families.h"
 
 using namespace charm;
 using namespace charm::testing;

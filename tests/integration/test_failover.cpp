@@ -9,12 +9,12 @@
 #include <functional>
 #include <thread>
 
-#include "common/error.h"
-#include "coordinator/dispatch/cluster_dispatch.h"
-#include "coordinator/api/metrics.h"
 #include "app/status_report.h"
-#include "tests/support/rpc_cluster.h"
+#include "common/error.h"
+#include "coordinator/api/metrics.h"
+#include "coordinator/dispatch/cluster_dispatch.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/rpc_cluster.h"
 
 using namespace charm;
 using namespace charm::rpc_test;

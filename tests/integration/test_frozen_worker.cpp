@@ -10,12 +10,12 @@
 #include <chrono>
 #include <thread>
 
+#include "app/status_report.h"
 #include "common/error.h"
 #include "coordinator/dispatch/cluster_dispatch.h"
-#include "app/status_report.h"
+#include "tests/support/expect_error.h"
 #include "tests/support/freeze_relay.h"
 #include "tests/support/rpc_cluster.h"
-#include "tests/support/expect_error.h"
 
 using namespace charm;
 using namespace charm::rpc_test;

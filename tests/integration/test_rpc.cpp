@@ -12,15 +12,15 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "app/status_report.h"
 #include "common/checkpoint.h"
 #include "common/error.h"
 #include "common/fingerprint.h"
 #include "common/json_reader.h"
 #include "common/wire.h"
 #include "coordinator/dispatch/cluster_dispatch.h"
-#include "app/status_report.h"
-#include "tests/support/rpc_cluster.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/rpc_cluster.h"
 #include "tests/support/safetensors_writer.h"
 #include "worker/experts/expert_executor.h"
 #include "worker/experts/expert_store.h"

@@ -25,10 +25,10 @@
 #include <thread>
 #include <vector>
 
+#include "app/status_report.h"
 #include "common/cluster_auth.h"
 #include "common/wire.h"
 #include "coordinator/dispatch/cluster_dispatch.h"
-#include "app/status_report.h"
 #include "tests/support/echo_worker.h"
 
 using namespace charm;

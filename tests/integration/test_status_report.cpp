@@ -8,8 +8,8 @@
 
 #include <httplib.h>
 
-#include "common/wire.h"
 #include "app/status_report.h"
+#include "common/wire.h"
 
 using namespace charm;
 

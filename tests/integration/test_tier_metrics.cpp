@@ -11,10 +11,10 @@
 #include <string>
 #include <thread>
 
+#include "app/status_report.h"
+#include "coordinator/api/metrics.h"
 #include "coordinator/dispatch/cluster_dispatch.h"
 #include "coordinator/dispatch/local_dispatch.h"
-#include "coordinator/api/metrics.h"
-#include "app/status_report.h"
 #include "tests/support/rpc_cluster.h"
 #include "worker/experts/expert_executor.h"
 #include "worker/experts/expert_source.h"

@@ -23,13 +23,13 @@
 #include "common/topology.h"
 #include "common/wire.h"
 #include "coordinator/dispatch/expert_dispatch.h"
+#include "coordinator/models/checkpoint_families.h"
 #include "tests/support/safetensors_writer.h"
 #include "tests/support/temp_dir.h"
 #include "worker/experts/expert_executor.h"
 #include "worker/experts/expert_manifest.h"
 #include "worker/experts/expert_store.h"
 #include "worker/rpc_server.h"
-#include "coordinator/models/checkpoint_families.h"
 
 namespace charm::rpc_test {
 

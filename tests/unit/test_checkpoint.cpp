@@ -7,9 +7,9 @@
 
 #include "common/checkpoint.h"
 #include "common/error.h"
-#include "tests/support/safetensors_writer.h"
-#include "tests/support/expect_error.h"
 #include "coordinator/models/families.h"
+#include "tests/support/expect_error.h"
+#include "tests/support/safetensors_writer.h"
 #include "tests/support/temp_dir.h"
 
 using namespace charm;

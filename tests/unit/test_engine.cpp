@@ -12,8 +12,8 @@
 #include "common/topology.h"
 #include "coordinator/engine.h"
 #include "coordinator/models/kv_cache.h"
-#include "tests/support/safetensors_writer.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/safetensors_writer.h"
 #include "tests/support/temp_dir.h"
 
 namespace {

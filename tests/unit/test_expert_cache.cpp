@@ -13,8 +13,8 @@
 
 #include "common/checkpoint.h"
 #include "common/error.h"
-#include "tests/support/safetensors_writer.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/safetensors_writer.h"
 #include "tests/support/temp_dir.h"
 #include "worker/experts/expert_cache.h"
 #include "worker/experts/expert_manifest.h"

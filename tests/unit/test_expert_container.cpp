@@ -14,13 +14,13 @@
 #include "common/error.h"
 #include "common/fingerprint.h"
 #include "common/model_config.h"
-#include "tests/support/safetensors_writer.h"
+#include "coordinator/models/checkpoint_families.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/safetensors_writer.h"
 #include "tests/support/temp_dir.h"
 #include "worker/experts/expert_container.h"
 #include "worker/experts/expert_convert.h"
 #include "worker/experts/expert_executor.h"
-#include "coordinator/models/checkpoint_families.h"
 
 using namespace charm;
 namespace fs = std::filesystem;

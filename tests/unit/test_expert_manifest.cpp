@@ -9,15 +9,15 @@
 
 #include <xxhash.h>
 
-#include "tests/support/checkpoint_copy.h"
 #include "common/checkpoint.h"
 #include "common/error.h"
 #include "common/fingerprint.h"
 #include "common/model_config.h"
+#include "coordinator/models/checkpoint_families.h"
+#include "tests/support/checkpoint_copy.h"
 #include "tests/support/expect_error.h"
 #include "worker/experts/expert_manifest.h"
 #include "worker/experts/expert_source.h"
-#include "coordinator/models/checkpoint_families.h"
 
 using namespace charm;
 using namespace charm::testing;

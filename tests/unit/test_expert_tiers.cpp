@@ -14,13 +14,13 @@
 #include "common/kernels.h"
 #include "common/matmul.h"
 #include "common/model_config.h"
+#include "coordinator/models/checkpoint_families.h"
 #include "tests/support/safetensors_writer.h"
 #include "tests/support/temp_dir.h"
 #include "worker/experts/expert_container.h"
 #include "worker/experts/expert_convert.h"
 #include "worker/experts/expert_executor.h"
 #include "worker/experts/expert_manifest.h"
-#include "coordinator/models/checkpoint_families.h"
 
 using namespace charm;
 namespace fs = std::filesystem;

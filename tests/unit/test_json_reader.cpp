@@ -8,12 +8,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "app/status_report.h"
 #include "common/checkpoint.h"
 #include "common/json_reader.h"
 #include "common/safetensors.h"
 #include "coordinator/text/chat_template.h"
 #include "coordinator/text/jinja/value.h"
-#include "app/status_report.h"
 #include "coordinator/text/tokenizer.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/safetensors_writer.h"

@@ -9,12 +9,12 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
-#include "coordinator/models/blocks.h"
 #include "coordinator/dispatch/local_dispatch.h"
 #include "coordinator/dispatch/routing_observer.h"
+#include "coordinator/models/blocks.h"
+#include "tests/support/expect_error.h"
 #include "tests/support/safetensors_writer.h"
 #include "tests/support/temp_dir.h"
-#include "tests/support/expect_error.h"
 
 using namespace charm;
 using namespace charm::testing;

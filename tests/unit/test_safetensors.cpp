@@ -7,8 +7,8 @@
 
 #include "common/error.h"
 #include "common/safetensors.h"
-#include "tests/support/safetensors_writer.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/safetensors_writer.h"
 #include "tests/support/temp_dir.h"
 
 using namespace charm;

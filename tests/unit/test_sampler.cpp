@@ -4,8 +4,8 @@
 #include <cmath>
 #include <map>
 
-#include "coordinator/sampling_params.h"
 #include "coordinator/sampler.h"
+#include "coordinator/sampling_params.h"
 #include "coordinator/text/stop_strings.h"
 #include "coordinator/text/tokenizer.h"
 

@@ -5,8 +5,8 @@
 #include <string>
 
 #include "common/text_file.h"
-#include "tests/support/safetensors_writer.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/safetensors_writer.h"
 #include "tests/support/temp_dir.h"
 
 namespace fs = std::filesystem;

@@ -5,8 +5,8 @@
 #include "common/error.h"
 #include "common/topology.h"
 #include "common/user_path.h"
-#include "tests/support/safetensors_writer.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/safetensors_writer.h"
 #include "tests/support/temp_dir.h"
 
 using namespace charm;

@@ -13,8 +13,8 @@
 
 #include "common/durable_file.h"
 #include "common/error.h"
-#include "common/json_reader.h"
 #include "common/fingerprint.h"
+#include "common/json_reader.h"
 #include "worker/experts/expert_container.h"
 #include "worker/experts/expert_manifest.h"
 
