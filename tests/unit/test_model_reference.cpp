@@ -150,3 +150,63 @@ TEST_CASE("a prefill chunk of 0 tokens is refused by name") {
   options.prefill_chunk = 0;
   test::expect_error([&] { Engine::create(topology, options); }, ErrorCategory::kInvalidInput, {"prefill chunk"});
 }
+
+// --- The one MoE block (issue 13) ------------------------------------------------------------
+
+namespace {
+
+// Forwards everything to `inner`, asks for hints and records which MoE layers they name.
+class HintRecorder : public ExpertDispatcher {
+ public:
+  explicit HintRecorder(ExpertDispatcher& inner) : inner_(inner) {}
+  void begin_layer(uint32_t layer, const float* hidden, uint32_t num_rows, uint32_t hidden_size,
+                   const std::vector<ExpertAssignment>& assignments, float* outputs) override {
+    inner_.begin_layer(layer, hidden, num_rows, hidden_size, assignments, outputs);
+  }
+  void finish_layer() override { inner_.finish_layer(); }
+  void hint_layer(uint32_t layer, const std::vector<uint32_t>& experts) override {
+    hinted.push_back(static_cast<int64_t>(layer));
+    CHECK(!experts.empty());
+  }
+  bool wants_hints() const override { return true; }
+  std::vector<WorkerStatus> status() const override { return inner_.status(); }
+  std::vector<int64_t> hinted;
+
+ private:
+  ExpertDispatcher& inner_;
+};
+
+}  // namespace
+
+TEST_CASE("every family sends the next MoE layer's prefetch hint, and hints change no bit of the logits") {
+  // The MoE block is shared, so a family that skipped the hint (DeepSeek-V3 did) fails here.
+  for (const std::string name : {"qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny",
+                                 "deepseek-v3-tiny-fp8"}) {
+    CAPTURE(name);
+    const auto dir = kModels / name;
+    auto ckpt = Checkpoint::open(dir);
+    const ModelConfig config =
+        ModelConfig::parse(ckpt->config_json(), (dir / "config.json").string(), checkpoint_families());
+    Topology topology;
+    topology.model = dir;
+    topology.single_node = true;
+    LocalExperts local;
+    auto dispatcher = make_dispatcher(topology, *ckpt, config, local);
+    const std::vector<int32_t> ids = {1, 7, 3, 9};
+    auto logits_of = [&](ExpertDispatcher& d) {
+      auto model = load_model(*ckpt, config, d);
+      KvCache cache = model->new_cache(ids.size());
+      std::vector<float> logits(config.vocab_size);
+      model->forward(ids.data(), ids.size(), cache, logits.data());
+      return logits;
+    };
+    const std::vector<float> plain = logits_of(*dispatcher);
+    HintRecorder recorder(*dispatcher);
+    const std::vector<float> hinted = logits_of(recorder);
+    CHECK(std::memcmp(plain.data(), hinted.data(), plain.size() * sizeof(float)) == 0);
+    // One hint per MoE layer after the first, in order (each names the layer it predicts).
+    const std::vector<int64_t> moe = config.moe_layer_ids();
+    REQUIRE(moe.size() >= 2);
+    CHECK(recorder.hinted == std::vector<int64_t>(moe.begin() + 1, moe.end()));
+  }
+}
