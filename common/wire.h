@@ -4,7 +4,9 @@
 // (the format capnp::messageToFlatArray writes) whose root is charm::wire::Message.
 // Encoders are pure functions from charm structs to whole frames (length prefix
 // included); decoders are pure functions from a frame body to charm structs that validate
-// every count and size and throw Error(kProtocol) naming the field at fault.
+// every count and size and throw Error(kProtocol) naming the field at fault. The data
+// path (layer requests and replies) reads and writes its rows in place instead:
+// common/wire_layer.h, on the same validation.
 //
 // Deadlines: FrameConnection does its socket I/O as Asio async operations on a private
 // io_context and runs that context with run_for() in short slices until the operation
