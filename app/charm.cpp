@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -370,6 +371,12 @@ int list_workers(const std::string& config) {
 void prefer_passive_openmp(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
   setenv("OMP_WAIT_POLICY", "passive", 1);
+  // The resolved path, not /proc/self/exe: the process is named after what is executed,
+  // and users find theirs with `pgrep charm` (a binary replaced meanwhile reads
+  // "... (deleted)": then /proc/self/exe, the running one).
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec && std::filesystem::exists(self, ec)) execv(self.c_str(), argv);
   execv("/proc/self/exe", argv);  // returns only on failure: carry on with the default
 }
 

@@ -188,5 +188,26 @@ api_config 127.0.0.1 ""
 expect 2 "checkpoint directory /nonexistent/model does not exist" -- serve --config "$tmp/api.yaml"
 expect 2 "the HTTP API would listen on 0.0.0.0:9" -- serve --config "$tmp/api.yaml" --host 0.0.0.0 --port 9
 
+# charm re-executes itself with OMP_WAIT_POLICY=passive; the process keeps the name
+# `charm` (it was `exe`, and `pgrep charm` found nothing while a cluster served).
+env -u OMP_WAIT_POLICY "$charm" bench memory --help >/dev/null 2>&1  # warms the page cache
+env -u OMP_WAIT_POLICY "$charm" bench memory >/dev/null 2>&1 &
+pid=$!
+name=""
+for _ in $(seq 200); do  # at most 10 s
+  if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx OMP_WAIT_POLICY=passive; then
+    name=$(cat "/proc/$pid/comm" 2>/dev/null)
+    break
+  fi
+  sleep 0.05
+done
+kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+if [[ $name == charm ]]; then
+  echo "ok: the re-executed process is named charm"
+else
+  echo "FAIL: the re-executed process is named '$name', not charm"
+  failures=$((failures + 1))
+fi
+
 [[ $failures -eq 0 ]] && echo PASS
 exit $((failures > 0))
