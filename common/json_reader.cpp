@@ -35,7 +35,11 @@ class KeyTracker {
   std::string child_name() {
     if (frames_.empty()) return "";
     Frame& f = frames_.back();
-    return f.object ? "'" + f.last_key + "'" : "[" + std::to_string(f.index++) + "]";
+    // Appends, not "[" + std::to_string(...): GCC 12 warns (-Wrestrict) falsely on that.
+    std::string name(f.object ? "'" : "[");
+    name += f.object ? f.last_key : std::to_string(f.index++);
+    name += f.object ? "'" : "]";
+    return name;
   }
   void open(bool object) {
     std::string name = child_name();

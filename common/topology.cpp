@@ -419,7 +419,12 @@ std::string id_ranges(const std::vector<int64_t>& ids) {
   for (size_t i = 0; i < ids.size();) {
     size_t j = i;
     while (j + 1 < ids.size() && ids[j + 1] == ids[j] + 1) ++j;
-    out += (out.empty() ? "" : ", ") + std::to_string(ids[i]) + (j > i ? "-" + std::to_string(ids[j]) : "");
+    if (!out.empty()) out += ", ";
+    out += std::to_string(ids[i]);
+    if (j > i) {
+      out += '-';  // appends, not "-" + std::to_string(...): GCC 12 warns falsely (-Wrestrict)
+      out += std::to_string(ids[j]);
+    }
     i = j + 1;
   }
   return out;
