@@ -36,18 +36,30 @@ std::vector<float> read_f32_file(const std::filesystem::path& path) {
   return v;
 }
 
+/// Fixture `name`'s checkpoint, config and single-node dispatcher, for load_model.
+struct SingleNode {
+  explicit SingleNode(const std::string& name)
+      : dir(kModels / name),
+        ckpt(Checkpoint::open(dir)),
+        config(ModelConfig::parse(ckpt->config_json(), (dir / "config.json").string(), checkpoint_families())) {
+    Topology topology;
+    topology.model = dir;
+    topology.single_node = true;
+    dispatcher = make_dispatcher(topology, *ckpt, config, local);
+  }
+  std::filesystem::path dir;
+  std::unique_ptr<Checkpoint> ckpt;
+  ModelConfig config;
+  LocalExperts local;
+  std::unique_ptr<ExpertDispatcher> dispatcher;
+};
+
 /// Runs every reference prompt of fixture `name` and checks logits and greedy tokens.
 void check_fixture(const std::string& name) {
-  const auto dir = kModels / name;
-  auto ckpt = Checkpoint::open(dir);
-  const ModelConfig config =
-      ModelConfig::parse(ckpt->config_json(), (dir / "config.json").string(), checkpoint_families());
-  Topology topology;
-  topology.model = dir;
-  topology.single_node = true;
-  LocalExperts local;
-  auto dispatcher = make_dispatcher(topology, *ckpt, config, local);
-  auto model = load_model(*ckpt, config, *dispatcher);
+  SingleNode node(name);
+  const auto& dir = node.dir;
+  const ModelConfig& config = node.config;
+  auto model = load_model(*node.ckpt, config, *node.dispatcher);
 
   std::ifstream in(dir / "reference.json");
   const auto reference = nlohmann::json::parse(in);
@@ -183,25 +195,18 @@ TEST_CASE("every family sends the next MoE layer's prefetch hint, and hints chan
   for (const std::string name : {"qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny",
                                  "deepseek-v3-tiny-fp8"}) {
     CAPTURE(name);
-    const auto dir = kModels / name;
-    auto ckpt = Checkpoint::open(dir);
-    const ModelConfig config =
-        ModelConfig::parse(ckpt->config_json(), (dir / "config.json").string(), checkpoint_families());
-    Topology topology;
-    topology.model = dir;
-    topology.single_node = true;
-    LocalExperts local;
-    auto dispatcher = make_dispatcher(topology, *ckpt, config, local);
+    SingleNode node(name);
+    const ModelConfig& config = node.config;
     const std::vector<int32_t> ids = {1, 7, 3, 9};
     auto logits_of = [&](ExpertDispatcher& d) {
-      auto model = load_model(*ckpt, config, d);
+      auto model = load_model(*node.ckpt, config, d);
       KvCache cache = model->new_cache(ids.size());
       std::vector<float> logits(config.vocab_size);
       model->forward(ids.data(), ids.size(), cache, logits.data());
       return logits;
     };
-    const std::vector<float> plain = logits_of(*dispatcher);
-    HintRecorder recorder(*dispatcher);
+    const std::vector<float> plain = logits_of(*node.dispatcher);
+    HintRecorder recorder(*node.dispatcher);
     const std::vector<float> hinted = logits_of(recorder);
     CHECK(std::memcmp(plain.data(), hinted.data(), plain.size() * sizeof(float)) == 0);
     // One hint per MoE layer after the first, in order (each names the layer it predicts).
