@@ -321,7 +321,7 @@ int run(const RunArgs& args) {
   params.max_tokens = args.max_tokens;
   params.temperature = args.temperature;
   params.seed = args.seed;
-  GenerationResult result = engine->generate(prompt, params, [](std::string_view piece) {
+  GenerationResult result = engine->generate(prompt, params, [](std::string_view piece, std::span<const TokenLogprob>) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
     return true;

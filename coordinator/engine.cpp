@@ -93,7 +93,7 @@ class EngineImpl final : public Engine {
   const SamplingParams& default_sampling() const override { return sampling_defaults_; }
 
   GenerationResult generate(const std::vector<int32_t>& prompt, const SamplingParams& params,
-                            const std::function<bool(std::string_view)>& on_text) override {
+                            const TextCallback& on_text) override {
     std::lock_guard lock(mutex_);
     check_prompt(prompt, params.max_tokens);
     GenerationResult result;
@@ -106,7 +106,7 @@ class EngineImpl final : public Engine {
     StopMatcher stops(params.stop);
     auto emit = [&](const std::string& text) {
       result.text += text;
-      return text.empty() || !on_text || on_text(text);
+      return text.empty() || !on_text || on_text(text, {});
     };
 
     const auto start = Clock::now();

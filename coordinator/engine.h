@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "common/topology.h"
 #include "coordinator/dispatch/expert_dispatch.h"
 #include "coordinator/dispatch/routing_observer.h"
+#include "coordinator/sampler.h"
 #include "coordinator/sampling_params.h"
 #include "coordinator/text/chat_template.h"
 #include "coordinator/text/tokenizer.h"
@@ -36,7 +38,18 @@ struct GenerationResult {
   /// per-token latency histogram of /metrics).
   std::vector<double> token_latencies_ms;
   int64_t kv_bytes_per_token = 0;    ///< KV cache bytes per token over all layers (KvCache::bytes_per_token)
+  /// One per entry of `tokens` when params.logprobs (an EOS that ended the generation is
+  /// not included, as it is not in `tokens`); empty otherwise.
+  std::vector<TokenLogprob> logprobs;
 };
+
+/// Receives each newly completed piece of text of a generation (whole UTF-8 characters,
+/// stop strings withheld) and the logprobs of the tokens sampled since the previous call
+/// (empty unless params.logprobs; a piece may carry several tokens, or none while text is
+/// withheld). Returning false cancels the generation. An empty piece with no logprobs is
+/// a heartbeat: the engine calls it now and then while nothing is produced (during a long
+/// prefill or while queued), so the caller can cancel.
+using TextCallback = std::function<bool(std::string_view text, std::span<const TokenLogprob> logprobs)>;
 
 class Metrics;
 
@@ -80,12 +93,11 @@ class Engine {
     return kNone;
   }
 
-  /// Generates a continuation of `prompt` (token ids). `on_text` receives each newly
-  /// completed piece of text (whole UTF-8 characters, stop strings withheld); returning
-  /// false cancels. Serialised: concurrent calls wait their turn.
+  /// Generates a continuation of `prompt` (token ids), streaming through `on_text` (may
+  /// be empty). Thread-safe: concurrent calls are batched together (continuous batching).
   /// Throws Error(kInvalidInput) for an empty prompt or one longer than max_context().
   virtual GenerationResult generate(const std::vector<int32_t>& prompt, const SamplingParams& params,
-                                    const std::function<bool(std::string_view)>& on_text) = 0;
+                                    const TextCallback& on_text) = 0;
 
   /// Logits [vocab_size] f32 for the token after `prompt` (a fresh sequence), as the model
   /// computes them: the unsampleable ids are not masked here. For tests and

@@ -6,12 +6,22 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace charm {
 
 struct SamplingParams;
 class Tokenizer;
+
+/// The log-probability of one sampled token under the model's distribution (log-softmax
+/// of the raw logits, before penalties and temperature: vLLM's default "raw_logprobs"),
+/// and the `top` most likely tokens with theirs, most likely first (ties: lower id first).
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;  ///< (token id, logprob), at most top_logprobs
+};
 
 /// Picks the next token from logits [vocab] f32. temperature == 0 -> argmax (first index
 /// on ties). Otherwise softmax(logits / temperature) restricted to the top_k most likely

@@ -19,6 +19,15 @@ struct SamplingParams {
   std::optional<uint64_t> seed;      ///< fixed seed -> reproducible sampling
   int64_t max_tokens = 256;
   std::vector<std::string> stop;     ///< stop strings (not included in the output)
+  /// OpenAI's penalties, subtracted from a logit: frequency_penalty * (times the token was
+  /// generated) + presence_penalty * (1 if it was generated at all); 0 = off, [-2, 2].
+  double frequency_penalty = 0.0;
+  double presence_penalty = 0.0;
+  /// transformers' RepetitionPenaltyLogitsProcessor over prompt and generated tokens:
+  /// a seen token's logit is divided by it when positive, multiplied when negative; 1 = off.
+  double repetition_penalty = 1.0;
+  bool logprobs = false;             ///< return each sampled token's log-probability
+  int64_t top_logprobs = 0;          ///< and this many most likely alternatives (0..20)
 };
 
 /// The sampling defaults a checkpoint's generation_config.json (its parsed contents,

@@ -90,7 +90,7 @@ bool write_stream(Engine& engine, Metrics& metrics, const std::atomic<bool>& sto
   };
   if (job.meta.kind == RequestKind::kChat) send(sse_event(role_chunk(job.meta, usage)));
   try {
-    GenerationResult result = engine.generate(job.prompt, job.request.sampling, [&](std::string_view piece) {
+    GenerationResult result = engine.generate(job.prompt, job.request.sampling, [&](std::string_view piece, std::span<const TokenLogprob>) {
       if (piece.empty()) return open && !stopping;
       return send(sse_event(text_chunk(job.meta, piece, usage))) && !stopping;
     });
@@ -137,7 +137,7 @@ void serve_generation(Engine& engine, Metrics& metrics, const std::atomic<bool>&
     // Cancel when the client hangs up: nobody would read the answer, and every other
     // request waits for this one (the engine runs one generation at a time).
     const ClientWatch client(req.remote_addr, req.remote_port);
-    GenerationResult result = engine.generate(prompt, request.sampling, [&](std::string_view) {
+    GenerationResult result = engine.generate(prompt, request.sampling, [&](std::string_view, std::span<const TokenLogprob>) {
       return !stopping.load() && !client.gone();
     });
     record_generation(metrics, result);

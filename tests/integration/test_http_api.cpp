@@ -109,7 +109,7 @@ class FakeEngine : public charm::Engine {
   int64_t max_context() const override { return 1000; }
 
   charm::GenerationResult generate(const std::vector<int32_t>& prompt, const charm::SamplingParams& params,
-                                   const std::function<bool(std::string_view)>& on_text) override {
+                                   const charm::TextCallback& on_text) override {
     std::string text = tokenizer_.decode(prompt, false);
     {
       std::lock_guard lock(mu_);
@@ -152,7 +152,7 @@ class FakeEngine : public charm::Engine {
       }
       r.text += piece;
       pieces_ = r.completion_tokens;
-      if (!on_text(piece)) {
+      if (!on_text(piece, {})) {
         std::lock_guard lock(mu_);
         cancelled_ = true;
         break;
