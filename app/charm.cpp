@@ -96,13 +96,46 @@ void print_prefetch_stats(const Engine& engine) {
                static_cast<unsigned long long>(total.actual), 100 * total.precision(), per_layer.c_str());
 }
 
+/// The command line's overrides of the topology's `serving:` section.
+struct ServingFlags {
+  std::optional<int64_t> max_batch_tokens, max_num_seqs, max_waiting;
+  std::optional<double> kv_cache_gb;
+
+  /// Adds --max-batch-tokens, --max-num-seqs, --max-waiting and --kv-cache-gb to `cmd`.
+  void add_to(CLI::App& cmd) {
+    cmd.add_option("--max-batch-tokens", max_batch_tokens,
+                   "Tokens per engine step, decodes and prompt chunks together (default: serving.max_batch_tokens, 256)")
+        ->check(CLI::Range(1, 1 << 20));
+    cmd.add_option("--max-num-seqs", max_num_seqs, "Sequences running at once (default: serving.max_num_seqs, 32)")
+        ->check(CLI::Range(1, 4096));
+    cmd.add_option("--max-waiting", max_waiting,
+                   "Requests queued beyond the running ones before 429 (default: serving.max_waiting, 128)")
+        ->check(CLI::Range(0, 1 << 16));
+    cmd.add_option("--kv-cache-gb", kv_cache_gb,
+                   "GiB for the paged KV cache (default: serving.kv_cache_gb, else 20 % of available memory)")
+        ->check(CLI::PositiveNumber);
+  }
+  /// Writes the flags given over `serving`; Error(kInvalidInput) when the result has
+  /// max_batch_tokens < max_num_seqs.
+  void apply(ServingSpec& serving) const {
+    if (max_batch_tokens) serving.max_batch_tokens = *max_batch_tokens;
+    if (max_num_seqs) serving.max_num_seqs = *max_num_seqs;
+    if (max_waiting) serving.max_waiting = *max_waiting;
+    if (kv_cache_gb) serving.kv_cache_gb = *kv_cache_gb;
+    if (serving.max_batch_tokens < serving.max_num_seqs) {
+      fail_invalid("--max-batch-tokens (" + std::to_string(serving.max_batch_tokens) +
+                   ") must be at least --max-num-seqs (" + std::to_string(serving.max_num_seqs) + ")");
+    }
+  }
+};
+
 struct ServeArgs {
   std::string config;
   std::optional<double> ram_gb;
   std::optional<std::string> host;
   std::optional<uint16_t> port;
   std::optional<bool> prefetch;
-  size_t prefill_chunk = EngineOptions{}.prefill_chunk;
+  ServingFlags serving;
   std::optional<int> threads;
 };
 
@@ -114,21 +147,25 @@ int serve(const ServeArgs& args) {
   }
   override_ram(topology.store, args.ram_gb);
   apply_prefetch_flag(topology, args.prefetch);
+  args.serving.apply(topology.serving);
   std::string host = args.host.value_or(topology.api_host);
   uint16_t port = args.port.value_or(topology.api_port);
   check_api_listen(topology, host, port);  // before minutes of loading, not after
   spdlog::info("charm serve: loading {} from {}", topology.model_name, topology.model.string());
   // Until the engine is up, SIGINT/SIGTERM keep their default action, so Ctrl-C ends a
-  // start-up that is still waiting for workers at once. Engine::create starts no threads,
-  // so blocking the signals afterwards still covers every thread (HTTP, OpenMP) started
-  // later.
+  // start-up that is still waiting for workers at once. The one thread Engine::create
+  // starts (the engine loop, which starts the OpenMP threads) blocks them itself, so
+  // blocking them here afterwards still covers every thread (HTTP) started later.
   Metrics metrics;  // outlives the engine and the API (declared first)
   EngineOptions engine_options;
   engine_options.metrics = &metrics;
-  engine_options.prefill_chunk = args.prefill_chunk;
   std::unique_ptr<Engine> engine = Engine::create(topology, engine_options);
   sigset_t signals = block_stop_signals();
-  HttpApi api(*engine, host, port, &metrics);
+  HttpGuardOptions guard;
+  // A thread per generation in flight (running or queued) and a margin, so that /health
+  // and /metrics never wait for a thread behind generations.
+  guard.threads = static_cast<size_t>(topology.serving.max_num_seqs + topology.serving.max_waiting) + 16;
+  HttpApi api(*engine, host, port, &metrics, guard);
   api.set_api_key(topology.api_key);
   api.start();
   spdlog::info("charm serve: {} listening on http://{}:{}", engine->model_name(), host, api.port());
@@ -210,7 +247,7 @@ struct RunArgs {
   std::string stats_json;
   std::string logits_out;  // first-step logits, raw little-endian f32 [vocab_size]
   std::string ids_out;     // {"prompt_ids": [...], "new_ids": [...]} as JSON
-  size_t prefill_chunk = EngineOptions{}.prefill_chunk;
+  ServingFlags serving;
   std::optional<int> threads;
 };
 
@@ -310,9 +347,9 @@ int run(const RunArgs& args) {
   const UserPath ids_out = output_path(args.ids_out, "--ids-out");
   Topology topology = load_compute_config(args.config, args.threads);
   apply_prefetch_flag(topology, args.prefetch);
+  args.serving.apply(topology.serving);
   EngineOptions options;
   options.routing_trace = routing_trace.string();
-  options.prefill_chunk = args.prefill_chunk;
   std::unique_ptr<Engine> engine = Engine::create(topology, options);
   std::string text = args.prompt;
   if (args.chat) text = engine->chat_template().render({{"user", args.prompt}}, /*add_generation_prompt=*/true);
@@ -393,8 +430,7 @@ int run_cli(int argc, char** argv) {
   CLI::Option* serve_prefetch = serve_cmd->add_flag("--prefetch,!--no-prefetch", serve_args.prefetch,
                                                     "Send prefetch hints (overrides the config's prefetch key)");
   serve_cmd->add_option("--threads", serve_args.threads, threads_help)->check(CLI::Range(0, kMaxThreads));
-  serve_cmd->add_option("--prefill-chunk", serve_args.prefill_chunk, "Prompt tokens per prefill step (default 512)")
-      ->check(CLI::Range(1, 1 << 20));
+  serve_args.serving.add_to(*serve_cmd);
   serve_cmd->add_option("--ram-gb", serve_args.ram_gb, "Single-node: GiB of RAM for expert slots (default: every expert resident)")
       ->check(CLI::PositiveNumber);
 
@@ -447,8 +483,7 @@ int run_cli(int argc, char** argv) {
                       "Also write the logits after the prompt (raw little-endian f32, [vocab_size])");
   run_cmd->add_option("--ids-out", run_args.ids_out, "Also write the prompt and generated token ids (JSON)");
   run_cmd->add_option("--threads", run_args.threads, threads_help)->check(CLI::Range(0, kMaxThreads));
-  run_cmd->add_option("--prefill-chunk", run_args.prefill_chunk, "Prompt tokens per prefill step (default 512)")
-      ->check(CLI::Range(1, 1 << 20));
+  run_args.serving.add_to(*run_cmd);
   run_cmd->add_option("prompt", run_args.prompt, "Prompt text")->required();
 
   std::string workers_config;

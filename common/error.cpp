@@ -10,6 +10,7 @@ const char* category_name(ErrorCategory category) {
     case ErrorCategory::kUnsupported: return "unsupported";
     case ErrorCategory::kUnavailable: return "unavailable";
     case ErrorCategory::kInternal: return "internal";
+    case ErrorCategory::kBusy: return "busy";
   }
   return "unknown";
 }
@@ -25,5 +26,6 @@ void fail_protocol(const std::string& m) { throw Error(ErrorCategory::kProtocol,
 void fail_unsupported(const std::string& m) { throw Error(ErrorCategory::kUnsupported, m); }
 void fail_unavailable(const std::string& m) { throw Error(ErrorCategory::kUnavailable, m); }
 void fail_internal(const std::string& m) { throw Error(ErrorCategory::kInternal, m); }
+void fail_busy(const std::string& m) { throw Error(ErrorCategory::kBusy, m); }
 
 }  // namespace charm

@@ -15,6 +15,7 @@ enum class ErrorCategory {
   kUnsupported,   ///< well-formed input that names something charm does not implement
   kUnavailable,   ///< a peer is down, timed out or refused the connection
   kInternal,      ///< a broken invariant inside charm (a bug)
+  kBusy,          ///< the server is at capacity (its queue is full); retrying later may succeed
 };
 
 /// Returns a short lower-case name for `category` ("invalid input", "io", ...).
@@ -40,5 +41,6 @@ class Error : public std::runtime_error {
 [[noreturn]] void fail_unsupported(const std::string& message);
 [[noreturn]] void fail_unavailable(const std::string& message);
 [[noreturn]] void fail_internal(const std::string& message);
+[[noreturn]] void fail_busy(const std::string& message);
 
 }  // namespace charm

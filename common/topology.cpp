@@ -157,6 +157,24 @@ double number_value(const Reader& r, const YAML::Node& node, const std::string& 
 
 const std::vector<std::string> kStoreKeys = {"ram_gb", "pin", "container", "io", "io_threads", "usage_file"};
 
+/// The `serving:` section.
+ServingSpec parse_serving(const Reader& r, const YAML::Node& node) {
+  r.check_keys(node, "serving", {"max_batch_tokens", "max_num_seqs", "max_waiting", "kv_cache_gb"});
+  ServingSpec s;
+  if (node["max_batch_tokens"]) s.max_batch_tokens = r.int_value(node["max_batch_tokens"], "serving.max_batch_tokens", 1, 1 << 20);
+  if (node["max_num_seqs"]) s.max_num_seqs = r.int_value(node["max_num_seqs"], "serving.max_num_seqs", 1, 4096);
+  if (node["max_waiting"]) s.max_waiting = r.int_value(node["max_waiting"], "serving.max_waiting", 0, 1 << 16);
+  if (node["kv_cache_gb"]) {
+    s.kv_cache_gb = number_value(r, node["kv_cache_gb"], "serving.kv_cache_gb");
+    if (*s.kv_cache_gb <= 0) r.fail("serving.kv_cache_gb", "must be positive");
+  }
+  if (s.max_batch_tokens < s.max_num_seqs) {
+    r.fail("serving.max_batch_tokens", "must be at least max_num_seqs (" + std::to_string(s.max_num_seqs) +
+                                           "): every running sequence decodes one token per step");
+  }
+  return s;
+}
+
 /// The tier keys of a worker entry (or of `store:` in single-node mode).
 StoreSpec parse_store(const Reader& r, const YAML::Node& node, const std::string& path, const std::filesystem::path& base) {
   StoreSpec s;
@@ -270,7 +288,8 @@ Topology Topology::parse(const std::string& yaml, const std::filesystem::path& p
   const Reader r(path.string());
   const YAML::Node root = parse_yaml(yaml, path);
   r.check_keys(root, "",
-               {"model", "model_name", "mode", "api", "threads", "timeouts", "store", "workers", "cluster", "prefetch"});
+               {"model", "model_name", "mode", "api", "threads", "timeouts", "store", "workers", "cluster", "prefetch",
+                "serving"});
 
   Topology t;
   t.source = path;
@@ -306,6 +325,7 @@ Topology Topology::parse(const std::string& yaml, const std::filesystem::path& p
   }
   if (root["threads"]) t.threads = r.int_value(root["threads"], "threads", 0, kMaxThreads);
   if (root["prefetch"]) t.prefetch = r.bool_value(root["prefetch"], "prefetch");
+  if (const auto serving = root["serving"]) t.serving = parse_serving(r, serving);
   if (const auto timeouts = root["timeouts"]) {
     r.check_keys(timeouts, "timeouts",
                  {"connect_ms", "handshake_ms", "request_ms", "startup_ms", "heartbeat_ms", "rejoin_min_ms",

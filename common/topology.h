@@ -28,6 +28,16 @@ struct StoreSpec {
   UserPath usage_file;                ///< "" = the default place, "none" = do not record, else a path
 };
 
+/// The coordinator's serving limits (`serving:`; docs/configuration.md, "Serving").
+/// The command line's --max-batch-tokens, --max-num-seqs, --max-waiting and --kv-cache-gb
+/// override them.
+struct ServingSpec {
+  int64_t max_batch_tokens = 256;  ///< tokens per engine step (decodes and prompt chunks)
+  int64_t max_num_seqs = 32;       ///< sequences running at once
+  int64_t max_waiting = 128;       ///< requests queued beyond those; more get 429
+  std::optional<double> kv_cache_gb;  ///< GiB for the paged KV cache; nullopt = the default share
+};
+
 /// One worker entry of the topology.
 /// Two workers that list the same (layer, expert) both hold it: they are replicas of it,
 /// and the coordinator sends that expert's rows to one live replica (failover to another).
@@ -93,6 +103,7 @@ struct Topology {
   bool prefetch = false;             ///< send prefetch hints (next layer's router applied to
                                      ///< this layer's state) to the expert store / workers
   StoreSpec store;                   ///< single-node mode: the in-process worker's tiers (`store:`)
+  ServingSpec serving;               ///< batching limits and the KV cache size (`serving:`)
 
   /// Loads and validates `path`. Throws Error(kInvalidInput) naming the file and the key
   /// for YAML that does not parse, unknown keys, wrong types, duplicate worker names or

@@ -1,8 +1,16 @@
 #include "coordinator/engine.h"
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <fstream>
 #include <mutex>
 #include <random>
+#include <thread>
+
+#include <pthread.h>
+#include <signal.h>
 
 #include <spdlog/spdlog.h>
 
@@ -11,18 +19,16 @@
 #include "common/model_config.h"
 #include "coordinator/dispatch/dispatcher_factory.h"
 #include "coordinator/models/families.h"
+#include "coordinator/api/metrics.h"
 #include "coordinator/models/model.h"
 #include "coordinator/sampler.h"
+#include "coordinator/scheduler.h"
 #include "coordinator/text/stop_strings.h"
 
 namespace charm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
 
 /// EOS ids: config.json's plus generation_config.json's (int or list), deduplicated.
 std::vector<int32_t> eos_ids(const ModelConfig& config, const nlohmann::json& generation_config) {
@@ -43,10 +49,94 @@ std::vector<int32_t> eos_ids(const ModelConfig& config, const nlohmann::json& ge
   return out;
 }
 
+/// One generation in flight: the scheduler's Sequence plus what the engine loop samples
+/// with and the channel to the thread that called generate().
+struct Job final : Sequence {
+  Job(KvBlockPool& pool, const Tokenizer& tokenizer, const SamplingParams& p)
+      : Sequence(pool), params(p), decoder(tokenizer, /*skip_special=*/true), stops(p.stop) {}
+
+  // Read and written by the engine loop only (the caller reads `result` once done).
+  SamplingParams params;
+  std::mt19937_64 rng;
+  size_t prompt_tokens = 0;
+  StreamDecoder decoder;
+  StopMatcher stops;
+  GenerationResult result;
+  std::vector<float>* first_logits = nullptr;
+  Clock::time_point submitted, first_token, previous_token;
+  bool scheduled = false;  // once: its queue time is recorded
+
+  std::atomic<bool> cancelled{false};  // set by the caller, seen by the loop between steps
+
+  // The channel, under `mu`: text and logprobs not yet handed to the caller, and the end.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string text;
+  std::vector<TokenLogprob> logprobs;
+  bool done = false;
+  std::exception_ptr error;
+};
+
+/// How often a caller with nothing to pass on calls its callback anyway (the heartbeat:
+/// it lets a caller whose client hung up cancel during a long prefill or in the queue).
+constexpr auto kHeartbeat = std::chrono::milliseconds(100);
+/// The default KV cache: this share of the memory available at start.
+constexpr double kDefaultKvShare = 0.2;
+
+/// MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read.
+uint64_t available_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
+/// The caller's side of a job: hands text to on_text as it comes (a heartbeat when none
+/// does), cancels when on_text says so or when dropped unwaited.
+class JobHandle final : public Generation {
+ public:
+  explicit JobHandle(std::shared_ptr<Job> job) : job_(std::move(job)) {}
+  ~JobHandle() override {
+    if (!waited_) job_->cancelled = true;
+  }
+
+  GenerationResult wait(const TextCallback& on_text) override {
+    waited_ = true;
+    Job& job = *job_;
+    bool listening = static_cast<bool>(on_text);
+    std::unique_lock lock(job.mu);
+    while (true) {
+      job.cv.wait_for(lock, kHeartbeat, [&] { return job.done || !job.text.empty() || !job.logprobs.empty(); });
+      std::string text = std::move(job.text);
+      std::vector<TokenLogprob> logprobs = std::move(job.logprobs);
+      job.text.clear();
+      job.logprobs.clear();
+      const bool done = job.done;
+      lock.unlock();
+      const bool heartbeat = text.empty() && logprobs.empty();
+      if (listening && !(done && heartbeat) && !on_text(text, logprobs)) {
+        listening = false;
+        job.cancelled = true;
+      }
+      lock.lock();
+      if (done && job.text.empty() && job.logprobs.empty()) break;
+    }
+    if (job.error) std::rethrow_exception(job.error);
+    return std::move(job.result);
+  }
+
+ private:
+  std::shared_ptr<Job> job_;
+  bool waited_ = false;
+};
+
 class EngineImpl final : public Engine {
  public:
-  EngineImpl(const Topology& topology, const EngineOptions& options) : prefill_chunk_(options.prefill_chunk) {
-    if (prefill_chunk_ < 1) fail_invalid("prefill chunk must be at least 1 token, got 0");
+  EngineImpl(const Topology& topology, const EngineOptions& options) : metrics_(options.metrics) {
     checkpoint_ = Checkpoint::open(topology.model);
     config_ = ModelConfig::parse(checkpoint_->config_json(), (topology.model / "config.json").string(),
                                  checkpoint_families());
@@ -77,7 +167,23 @@ class EngineImpl final : public Engine {
     spdlog::info("loaded {} ({}, config dtype {}): {} layers, {} experts, top-{}, eos token ids [{}], KV cache {} bytes "
                  "per token", model_name_, config_.architecture, config_.dtype.empty() ? "unset" : config_.dtype,
                  config_.num_hidden_layers, config_.num_experts, config_.num_experts_per_tok,
-                 fmt::join(eos_ids_, ", "), model_->new_cache(0).bytes_per_token());
+                 fmt::join(eos_ids_, ", "), model_->kv_layout().bytes_per_token());
+    pool_ = std::make_unique<KvBlockPool>(model_->kv_layout(), kv_blocks(topology.serving, options));
+    const ServingSpec& serving = topology.serving;
+    scheduler_ = std::make_unique<Scheduler>(
+        *pool_, SchedulerOptions{static_cast<size_t>(serving.max_batch_tokens),
+                                 static_cast<size_t>(serving.max_num_seqs), static_cast<size_t>(serving.max_waiting)});
+    publish_load();
+    loop_ = std::thread([this] { run_loop(); });
+  }
+
+  ~EngineImpl() override {
+    {
+      std::lock_guard lock(inbox_mutex_);
+      stopping_ = true;
+    }
+    inbox_cv_.notify_all();
+    if (loop_.joinable()) loop_.join();
   }
 
   const Tokenizer& tokenizer() const override { return *tokenizer_; }
@@ -92,71 +198,29 @@ class EngineImpl final : public Engine {
   int64_t max_context() const override { return config_.max_position_embeddings; }
   const SamplingParams& default_sampling() const override { return sampling_defaults_; }
 
-  GenerationResult generate(const std::vector<int32_t>& prompt, const SamplingParams& params,
-                            const TextCallback& on_text) override {
-    std::lock_guard lock(mutex_);
+  std::unique_ptr<Generation> start(const std::vector<int32_t>& prompt, const SamplingParams& params,
+                                    std::vector<float>* first_logits) override {
     check_prompt(prompt, params.max_tokens);
-    GenerationResult result;
-    result.prompt_tokens = static_cast<int64_t>(prompt.size());
-    std::mt19937_64 rng(params.seed ? *params.seed : std::random_device{}());
-    KvCache cache = model_->new_cache(prompt.size() + static_cast<size_t>(params.max_tokens));
-    result.kv_bytes_per_token = static_cast<int64_t>(cache.bytes_per_token());
-    std::vector<float> logits(config_.vocab_size);
-    StreamDecoder decoder(*tokenizer_, /*skip_special=*/true);
-    StopMatcher stops(params.stop);
-    auto emit = [&](const std::string& text) {
-      result.text += text;
-      return text.empty() || !on_text || on_text(text, {});
-    };
-
-    const auto start = Clock::now();
-    prefill(prompt, cache, logits.data());
-    Clock::time_point first_token, previous_token;
-    result.finish_reason = "length";
-    for (int64_t i = 0; i < params.max_tokens; ++i) {
-      mask_logits(logits.data(), unsampleable_);  // ids the tokenizer cannot decode
-      const int32_t token = sample_token(logits.data(), logits.size(), params, rng);
-      if (i == 0) {
-        first_token = previous_token = Clock::now();
-        result.ttft_ms = ms_since(start);
-      } else {
-        result.token_latencies_ms.push_back(ms_since(previous_token));
-        previous_token = Clock::now();
-      }
-      if (std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end()) {
-        result.finish_reason = "stop";
-        break;
-      }
-      result.tokens.push_back(token);
-      const bool go_on = emit(stops.push(decoder.push(token)));
-      if (stops.stopped() || !go_on) {
-        result.finish_reason = go_on ? "stop" : "abort";  // "abort": cancelled by the caller (vLLM's term)
-        break;
-      }
-      if (i + 1 < params.max_tokens) model_->forward(&token, 1, cache, logits.data());
-    }
-    emit(stops.push(decoder.flush()));
-    emit(stops.finish());
-    result.completion_tokens = static_cast<int64_t>(result.tokens.size());
-    if (result.completion_tokens > 1) {
-      result.decode_tokens_per_s = (result.completion_tokens - 1) / (ms_since(first_token) / 1000.0);
-    }
-    return result;
-  }
-
-  std::vector<float> prompt_logits(const std::vector<int32_t>& prompt) override {
-    std::lock_guard lock(mutex_);
-    check_prompt(prompt, 0);
-    KvCache cache = model_->new_cache(prompt.size());
-    std::vector<float> logits(config_.vocab_size);
-    prefill(prompt, cache, logits.data());
-    return logits;
+    auto job = std::make_shared<Job>(*pool_, *tokenizer_, params);
+    job->tokens = prompt;
+    job->prompt_tokens = prompt.size();
+    job->rng.seed(params.seed ? *params.seed : std::random_device{}());
+    job->first_logits = first_logits;
+    job->result.prompt_tokens = static_cast<int64_t>(prompt.size());
+    job->result.kv_bytes_per_token = static_cast<int64_t>(pool_->layout().bytes_per_token());
+    submit(job);
+    return std::make_unique<JobHandle>(std::move(job));
   }
 
   std::vector<WorkerStatus> cluster_status() const override { return dispatcher_->status(); }
 
+  EngineLoad load() const override {
+    std::lock_guard lock(load_mutex_);
+    return load_;
+  }
+
   std::map<uint32_t, PrefetchLayerStats> prefetch_stats() const override {
-    std::lock_guard lock(mutex_);
+    std::lock_guard lock(model_mutex_);
     return observer_->prefetch_stats();
   }
 
@@ -169,6 +233,13 @@ class EngineImpl final : public Engine {
     if (prompt_tokens > max_context() || max_tokens > max_context() - prompt_tokens) {
       fail_invalid("prompt (" + std::to_string(prompt.size()) + " tokens) plus max_tokens (" +
                    std::to_string(max_tokens) + ") exceeds the model's context of " + std::to_string(max_context()));
+    }
+    // Alone in the pool it must fit, or it could never finish.
+    const auto pool_tokens = static_cast<int64_t>(pool_->num_blocks() * KvBlockPool::kBlockSize);
+    if (prompt_tokens > pool_tokens || max_tokens > pool_tokens - prompt_tokens) {
+      fail_invalid("prompt (" + std::to_string(prompt.size()) + " tokens) plus max_tokens (" +
+                   std::to_string(max_tokens) + ") does not fit in the KV cache of " + std::to_string(pool_tokens) +
+                   " tokens (serving.kv_cache_gb)");
     }
   }
 
@@ -183,17 +254,212 @@ class EngineImpl final : public Engine {
                  " have no embedding row (is the tokenizer from another checkpoint?)");
   }
 
-  /// Runs the prompt into `cache` chunk by chunk; logits [vocab] of its last token.
-  /// Each chunk's rows attend to the cache the earlier chunks filled, so the result is
-  /// the one unchunked forward gives, bit for bit (every kernel is row-independent).
-  void prefill(const std::vector<int32_t>& prompt, KvCache& cache, float* logits) {
-    for (size_t begin = 0; begin < prompt.size(); begin += prefill_chunk_) {
-      const size_t n = std::min(prefill_chunk_, prompt.size() - begin);
-      model_->forward(prompt.data() + begin, n, cache, logits);
+  /// The KV pool's size in blocks: serving.kv_cache_gb, else kDefaultKvShare of the
+  /// available memory, but no more than max_num_seqs full contexts. Logged either way.
+  size_t kv_blocks(const ServingSpec& serving, const EngineOptions& options) const {
+    const size_t block_bytes = KvBlockPool::kBlockSize * model_->kv_layout().bytes_per_token();
+    const uint64_t available = options.available_memory_bytes ? options.available_memory_bytes : available_memory();
+    std::string why;
+    double bytes;
+    if (serving.kv_cache_gb) {
+      bytes = *serving.kv_cache_gb * double(1ull << 30);
+      why = "serving.kv_cache_gb";
+    } else {
+      const size_t per_context = (static_cast<size_t>(config_.max_position_embeddings) + KvBlockPool::kBlockSize - 1) /
+                                 KvBlockPool::kBlockSize * block_bytes;
+      const double cap = double(per_context) * double(serving.max_num_seqs);
+      bytes = std::min(kDefaultKvShare * double(available), cap);
+      why = fmt::format("default: {:.0f} % of the {:.1f} GiB available, at most max_num_seqs ({}) full contexts; set "
+                        "serving.kv_cache_gb or --kv-cache-gb", 100 * kDefaultKvShare, double(available) / (1ull << 30),
+                        serving.max_num_seqs);
     }
+    const auto blocks = static_cast<size_t>(std::max(1.0, bytes / double(block_bytes)));
+    spdlog::info("KV cache: {:.2f} GiB, {} blocks of {} tokens ({} tokens) ({})",
+                 double(blocks * block_bytes) / (1ull << 30), blocks, KvBlockPool::kBlockSize,
+                 blocks * KvBlockPool::kBlockSize, why);
+    return blocks;
   }
 
-  size_t prefill_chunk_;
+  /// Queues a job for the loop; Error(kBusy) when max_num_seqs + max_waiting are in flight.
+  void submit(const std::shared_ptr<Job>& job) {
+    const SchedulerOptions& limits = scheduler_->options();
+    {
+      std::lock_guard lock(inbox_mutex_);
+      if (stopping_) fail_unavailable("the engine is shutting down");
+      if (in_flight_ >= limits.max_num_seqs + limits.max_waiting) {
+        fail_busy("the server is at capacity: " + std::to_string(in_flight_) + " requests in flight (max_num_seqs " +
+                  std::to_string(limits.max_num_seqs) + " + max_waiting " + std::to_string(limits.max_waiting) +
+                  "); retry later");
+      }
+      ++in_flight_;
+      job->submitted = Clock::now();
+      inbox_.push_back(job);
+    }
+    inbox_cv_.notify_all();
+  }
+
+  /// The engine loop: takes new jobs, runs steps while there is work, sleeps otherwise.
+  void run_loop() {
+    // Stop signals are for the thread that waits for them (app/charm.cpp), never this
+    // one or the OpenMP threads it starts (they inherit its mask).
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+    std::unique_lock lock(inbox_mutex_);
+    while (true) {
+      while (!inbox_.empty()) {
+        active_.push_back(std::move(inbox_.front()));
+        inbox_.pop_front();
+        scheduler_->add(active_.back().get());
+      }
+      if (stopping_) break;
+      if (active_.empty()) {
+        inbox_cv_.wait(lock, [&] { return stopping_ || !inbox_.empty(); });
+        continue;
+      }
+      lock.unlock();
+      step();
+      lock.lock();
+    }
+    lock.unlock();
+    const auto shutdown = std::make_exception_ptr(Error(ErrorCategory::kUnavailable, "the engine is shutting down"));
+    while (!active_.empty()) finish(*active_.front(), "", shutdown);
+  }
+
+  /// One iteration: drops cancelled jobs, plans, runs the batch, samples.
+  void step() {
+    for (size_t i = 0; i < active_.size();) {
+      if (active_[i]->cancelled) {
+        finish(*active_[i], "abort");  // "abort": cancelled by the caller (vLLM's term)
+      } else {
+        ++i;
+      }
+    }
+    StepPlan plan = scheduler_->schedule();
+    publish_load();
+    if (plan.parts.empty()) {
+      // Nothing admissible (every block held): wait for a job to end or arrive.
+      std::unique_lock lock(inbox_mutex_);
+      inbox_cv_.wait_for(lock, kHeartbeat);
+      return;
+    }
+    std::vector<SequenceStep> batch;
+    std::vector<float> logits(plan.parts.size() * config_.vocab_size);
+    const auto now = Clock::now();
+    for (size_t i = 0; i < plan.parts.size(); ++i) {
+      Job& job = static_cast<Job&>(*plan.parts[i].sequence);
+      if (!job.scheduled && metrics_) metrics_->queue_time(std::chrono::duration<double>(now - job.submitted).count());
+      job.scheduled = true;
+      const size_t n = plan.parts[i].n;
+      const bool last = job.cache.length() + n == job.tokens.size();
+      batch.push_back(SequenceStep{job.tokens.data() + job.cache.length(), n, &job.cache,
+                                   last ? logits.data() + i * config_.vocab_size : nullptr});
+    }
+    if (metrics_) metrics_->engine_step(plan.tokens);
+    try {
+      std::lock_guard lock(model_mutex_);
+      model_->forward_batch(batch);
+    } catch (...) {
+      const std::exception_ptr error = std::current_exception();
+      for (const StepPlan::Part& part : plan.parts) finish(static_cast<Job&>(*part.sequence), "", error);
+      return;
+    }
+    scheduler_->step_done(plan);
+    for (size_t i = 0; i < plan.parts.size(); ++i) {
+      if (batch[i].logits != nullptr) sample(static_cast<Job&>(*plan.parts[i].sequence), batch[i].logits);
+    }
+    publish_load();
+  }
+
+  /// Samples the job's next token from its logits [vocab] (used as scratch), passes the
+  /// text on and ends the job on EOS, a stop string or max_tokens.
+  void sample(Job& job, float* logits) {
+    if (job.first_logits && job.result.tokens.empty()) job.first_logits->assign(logits, logits + config_.vocab_size);
+    if (job.params.max_tokens == 0) return finish(job, "length");
+    mask_logits(logits, unsampleable_);  // ids the tokenizer cannot decode
+    const int32_t token = sample_token(logits, config_.vocab_size, job.params, job.rng);
+    const auto now = Clock::now();
+    if (job.result.tokens.empty()) {
+      job.first_token = now;
+      job.result.ttft_ms = std::chrono::duration<double, std::milli>(now - job.submitted).count();
+    } else {
+      job.result.token_latencies_ms.push_back(std::chrono::duration<double, std::milli>(now - job.previous_token).count());
+    }
+    job.previous_token = now;
+    if (std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end()) return finish(job, "stop");
+    job.result.tokens.push_back(token);
+    job.tokens.push_back(token);
+    pass_on(job, job.stops.push(job.decoder.push(token)), {});
+    if (job.stops.stopped()) return finish(job, "stop");
+    if (static_cast<int64_t>(job.result.tokens.size()) == job.params.max_tokens) finish(job, "length");
+  }
+
+  /// Hands text and logprobs to the job's caller.
+  static void pass_on(Job& job, const std::string& text, std::vector<TokenLogprob> logprobs) {
+    if (text.empty() && logprobs.empty()) return;
+    {
+      std::lock_guard lock(job.mu);
+      job.result.text += text;
+      job.text += text;
+      for (TokenLogprob& lp : logprobs) job.logprobs.push_back(std::move(lp));
+    }
+    job.cv.notify_all();
+  }
+
+  /// Ends a job: with `reason` as its finish_reason (the held text flushed), or with
+  /// `error` (non-null) for its caller to rethrow. Frees its blocks.
+  void finish(Job& job, const std::string& reason, std::exception_ptr error = nullptr) {
+    if (!error && reason != "abort") {
+      pass_on(job, job.stops.push(job.decoder.flush()), {});
+      pass_on(job, job.stops.finish(), {});
+    }
+    scheduler_->remove(&job, /*keep_prefix=*/!error);
+    GenerationResult& r = job.result;
+    r.finish_reason = reason;
+    r.completion_tokens = static_cast<int64_t>(r.tokens.size());
+    if (r.completion_tokens > 1) {
+      const double s = std::chrono::duration<double>(job.previous_token - job.first_token).count();
+      if (s > 0) r.decode_tokens_per_s = double(r.completion_tokens - 1) / s;
+    }
+    std::shared_ptr<Job> keep;  // the caller may drop its own reference once done is set
+    for (auto it = active_.begin(); it != active_.end(); ++it) {
+      if (it->get() == &job) {
+        keep = std::move(*it);
+        active_.erase(it);
+        break;
+      }
+    }
+    {
+      std::lock_guard lock(inbox_mutex_);
+      --in_flight_;
+    }
+    {
+      std::lock_guard lock(job.mu);
+      job.error = error;
+      job.done = true;
+    }
+    job.cv.notify_all();
+  }
+
+  /// Copies the scheduler's and the pool's counters for load().
+  void publish_load() {
+    EngineLoad l;
+    l.running = static_cast<int64_t>(scheduler_->running());
+    l.waiting = static_cast<int64_t>(scheduler_->waiting());
+    l.kv_blocks_total = static_cast<int64_t>(pool_->num_blocks());
+    l.kv_blocks_used = static_cast<int64_t>(pool_->num_blocks() - pool_->free_blocks());
+    l.kv_blocks_cached = static_cast<int64_t>(pool_->cached_blocks());
+    l.kv_block_tokens = static_cast<int64_t>(KvBlockPool::kBlockSize);
+    l.prefix_hits = pool_->prefix_hits();
+    l.prefix_misses = pool_->prefix_misses();
+    l.preemptions = scheduler_->preemptions();
+    std::lock_guard lock(load_mutex_);
+    load_ = l;
+  }
+
+  Metrics* metrics_;
   std::unique_ptr<Checkpoint> checkpoint_;
   ModelConfig config_;
   std::unique_ptr<Tokenizer> tokenizer_;
@@ -206,7 +472,21 @@ class EngineImpl final : public Engine {
   std::unique_ptr<ExpertDispatcher> dispatcher_;  // a RoutingObserver over the real one
   RoutingObserver* observer_ = nullptr;           // dispatcher_, as its type
   std::unique_ptr<Model> model_;
-  mutable std::mutex mutex_;
+  mutable std::mutex model_mutex_;  // a forward against prefetch_stats()
+
+  std::unique_ptr<KvBlockPool> pool_;       // the loop's, like the scheduler
+  std::unique_ptr<Scheduler> scheduler_;
+  std::vector<std::shared_ptr<Job>> active_;  // the loop's: every job it has taken, unfinished
+
+  std::mutex inbox_mutex_;
+  std::condition_variable inbox_cv_;
+  std::deque<std::shared_ptr<Job>> inbox_;  // submitted, not yet taken by the loop
+  size_t in_flight_ = 0;                    // submitted and not finished
+  bool stopping_ = false;
+
+  mutable std::mutex load_mutex_;
+  EngineLoad load_;
+  std::thread loop_;  // last: started once everything above exists
 };
 
 }  // namespace

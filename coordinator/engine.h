@@ -17,6 +17,7 @@
 #include "common/topology.h"
 #include "coordinator/dispatch/expert_dispatch.h"
 #include "coordinator/dispatch/routing_observer.h"
+#include "coordinator/engine_load.h"
 #include "coordinator/sampler.h"
 #include "coordinator/sampling_params.h"
 #include "coordinator/text/chat_template.h"
@@ -53,18 +54,30 @@ using TextCallback = std::function<bool(std::string_view text, std::span<const T
 
 class Metrics;
 
-/// Per-run choices that are not part of the cluster description.
+/// Per-run choices that are not part of the cluster description. The batching limits
+/// and the KV cache size are the topology's `serving:` (Topology::serving).
 struct EngineOptions {
   std::string routing_trace;  ///< write every MoE layer's routing here (JSON lines, see
                               ///< coordinator/dispatch/routing_observer.h); empty = no trace
-  /// Receives the workers' RPC latencies, errors, failovers and expert tier counts (may
-  /// be null); must outlive the engine.
+  /// Receives the workers' RPC latencies, errors, failovers and expert tier counts, and
+  /// the scheduler's steps, queue times and preemptions (may be null); must outlive the
+  /// engine.
   Metrics* metrics = nullptr;
-  /// Prefill runs the prompt through each layer in chunks of at most this many tokens
-  /// (every expert of a chunk's batch-union is read and multiplied once per chunk; the
-  /// chunk bounds the activations, about 10 hidden-size rows of f32 per token). The
-  /// logits do not depend on it. Must be >= 1.
-  size_t prefill_chunk = 512;
+  /// The memory the default KV cache size is a share of (bytes); 0 = MemAvailable of
+  /// /proc/meminfo at start. Tests set it so that nothing depends on the host.
+  uint64_t available_memory_bytes = 0;
+};
+
+/// A generation the engine has accepted (Engine::start).
+class Generation {
+ public:
+  /// Cancels the generation unless wait() has returned.
+  virtual ~Generation() = default;
+  /// Streams the generation through `on_text` (may be empty; it runs on the calling
+  /// thread) until it ends; returns the result. Call once. Throws what the model and the
+  /// workers threw for its steps (Error), or Error(kUnavailable) when the engine shut
+  /// down first.
+  virtual GenerationResult wait(const TextCallback& on_text) = 0;
 };
 
 class Engine {
@@ -93,16 +106,37 @@ class Engine {
     return kNone;
   }
 
-  /// Generates a continuation of `prompt` (token ids), streaming through `on_text` (may
-  /// be empty). Thread-safe: concurrent calls are batched together (continuous batching).
-  /// Throws Error(kInvalidInput) for an empty prompt or one longer than max_context().
-  virtual GenerationResult generate(const std::vector<int32_t>& prompt, const SamplingParams& params,
-                                    const TextCallback& on_text) = 0;
+  /// Accepts a continuation of `prompt` (token ids) for generation and returns at once;
+  /// the text arrives through Generation::wait. Thread-safe: concurrent generations are
+  /// batched together (continuous batching), and a sequence's tokens do not depend on
+  /// the others. When `first_logits` is not null it receives the logits [vocab_size] f32
+  /// the first token was sampled from, before any penalty or mask (it must outlive the
+  /// generation). Throws Error(kInvalidInput) for an empty prompt, one longer than
+  /// max_context(), or prompt plus max_tokens larger than the KV cache (the message
+  /// gives both sizes); Error(kBusy) when max_num_seqs + max_waiting requests are in
+  /// flight already; Error(kUnavailable) while shutting down.
+  virtual std::unique_ptr<Generation> start(const std::vector<int32_t>& prompt, const SamplingParams& params,
+                                            std::vector<float>* first_logits = nullptr) = 0;
+
+  /// start() then Generation::wait(on_text): the whole generation on this thread.
+  GenerationResult generate(const std::vector<int32_t>& prompt, const SamplingParams& params,
+                            const TextCallback& on_text) {
+    return start(prompt, params)->wait(on_text);
+  }
 
   /// Logits [vocab_size] f32 for the token after `prompt` (a fresh sequence), as the model
   /// computes them: the unsampleable ids are not masked here. For tests and
   /// `charm run --logits-out`.
-  virtual std::vector<float> prompt_logits(const std::vector<int32_t>& prompt) = 0;
+  std::vector<float> prompt_logits(const std::vector<int32_t>& prompt) {
+    SamplingParams params;
+    params.max_tokens = 0;
+    std::vector<float> logits;
+    start(prompt, params, &logits)->wait({});
+    return logits;
+  }
+
+  /// The scheduler's and the KV cache's state now (never waits for a step).
+  virtual EngineLoad load() const { return {}; }
 
   /// Per-worker status, as the coordinator sees it.
   virtual std::vector<WorkerStatus> cluster_status() const = 0;

@@ -40,6 +40,8 @@ ApiError client_error(std::exception_ptr failure, FailureStage stage, const std:
     if (e.category() == ErrorCategory::kInvalidInput && stage == FailureStage::kRequest) {
       return ApiError(400, e.message());
     }
+    // A full queue: the client may retry (Retry-After), as OpenAI's rate limits answer.
+    if (e.category() == ErrorCategory::kBusy) return ApiError(429, e.message(), "", "rate_limit_error");
     // No live replica for an expert: the cluster, not the request, is at fault, and a
     // retry may succeed once a worker rejoins.
     return server_failure(e.category() == ErrorCategory::kUnavailable ? 503 : 500, request_id, e.what());

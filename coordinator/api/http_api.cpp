@@ -46,6 +46,7 @@ const std::map<std::string, std::set<std::string>>& known_paths() {
 
 void send_error(httplib::Response& res, const ApiError& error) {
   res.status = error.status();
+  if (error.status() == 429) res.set_header("Retry-After", "1");  // the queue drains by the step
   res.set_content(dump_json(error_body(error)), kJson);
 }
 
@@ -66,8 +67,10 @@ void guarded(httplib::Response& res, const std::string& request_id, F&& body) {
 /// has returned.
 struct StreamJob {
   ApiRequest request;
-  std::vector<int32_t> prompt;
   ResponseMeta meta;
+  std::unique_ptr<Generation> generation;  // accepted by the engine before the 200 went out
+  std::string remote_addr;                 // the client, to notice a hang-up (ClientWatch)
+  int remote_port = 0;
 };
 
 /// Records a finished generation's tokens and latencies.
@@ -79,10 +82,11 @@ void record_generation(Metrics& metrics, const GenerationResult& result) {
 }
 
 /// Writes the SSE stream of one generation to `sink`. Returns false when the client went
-/// away (the generation is then cancelled through on_text).
-bool write_stream(Engine& engine, Metrics& metrics, const std::atomic<bool>& stopping, const StreamJob& job,
-                  httplib::DataSink& sink) {
+/// away (the generation is then cancelled through its callback: at once when a write
+/// fails, at the next heartbeat when the client hangs up while nothing is written).
+bool write_stream(Metrics& metrics, const std::atomic<bool>& stopping, StreamJob& job, httplib::DataSink& sink) {
   const bool usage = job.request.include_usage;
+  const ClientWatch client(job.remote_addr, job.remote_port);
   bool open = true;
   auto send = [&](const std::string& event) {
     if (open && !sink.write(event.data(), event.size())) open = false;
@@ -90,8 +94,8 @@ bool write_stream(Engine& engine, Metrics& metrics, const std::atomic<bool>& sto
   };
   if (job.meta.kind == RequestKind::kChat) send(sse_event(role_chunk(job.meta, usage)));
   try {
-    GenerationResult result = engine.generate(job.prompt, job.request.sampling, [&](std::string_view piece, std::span<const TokenLogprob>) {
-      if (piece.empty()) return open && !stopping;
+    GenerationResult result = job.generation->wait([&](std::string_view piece, std::span<const TokenLogprob>) {
+      if (piece.empty()) return open && !stopping && !client.gone();
       return send(sse_event(text_chunk(job.meta, piece, usage))) && !stopping;
     });
     record_generation(metrics, result);
@@ -127,17 +131,29 @@ std::pair<ApiRequest, std::vector<int32_t>> read_request(const Engine& engine, c
   }
 }
 
+/// The engine's acceptance of a request's generation. Errors are ApiErrors: the prompt
+/// not fitting the KV cache is the request's fault (400), a full queue a 429.
+std::unique_ptr<Generation> start_generation(Engine& engine, const ApiRequest& request,
+                                             const std::vector<int32_t>& prompt, const ResponseMeta& meta) {
+  try {
+    return engine.start(prompt, request.sampling);
+  } catch (...) {
+    throw client_error(std::current_exception(), FailureStage::kRequest, meta.id);
+  }
+}
+
 /// Serves one /v1/completions or /v1/chat/completions request whose response id is
-/// meta.id. Whatever fails once the request is read is the server's fault.
+/// meta.id. Whatever fails once the engine has accepted it is the server's fault.
 void serve_generation(Engine& engine, Metrics& metrics, const std::atomic<bool>& stopping,
                       const httplib::Request& req, httplib::Response& res, ResponseMeta meta) {
   auto [request, prompt] = read_request(engine, req, meta);
+  std::unique_ptr<Generation> generation = start_generation(engine, request, prompt, meta);
 
   if (!request.stream) {
-    // Cancel when the client hangs up: nobody would read the answer, and every other
-    // request waits for this one (the engine runs one generation at a time).
+    // Cancel when the client hangs up: nobody would read the answer, and it holds a
+    // place in the batch (the heartbeat asks while nothing is produced).
     const ClientWatch client(req.remote_addr, req.remote_port);
-    GenerationResult result = engine.generate(prompt, request.sampling, [&](std::string_view, std::span<const TokenLogprob>) {
+    GenerationResult result = generation->wait([&](std::string_view, std::span<const TokenLogprob>) {
       return !stopping.load() && !client.gone();
     });
     record_generation(metrics, result);
@@ -145,12 +161,12 @@ void serve_generation(Engine& engine, Metrics& metrics, const std::atomic<bool>&
     res.set_content(dump_json(response_body(meta, result)), kJson);
     return;
   }
-  auto job = std::make_shared<StreamJob>(StreamJob{std::move(request), std::move(prompt), std::move(meta)});
+  auto job = std::make_shared<StreamJob>(
+      StreamJob{std::move(request), std::move(meta), std::move(generation), req.remote_addr, req.remote_port});
   res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider("text/event-stream",
-                                   [&engine, &metrics, &stopping, job](size_t, httplib::DataSink& sink) {
-                                     return write_stream(engine, metrics, stopping, *job, sink);
-                                   });
+  res.set_chunked_content_provider("text/event-stream", [&metrics, &stopping, job](size_t, httplib::DataSink& sink) {
+    return write_stream(metrics, stopping, *job, sink);
+  });
 }
 
 json cluster_status_body(const Engine& engine) {
@@ -305,7 +321,8 @@ void HttpApi::install_routes() {
   }));
   s.Get("/metrics", read([this](const httplib::Request&, httplib::Response& res) {
     guarded(res, new_request_id(), [&] {
-      res.set_content(metrics_.render(engine_.cluster_status()), "text/plain; version=0.0.4; charset=utf-8");
+      const EngineLoad load = engine_.load();
+      res.set_content(metrics_.render(engine_.cluster_status(), &load), "text/plain; version=0.0.4; charset=utf-8");
     });
   }));
   for (const auto& [path, endpoint] : {std::pair{"/v1/completions", RequestKind::kCompletion},

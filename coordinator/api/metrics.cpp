@@ -11,6 +11,8 @@ namespace {
 // prefill on a slow cluster (minutes); per-token and RPC latencies sit lower.
 const std::vector<double> kTtftBounds = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
 const std::vector<double> kTokenBounds = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
+// Rows per engine step: one per decode, plus prompt chunks (max_batch_tokens at most).
+const std::vector<double> kStepBounds = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
 const std::vector<double> kRpcBounds = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
                                         0.05,   0.1,     0.25,   0.5,   1,      2.5,   5,     10};
 
@@ -74,12 +76,18 @@ Metrics::Metrics()
       token_latency_{"charm_time_per_output_token_seconds",
                      "Time from one sampled token to the next (every token after the first).", {}, kTokenBounds, {}},
       worker_rpc_{"charm_worker_rpc_seconds", "Round trip of one layer request to a worker.", {"worker"},
-                  kRpcBounds, {}} {
+                  kRpcBounds, {}},
+      queue_time_{"charm_queue_time_seconds", "Time from a request's arrival to its first engine step.", {},
+                  kTtftBounds, {}},
+      step_tokens_{"charm_step_tokens", "Rows (decode tokens and prompt-chunk tokens) of each engine step.", {},
+                   kStepBounds, {}} {
   // Unlabelled counters exist from the start, so a scrape shows 0 rather than nothing.
   prompt_tokens_.values[{}] = 0;
   completion_tokens_.values[{}] = 0;
   ttft_.values[{}] = HistogramData{std::vector<uint64_t>(kTtftBounds.size(), 0), 0, 0};
   token_latency_.values[{}] = HistogramData{std::vector<uint64_t>(kTokenBounds.size(), 0), 0, 0};
+  queue_time_.values[{}] = HistogramData{std::vector<uint64_t>(kTtftBounds.size(), 0), 0, 0};
+  step_tokens_.values[{}] = HistogramData{std::vector<uint64_t>(kStepBounds.size(), 0), 0, 0};
 }
 
 void Metrics::add(CounterFamily& family, const Labels& labels, double amount) {
@@ -107,6 +115,16 @@ void Metrics::generation(int64_t prompt_tokens, int64_t completion_tokens, doubl
   add(completion_tokens_, {}, static_cast<double>(completion_tokens));
   if (completion_tokens > 0) observe(ttft_, {}, ttft_s);
   for (double s : token_latencies_s) observe(token_latency_, {}, s);
+}
+
+void Metrics::queue_time(double seconds) {
+  std::lock_guard lock(mutex_);
+  observe(queue_time_, {}, seconds);
+}
+
+void Metrics::engine_step(size_t tokens) {
+  std::lock_guard lock(mutex_);
+  observe(step_tokens_, {}, static_cast<double>(tokens));
 }
 
 void Metrics::worker_rpc(const std::string& worker, double seconds) {
@@ -137,7 +155,34 @@ void Metrics::expert_stats(const std::string& worker, uint64_t hits, uint64_t mi
   add(expert_bytes_read_, {worker}, static_cast<double>(bytes_read));
 }
 
-std::string Metrics::render(const std::vector<WorkerStatus>& workers) const {
+namespace {
+
+/// The engine's gauges and counters (EngineLoad).
+void render_load(std::string& out, const EngineLoad& load) {
+  auto one = [&](const char* name, const char* help, const char* type, double value) {
+    header(out, name, help, type);
+    out += std::string(name) + " " + number(value) + "\n";
+  };
+  one("charm_sequences_running", "Sequences in the running batch.", "gauge", double(load.running));
+  one("charm_sequences_waiting", "Requests queued for admission.", "gauge", double(load.waiting));
+  header(out, "charm_kv_cache_blocks", "Blocks of the paged KV cache, by state (used: held by sequences; cached: "
+                                       "free, holding a reusable prefix; free: neither).", "gauge");
+  const int64_t free = load.kv_blocks_total - load.kv_blocks_used - load.kv_blocks_cached;
+  for (auto [state, value] : {std::pair{"used", load.kv_blocks_used}, {"cached", load.kv_blocks_cached},
+                              {"free", free}}) {
+    out += std::string("charm_kv_cache_blocks{state=\"") + state + "\"} " + std::to_string(value) + "\n";
+  }
+  one("charm_kv_cache_block_tokens", "Positions per KV cache block.", "gauge", double(load.kv_block_tokens));
+  one("charm_prefix_cache_hits_total", "KV blocks reused from the prefix cache.", "counter", double(load.prefix_hits));
+  one("charm_prefix_cache_misses_total", "Prefix-cache lookups that found no block.", "counter",
+      double(load.prefix_misses));
+  one("charm_preemptions_total", "Sequences sent back to the queue for want of KV blocks (recomputed later).",
+      "counter", double(load.preemptions));
+}
+
+}  // namespace
+
+std::string Metrics::render(const std::vector<WorkerStatus>& workers, const EngineLoad* load) const {
   std::lock_guard lock(mutex_);
   std::string out;
   for (const CounterFamily* f : {&http_requests_, &prompt_tokens_, &completion_tokens_, &worker_errors_,
@@ -147,7 +192,7 @@ std::string Metrics::render(const std::vector<WorkerStatus>& workers) const {
       out += f->name + label_text(f->label_names, labels) + " " + number(value) + "\n";
     }
   }
-  for (const HistogramFamily* f : {&ttft_, &token_latency_, &worker_rpc_}) {
+  for (const HistogramFamily* f : {&ttft_, &token_latency_, &worker_rpc_, &queue_time_, &step_tokens_}) {
     header(out, f->name, f->help, "histogram");
     for (const auto& [labels, h] : f->values) {
       uint64_t cumulative = 0;
@@ -162,6 +207,7 @@ std::string Metrics::render(const std::vector<WorkerStatus>& workers) const {
       out += f->name + "_count" + label_text(f->label_names, labels) + " " + std::to_string(h.count) + "\n";
     }
   }
+  if (load != nullptr) render_load(out, *load);
   if (!workers.empty()) {
     header(out, "charm_worker_up", "1 while the coordinator holds a working connection to the worker.", "gauge");
     for (const WorkerStatus& w : workers) {

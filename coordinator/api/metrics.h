@@ -10,6 +10,8 @@
 //                      failover(worker) where it fails a worker over (the same event
 //                      WorkerStatus::failovers counts)
 //   LocalDispatcher    expert_stats as worker "local" (the in-process store's counts)
+//   Engine             queue_time (each request, when first scheduled), engine_step
+//                      (tokens of every step); its load (EngineLoad) is passed to render()
 // Thread-safety: every method may be called from any thread (one mutex).
 #pragma once
 
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "coordinator/dispatch/worker_status.h"
+#include "coordinator/engine_load.h"
 
 namespace charm {
 
@@ -58,13 +61,20 @@ class Metrics {
   /// disk (misses) and the bytes those reads fetched.
   void expert_stats(const std::string& worker, uint64_t hits, uint64_t misses, uint64_t bytes_read);
 
+  /// A request's wait in the queue, from submission to its first step (seconds).
+  void queue_time(double seconds);
+  /// One engine step ran `tokens` rows (decode tokens and prompt chunks together).
+  void engine_step(size_t tokens);
+
   /// Failovers counted so far per worker (for /cluster/status and `charm status`).
   uint64_t failovers(const std::string& worker) const;
 
   /// Everything in the text exposition format, families in a fixed order, each with
   /// # HELP and # TYPE lines; `workers` adds the gauges charm_worker_up and
-  /// charm_worker_experts_held from the dispatcher's current view.
-  std::string render(const std::vector<WorkerStatus>& workers = {}) const;
+  /// charm_worker_experts_held from the dispatcher's current view; `load` (when not null)
+  /// the engine's gauges: sequences running and waiting, KV blocks, prefix-cache hits,
+  /// preemptions.
+  std::string render(const std::vector<WorkerStatus>& workers = {}, const EngineLoad* load = nullptr) const;
 
  private:
   using Labels = std::vector<std::string>;  // values, in the family's label-name order
@@ -86,7 +96,7 @@ class Metrics {
   mutable std::mutex mutex_;
   CounterFamily http_requests_, prompt_tokens_, completion_tokens_, worker_errors_, failovers_,
       expert_hits_, expert_misses_, expert_bytes_read_;
-  HistogramFamily ttft_, token_latency_, worker_rpc_;
+  HistogramFamily ttft_, token_latency_, worker_rpc_, queue_time_, step_tokens_;
 };
 
 /// Escapes a label value for the text format (backslash, double quote, newline).

@@ -96,19 +96,16 @@ void causal_gqa_attention(const float* q, size_t rows, size_t pos0, const KvCach
 
 namespace {
 
-/// The tail of a RoPE GQA attention block, after the q/k/v projections and norms: rotates
-/// q [rows, num_heads, head_dim] and k [rows, num_kv_heads, head_dim] in place for
-/// positions pos0.., stores k and v in the cache of `layer`, attends causally and
-/// projects with o_proj into out [rows, hidden].
-void rope_attention(const Rope& rope, float* q, float* k, const float* v, size_t rows, size_t pos0, KvCache& cache,
-                    size_t layer, size_t num_heads, size_t num_kv_heads, size_t head_dim, const Linear& o_proj,
-                    float* out) {
-  rope.apply(q, rows, num_heads, pos0);
-  rope.apply(k, rows, num_kv_heads, pos0);
-  store_kv(cache, layer, pos0, rows, num_kv_heads * head_dim, k, v);
-  std::vector<float> attn(rows * num_heads * head_dim);
-  causal_gqa_attention(q, rows, pos0, cache, layer, num_heads, num_kv_heads, head_dim, attn.data());
-  o_proj(attn.data(), rows, out);
+/// The tail of a RoPE GQA attention block for one sequence, after the q/k/v projections
+/// and norms: rotates its q [rows, num_heads, head_dim] and k [rows, num_kv_heads,
+/// head_dim] in place for positions seq.pos0.., stores k and v in `layer` of its cache and
+/// attends causally into attn [rows, num_heads * head_dim].
+void rope_attention(const Rope& rope, float* q, float* k, const float* v, const SequenceRows& seq, size_t layer,
+                    size_t num_heads, size_t num_kv_heads, size_t head_dim, float* attn) {
+  rope.apply(q, seq.rows, num_heads, seq.pos0);
+  rope.apply(k, seq.rows, num_kv_heads, seq.pos0);
+  store_kv(*seq.cache, layer, seq.pos0, seq.rows, num_kv_heads * head_dim, k, v);
+  causal_gqa_attention(q, seq.rows, seq.pos0, *seq.cache, layer, num_heads, num_kv_heads, head_dim, attn);
 }
 
 }  // namespace
@@ -150,15 +147,20 @@ void RopeGqaAttention::normalise_qkv(float* q, float* k, float* v, size_t rows) 
   }
 }
 
-void RopeGqaAttention::operator()(const Rope& rope, const float* x, size_t rows, size_t pos0, KvCache& cache,
+void RopeGqaAttention::operator()(const Rope& rope, const float* x, size_t rows, std::span<const SequenceRows> batch,
                                   size_t layer, float* out) const {
   std::vector<float> q(rows * q_proj.out()), k(rows * k_proj.out()), v(rows * v_proj.out());
   q_proj(x, rows, q.data());
   k_proj(x, rows, k.data());
   v_proj(x, rows, v.data());
   normalise_qkv(q.data(), k.data(), v.data(), rows);
-  rope_attention(rope, q.data(), k.data(), v.data(), rows, pos0, cache, layer, num_heads, num_kv_heads, head_dim,
-                 o_proj, out);
+  const size_t q_dim = q_proj.out(), kv_dim = k_proj.out();
+  std::vector<float> attn(rows * q_dim);
+  for (const SequenceRows& seq : batch) {
+    rope_attention(rope, q.data() + seq.row0 * q_dim, k.data() + seq.row0 * kv_dim, v.data() + seq.row0 * kv_dim, seq,
+                   layer, num_heads, num_kv_heads, head_dim, attn.data() + seq.row0 * q_dim);
+  }
+  o_proj(attn.data(), rows, out);
 }
 
 DenseMlp DenseMlp::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden, size_t intermediate) {
@@ -252,10 +254,10 @@ OutputHead OutputHead::load(const Checkpoint& ckpt, size_t hidden, size_t vocab,
   return head;
 }
 
-void OutputHead::operator()(const float* hidden_row, const StoredMatrix& embed, float* logits) const {
-  std::vector<float> normed(norm.weight.size());
-  norm(hidden_row, 1, normed.data());
-  matmul(lm_head.weight.empty() ? embed.view() : lm_head.weight.view(), normed.data(), 1, nullptr, logits);
+void OutputHead::operator()(const float* hidden, size_t rows, const StoredMatrix& embed, float* logits) const {
+  std::vector<float> normed(rows * norm.weight.size());
+  norm(hidden, rows, normed.data());
+  matmul(lm_head.weight.empty() ? embed.view() : lm_head.weight.view(), normed.data(), rows, nullptr, logits);
 }
 
 SoftmaxTopkRouter SoftmaxTopkRouter::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,

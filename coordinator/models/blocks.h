@@ -3,12 +3,15 @@
 // GQA attention over the KV cache (with the families' q/k-norm variants), the dense
 // SwiGLU MLP, softmax top-k routing, and the one MoE block every family runs (routed
 // experts through the ExpertDispatcher, an optional shared expert, the prefetch hint).
-// Activations are f32 row-major [rows, width]; rows are token positions of one sequence.
+// Activations are f32 row-major [rows, width]; rows are token positions of one or more
+// sequences (a step's ragged batch, SequenceRows), and no row's result depends on the
+// others: every kernel here is row-independent, attention reads only its own sequence.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -18,6 +21,15 @@
 #include "coordinator/models/kv_cache.h"
 
 namespace charm {
+
+/// Where one sequence's rows sit in a step's batch: rows [row0, row0 + rows) of the
+/// activations are its positions pos0 .. pos0 + rows - 1, whose K/V go to `cache`.
+struct SequenceRows {
+  size_t row0 = 0;
+  size_t rows = 0;
+  size_t pos0 = 0;
+  KvCache* cache = nullptr;
+};
 
 /// nn.Linear: weight [out, in] at the checkpoint's precision (common/matmul.h computes
 /// from it in f32), optional bias [out] f32.
@@ -103,9 +115,10 @@ struct RopeGqaAttention {
   GqaOptions options;
   static RopeGqaAttention load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden, size_t num_heads,
                                size_t num_kv_heads, size_t head_dim, const GqaOptions& options);
-  /// out [rows, hidden] for x [rows, hidden] (normed) at positions pos0..; stores the
-  /// positions' K/V in the cache of `layer`.
-  void operator()(const Rope& rope, const float* x, size_t rows, size_t pos0, KvCache& cache, size_t layer,
+  /// out [rows, hidden] for x [rows, hidden] (normed), the rows of the sequences `batch`
+  /// lays out: projections over all rows, then per sequence RoPE at its positions, its
+  /// K/V stored in `layer` of its cache, causal attention over that cache.
+  void operator()(const Rope& rope, const float* x, size_t rows, std::span<const SequenceRows> batch, size_t layer,
                   float* out) const;
 
  private:
@@ -134,8 +147,9 @@ struct OutputHead {
   Linear lm_head;  ///< empty when tie_word_embeddings
   /// Loads "model.norm" and, unless `tied`, "lm_head" [vocab, hidden].
   static OutputHead load(const Checkpoint& ckpt, size_t hidden, size_t vocab, double eps, bool tied);
-  /// logits [vocab] of one hidden row [hidden]; `embed` [vocab, hidden] is used when tied.
-  void operator()(const float* hidden_row, const StoredMatrix& embed, float* logits) const;
+  /// logits [rows, vocab] of hidden rows [rows, hidden]; `embed` [vocab, hidden] is used
+  /// when tied. Each row's logits are the same whatever the other rows.
+  void operator()(const float* hidden, size_t rows, const StoredMatrix& embed, float* logits) const;
 };
 
 /// Router decisions for `rows` positions: top_k experts per row, best first, with their

@@ -65,8 +65,8 @@ class DeepseekV3 final : public LayerStack<DeepseekV3Layer> {
   }
 
   /// The compressed MLA cache: one [kv_lora_rank | qk_rope_head_dim] row per layer and token.
-  KvCache new_cache(size_t max_tokens) const override {
-    return KvCache(config_.num_hidden_layers, max_tokens, MlaAttention::cache_row_dim(config_), 0);
+  KvLayout kv_layout() const override {
+    return KvLayout{static_cast<size_t>(config_.num_hidden_layers), MlaAttention::cache_row_dim(config_), 0};
   }
 };
 

@@ -2,36 +2,176 @@
 
 #include <algorithm>
 #include <limits>
+#include <new>
+#include <numeric>
 #include <string>
+
+#include <xxhash.h>
 
 #include "common/error.h"
 
 namespace charm {
 
-KvCache::KvCache(size_t num_layers, size_t max_tokens, size_t kv_dim)
-    : KvCache(num_layers, max_tokens, kv_dim, kv_dim) {}
+uint64_t prefix_block_key(uint64_t parent_key, std::span<const int32_t> tokens) {
+  return XXH3_64bits_withSeed(tokens.data(), tokens.size_bytes(), parent_key);
+}
 
-KvCache::KvCache(size_t num_layers, size_t max_tokens, size_t key_dim, size_t value_dim)
-    : max_tokens_(max_tokens), key_dim_(key_dim), value_dim_(value_dim), keys_(num_layers), values_(num_layers) {
-  // A wrapped product would allocate a small buffer that advance() then lets writes run
-  // past: refuse instead.
-  const size_t width = std::max(key_dim, value_dim);
-  if (width != 0 && max_tokens > std::numeric_limits<size_t>::max() / sizeof(float) / width) {
-    fail_invalid("a KV cache of " + std::to_string(max_tokens) + " tokens of " + std::to_string(width) +
+namespace {
+
+/// new float[n] without initialising it (the kernel then maps pages only as they are
+/// written); Error(kInvalidInput) naming the size when it cannot be had.
+std::unique_ptr<float[]> allocate_floats(size_t n, size_t blocks) {
+  if (n == 0) return nullptr;
+  float* p = new (std::nothrow) float[n];
+  if (p == nullptr) {
+    fail_invalid("a KV cache of " + std::to_string(blocks) + " blocks (" + std::to_string(n / (1u << 18)) +
+                 " MiB) cannot be allocated; lower kv_cache_gb");
+  }
+  return std::unique_ptr<float[]>(p);
+}
+
+}  // namespace
+
+KvBlockPool::KvBlockPool(const KvLayout& layout, size_t num_blocks) : layout_(layout) {
+  if (num_blocks == 0) fail_invalid("a KV cache needs at least one block");
+  // A wrapped product would allocate a small buffer that the accessors then run past.
+  const size_t width = std::max(layout.key_dim, layout.value_dim);
+  const size_t max = std::numeric_limits<size_t>::max() / sizeof(float);
+  if (width != 0 && (num_blocks > max / kBlockSize / width ||
+                     layout.num_layers > max / (num_blocks * kBlockSize * width))) {
+    fail_invalid("a KV cache of " + std::to_string(num_blocks * kBlockSize) + " tokens of " + std::to_string(width) +
                  " floats does not fit in memory");
   }
-  for (size_t l = 0; l < num_layers; ++l) {
-    keys_[l].resize(max_tokens * key_dim);
-    values_[l].resize(max_tokens * value_dim);
+  if (num_blocks > std::numeric_limits<uint32_t>::max()) {
+    fail_invalid("a KV cache of " + std::to_string(num_blocks) + " blocks has more than 2^32 blocks");
+  }
+  const size_t rows = layout.num_layers * num_blocks * kBlockSize;
+  keys_ = allocate_floats(rows * layout.key_dim, num_blocks);
+  values_ = allocate_floats(rows * layout.value_dim, num_blocks);
+  refs_.assign(num_blocks, 0);
+  never_used_.resize(num_blocks);
+  // Handed out lowest first (allocate pops the back).
+  std::iota(never_used_.rbegin(), never_used_.rend(), 0u);
+}
+
+std::optional<uint32_t> KvBlockPool::allocate() {
+  uint32_t block;
+  if (!never_used_.empty()) {
+    block = never_used_.back();
+    never_used_.pop_back();
+  } else if (!cached_lru_.empty()) {
+    block = cached_lru_.front();
+    cached_lru_.pop_front();
+    unpublish(block);
+  } else {
+    return std::nullopt;
+  }
+  refs_[block] = 1;
+  return block;
+}
+
+void KvBlockPool::release(uint32_t block) {
+  if (refs_.at(block) == 0) fail_internal("KV block " + std::to_string(block) + " released twice");
+  if (--refs_[block] > 0) return;
+  auto it = cached_.find(block);
+  if (it == cached_.end()) {
+    never_used_.push_back(block);
+  } else {
+    it->second.lru = cached_lru_.insert(cached_lru_.end(), block);
   }
 }
 
+std::optional<uint32_t> KvBlockPool::find_cached(uint64_t key, std::span<const int32_t> tokens) {
+  auto it = by_key_.find(key);
+  if (it == by_key_.end() || !std::ranges::equal(cached_.at(it->second).tokens, tokens)) {
+    ++misses_;
+    return std::nullopt;
+  }
+  ++hits_;
+  const uint32_t block = it->second;
+  if (refs_[block]++ == 0) cached_lru_.erase(cached_.at(block).lru);
+  return block;
+}
+
+void KvBlockPool::publish(uint32_t block, uint64_t key, std::span<const int32_t> tokens) {
+  if (by_key_.count(key) || cached_.count(block)) return;
+  by_key_.emplace(key, block);
+  cached_.emplace(block, Cached{key, std::vector<int32_t>(tokens.begin(), tokens.end()), {}});
+}
+
+void KvBlockPool::unpublish(uint32_t block) {
+  auto it = cached_.find(block);
+  if (it == cached_.end()) return;
+  by_key_.erase(it->second.key);
+  cached_.erase(it);
+}
+
+KvCache::KvCache(KvBlockPool& pool) : pool_(&pool) {}
+
+KvCache::KvCache(const KvLayout& layout, size_t max_tokens)
+    : own_pool_(std::make_unique<KvBlockPool>(
+          layout, std::max<size_t>(1, max_tokens / kBlock + (max_tokens % kBlock != 0)))),
+      pool_(own_pool_.get()) {
+  reserve(max_tokens);
+}
+
+KvCache::KvCache(size_t num_layers, size_t max_tokens, size_t kv_dim)
+    : KvCache(KvLayout{num_layers, kv_dim, kv_dim}, max_tokens) {}
+
+KvCache::KvCache(size_t num_layers, size_t max_tokens, size_t key_dim, size_t value_dim)
+    : KvCache(KvLayout{num_layers, key_dim, value_dim}, max_tokens) {}
+
+KvCache::~KvCache() { clear(); }
+
+KvCache::KvCache(KvCache&& other) noexcept
+    : own_pool_(std::move(other.own_pool_)),
+      pool_(other.pool_),
+      blocks_(std::move(other.blocks_)),
+      length_(other.length_) {
+  other.blocks_.clear();
+  other.length_ = 0;
+}
+
+KvCache& KvCache::operator=(KvCache&& other) noexcept {
+  if (this == &other) return *this;
+  clear();
+  own_pool_ = std::move(other.own_pool_);
+  pool_ = other.pool_;
+  blocks_ = std::move(other.blocks_);
+  length_ = other.length_;
+  other.blocks_.clear();
+  other.length_ = 0;
+  return *this;
+}
+
 void KvCache::advance(size_t n) {
-  if (n > max_tokens_ - length_) {
+  if (n > capacity() - length_) {
     fail_invalid("sequence of " + std::to_string(length_ + n) + " tokens exceeds the KV cache capacity of " +
-                 std::to_string(max_tokens_));
+                 std::to_string(capacity()));
   }
   length_ += n;
+}
+
+bool KvCache::reserve(size_t positions) {
+  while (capacity() < positions) {
+    std::optional<uint32_t> block = pool_->allocate();
+    if (!block) return false;
+    blocks_.push_back(*block);
+  }
+  return true;
+}
+
+void KvCache::append_cached(uint32_t block) {
+  if (length_ != capacity()) fail_internal("KvCache::append_cached with reserved positions not yet stored");
+  blocks_.push_back(block);
+  length_ += kBlock;
+}
+
+void KvCache::clear() {
+  if (pool_ == nullptr) return;
+  for (uint32_t block : blocks_) pool_->release(block);
+  blocks_.clear();
+  length_ = 0;
 }
 
 }  // namespace charm

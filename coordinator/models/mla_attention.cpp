@@ -65,45 +65,55 @@ std::vector<float> MlaAttention::queries(const float* x, size_t rows) const {
   return q;
 }
 
-void MlaAttention::operator()(const Rope& rope, const float* x, size_t rows, size_t pos0, KvCache& cache,
+void MlaAttention::operator()(const Rope& rope, const float* x, size_t rows, std::span<const SequenceRows> batch,
                               size_t layer, float* out) const {
   const size_t qk = nope_ + rope_dim_;
   const size_t row_dim = kv_lora_ + rope_dim_;
   const std::vector<float> q = queries(x, rows);
-  // Compressed KV: [latent | k_rot] per position, latent normalised, k_rot rotated.
+  // Compressed KV: [latent | k_rot] per position, latent normalised, k_rot rotated below.
   std::vector<float> compressed(rows * row_dim);
   kv_a_proj_with_mqa_(x, rows, compressed.data());
+  std::vector<float> attn(rows * num_heads_ * v_dim_);
+  for (const SequenceRows& seq : batch) {
+    attend_sequence(rope, compressed.data() + seq.row0 * row_dim, q.data() + seq.row0 * num_heads_ * qk, seq, layer,
+                    attn.data() + seq.row0 * num_heads_ * v_dim_);
+  }
+  o_proj_(attn.data(), rows, out);
+}
+
+void MlaAttention::attend_sequence(const Rope& rope, float* compressed, const float* q, const SequenceRows& seq,
+                                   size_t layer, float* attn) const {
+  const size_t qk = nope_ + rope_dim_;
+  const size_t row_dim = kv_lora_ + rope_dim_;
+  const size_t rows = seq.rows, pos0 = seq.pos0;
+  KvCache& cache = *seq.cache;
   std::vector<float> k_rot(rows * rope_dim_);
   for (size_t r = 0; r < rows; ++r) {
-    float* row = compressed.data() + r * row_dim;
+    float* row = compressed + r * row_dim;
     kv_a_layernorm_(row, 1, row);
     std::copy(row + kv_lora_, row + row_dim, k_rot.data() + r * rope_dim_);
   }
   rope.apply(k_rot.data(), rows, 1, pos0);
   for (size_t r = 0; r < rows; ++r) {
     float* dst = cache.key(layer, pos0 + r);
-    std::copy(compressed.data() + r * row_dim, compressed.data() + r * row_dim + kv_lora_, dst);
+    std::copy(compressed + r * row_dim, compressed + r * row_dim + kv_lora_, dst);
     std::copy(k_rot.data() + r * rope_dim_, k_rot.data() + (r + 1) * rope_dim_, dst + kv_lora_);
   }
   // Rotated query parts [rows, num_heads, qk_rope].
   std::vector<float> q_rot(rows * num_heads_ * rope_dim_);
   for (size_t i = 0; i < rows * num_heads_; ++i) {
-    std::copy(q.data() + i * qk + nope_, q.data() + (i + 1) * qk, q_rot.data() + i * rope_dim_);
+    std::copy(q + i * qk + nope_, q + (i + 1) * qk, q_rot.data() + i * rope_dim_);
   }
   rope.apply(q_rot.data(), rows, num_heads_, pos0);
-
-  std::vector<float> attn(rows * num_heads_ * v_dim_);
 #pragma omp parallel for collapse(2) schedule(static) if (rows * num_heads_ > 1)
   for (size_t r = 0; r < rows; ++r) {
     for (size_t head = 0; head < num_heads_; ++head) {
       const size_t i = r * num_heads_ + head;
       std::vector<float> q_lat(kv_lora_);  // W_uk^T q_nope: the query in latent space
-      linear_serial(q.data() + i * qk, 1, w_uk_t_.data() + head * kv_lora_ * nope_, nope_, kv_lora_, q_lat.data());
-      attend_head(q_lat.data(), q_rot.data() + i * rope_dim_, head, pos0 + r + 1, cache, layer,
-                  attn.data() + i * v_dim_);
+      linear_serial(q + i * qk, 1, w_uk_t_.data() + head * kv_lora_ * nope_, nope_, kv_lora_, q_lat.data());
+      attend_head(q_lat.data(), q_rot.data() + i * rope_dim_, head, pos0 + r + 1, cache, layer, attn + i * v_dim_);
     }
   }
-  o_proj_(attn.data(), rows, out);
 }
 
 void MlaAttention::attend_head(const float* q_lat, const float* q_rot, size_t h, size_t visible,

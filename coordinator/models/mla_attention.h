@@ -34,15 +34,19 @@ class MlaAttention {
   /// Width of this attention's cache row: kv_lora_rank + qk_rope_head_dim.
   static size_t cache_row_dim(const ModelConfig& config);
 
-  /// out [rows, hidden] = attention of x [rows, hidden] (normalised input) at positions
-  /// pos0.., after appending those positions' cache rows to `layer` of `cache` (whose key
-  /// width must be cache_row_dim). Causal.
-  void operator()(const Rope& rope, const float* x, size_t rows, size_t pos0, KvCache& cache, size_t layer,
+  /// out [rows, hidden] = attention of x [rows, hidden] (normalised input), the rows of
+  /// the sequences `batch` lays out, after appending each one's cache rows to `layer` of
+  /// its cache (whose key width must be cache_row_dim). Causal, per sequence.
+  void operator()(const Rope& rope, const float* x, size_t rows, std::span<const SequenceRows> batch, size_t layer,
                   float* out) const;
 
  private:
   /// Query heads [rows, num_heads, qk_nope + qk_rope], before RoPE.
   std::vector<float> queries(const float* x, size_t rows) const;
+  /// One sequence's part after the projections: compressed [rows, kv_lora + qk_rope] and
+  /// q [rows, num_heads, qk_nope + qk_rope] of its rows; writes attn [rows, num_heads * v_head_dim].
+  void attend_sequence(const Rope& rope, float* compressed, const float* q, const SequenceRows& seq, size_t layer,
+                       float* attn) const;
   /// Attention of one query head (absorbed q_lat [kv_lora], rotated q_rot [qk_rope]) over
   /// positions 0..visible-1: writes the head's output [v_head_dim].
   void attend_head(const float* q_lat, const float* q_rot, size_t h, size_t visible, const KvCache& cache,

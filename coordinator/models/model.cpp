@@ -25,32 +25,48 @@ DecoderModel::DecoderModel(const Checkpoint& ckpt, const ModelConfig& config, Ex
       head_(OutputHead::load(ckpt, config.hidden_size, config.vocab_size, config.rms_norm_eps,
                              config.tie_word_embeddings)) {}
 
-KvCache DecoderModel::new_cache(size_t max_tokens) const {
-  return KvCache(config_.num_hidden_layers, max_tokens, config_.num_key_value_heads * config_.head_dim);
+KvLayout DecoderModel::kv_layout() const {
+  const auto kv_dim = static_cast<size_t>(config_.num_key_value_heads * config_.head_dim);
+  return KvLayout{static_cast<size_t>(config_.num_hidden_layers), kv_dim, kv_dim};
 }
 
-size_t DecoderModel::begin_forward(const int32_t* tokens, size_t n, KvCache& cache, float* hidden) const {
-  check_token_ids(tokens, n, config_.vocab_size);
-  const size_t pos0 = cache.length();
-  cache.advance(n);
+std::vector<SequenceRows> DecoderModel::begin_forward(std::span<const SequenceStep> batch, float* hidden) const {
+  // Everything is checked before any cache moves: a refused batch leaves them all as they were.
+  for (const SequenceStep& s : batch) {
+    if (s.n == 0 || s.cache == nullptr) fail_invalid("a batch part must hold at least one token and a cache");
+    check_token_ids(s.tokens, s.n, config_.vocab_size);
+    if (s.n > s.cache->capacity() - s.cache->length()) {
+      fail_invalid("sequence of " + std::to_string(s.cache->length() + s.n) +
+                   " tokens exceeds the KV cache capacity of " + std::to_string(s.cache->capacity()));
+    }
+  }
+  std::vector<SequenceRows> rows;
+  size_t row0 = 0;
   const size_t h = config_.hidden_size;
-  for (size_t i = 0; i < n; ++i) matrix_row_to_f32(embed_.view(), tokens[i], hidden + i * h);
-  return pos0;
+  for (const SequenceStep& s : batch) {
+    rows.push_back(SequenceRows{row0, s.n, s.cache->length(), s.cache});
+    s.cache->advance(s.n);
+    for (size_t i = 0; i < s.n; ++i) matrix_row_to_f32(embed_.view(), s.tokens[i], hidden + (row0 + i) * h);
+    row0 += s.n;
+  }
+  return rows;
 }
 
-void DecoderModel::forward(const int32_t* tokens, size_t n, KvCache& cache, float* logits) {
+void DecoderModel::forward_batch(std::span<const SequenceStep> batch) {
   const size_t h = config_.hidden_size;
+  size_t n = 0;
+  for (const SequenceStep& s : batch) n += s.n;
   std::vector<float> hidden(n * h), x(n * h), delta(n * h);
-  const size_t pos0 = begin_forward(tokens, n, cache, hidden.data());
+  const std::vector<SequenceRows> rows = begin_forward(batch, hidden.data());
   for (size_t l = 0; l < num_layers(); ++l) {
     input_norm(l)(hidden.data(), n, x.data());
-    attention(l, x.data(), n, pos0, cache, delta.data());
+    attention(l, x.data(), n, rows, delta.data());
     add_residual(hidden.data(), delta.data(), n * h);
     post_attention_norm(l)(hidden.data(), n, x.data());
     feed_forward(l, x.data(), hidden.data(), n, delta.data());
     add_residual(hidden.data(), delta.data(), n * h);
   }
-  end_forward(hidden.data(), n, logits);
+  end_forward(hidden.data(), batch, rows);
 }
 
 void DecoderModel::feed_forward(size_t layer, const float* x, const float* hidden, size_t n, float* out) {
@@ -69,9 +85,23 @@ std::optional<NextMoeLayer> DecoderModel::next_moe_layer(size_t layer, const flo
   return std::nullopt;
 }
 
-void DecoderModel::end_forward(const float* hidden, size_t n, float* logits) const {
+void DecoderModel::end_forward(const float* hidden, std::span<const SequenceStep> batch,
+                               std::span<const SequenceRows> rows) const {
   const size_t h = config_.hidden_size;
-  head_(hidden + (n - 1) * h, embed_, logits);  // last position only
+  std::vector<float> last;  // the last row of every part that wants logits
+  std::vector<float*> outputs;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (batch[i].logits == nullptr) continue;
+    const float* row = hidden + (rows[i].row0 + rows[i].rows - 1) * h;
+    last.insert(last.end(), row, row + h);
+    outputs.push_back(batch[i].logits);
+  }
+  if (outputs.empty()) return;
+  std::vector<float> logits(outputs.size() * config_.vocab_size);
+  head_(last.data(), outputs.size(), embed_, logits.data());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    std::copy_n(logits.data() + i * config_.vocab_size, config_.vocab_size, outputs[i]);
+  }
 }
 
 }  // namespace charm

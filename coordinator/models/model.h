@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
+#include <vector>
 
 #include "common/checkpoint.h"
 #include "common/model_config.h"
@@ -16,18 +18,42 @@
 
 namespace charm {
 
+/// One sequence's part of a step's batch: tokens[0..n) at positions cache->length() ..
+/// +n (a prompt chunk, or n == 1 to decode). `logits` [vocab_size] f32 receives the
+/// logits of the last of them; null when the step needs none (a prompt chunk before the
+/// last).
+struct SequenceStep {
+  const int32_t* tokens = nullptr;
+  size_t n = 0;
+  KvCache* cache = nullptr;
+  float* logits = nullptr;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
 
-  /// Runs tokens[0..n) at positions cache.length() .. +n (prefill when n > 1, decode when
-  /// n == 1) as one batch, appends their K/V to `cache`, and writes the logits of the last
-  /// position to `logits` [vocab_size] f32. Throws Error(kInvalidInput) for a token id
-  /// outside the vocabulary or a sequence past the cache's capacity.
-  virtual void forward(const int32_t* tokens, size_t n, KvCache& cache, float* logits) = 0;
+  /// Runs a ragged batch, every sequence with its own positions and cache, as one pass
+  /// (DESIGN.md, "The serving engine"): dense projections over all rows, attention per
+  /// sequence, one batch-union per MoE layer. Appends each sequence's K/V to its cache,
+  /// whose capacity must already hold the new positions (KvCache::reserve). A sequence's
+  /// logits do not depend, bit for bit, on the other sequences of the batch or on how its
+  /// prompt was split into steps. Throws Error(kInvalidInput) for a token id outside the
+  /// vocabulary, an empty part or a cache without room (before anything is written), and
+  /// what the expert dispatcher throws.
+  virtual void forward_batch(std::span<const SequenceStep> batch) = 0;
 
-  /// An empty cache shaped for this model, holding up to `max_tokens` positions.
-  virtual KvCache new_cache(size_t max_tokens) const = 0;
+  /// forward_batch of one sequence: tokens[0..n) at positions cache.length() .. +n.
+  void forward(const int32_t* tokens, size_t n, KvCache& cache, float* logits) {
+    const SequenceStep step{tokens, n, &cache, logits};
+    forward_batch({&step, 1});
+  }
+
+  /// The shape of this model's cache rows.
+  virtual KvLayout kv_layout() const = 0;
+
+  /// A cache with its own blocks for up to `max_tokens` positions (tests, one-off runs).
+  KvCache new_cache(size_t max_tokens) const { return KvCache(kv_layout(), max_tokens); }
 
   virtual const ModelConfig& config() const = 0;
 };
@@ -39,7 +65,7 @@ class DecoderModel : public Model {
  public:
   /// Loads "model.embed_tokens.weight" [vocab, hidden] and the output head.
   DecoderModel(const Checkpoint& ckpt, const ModelConfig& config, ExpertDispatcher& dispatcher);
-  KvCache new_cache(size_t max_tokens) const override;
+  KvLayout kv_layout() const override;
   const ModelConfig& config() const override { return config_; }
 
   /// The pre-norm decoder stack every family here shares (the *DecoderLayer of each HF
@@ -47,16 +73,17 @@ class DecoderModel : public Model {
   /// hidden += feed_forward(post_attention_norm(hidden)); then the output head. The
   /// feed-forward block is the layer's MoE block (blocks.h: MoeBlock, with the next MoE
   /// layer's prefetch hint) or, on dense layers, its dense MLP.
-  void forward(const int32_t* tokens, size_t n, KvCache& cache, float* logits) final;
+  void forward_batch(std::span<const SequenceStep> batch) final;
 
  protected:
   /// The family's layer parts, for layer < num_layers(). Activations are f32 [n, hidden].
   virtual size_t num_layers() const = 0;
   virtual const RmsNorm& input_norm(size_t layer) const = 0;
   virtual const RmsNorm& post_attention_norm(size_t layer) const = 0;
-  /// out = the attention block for normed rows x at positions pos0..pos0+n-1; appends
-  /// their keys/values (or latents) to `cache`.
-  virtual void attention(size_t layer, const float* x, size_t n, size_t pos0, KvCache& cache, float* out) = 0;
+  /// out [rows, hidden] = the attention block for normed rows x [rows, hidden] of the
+  /// sequences `batch` lays out; appends their keys/values (or latents) to their caches.
+  virtual void attention(size_t layer, const float* x, size_t rows, std::span<const SequenceRows> batch,
+                         float* out) = 0;
   /// The MoE block of `layer`, or nullptr when the layer is dense.
   virtual const MoeBlock* moe_block(size_t layer) const = 0;
   /// The dense MLP of a layer without a MoE block.
@@ -69,21 +96,22 @@ class DecoderModel : public Model {
   OutputHead head_;
 
  private:
-  /// Checks `tokens`, reserves n positions in `cache` (returns the first one) and writes
-  /// their embeddings to hidden [n, hidden_size].
-  size_t begin_forward(const int32_t* tokens, size_t n, KvCache& cache, float* hidden) const;
+  /// Checks every part of `batch` and marks its positions stored in its cache; returns
+  /// where each sequence's rows are and writes their embeddings to hidden [rows, hidden_size].
+  std::vector<SequenceRows> begin_forward(std::span<const SequenceStep> batch, float* hidden) const;
   /// out = the MoE block or dense MLP of `layer` for normed rows x; `hidden` is the
   /// residual stream the rows were normed from (what the prefetch hint predicts from).
   void feed_forward(size_t layer, const float* x, const float* hidden, size_t n, float* out);
   /// The first MoE layer after `layer`, which the hint of `layer` is about; nullopt when none.
   std::optional<NextMoeLayer> next_moe_layer(size_t layer, const float* hidden) const;
-  /// logits [vocab] of the last of n hidden rows (final norm + lm_head).
-  void end_forward(const float* hidden, size_t n, float* logits) const;
+  /// The logits [vocab] of each part's last row that asks for them (final norm + lm_head
+  /// over those rows at once).
+  void end_forward(const float* hidden, std::span<const SequenceStep> batch, std::span<const SequenceRows> rows) const;
 };
 
 /// A DecoderModel whose layers are a vector of the family's `Layer` struct, with the HF
 /// names: RmsNorm `input_layernorm` and `post_attention_layernorm`, an attention block
-/// `self_attn` called as (rope, x, n, pos0, cache, layer, out), a MoeBlock `sparse_moe`
+/// `self_attn` called as (rope, x, rows, batch, layer, out), a MoeBlock `sparse_moe`
 /// (router null on dense layers) and a DenseMlp `mlp` (dense layers only).
 template <typename Layer>
 class LayerStack : public DecoderModel {
@@ -94,8 +122,8 @@ class LayerStack : public DecoderModel {
   size_t num_layers() const override { return layers_.size(); }
   const RmsNorm& input_norm(size_t l) const override { return layers_[l].input_layernorm; }
   const RmsNorm& post_attention_norm(size_t l) const override { return layers_[l].post_attention_layernorm; }
-  void attention(size_t l, const float* x, size_t n, size_t pos0, KvCache& cache, float* out) override {
-    layers_[l].self_attn(rope_, x, n, pos0, cache, l, out);
+  void attention(size_t l, const float* x, size_t rows, std::span<const SequenceRows> batch, float* out) override {
+    layers_[l].self_attn(rope_, x, rows, batch, l, out);
   }
   const MoeBlock* moe_block(size_t l) const override {
     return layers_[l].sparse_moe.router ? &layers_[l].sparse_moe : nullptr;

@@ -108,8 +108,28 @@ class FakeEngine : public charm::Engine {
   const std::string& model_name() const override { return name_; }
   int64_t max_context() const override { return 1000; }
 
-  charm::GenerationResult generate(const std::vector<int32_t>& prompt, const charm::SamplingParams& params,
-                                   const charm::TextCallback& on_text) override {
+  /// A generation that runs the fake's reply when waited for.
+  class FakeGeneration : public charm::Generation {
+   public:
+    FakeGeneration(FakeEngine& engine, std::vector<int32_t> prompt, charm::SamplingParams params)
+        : engine_(engine), prompt_(std::move(prompt)), params_(std::move(params)) {}
+    charm::GenerationResult wait(const charm::TextCallback& on_text) override {
+      return engine_.run(prompt_, params_, on_text);
+    }
+
+   private:
+    FakeEngine& engine_;
+    std::vector<int32_t> prompt_;
+    charm::SamplingParams params_;
+  };
+
+  std::unique_ptr<charm::Generation> start(const std::vector<int32_t>& prompt, const charm::SamplingParams& params,
+                                           std::vector<float>*) override {
+    return std::make_unique<FakeGeneration>(*this, prompt, params);
+  }
+
+  charm::GenerationResult run(const std::vector<int32_t>& prompt, const charm::SamplingParams& params,
+                              const charm::TextCallback& on_text) {
     std::string text = tokenizer_.decode(prompt, false);
     {
       std::lock_guard lock(mu_);
@@ -163,7 +183,6 @@ class FakeEngine : public charm::Engine {
     return r;
   }
 
-  std::vector<float> prompt_logits(const std::vector<int32_t>&) override { return {}; }
 
   std::vector<charm::WorkerStatus> cluster_status() const override {
     charm::WorkerStatus a{"w0", "127.0.0.1:7001", charm::WorkerState::kUp, 64, 10, 1.5, 3.0, 1000, 2000, 0, 0, 12.5, false, "", "",

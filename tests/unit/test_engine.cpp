@@ -134,8 +134,8 @@ TEST_CASE("max_tokens near INT64_MAX is refused by the context check, never size
 TEST_CASE("a KV cache whose size in bytes would wrap around is refused") {
   test::expect_error([] { KvCache(2, std::numeric_limits<size_t>::max() / 8, 64); }, ErrorCategory::kInvalidInput,
                      {"does not fit in memory"});
-  KvCache small(1, 2, 4);
+  KvCache small(1, 2, 4);  // room for 2 positions: one block of 16
   small.advance(2);
   test::expect_error([&] { small.advance(std::numeric_limits<size_t>::max()); }, ErrorCategory::kInvalidInput,
-                     {"exceeds the KV cache capacity of 2"});
+                     {"exceeds the KV cache capacity of 16"});
 }

@@ -141,9 +141,9 @@ TEST_CASE("chunked prefill gives the logits of one whole-prompt forward, bit for
     std::vector<float> whole;
     for (size_t chunk : {ids.size(), size_t{1}, size_t{3}, ids.size() - 1}) {
       CAPTURE(chunk);
-      EngineOptions options;
-      options.prefill_chunk = chunk;
-      const std::vector<float> logits = Engine::create(topology, options)->prompt_logits(ids);
+      topology.serving.max_batch_tokens = static_cast<int64_t>(chunk);
+      topology.serving.max_num_seqs = 1;
+      const std::vector<float> logits = Engine::create(topology)->prompt_logits(ids);
       if (whole.empty()) {
         whole = logits;
       } else {
@@ -154,13 +154,16 @@ TEST_CASE("chunked prefill gives the logits of one whole-prompt forward, bit for
   }
 }
 
-TEST_CASE("a prefill chunk of 0 tokens is refused by name") {
+TEST_CASE("a step budget below the sequence cap, or of 0 tokens, is refused by name") {
   Topology topology;
   topology.model = kModels / "olmoe-tiny";
   topology.single_node = true;
-  EngineOptions options;
-  options.prefill_chunk = 0;
-  test::expect_error([&] { Engine::create(topology, options); }, ErrorCategory::kInvalidInput, {"prefill chunk"});
+  topology.serving.max_batch_tokens = 0;
+  test::expect_error([&] { Engine::create(topology); }, ErrorCategory::kInvalidInput, {"max_batch_tokens"});
+  topology.serving.max_batch_tokens = 4;
+  topology.serving.max_num_seqs = 8;
+  test::expect_error([&] { Engine::create(topology); }, ErrorCategory::kInvalidInput,
+                     {"max_batch_tokens (4)", "max_num_seqs (8)"});
 }
 
 // --- The one MoE block (issue 13) ------------------------------------------------------------
