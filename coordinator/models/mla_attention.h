@@ -36,17 +36,15 @@ class MlaAttention {
 
   /// out [rows, hidden] = attention of x [rows, hidden] (normalised input) at positions
   /// pos0.., after appending those positions' cache rows to `layer` of `cache` (whose key
-  /// width must be cache_row_dim). Causal.
+  /// width must be cache_row_dim). Causal, by the tiled online-softmax kernel of
+  /// common/attention.h over the absorbed queries, under its bit contract: row r's
+  /// output depends only on x's row r and the cache rows 0..pos0+r.
   void operator()(const Rope& rope, const float* x, size_t rows, size_t pos0, KvCache& cache, size_t layer,
                   float* out) const;
 
  private:
   /// Query heads [rows, num_heads, qk_nope + qk_rope], before RoPE.
   std::vector<float> queries(const float* x, size_t rows) const;
-  /// Attention of one query head (absorbed q_lat [kv_lora], rotated q_rot [qk_rope]) over
-  /// positions 0..visible-1: writes the head's output [v_head_dim].
-  void attend_head(const float* q_lat, const float* q_rot, size_t h, size_t visible, const KvCache& cache,
-                   size_t layer, float* out) const;
 
   size_t num_heads_ = 0, kv_lora_ = 0, nope_ = 0, rope_dim_ = 0, v_dim_ = 0;
   float scale_ = 1.0f;
