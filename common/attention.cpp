@@ -35,7 +35,7 @@ namespace {
 
 /// Queries one work item aims at: enough to reuse each transposed key tile, few enough
 /// that their running outputs stay in the core's caches.
-constexpr size_t kItemQueries = 128;
+constexpr size_t kItemQueries = 64;
 constexpr size_t kItemRows = 16;
 
 size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }

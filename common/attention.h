@@ -12,8 +12,9 @@
 //    boundaries a query sees depend only on `last`;
 //  - a score is one f32 sum over the key dimensions in order (d = 0, 1, ...) of rounded
 //    products, times the scale;
-//  - per tile: max of the tile's scores, p = exp(s - max) by attention_exp's polynomial,
-//    the tile's p summed by a fixed pairwise tree, the running sum and output rescaled by
+//  - per tile: max of the tile's scores and the running max, p = exp(s - max) by
+//    attention_exp's polynomial, the tile's p summed by a fixed pairwise tree (the
+//    tile's maximum too, by the same tree), the running sum and output rescaled by
 //    exp(old max - new max) when the max rose, then p_t * v_t added position by position;
 //  - the output is the running output divided by the running sum.
 // No multiply is fused with an add (the build has -ffp-contract=off). One query's
