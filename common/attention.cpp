@@ -17,6 +17,11 @@ namespace attention_portable {
 using Vec = float __attribute__((vector_size(16)));
 using VecI = int32_t __attribute__((vector_size(16)));
 constexpr size_t kLanes = 4;
+void transpose_keys(const float* const* rows, size_t key_dim, float* kt) {
+  for (size_t j = 0; j < kAttentionTile; ++j) {
+    for (size_t d = 0; d < key_dim; ++d) kt[d * kAttentionTile + j] = rows[j] ? rows[j][d] : 0.0f;
+  }
+}
 #include "common/attention_kernel.inc"
 }  // namespace attention_portable
 
@@ -35,7 +40,7 @@ namespace {
 
 /// Queries one work item aims at: enough to reuse each transposed key tile, few enough
 /// that their running outputs stay in the core's caches.
-constexpr size_t kItemQueries = 64;
+constexpr size_t kItemQueries = 128;
 constexpr size_t kItemRows = 16;
 
 size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
