@@ -62,9 +62,10 @@ void causal_attention(const float* q, size_t rows, size_t pos0, const AttentionS
                                                                 : attention_detail::attend_portable;
   // Work items: (KV head, block of rows, block of that KV head's query heads). How the
   // (row, head) pairs are grouped changes no bit (common/attention.h), so the blocks are
-  // sized for speed: kItemQueries queries, split further until every thread has two.
+  // sized for speed: kItemQueries queries, split further until every thread has one
+  // (each item transposes its own key tiles, so a decode step is best cut no finer).
   const size_t group = heads / kv_heads;
-  const size_t want = 2 * static_cast<size_t>(std::max(1, omp_get_max_threads()));
+  const size_t want = static_cast<size_t>(std::max(1, omp_get_max_threads()));
   size_t rows_per = std::min(rows, kItemRows);
   size_t heads_per = std::clamp<size_t>(kItemQueries / rows_per, 1, group);
   auto items_for = [&] { return kv_heads * ceil_div(rows, rows_per) * ceil_div(group, heads_per); };
