@@ -1,7 +1,6 @@
 #include "app/bench_kernels.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -10,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "app/bench_timing.h"
 #include "common/cpu_threads.h"
 #include "common/dtype.h"
 #include "common/error.h"
@@ -62,24 +62,6 @@ std::vector<StoredMatrix> make_matrices(const FormSpec& form, int64_t rows, int6
 }
 
 uint64_t stored_bytes(const StoredMatrix& m) { return m.shape.data_bytes() + m.shape.scale_bytes(); }
-
-/// Calls `step(i)` for i = 0, 1, ... until `seconds` have passed (after one warm-up
-/// call, and at least 5 calls); returns the median seconds per call. The median, not the
-/// mean: on a shared machine some calls lose their core to other processes.
-template <typename Step>
-double median_call_seconds(double seconds, Step step) {
-  step(0);
-  std::vector<double> calls;
-  double total = 0;
-  for (uint64_t i = 1; total < seconds || calls.size() < 5; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    step(i);
-    calls.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    total += calls.back();
-  }
-  std::nth_element(calls.begin(), calls.begin() + static_cast<long>(calls.size() / 2), calls.end());
-  return calls[calls.size() / 2];
-}
 
 /// GEMV GB/s of weight bytes, streaming distinct matrices from RAM.
 double gemv_gbps(const std::vector<StoredMatrix>& ms, double seconds) {

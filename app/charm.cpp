@@ -25,6 +25,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "app/bench_attention.h"
 #include "app/bench_kernels.h"
 #include "app/bench_memory.h"
 #include "app/bench_wire.h"
@@ -500,6 +501,7 @@ int run_cli(int argc, char** argv) {
   CLI::App* bench_cmd = app.add_subcommand("bench", "Microbenchmarks of this machine");
   bench_cmd->require_subcommand(1);
   add_bench_kernels(*bench_cmd);
+  add_bench_attention(*bench_cmd);
   add_bench_memory(*bench_cmd);
   add_bench_wire(*bench_cmd);
 

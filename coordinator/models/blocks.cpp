@@ -5,6 +5,7 @@
 #include <numeric>
 #include <utility>
 
+#include "common/attention.h"
 #include "common/error.h"
 #include "common/kernels.h"
 #include "common/matmul.h"
@@ -71,27 +72,31 @@ void Rope::apply(float* x, size_t rows, size_t heads, size_t pos0) const {
   }
 }
 
+namespace {
+
+/// One layer of a GQA cache as common/attention.h reads it: KV head h is floats
+/// [h * head_dim, (h + 1) * head_dim) of the position's key and value rows.
+class GqaRows final : public KvRows {
+ public:
+  GqaRows(const KvCache& cache, size_t layer, size_t head_dim) : cache_(cache), layer_(layer), head_dim_(head_dim) {}
+  const float* key(size_t head, size_t pos) const override { return cache_.key(layer_, pos) + head * head_dim_; }
+  const float* value(size_t head, size_t pos) const override { return cache_.value(layer_, pos) + head * head_dim_; }
+
+ private:
+  const KvCache& cache_;
+  size_t layer_, head_dim_;
+};
+
+}  // namespace
+
 void causal_gqa_attention(const float* q, size_t rows, size_t pos0, const KvCache& cache, size_t layer,
                           size_t num_heads, size_t num_kv_heads, size_t head_dim, float* out) {
-  const size_t group = num_heads / num_kv_heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-#pragma omp parallel for collapse(2) schedule(static) if (rows * num_heads > 1)
-  for (size_t r = 0; r < rows; ++r) {
-    for (size_t h = 0; h < num_heads; ++h) {
-      const size_t visible = pos0 + r + 1;  // causal: positions 0..pos0+r
-      const size_t kvh = h / group;
-      const float* qh = q + (r * num_heads + h) * head_dim;
-      std::vector<float> scores(visible);
-      for (size_t t = 0; t < visible; ++t) scores[t] = dot(qh, cache.key(layer, t) + kvh * head_dim, head_dim) * scale;
-      softmax(scores.data(), visible);
-      float* oh = out + (r * num_heads + h) * head_dim;
-      std::fill(oh, oh + head_dim, 0.0f);
-      for (size_t t = 0; t < visible; ++t) {
-        const float* vt = cache.value(layer, t) + kvh * head_dim;
-        for (size_t d = 0; d < head_dim; ++d) oh[d] += scores[t] * vt[d];
-      }
-    }
-  }
+  AttentionShape shape;
+  shape.num_heads = num_heads;
+  shape.num_kv_heads = num_kv_heads;
+  shape.key_dim = shape.value_dim = head_dim;
+  shape.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  causal_attention(q, rows, pos0, shape, GqaRows(cache, layer, head_dim), out);
 }
 
 namespace {

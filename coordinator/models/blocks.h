@@ -81,8 +81,12 @@ class Rope {
 };
 
 /// Causal scaled-dot-product attention with grouped KV heads over the cache of `layer`.
-/// q [rows, num_heads, head_dim] for positions pos0..pos0+rows-1 (keys/values for those
-/// positions must already be in the cache); out [rows, num_heads * head_dim].
+/// q [rows, num_heads, head_dim] f32 for positions pos0..pos0+rows-1 (keys/values for
+/// those positions must already be in the cache); out [rows, num_heads * head_dim] f32.
+/// The tiled online-softmax kernel of common/attention.h (FlashAttention-2, Dao 2023),
+/// under its bit contract: row r's output depends only on its q and cache rows
+/// 0..pos0+r, whatever rows, pos0, the chunking or the thread count. Throws
+/// Error(kInvalidInput) when num_kv_heads does not divide num_heads.
 void causal_gqa_attention(const float* q, size_t rows, size_t pos0, const KvCache& cache, size_t layer,
                           size_t num_heads, size_t num_kv_heads, size_t head_dim, float* out);
 

@@ -3,10 +3,29 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/attention.h"
 #include "common/kernels.h"
 #include "coordinator/models/rope_scaling.h"
 
 namespace charm {
+
+namespace {
+
+/// One layer of the compressed cache as common/attention.h reads it: one KV head whose
+/// key is the whole row [latent | k_rot] and whose value is the latent (the row's first
+/// kv_lora_rank floats).
+class LatentRows final : public KvRows {
+ public:
+  LatentRows(const KvCache& cache, size_t layer) : cache_(cache), layer_(layer) {}
+  const float* key(size_t, size_t pos) const override { return cache_.key(layer_, pos); }
+  const float* value(size_t, size_t pos) const override { return cache_.key(layer_, pos); }
+
+ private:
+  const KvCache& cache_;
+  size_t layer_;
+};
+
+}  // namespace
 
 size_t MlaAttention::cache_row_dim(const ModelConfig& config) {
   return static_cast<size_t>(config.kv_lora_rank + config.qk_rope_head_dim);
@@ -105,31 +124,33 @@ void MlaAttention::attend_sequence(const Rope& rope, float* compressed, const fl
     std::copy(q + i * qk + nope_, q + (i + 1) * qk, q_rot.data() + i * rope_dim_);
   }
   rope.apply(q_rot.data(), rows, num_heads_, pos0);
-#pragma omp parallel for collapse(2) schedule(static) if (rows * num_heads_ > 1)
-  for (size_t r = 0; r < rows; ++r) {
-    for (size_t head = 0; head < num_heads_; ++head) {
-      const size_t i = r * num_heads_ + head;
-      std::vector<float> q_lat(kv_lora_);  // W_uk^T q_nope: the query in latent space
-      linear_serial(q + i * qk, 1, w_uk_t_.data() + head * kv_lora_ * nope_, nope_, kv_lora_, q_lat.data());
-      attend_head(q_lat.data(), q_rot.data() + i * rope_dim_, head, pos0 + r + 1, cache, layer, attn + i * v_dim_);
-    }
-  }
-}
 
-void MlaAttention::attend_head(const float* q_lat, const float* q_rot, size_t h, size_t visible,
-                               const KvCache& cache, size_t layer, float* out) const {
-  std::vector<float> scores(visible);
-  for (size_t t = 0; t < visible; ++t) {
-    const float* row = cache.key(layer, t);
-    scores[t] = (dot(q_lat, row, kv_lora_) + dot(q_rot, row + kv_lora_, rope_dim_)) * scale_;
+  // Absorbed queries [rows, num_heads, kv_lora + qk_rope]: W_uk^T q_nope (the query in
+  // latent space), then the rotated part; one KV head whose key row is the cache row and
+  // whose value row is its latent part.
+  const size_t pairs = rows * num_heads_;
+  std::vector<float> q_abs(pairs * row_dim);
+#pragma omp parallel for schedule(static) if (pairs > 1)
+  for (size_t i = 0; i < pairs; ++i) {
+    const size_t head = i % num_heads_;
+    linear_serial(q + i * qk, 1, w_uk_t_.data() + head * kv_lora_ * nope_, nope_, kv_lora_,
+                  q_abs.data() + i * row_dim);
+    std::copy(q_rot.data() + i * rope_dim_, q_rot.data() + (i + 1) * rope_dim_, q_abs.data() + i * row_dim + kv_lora_);
   }
-  softmax(scores.data(), visible);
-  std::vector<float> o_lat(kv_lora_, 0.0f);  // sum_t p_t c_t
-  for (size_t t = 0; t < visible; ++t) {
-    const float* c = cache.key(layer, t);
-    for (size_t d = 0; d < kv_lora_; ++d) o_lat[d] += scores[t] * c[d];
+  AttentionShape shape;
+  shape.num_heads = num_heads_;
+  shape.num_kv_heads = 1;
+  shape.key_dim = row_dim;
+  shape.value_dim = kv_lora_;
+  shape.scale = scale_;
+  std::vector<float> o_lat(pairs * kv_lora_);  // sum_t p_t c_t per (row, head)
+  causal_attention(q_abs.data(), rows, pos0, shape, LatentRows(cache, layer), o_lat.data());
+  // Per head W_uv (sum_t p_t c_t).
+#pragma omp parallel for schedule(static) if (pairs > 1)
+  for (size_t i = 0; i < pairs; ++i) {
+    linear_serial(o_lat.data() + i * kv_lora_, 1, w_uv_.data() + (i % num_heads_) * v_dim_ * kv_lora_, kv_lora_, v_dim_,
+                  attn + i * v_dim_);
   }
-  linear_serial(o_lat.data(), 1, w_uv_.data() + h * v_dim_ * kv_lora_, kv_lora_, v_dim_, out);
 }
 
 }  // namespace charm

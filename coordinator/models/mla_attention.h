@@ -36,7 +36,9 @@ class MlaAttention {
 
   /// out [rows, hidden] = attention of x [rows, hidden] (normalised input), the rows of
   /// the sequences `batch` lays out, after appending each one's cache rows to `layer` of
-  /// its cache (whose key width must be cache_row_dim). Causal, per sequence.
+  /// its cache (whose key width must be cache_row_dim). Causal, per sequence, by the tiled
+  /// online-softmax kernel of common/attention.h over the absorbed queries, under its bit
+  /// contract: a row's output depends only on x's row and its cache rows 0..its position.
   void operator()(const Rope& rope, const float* x, size_t rows, std::span<const SequenceRows> batch, size_t layer,
                   float* out) const;
 
@@ -47,10 +49,6 @@ class MlaAttention {
   /// q [rows, num_heads, qk_nope + qk_rope] of its rows; writes attn [rows, num_heads * v_head_dim].
   void attend_sequence(const Rope& rope, float* compressed, const float* q, const SequenceRows& seq, size_t layer,
                        float* attn) const;
-  /// Attention of one query head (absorbed q_lat [kv_lora], rotated q_rot [qk_rope]) over
-  /// positions 0..visible-1: writes the head's output [v_head_dim].
-  void attend_head(const float* q_lat, const float* q_rot, size_t h, size_t visible, const KvCache& cache,
-                   size_t layer, float* out) const;
 
   size_t num_heads_ = 0, kv_lora_ = 0, nope_ = 0, rope_dim_ = 0, v_dim_ = 0;
   float scale_ = 1.0f;
