@@ -120,8 +120,10 @@ void apply_penalties(float* logits, size_t vocab, const SamplingParams& params, 
 TokenLogprob token_logprob(const float* logits, size_t vocab, int32_t token, size_t top_n) {
   float max = -std::numeric_limits<float>::infinity();
   for (size_t i = 0; i < vocab; ++i) max = std::max(max, logits[i]);
+  // exp in f32 (x - max is exact in f32 for the logits that matter, expf is within an ulp,
+  // and it is ~10x faster than the double exp over a 150k vocabulary), summed in double.
   double sum = 0;
-  for (size_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - max);
+  for (size_t i = 0; i < vocab; ++i) sum += std::exp(logits[i] - max);
   const double log_sum = std::log(sum);
   auto logprob = [&](int32_t id) {
     return static_cast<float>((static_cast<double>(logits[id]) - max) - log_sum);

@@ -56,13 +56,15 @@ void apply_penalties(float* logits, size_t vocab, const SamplingParams& params, 
 /// The log-probability of `token` under log_softmax(logits) (logits [vocab] f32, the raw
 /// ones: before penalties, temperature and top-k/top-p), and the `top_n` most likely ids
 /// with theirs (most likely first; ties: lower id first). Computed as
-/// float((logit - max) - log(sum over ids of exp(logit - max))) with the subtraction and
-/// the sum in double, rounded to f32 once (torch.log_softmax rounds in f32 at each step;
-/// on tests/fixtures/sampler the two agree within 1e-6, or one f32 ulp of the value
-/// where |logprob| > 8). An id whose logit is -infinity (masked) has logprob
-/// -infinity and is listed in `top` only when fewer than top_n ids have a finite logit;
-/// `top` has min(top_n, vocab) entries. REQUIRES: token < vocab, at least one finite
-/// logit, no NaN.
+/// float((logit - max) - log(sum over ids of exp(logit - max))): each exp in f32, the sum,
+/// the log and the last subtraction in double, rounded to f32 once (torch.log_softmax
+/// rounds in f32 at each step; on tests/fixtures/sampler the two agree within 1e-6, or
+/// one f32 ulp of the value where |logprob| > 8). An id whose logit is -infinity (masked)
+/// has logprob -infinity and is listed in `top` only when fewer than top_n ids have a
+/// finite logit; `top` has min(top_n, vocab) entries. Cost: one pass of exp over the
+/// vocabulary per call (3.4 ms for 151,936 ids and top_n 20 on a loaded 2-core machine),
+/// so call it only for requests that ask for logprobs. REQUIRES: token < vocab, at least
+/// one finite logit, no NaN.
 TokenLogprob token_logprob(const float* logits, size_t vocab, int32_t token, size_t top_n);
 
 /// Sets logits[id] = -infinity for every id of `ids` (each < the logits' length), so that

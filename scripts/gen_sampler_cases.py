@@ -99,7 +99,8 @@ def main() -> None:
         generated = [int(rng.choice(pool)) for _ in range(n_gen)]
         penalized = penalize_reference(logits, prompt, generated, rep, freq, pres)
         logprobs = torch.log_softmax(torch.from_numpy(logits.copy()), dim=-1).numpy()
-        exact = logits.astype(np.float64) - np.max(logits) - np.log(np.sum(np.exp(logits.astype(np.float64) - np.max(logits))))
+        shifted = logits.astype(np.float64) - np.max(logits)
+        exact = shifted - np.log(np.sum(np.exp(shifted)))
         finite = np.isfinite(logits)
         worst = max(worst, float(np.max(np.abs(logprobs[finite].astype(np.float64) - exact[finite]))))
         order = sorted(range(vocab), key=lambda i: (-float(logits[i]), i))

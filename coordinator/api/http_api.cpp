@@ -143,7 +143,9 @@ bool write_stream(Engine& engine, Metrics& metrics, const std::atomic<bool>& sto
     GenerationResult result = engine.generate(
         job.prompt, choice_sampling(job.request.sampling, index),
         [&](std::string_view piece, std::span<const TokenLogprob> logprobs) {
-          if (!meta.tokenizer) return piece.empty() ? going() : send(text_chunk(meta, index, piece, nullptr, usage)) && going();
+          if (!meta.tokenizer) {
+            return piece.empty() ? going() : send(text_chunk(meta, index, piece, nullptr, usage)) && going();
+          }
           pending.insert(pending.end(), logprobs.begin(), logprobs.end());
           if (piece.empty()) return going();  // a heartbeat, or tokens whose text is held
           json lps = logprobs_of(pending);

@@ -86,7 +86,8 @@ json logprobs_json(const ResponseMeta& meta, std::span<const TokenLogprob> logpr
       json top = json::array();
       for (const auto& [id, logprob] : lp.top) {
         TokenText alt = token_text(tokenizer, id);
-        top.push_back({{"token", std::move(alt.text)}, {"logprob", reported(logprob)}, {"bytes", std::move(alt.bytes)}});
+        top.push_back(
+            {{"token", std::move(alt.text)}, {"logprob", reported(logprob)}, {"bytes", std::move(alt.bytes)}});
       }
       content.push_back({{"token", std::move(t.text)},
                          {"logprob", reported(lp.logprob)},
