@@ -83,6 +83,70 @@ std::vector<int32_t> unsampleable_ids(const Tokenizer& tokenizer, size_t model_v
   return ids;
 }
 
+void apply_penalties(float* logits, size_t vocab, const SamplingParams& params, std::span<const int32_t> prompt,
+                     std::span<const int32_t> generated) {
+  auto in_vocab = [vocab](int32_t id) { return id >= 0 && static_cast<size_t>(id) < vocab; };
+  if (params.repetition_penalty != 1.0) {
+    // Each distinct id once, as the processor's gather/scatter over input_ids does.
+    const float penalty = static_cast<float>(params.repetition_penalty);
+    std::vector<uint8_t> seen(vocab, 0);
+    for (std::span<const int32_t> ids : {prompt, generated}) {
+      for (int32_t id : ids) {
+        if (!in_vocab(id) || seen[id]) continue;
+        seen[id] = 1;
+        float& logit = logits[id];
+        logit = logit < 0 ? logit * penalty : logit / penalty;
+      }
+    }
+  }
+  if (params.frequency_penalty == 0.0 && params.presence_penalty == 0.0) return;
+  // Counts per generated id: a sorted copy, walked run by run (ascending id).
+  std::vector<int32_t> sorted(generated.begin(), generated.end());
+  std::sort(sorted.begin(), sorted.end());
+  const float frequency = static_cast<float>(params.frequency_penalty);
+  const float presence = static_cast<float>(params.presence_penalty);
+  for (size_t i = 0; i < sorted.size();) {
+    size_t end = i;
+    while (end < sorted.size() && sorted[end] == sorted[i]) ++end;
+    if (in_vocab(sorted[i])) {
+      float& logit = logits[sorted[i]];
+      logit -= frequency * static_cast<float>(end - i);
+      logit -= presence;
+    }
+    i = end;
+  }
+}
+
+TokenLogprob token_logprob(const float* logits, size_t vocab, int32_t token, size_t top_n) {
+  float max = -std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < vocab; ++i) max = std::max(max, logits[i]);
+  // exp in f32 (x - max is exact in f32 for the logits that matter, expf is within an ulp,
+  // and it is ~10x faster than the double exp over a 150k vocabulary), summed in double.
+  double sum = 0;
+  for (size_t i = 0; i < vocab; ++i) sum += std::exp(logits[i] - max);
+  const double log_sum = std::log(sum);
+  auto logprob = [&](int32_t id) {
+    return static_cast<float>((static_cast<double>(logits[id]) - max) - log_sum);
+  };
+  TokenLogprob out;
+  out.token = token;
+  out.logprob = logprob(token);
+  // The best top_n ids, kept sorted (best first) while scanning once; masked ids sort
+  // last by id, so they fill in only when too few finite ones exist.
+  auto better = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  std::vector<int32_t> best;
+  best.reserve(std::min(top_n, vocab) + 1);
+  for (size_t i = 0; i < vocab && top_n > 0; ++i) {
+    const auto id = static_cast<int32_t>(i);
+    if (best.size() == top_n && !better(id, best.back())) continue;
+    best.insert(std::upper_bound(best.begin(), best.end(), id, better), id);
+    if (best.size() > top_n) best.pop_back();
+  }
+  out.top.reserve(best.size());
+  for (int32_t id : best) out.top.emplace_back(id, logprob(id));
+  return out;
+}
+
 void mask_logits(float* logits, std::span<const int32_t> ids) {
   for (int32_t id : ids) logits[id] = -std::numeric_limits<float>::infinity();
 }

@@ -17,6 +17,7 @@ SamplingParams sampling_defaults(const nlohmann::json& generation_config, const 
   };
   number("temperature", 0.0, 1e6, d.temperature);
   number("top_p", 1e-9, 1.0, d.top_p);
+  number("repetition_penalty", 1e-9, 1e6, d.repetition_penalty);
   double top_k = 0;
   number("top_k", 0.0, 1e9, top_k);
   d.top_k = static_cast<int64_t>(top_k);

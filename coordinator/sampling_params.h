@@ -31,10 +31,12 @@ struct SamplingParams {
 };
 
 /// The sampling defaults a checkpoint's generation_config.json (its parsed contents,
-/// named `source` in warnings) suggests: temperature, top_p, top_k, and `do_sample: false`
-/// meaning greedy, over charm's own (temperature 1, no top-k/top-p), as vLLM applies
-/// them. Fields of the wrong type or range are ignored with a warning; others
-/// (repetition_penalty, …) are not implemented and are ignored. Never throws.
+/// named `source` in warnings) suggests: temperature, top_p, top_k, repetition_penalty,
+/// and `do_sample: false` meaning greedy, over charm's own (temperature 1, no
+/// top-k/top-p, repetition_penalty 1), as vLLM applies them (repetition_penalty too
+/// when greedy: transformers and vLLM both penalise before the argmax). Fields of the
+/// wrong type or range are ignored with a warning; others (min_p, max_new_tokens, …)
+/// are not implemented and are ignored. Never throws.
 SamplingParams sampling_defaults(const nlohmann::json& generation_config, const std::string& source);
 
 }  // namespace charm

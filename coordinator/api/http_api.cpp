@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
@@ -68,48 +69,114 @@ void guarded(httplib::Response& res, const std::string& request_id, F&& body) {
 struct StreamJob {
   ApiRequest request;
   ResponseMeta meta;
-  std::unique_ptr<Generation> generation;  // accepted by the engine before the 200 went out
+  std::vector<std::unique_ptr<Generation>> generations;  // one per choice, accepted before the 200 went out
   std::string remote_addr;                 // the client, to notice a hang-up (ClientWatch)
   int remote_port = 0;
 };
 
-/// Records a finished generation's tokens and latencies.
-void record_generation(Metrics& metrics, const GenerationResult& result) {
+/// Records a finished generation's tokens and latencies; the prompt's tokens only when
+/// `count_prompt` (the first choice of a request: its other choices share the prompt).
+void record_generation(Metrics& metrics, const GenerationResult& result, bool count_prompt = true) {
   std::vector<double> latencies_s;
   latencies_s.reserve(result.token_latencies_ms.size());
   for (double ms : result.token_latencies_ms) latencies_s.push_back(ms / 1000.0);
-  metrics.generation(result.prompt_tokens, result.completion_tokens, result.ttft_ms / 1000.0, latencies_s);
+  metrics.generation(count_prompt ? result.prompt_tokens : 0, result.completion_tokens, result.ttft_ms / 1000.0,
+                     latencies_s);
 }
 
-/// Writes the SSE stream of one generation to `sink`. Returns false when the client went
-/// away (the generation is then cancelled through its callback: at once when a write
-/// fails, at the next heartbeat when the client hangs up while nothing is written).
+/// The sampling of choice `index` of a request: with a fixed seed, seed + index, so that
+/// the choices differ and each is reproducible on its own.
+SamplingParams choice_sampling(const SamplingParams& sampling, int64_t index) {
+  SamplingParams s = sampling;
+  if (s.seed) *s.seed += static_cast<uint64_t>(index);
+  return s;
+}
+
+/// Runs generate(i) for each choice i of [0, n) concurrently: choice 0 on the calling
+/// thread, every other on a thread of its own (the engine batches concurrent
+/// generations). When one throws, `failed` is set (the others' callbacks read it and
+/// cancel); once all have ended, the exception of the lowest failed choice is rethrown.
+template <class F>
+std::vector<GenerationResult> run_choices(int64_t n, std::atomic<bool>& failed, const F& generate) {
+  std::vector<GenerationResult> results(static_cast<size_t>(n));
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+  auto run = [&](size_t i) {
+    try {
+      results[i] = generate(static_cast<int64_t>(i));
+    } catch (...) {
+      errors[i] = std::current_exception();
+      failed = true;
+    }
+  };
+  {
+    std::vector<std::jthread> others;
+    for (size_t i = 1; i < results.size(); ++i) others.emplace_back(run, i);
+    run(0);
+  }  // joined
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  return results;
+}
+
+/// Writes the SSE stream of one request's choices to `sink` (concurrent choices write
+/// through one lock, each event whole). Returns false when the client went away (the
+/// generations are then cancelled through their callbacks: at once when a write fails, at
+/// the next heartbeat when the client hangs up while nothing is written).
 bool write_stream(Metrics& metrics, const std::atomic<bool>& stopping, StreamJob& job, httplib::DataSink& sink) {
+  const ResponseMeta& meta = job.meta;
   const bool usage = job.request.include_usage;
   const ClientWatch client(job.remote_addr, job.remote_port);
-  bool open = true;
-  auto send = [&](const std::string& event) {
+  std::mutex write_mu;
+  std::atomic<bool> open{true}, failed{false};
+  auto send = [&](const json& payload) {
+    const std::string event = sse_event(payload);
+    std::lock_guard lock(write_mu);
     if (open && !sink.write(event.data(), event.size())) open = false;
-    return open;
+    return open.load();
   };
-  if (job.meta.kind == RequestKind::kChat) send(sse_event(role_chunk(job.meta, usage)));
+  auto going = [&] { return open && !stopping && !failed && !client.gone(); };
+  auto choice = [&](int64_t index) {
+    if (meta.kind == RequestKind::kChat) send(role_chunk(meta, index, usage));
+    std::vector<TokenLogprob> pending;  // of tokens whose text is withheld yet
+    size_t sent = 0;                    // logprobs sent so far
+    int64_t text_offset = 0;
+    auto logprobs_of = [&](std::span<const TokenLogprob> lps) {
+      sent += lps.size();
+      return logprobs_json(meta, lps, text_offset);
+    };
+    GenerationResult result = job.generations[static_cast<size_t>(index)]->wait(
+        [&](std::string_view piece, std::span<const TokenLogprob> logprobs) {
+          if (!meta.tokenizer) {
+            return piece.empty() ? going() : send(text_chunk(meta, index, piece, nullptr, usage)) && going();
+          }
+          pending.insert(pending.end(), logprobs.begin(), logprobs.end());
+          if (piece.empty()) return going();  // a heartbeat, or tokens whose text is held
+          json lps = logprobs_of(pending);
+          pending.clear();
+          return send(text_chunk(meta, index, piece, std::move(lps), usage)) && going();
+        });
+    // The logprobs of tokens whose text never came (a stop string withheld it), so that
+    // the stream's logprobs are the whole response's.
+    if (meta.tokenizer && sent < result.logprobs.size())
+      send(text_chunk(meta, index, "", logprobs_of(std::span(result.logprobs).subspan(sent)), usage));
+    if (!stopping && !failed) send(finish_chunk(meta, index, result.finish_reason, usage));
+    return result;
+  };
   try {
-    GenerationResult result = job.generation->wait([&](std::string_view piece, std::span<const TokenLogprob>) {
-      if (piece.empty()) return open && !stopping && !client.gone();
-      return send(sse_event(text_chunk(job.meta, piece, usage))) && !stopping;
-    });
-    record_generation(metrics, result);
+    std::vector<GenerationResult> results = run_choices(job.request.n, failed, choice);
+    for (size_t i = 0; i < results.size(); ++i) record_generation(metrics, results[i], i == 0);
     // A generation cut short by shutdown must not look finished: say so as an error event.
     if (stopping) throw ApiError(503, "the server is shutting down; the answer is incomplete");
-    send(sse_event(finish_chunk(job.meta, result.finish_reason, usage)));
-    if (usage) send(sse_event(usage_chunk(job.meta, result)));
+    if (usage) send(usage_chunk(meta, results));
   } catch (...) {
     // Headers (200) are gone already: report the error as an event, as OpenAI does.
-    send(sse_event(error_body(client_error(std::current_exception(), FailureStage::kGeneration, job.meta.id))));
+    send(error_body(client_error(std::current_exception(), FailureStage::kGeneration, meta.id)));
   }
-  send(std::string(kSseDone));
-  if (open) sink.done();
-  return open;
+  if (open && sink.write(kSseDone.data(), kSseDone.size())) {
+    sink.done();
+    return true;
+  }
+  return false;
 }
 
 /// The request stage of a generation: the validated request and its prompt. Errors are
@@ -131,12 +198,16 @@ std::pair<ApiRequest, std::vector<int32_t>> read_request(const Engine& engine, c
   }
 }
 
-/// The engine's acceptance of a request's generation. Errors are ApiErrors: the prompt
-/// not fitting the KV cache is the request's fault (400), a full queue a 429.
-std::unique_ptr<Generation> start_generation(Engine& engine, const ApiRequest& request,
-                                             const std::vector<int32_t>& prompt, const ResponseMeta& meta) {
+/// The engine's acceptance of each of a request's n choices (choice_sampling). Errors are
+/// ApiErrors: the prompt not fitting the KV cache is the request's fault (400), a full
+/// queue a 429; choices already accepted are then cancelled (dropped).
+std::vector<std::unique_ptr<Generation>> start_generations(Engine& engine, const ApiRequest& request,
+                                                           const std::vector<int32_t>& prompt,
+                                                           const ResponseMeta& meta) {
   try {
-    return engine.start(prompt, request.sampling);
+    std::vector<std::unique_ptr<Generation>> generations;
+    for (int64_t i = 0; i < request.n; ++i) generations.push_back(engine.start(prompt, choice_sampling(request.sampling, i)));
+    return generations;
   } catch (...) {
     throw client_error(std::current_exception(), FailureStage::kRequest, meta.id);
   }
@@ -147,22 +218,26 @@ std::unique_ptr<Generation> start_generation(Engine& engine, const ApiRequest& r
 void serve_generation(Engine& engine, Metrics& metrics, const std::atomic<bool>& stopping,
                       const httplib::Request& req, httplib::Response& res, ResponseMeta meta) {
   auto [request, prompt] = read_request(engine, req, meta);
-  std::unique_ptr<Generation> generation = start_generation(engine, request, prompt, meta);
+  if (request.sampling.logprobs) meta.tokenizer = &engine.tokenizer();
+  std::vector<std::unique_ptr<Generation>> generations = start_generations(engine, request, prompt, meta);
 
   if (!request.stream) {
     // Cancel when the client hangs up: nobody would read the answer, and it holds a
     // place in the batch (the heartbeat asks while nothing is produced).
     const ClientWatch client(req.remote_addr, req.remote_port);
-    GenerationResult result = generation->wait([&](std::string_view, std::span<const TokenLogprob>) {
-      return !stopping.load() && !client.gone();
+    std::atomic<bool> failed{false};
+    std::vector<GenerationResult> results = run_choices(request.n, failed, [&](int64_t index) {
+      return generations[static_cast<size_t>(index)]->wait([&](std::string_view, std::span<const TokenLogprob>) {
+        return !stopping.load() && !failed && !client.gone();
+      });
     });
-    record_generation(metrics, result);
+    for (size_t i = 0; i < results.size(); ++i) record_generation(metrics, results[i], i == 0);
     if (client.gone()) spdlog::info("http api: {}: the client hung up; generation stopped", meta.id);
-    res.set_content(dump_json(response_body(meta, result)), kJson);
+    res.set_content(dump_json(response_body(meta, results)), kJson);
     return;
   }
   auto job = std::make_shared<StreamJob>(
-      StreamJob{std::move(request), std::move(meta), std::move(generation), req.remote_addr, req.remote_port});
+      StreamJob{std::move(request), std::move(meta), std::move(generations), req.remote_addr, req.remote_port});
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider("text/event-stream", [&metrics, &stopping, job](size_t, httplib::DataSink& sink) {
     return write_stream(metrics, stopping, *job, sink);

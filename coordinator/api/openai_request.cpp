@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -166,7 +167,17 @@ void parse_common(const json& doc, const SamplingParams& defaults, ApiRequest& r
     s.seed = seed->is_number_unsigned() ? seed->get<uint64_t>() : uint64_t(seed->get<int64_t>());
   }
   s.stop = stop_field(doc);
-  if (integer_field(doc, "n", 1) != 1) reject("n", "only n = 1 is supported");
+  // OpenAI's penalties, and vLLM's repetition_penalty extension.
+  for (auto [key, out, fallback] : {std::tuple{"frequency_penalty", &s.frequency_penalty, defaults.frequency_penalty},
+                                    std::tuple{"presence_penalty", &s.presence_penalty, defaults.presence_penalty}}) {
+    *out = number_field(doc, key, fallback);
+    if (!(*out >= -2 && *out <= 2)) reject(key, std::string("'") + key + "' must be in [-2, 2]");
+  }
+  s.repetition_penalty = number_field(doc, "repetition_penalty", defaults.repetition_penalty);
+  if (!(s.repetition_penalty > 0)) reject("repetition_penalty", "'repetition_penalty' must be > 0 (1 = off)");
+  req.n = integer_field(doc, "n", 1);
+  if (req.n < 1 || req.n > kMaxChoices)
+    reject("n", "'n' must be in [1, " + std::to_string(kMaxChoices) + "]");
   req.stream = bool_field(doc, "stream", false);
   if (const json* opts = field(doc, "stream_options")) {
     if (!opts->is_object()) reject("stream_options", "'stream_options' must be an object");
@@ -192,15 +203,6 @@ void reject_unsupported(const json& doc, RequestKind kind) {
       if (!suffix->get_ref<const std::string&>().empty()) unsupported("suffix", " (only null or \"\")");
     }
   }
-  // logprobs: a boolean (chat) or a count (completions); false / 0 ask for nothing.
-  if (const json* lp = field(doc, "logprobs")) {
-    if (!lp->is_boolean() && !lp->is_number_integer())
-      reject("logprobs", "'logprobs' must be a boolean or an integer");
-    if (lp->is_boolean() ? lp->get<bool>() : lp->get<int64_t>() != 0) unsupported("logprobs", "");
-  }
-  if (field(doc, "top_logprobs") && integer_field(doc, "top_logprobs", 0) != 0) unsupported("top_logprobs", "");
-  for (const char* key : {"presence_penalty", "frequency_penalty"})
-    if (number_field(doc, key, 0.0) != 0.0) unsupported(key, " (only 0)");
   if (const json* bias = field(doc, "logit_bias")) {
     if (!bias->is_object()) reject("logit_bias", "'logit_bias' must be an object");
     if (!bias->empty()) unsupported("logit_bias", " (only {})");
@@ -219,6 +221,33 @@ void reject_unsupported(const json& doc, RequestKind kind) {
     if (!format->is_object() || format->value("type", std::string()) != "text")
       unsupported("response_format", " (only {\"type\": \"text\"})");
   }
+}
+
+/// logprobs and top_logprobs in the endpoint's spelling. Chat: `logprobs` a boolean and
+/// `top_logprobs` 0..kMaxTopLogprobs, which needs logprobs: true. Completions (legacy):
+/// `logprobs` an integer 0..kMaxCompletionLogprobs, the number of alternatives (0: the
+/// sampled token's only); `top_logprobs` is not a completions field and only 0 passes.
+void parse_logprobs(const json& doc, ApiRequest& req) {
+  SamplingParams& s = req.sampling;
+  if (req.kind == RequestKind::kChat) {
+    s.logprobs = bool_field(doc, "logprobs", false);
+    s.top_logprobs = integer_field(doc, "top_logprobs", 0);
+    if (s.top_logprobs < 0 || s.top_logprobs > kMaxTopLogprobs)
+      reject("top_logprobs", "'top_logprobs' must be in [0, " + std::to_string(kMaxTopLogprobs) + "]");
+    if (s.top_logprobs > 0 && !s.logprobs)
+      reject("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    return;
+  }
+  if (const json* lp = field(doc, "logprobs")) {
+    if (!lp->is_number_integer()) reject("logprobs", "'logprobs' must be an integer on /v1/completions");
+    const int64_t count = integer_field(doc, "logprobs", 0);
+    if (count < 0 || count > kMaxCompletionLogprobs)
+      reject("logprobs", "'logprobs' must be in [0, " + std::to_string(kMaxCompletionLogprobs) + "]");
+    s.logprobs = true;
+    s.top_logprobs = count;
+  }
+  if (integer_field(doc, "top_logprobs", 0) != 0)
+    unsupported("top_logprobs", " on /v1/completions (send 'logprobs': N for N alternatives)");
 }
 
 /// Token ids given as the prompt: [int, ...] or [[int, ...]].
@@ -325,6 +354,7 @@ ApiRequest parse_completion_request(std::string_view body, const SamplingParams&
     req.kind = RequestKind::kCompletion;
     parse_prompt(doc, req);
     parse_common(doc, defaults, req);
+    parse_logprobs(doc, req);
     reject_unsupported(doc, req.kind);
     return req;
   });
@@ -336,6 +366,7 @@ ApiRequest parse_chat_request(std::string_view body, const SamplingParams& defau
     req.kind = RequestKind::kChat;
     parse_messages(doc, req);
     parse_common(doc, defaults, req);
+    parse_logprobs(doc, req);
     reject_unsupported(doc, req.kind);
     return req;
   });

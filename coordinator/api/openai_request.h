@@ -1,6 +1,7 @@
 // Parsing and validation of OpenAI-style request bodies (/v1/completions and
 // /v1/chat/completions) into what Engine::generate needs. Follows the OpenAI API
-// reference for field names, types and defaults; charm's extension is `top_k`.
+// reference for field names, types and defaults; charm's extensions are `top_k` and
+// `repetition_penalty` (as vLLM accepts them).
 #pragma once
 
 #include <cstdint>
@@ -58,26 +59,42 @@ struct ApiRequest {
   bool max_tokens_given = false;
   bool stream = false;
   bool include_usage = false;         ///< stream_options.include_usage
+  /// How many choices to generate (OpenAI's `n`), 1..kMaxChoices, each its own
+  /// generation of the same prompt (with a fixed seed, choice i samples with seed + i).
+  int64_t n = 1;
 };
+
+/// The most choices (`n`) one request may ask for.
+inline constexpr int64_t kMaxChoices = 16;
+/// The most alternatives chat's `top_logprobs` may ask for (OpenAI's limit).
+inline constexpr int64_t kMaxTopLogprobs = 20;
+/// The most alternatives the completions endpoint's integer `logprobs` may ask for
+/// (OpenAI's limit for the legacy endpoint).
+inline constexpr int64_t kMaxCompletionLogprobs = 5;
 
 /// The default max_tokens when a request names none (OpenAI's own default varies by
 /// model; charm documents 256 in docs/api.md), lowered to the context the prompt leaves.
 inline constexpr int64_t kDefaultMaxTokens = 256;
 
-/// Parses a /v1/completions body; temperature, top_p and top_k the body leaves out come
-/// from `defaults` (the model's, Engine::default_sampling). Throws ApiError(400) naming the field for invalid JSON
-/// (a number that overflows a double names its field), a missing or mistyped prompt,
-/// n != 1, out-of-range sampling fields, and fields asking for what charm does not do
-/// (echo, best_of != 1, suffix, logprobs, top_logprobs, penalties, logit_bias). Never
-/// throws anything but ApiError.
+/// Parses a /v1/completions body; the sampling fields the body leaves out (temperature,
+/// top_p, top_k, the penalties) come from `defaults` (the model's,
+/// Engine::default_sampling). `logprobs` is the legacy integer: N >= 0 asks for the
+/// sampled tokens' logprobs and N alternatives each. Throws ApiError(400) naming the
+/// field for invalid JSON (a number that overflows a double names its field), a missing
+/// or mistyped prompt, n outside [1, kMaxChoices], out-of-range sampling fields
+/// (frequency_penalty / presence_penalty outside [-2, 2], repetition_penalty <= 0,
+/// logprobs outside [0, kMaxCompletionLogprobs]), and fields asking for what charm does
+/// not do (echo, best_of != 1, suffix, top_logprobs, logit_bias). Never throws anything
+/// but ApiError.
 ApiRequest parse_completion_request(std::string_view body, const SamplingParams& defaults = {});
 
 /// Parses a /v1/chat/completions body (sampling defaults as parse_completion_request). Throws ApiError(400) naming the field for invalid
 /// JSON, missing or empty `messages`, a message without a string role, a role other than
 /// system/developer/user/assistant/tool, content that is neither a string, null nor a
 /// list of {type:"text", text} parts, `chat_template_kwargs` that is not an object,
-/// out-of-range sampling fields, and logprobs, top_logprobs, penalties or logit_bias
-/// asked for. Never throws anything but ApiError.
+/// out-of-range sampling fields (as completions; `logprobs` must be a boolean and
+/// `top_logprobs` in [0, kMaxTopLogprobs], non-zero only with logprobs: true), and
+/// logit_bias asked for. Never throws anything but ApiError.
 ApiRequest parse_chat_request(std::string_view body, const SamplingParams& defaults = {});
 
 /// Checks that prompt_tokens + max_tokens fit in `max_context`. When the client gave no

@@ -207,6 +207,70 @@ def test_undecodable_never_sampled(base, model_name):
         check("".join(pieces) == (chat.choices[0].message.content or ""), f"hot chat stream, seed {seed}")
 
 
+# The engine's half of logprobs and penalties (coordinator/sampler.h: apply_penalties and
+# token_logprob called at each sampled token) comes with issue 14's batched engine; until
+# it does, logprobs lists are empty and the penalties change nothing. True from then on.
+ENGINE_SAMPLES_WITH_PENALTIES_AND_LOGPROBS = False
+
+
+def test_logprobs_penalties_n(base, model_name):
+    """OpenAI's logprobs shapes, the penalties and n, through the official client."""
+    import openai
+
+    client = openai.OpenAI(base_url=base + "/v1", api_key=API_KEY, timeout=REQUEST_TIMEOUT_S, max_retries=0)
+    messages = [{"role": "user", "content": "Count from one to ten."}]
+    greedy = dict(model=model_name, max_tokens=10, temperature=0, extra_body={"repetition_penalty": 1})
+    chat = client.chat.completions.create(messages=messages, logprobs=True, top_logprobs=3, **greedy)
+    lp = chat.choices[0].logprobs
+    check(lp is not None and isinstance(lp.content, list), "chat logprobs: a content list")
+    comp = client.completions.create(prompt="One, two, three,", logprobs=2, **greedy)
+    clp = comp.choices[0].logprobs
+    check(clp is not None and len(clp.tokens) == len(clp.token_logprobs) == len(clp.top_logprobs) ==
+          len(clp.text_offset), "completion logprobs: four lists of one length")
+    if ENGINE_SAMPLES_WITH_PENALTIES_AND_LOGPROBS:
+        check(len(lp.content) == chat.usage.completion_tokens, "chat: one logprob per generated token")
+        for e in lp.content:
+            tops = [t.logprob for t in e.top_logprobs]
+            check(e.logprob <= 0 and len(tops) == 3 and tops == sorted(tops, reverse=True), f"chat entry {e.token!r}")
+            # Greedy without penalties samples the argmax: the first alternative.
+            check(e.top_logprobs[0].token == e.token and e.top_logprobs[0].logprob == e.logprob, "greedy = top 1")
+            check(bytes(e.bytes).decode("utf-8", "replace") == e.token, "bytes are the token's")
+        streamed = []
+        for chunk in client.chat.completions.create(messages=messages, logprobs=True, top_logprobs=3, stream=True,
+                                                    **greedy):
+            for c in chunk.choices:
+                streamed += c.logprobs.content if c.logprobs else []
+        check([e.model_dump() for e in streamed] == [e.model_dump() for e in lp.content], "streamed chat logprobs")
+        check(len(clp.tokens) == comp.usage.completion_tokens and clp.text_offset[0] == 0, "completion logprobs")
+        # A huge repetition penalty leaves every seen token's logit near 0 or far below it:
+        # greedy then never repeats a token.
+        rep = client.completions.create(prompt="One, two, three,", logprobs=0,
+                                        **dict(greedy, max_tokens=24, extra_body={"repetition_penalty": 1e6}))
+        tokens = rep.choices[0].logprobs.tokens
+        check(len(set(tokens)) == len(tokens), f"repetition_penalty 1e6: no token twice: {tokens}")
+
+    # n: choice i samples with seed + i, so each equals a single request with that seed.
+    sampled = dict(model=model_name, prompt="Once upon a time", max_tokens=12, temperature=1, seed=5)
+    two = client.completions.create(n=2, **sampled)
+    check([c.index for c in two.choices] == [0, 1], "n=2: two choices, indexed 0 and 1")
+    for i in range(2):
+        one = client.completions.create(**dict(sampled, seed=5 + i))
+        check(two.choices[i].text == one.choices[0].text, f"n=2: choice {i} is seed {5 + i}'s")
+    texts = {0: "", 1: ""}
+    for chunk in client.completions.create(n=2, stream=True, **sampled):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    check([texts[0], texts[1]] == [c.text for c in two.choices], "n=2 streamed: each choice's text")
+
+    for field, value in (("frequency_penalty", 2.5), ("presence_penalty", -3), ("n", 17)):
+        try:
+            client.completions.create(**dict(sampled, **{field: value}))
+            raise AssertionError(f"{field} {value} was accepted")
+        except openai.BadRequestError as e:
+            body = e.body if isinstance(e.body, dict) else {}
+            check(e.status_code == 400 and body.get("param") == field, f"400 naming {field}: {body}")
+
+
 def test_metrics(base, doc):
     """GET /metrics after the generations above: tokens, TTFT and per-worker RPC moved."""
     request = urllib.request.Request(base + "/metrics", headers={"Authorization": "Bearer " + API_KEY})
@@ -345,6 +409,7 @@ def main():
             wait_health(base, procs)
             test_openai_client(base, doc.get("model_name") or Path(doc["model"]).name)
             test_undecodable_never_sampled(base, doc.get("model_name") or Path(doc["model"]).name)
+            test_logprobs_penalties_n(base, doc.get("model_name") or Path(doc["model"]).name)
             test_metrics(base, doc)
             test_hostile_json(base, procs)
             test_client_hangup(base)

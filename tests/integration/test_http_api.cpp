@@ -9,8 +9,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <limits>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -23,6 +26,7 @@
 #include "common/error.h"
 #include "coordinator/api/http_api.h"
 #include "coordinator/api/openai_request.h"
+#include "coordinator/api/openai_response.h"
 #include "tests/support/expect_error.h"
 
 using json = nlohmann::json;
@@ -146,6 +150,10 @@ class FakeEngine : public charm::Engine {
       charm::fail_invalid("/srv/models/m/tokenizer.json: token id 151771 is outside [0, 151669)");
     if (text.find("unsupported") != std::string::npos)
       charm::fail_unsupported("/srv/models/m/model.safetensors: tensor 'lm_head.weight' has dtype F8_E5M2");
+    {
+      std::lock_guard lock(mu_);
+      if (params.seed) seeds_.push_back(*params.seed);
+    }
     bool forever = text.find("forever") != std::string::npos;
     charm::GenerationResult r;
     r.prompt_tokens = int64_t(prompt.size());
@@ -162,6 +170,9 @@ class FakeEngine : public charm::Engine {
       for (const auto& s : params.stop)
         if ((r.text + piece).ends_with(s)) hit_stop = true;
       r.tokens.push_back(piece[0]);
+      std::vector<charm::TokenLogprob> logprobs;
+      if (params.logprobs) logprobs.push_back(fake_logprob(piece[0], i, params.top_logprobs));
+      r.logprobs.insert(r.logprobs.end(), logprobs.begin(), logprobs.end());
       r.completion_tokens++;
       // Made-up latencies for /metrics: 5 ms to the first token, 2 ms each after.
       if (r.completion_tokens == 1) r.ttft_ms = 5;
@@ -172,7 +183,7 @@ class FakeEngine : public charm::Engine {
       }
       r.text += piece;
       pieces_ = r.completion_tokens;
-      if (!on_text(piece, {})) {
+      if (!on_text(piece, logprobs)) {
         std::lock_guard lock(mu_);
         cancelled_ = true;
         break;
@@ -190,6 +201,27 @@ class FakeEngine : public charm::Engine {
     charm::WorkerStatus b{"w1", "127.0.0.1:7002", charm::WorkerState::kDown, 0, 0, 0, 0, 0, 0, 2, 1, 800.0, false, "",
                           "heartbeat: timed out", {}};
     return {a, b};
+  }
+
+  /// The logprobs the fake reports for `token`, the i-th generated: -0.25 * (i + 1); its
+  /// alternatives the token itself, then byte 0xE9 (a lone UTF-8 continuation byte: its
+  /// text is U+FFFD), then masked ids (-inf), ids 'a', 'b', ...
+  static charm::TokenLogprob fake_logprob(int32_t token, int64_t i, int64_t top_n) {
+    charm::TokenLogprob lp;
+    lp.token = token;
+    lp.logprob = -0.25f * float(i + 1);
+    for (int64_t k = 0; k < top_n; ++k) {
+      if (k == 0) lp.top.emplace_back(token, lp.logprob);
+      else if (k == 1) lp.top.emplace_back(0xE9, lp.logprob - 1);
+      else lp.top.emplace_back('a' + int32_t(k - 2), -std::numeric_limits<float>::infinity());
+    }
+    return lp;
+  }
+
+  /// The seeds of every generation so far that had one, in the order they started.
+  std::vector<uint64_t> seeds() {
+    std::lock_guard lock(mu_);
+    return seeds_;
   }
 
   std::vector<int32_t> last_prompt() {
@@ -217,6 +249,7 @@ class FakeEngine : public charm::Engine {
   std::mutex mu_;
   std::vector<int32_t> last_prompt_;
   charm::SamplingParams last_params_;
+  std::vector<uint64_t> seeds_;
   bool cancelled_ = false;
   bool finished_ = false;
   std::atomic<int64_t> pieces_{0};
@@ -536,14 +569,14 @@ TEST_CASE("bad requests get 400 naming the field") {
   check_error(s.post("/v1/chat/completions", {{"messages", user}, {"max_tokens", 0}}), 400, "max_tokens");
   check_error(s.post("/v1/chat/completions", {{"messages", user}, {"max_tokens", 1.5}}), 400, "max_tokens");
   check_error(s.post("/v1/chat/completions", {{"messages", user}, {"max_tokens", 995}}), 400, "max_tokens");
-  check_error(s.post("/v1/chat/completions", {{"messages", user}, {"n", 2}}), 400, "n");
+  check_error(s.post("/v1/chat/completions", {{"messages", user}, {"n", 17}}), 400, "n");
   check_error(s.post("/v1/chat/completions", {{"messages", user}, {"seed", "x"}}), 400, "seed");
   check_error(s.post("/v1/chat/completions", {{"messages", user}, {"stop", 5}}), 400, "stop");
   check_error(s.post("/v1/chat/completions", {{"messages", user}, {"stop", json::array({""})}}), 400, "stop");
   check_error(s.post("/v1/chat/completions", {{"messages", user}, {"stream", "yes"}}), 400, "stream");
   check_error(s.post("/v1/chat/completions", {{"messages", user}, {"stream_options", {{"include_usage", true}}}}),
               400, "stream_options");
-  check_error(s.post("/v1/chat/completions", {{"messages", user}, {"logprobs", true}}), 400, "logprobs");
+  check_error(s.post("/v1/chat/completions", {{"messages", user}, {"logprobs", "yes"}}), 400, "logprobs");
 
   check_error(s.post("/v1/completions", {{"max_tokens", 3}}), 400, "prompt");
   check_error(s.post("/v1/completions", {{"prompt", 5}}), 400, "prompt");
@@ -887,13 +920,9 @@ TEST_CASE("fields asking for what charm does not do get 400; their off values an
   rejected(cmpl, with(prompt, "best_of", 2), "best_of");
   rejected(cmpl, with(prompt, "best_of", 0), "best_of");
   rejected(cmpl, with(prompt, "suffix", "tail"), "suffix");
-  for (const auto& [path, body] : {std::pair{cmpl, prompt}, std::pair{chat, chat_body}}) {
-    rejected(path, with(body, "logprobs", path == cmpl ? json(5) : json(true)), "logprobs");
-    rejected(path, with(body, "top_logprobs", 2), "top_logprobs");
-    rejected(path, with(body, "presence_penalty", 0.5), "presence_penalty");
-    rejected(path, with(body, "frequency_penalty", -1), "frequency_penalty");
+  rejected(cmpl, with(prompt, "top_logprobs", 2), "top_logprobs");  // completions: 'logprobs': N instead
+  for (const auto& [path, body] : {std::pair{cmpl, prompt}, std::pair{chat, chat_body}})
     rejected(path, with(body, "logit_bias", {{"50256", -100}}), "logit_bias");
-  }
   // Mistyped: 400 naming the field (not "not supported").
   check_error(s.post(cmpl, with(prompt, "echo", "yes")), 400, "echo");
   check_error(s.post(cmpl, with(prompt, "best_of", "2")), 400, "best_of");
@@ -1113,6 +1142,8 @@ TEST_CASE("the model's generation_config.json gives the sampling a request leave
   CHECK(d.temperature == 0.7);
   CHECK(d.top_p == 0.8);
   CHECK(d.top_k == 20);
+  CHECK(d.repetition_penalty == 1.1);
+  CHECK(sampling_defaults(nlohmann::json{{"repetition_penalty", 0}}, "g.json").repetition_penalty == 1.0);
   CHECK(sampling_defaults(nlohmann::json{{"do_sample", false}, {"temperature", 0.7}}, "g.json").temperature == 0);
   const SamplingParams bad = sampling_defaults(nlohmann::json{{"temperature", "hot"}, {"top_p", 3}}, "g.json");
   CHECK(bad.temperature == 1.0);  // ignored with a warning
@@ -1123,9 +1154,216 @@ TEST_CASE("the model's generation_config.json gives the sampling a request leave
   CHECK(left_out.sampling.temperature == 0.7);
   CHECK(left_out.sampling.top_p == 0.8);
   CHECK(left_out.sampling.top_k == 20);
+  CHECK(left_out.sampling.repetition_penalty == 1.1);
+  CHECK(parse_completion_request(R"({"prompt": "x", "repetition_penalty": 1})", d).sampling.repetition_penalty == 1);
   const ApiRequest given =
       parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}], "temperature": 0, "top_k": -1})", d);
   CHECK(given.sampling.temperature == 0);
   CHECK(given.sampling.top_k == 0);
   CHECK(given.sampling.top_p == 0.8);
+}
+
+TEST_CASE("penalties reach the engine; out-of-range penalties, n and logprobs are 400s naming the field") {
+  Served s;
+  json user = json::array({{{"role", "user"}, {"content", "hi"}}});
+  auto res = s.post("/v1/chat/completions", {{"messages", user}, {"max_tokens", 1}, {"frequency_penalty", -2},
+                                             {"presence_penalty", 1.5}, {"repetition_penalty", 1.2}});
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  charm::SamplingParams p = s.engine.last_params();
+  CHECK(p.frequency_penalty == -2);
+  CHECK(p.presence_penalty == 1.5);
+  CHECK(p.repetition_penalty == 1.2);
+  CHECK(!p.logprobs);
+
+  const std::string cmpl = "/v1/completions", chat = "/v1/chat/completions";
+  json prompt = {{"prompt", "hi"}, {"max_tokens", 1}}, chat_body = {{"messages", user}, {"max_tokens", 1}};
+  auto with = [](json body, json fields) {
+    body.update(fields);
+    return body;
+  };
+  for (const auto& [path, body] : {std::pair{cmpl, prompt}, std::pair{chat, chat_body}}) {
+    check_error(s.post(path, with(body, {{"frequency_penalty", 2.5}})), 400, "frequency_penalty");
+    check_error(s.post(path, with(body, {{"presence_penalty", -2.01}})), 400, "presence_penalty");
+    check_error(s.post(path, with(body, {{"repetition_penalty", 0}})), 400, "repetition_penalty");
+    check_error(s.post(path, with(body, {{"repetition_penalty", -1}})), 400, "repetition_penalty");
+    check_error(s.post(path, with(body, {{"n", 0}})), 400, "n");
+    check_error(s.post(path, with(body, {{"n", charm::kMaxChoices + 1}})), 400, "n");
+    check_error(s.post(path, with(body, {{"n", 1.5}})), 400, "n");
+  }
+  check_error(s.post(chat, with(chat_body, {{"logprobs", 3}})), 400, "logprobs");  // chat: a boolean
+  check_error(s.post(chat, with(chat_body, {{"logprobs", true}, {"top_logprobs", 21}})), 400, "top_logprobs");
+  check_error(s.post(chat, with(chat_body, {{"logprobs", true}, {"top_logprobs", -1}})), 400, "top_logprobs");
+  check_error(s.post(chat, with(chat_body, {{"top_logprobs", 2}})), 400, "top_logprobs");  // needs logprobs
+  check_error(s.post(cmpl, with(prompt, {{"logprobs", 6}})), 400, "logprobs");
+  check_error(s.post(cmpl, with(prompt, {{"logprobs", -1}})), 400, "logprobs");
+  check_error(s.post(cmpl, with(prompt, {{"logprobs", true}})), 400, "logprobs");  // completions: an integer
+}
+
+TEST_CASE("chat logprobs: OpenAI's content list, token text and bytes, top_logprobs; -inf as -9999") {
+  Served s;
+  json body = {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})},
+               {"max_tokens", 3}, {"logprobs", true}, {"top_logprobs", 3}};
+  auto res = s.post("/v1/chat/completions", body);
+  REQUIRE(res);
+  REQUIRE(res->status == 200);
+  CHECK(s.engine.last_params().logprobs);
+  CHECK(s.engine.last_params().top_logprobs == 3);
+  json b = json::parse(res->body);
+  const json& content = b["choices"][0]["logprobs"]["content"];
+  REQUIRE(content.size() == 3);  // "Hel"
+  CHECK(content[0] == json{{"token", "H"},
+                           {"logprob", -0.25},
+                           {"bytes", {72}},
+                           {"top_logprobs",
+                            {{{"token", "H"}, {"logprob", -0.25}, {"bytes", {72}}},
+                             {{"token", "\xEF\xBF\xBD"}, {"logprob", -1.25}, {"bytes", {0xE9}}},  // U+FFFD
+                             {{"token", "a"}, {"logprob", charm::kMinReportedLogprob}, {"bytes", {97}}}}}});
+  CHECK(content[2]["token"] == "l");
+  CHECK(content[2]["logprob"] == -0.75);
+
+  // logprobs: true alone: the sampled tokens' logprobs, no alternatives.
+  body.erase("top_logprobs");
+  res = s.post("/v1/chat/completions", body);
+  REQUIRE(res);
+  json b2 = json::parse(res->body);
+  REQUIRE(b2["choices"][0]["logprobs"]["content"].size() == 3);
+  CHECK(b2["choices"][0]["logprobs"]["content"][1]["top_logprobs"] == json::array());
+}
+
+TEST_CASE("completions logprobs: tokens, token_logprobs, top_logprobs dicts, text_offset") {
+  Served s;
+  auto res = s.post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 4}, {"logprobs", 2}});
+  REQUIRE(res);
+  REQUIRE(res->status == 200);
+  json lp = json::parse(res->body)["choices"][0]["logprobs"];
+  CHECK(lp["tokens"] == json{"H", "e", "l", "l"});
+  CHECK(lp["token_logprobs"] == json{-0.25, -0.5, -0.75, -1.0});
+  CHECK(lp["text_offset"] == json{0, 1, 2, 3});
+  REQUIRE(lp["top_logprobs"].size() == 4);
+  CHECK(lp["top_logprobs"][1] == json{{"e", -0.5}, {"\xEF\xBF\xBD", -1.5}});
+  // logprobs 0: the sampled tokens only.
+  res = s.post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}, {"logprobs", 0}});
+  REQUIRE(res);
+  json lp0 = json::parse(res->body)["choices"][0]["logprobs"];
+  CHECK(lp0["top_logprobs"] == json::array({json::object(), json::object()}));
+  CHECK(lp0["token_logprobs"] == json{-0.25, -0.5});
+}
+
+/// The logprobs of every chunk of choice `index` of an SSE body, joined (chat: the
+/// content entries; completions: the object's lists).
+json streamed_logprobs(const std::vector<std::string>& events, int64_t index, bool chat) {
+  json all = chat ? json::array()
+                  : json{{"tokens", json::array()}, {"token_logprobs", json::array()},
+                         {"top_logprobs", json::array()}, {"text_offset", json::array()}};
+  for (const std::string& e : events) {
+    if (e == "[DONE]") continue;
+    const json chunk = json::parse(e);
+    for (const json& c : chunk["choices"]) {
+      if (c["index"] != index || c["logprobs"].is_null()) continue;
+      if (chat) {
+        for (const json& entry : c["logprobs"]["content"]) all.push_back(entry);
+      } else {
+        for (auto& [key, list] : all.items())
+          for (const json& v : c["logprobs"][key]) list.push_back(v);
+      }
+    }
+  }
+  return all;
+}
+
+TEST_CASE("streamed logprobs: each chunk its tokens', together the whole response's (withheld tokens too)") {
+  Served s;
+  for (bool chat : {true, false}) {
+    CAPTURE(chat);
+    const std::string path = chat ? "/v1/chat/completions" : "/v1/completions";
+    json body = {{"max_tokens", 8}, {"stop", "w"}};  // the 'w' token's text is withheld
+    if (chat) {
+      body.update({{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}, {"logprobs", true},
+                   {"top_logprobs", 2}});
+    } else {
+      body.update({{"prompt", "hi"}, {"logprobs", 2}});
+    }
+    auto whole = s.post(path, body);
+    REQUIRE(whole);
+    REQUIRE(whole->status == 200);
+    const json expected = json::parse(whole->body)["choices"][0]["logprobs"];
+    body["stream"] = true;
+    auto res = s.post(path, body);
+    REQUIRE(res);
+    std::vector<std::string> events = sse_payloads(res->body);
+    // Each text chunk carries exactly its one token's logprobs.
+    for (const std::string& e : events) {
+      if (e == "[DONE]") continue;
+      const json c = json::parse(e)["choices"][0];
+      const std::string text = chat ? c["delta"].value("content", "") : c["text"].get<std::string>();
+      if (text.empty()) continue;
+      REQUIRE(!c["logprobs"].is_null());
+      CHECK((chat ? c["logprobs"]["content"][0]["token"] : c["logprobs"]["tokens"][0]) == text);
+    }
+    const json streamed = streamed_logprobs(events, 0, chat);
+    CHECK(streamed == (chat ? expected["content"] : expected));
+  }
+}
+
+TEST_CASE("n choices: generated concurrently, indexed 0..n-1, seed + i each, usage summed") {
+  Served s;
+  json body = {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}, {"max_tokens", 4}, {"n", 3},
+               {"seed", 100}, {"logprobs", true}};
+  auto res = s.post("/v1/chat/completions", body);
+  REQUIRE(res);
+  REQUIRE(res->status == 200);
+  json b = json::parse(res->body);
+  REQUIRE(b["choices"].size() == 3);
+  for (int i = 0; i < 3; ++i) {
+    CHECK(b["choices"][i]["index"] == i);
+    CHECK(b["choices"][i]["message"]["content"] == "Hell");
+    CHECK(b["choices"][i]["logprobs"]["content"].size() == 4);
+  }
+  const int64_t prompt_tokens = int64_t(s.engine.last_prompt().size());
+  CHECK(b["usage"] == json{{"prompt_tokens", prompt_tokens}, {"completion_tokens", 12},
+                           {"total_tokens", prompt_tokens + 12}});
+  std::vector<uint64_t> seeds = s.engine.seeds();
+  std::sort(seeds.begin(), seeds.end());
+  CHECK(seeds == std::vector<uint64_t>{100, 101, 102});
+
+  // Streamed: every choice its role chunk, pieces and finish chunk; one usage chunk.
+  body.update({{"stream", true}, {"stream_options", {{"include_usage", true}}}, {"n", 2}});
+  res = s.post("/v1/chat/completions", body);
+  REQUIRE(res);
+  REQUIRE(res->status == 200);
+  std::vector<std::string> events = sse_payloads(res->body);
+  CHECK(events.back() == "[DONE]");
+  std::map<int64_t, std::string> content;
+  std::map<int64_t, int> roles, finishes;
+  int usage_chunks = 0;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    json c = json::parse(events[i]);
+    if (c["choices"].empty()) {
+      ++usage_chunks;
+      CHECK(c["usage"]["completion_tokens"] == 8);
+      CHECK(c["usage"]["prompt_tokens"] == prompt_tokens);
+      continue;
+    }
+    REQUIRE(c["choices"].size() == 1);
+    const json& choice = c["choices"][0];
+    const int64_t index = choice["index"];
+    CHECK((index == 0 || index == 1));
+    if (choice["delta"].contains("role")) ++roles[index];
+    content[index] += choice["delta"].value("content", "");
+    if (!choice["finish_reason"].is_null()) ++finishes[index];
+  }
+  CHECK(usage_chunks == 1);
+  CHECK(content == std::map<int64_t, std::string>{{0, "Hell"}, {1, "Hell"}});
+  CHECK(roles == std::map<int64_t, int>{{0, 1}, {1, 1}});
+  CHECK(finishes == std::map<int64_t, int>{{0, 1}, {1, 1}});
+  CHECK(streamed_logprobs(events, 1, true).size() == 4);
+
+  // Completions too; without a seed each choice is unseeded.
+  res = s.post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}, {"n", 2}});
+  REQUIRE(res);
+  json c = json::parse(res->body);
+  REQUIRE(c["choices"].size() == 2);
+  CHECK(c["choices"][1] == json{{"text", "He"}, {"index", 1}, {"logprobs", nullptr}, {"finish_reason", "length"}});
+  CHECK(c["usage"]["completion_tokens"] == 4);
 }

@@ -193,7 +193,8 @@ TEST_CASE("MLA attention: one call, one row at a time, uneven chunks and thread 
       std::vector<float> out(n * hidden);
       size_t pos = 0;
       for (size_t rows : chunks) {
-        attention(rope, x.data() + pos * hidden, rows, pos, cache, 0, out.data() + pos * hidden);
+        const SequenceRows seq{0, rows, pos, &cache};
+        attention(rope, x.data() + pos * hidden, rows, {&seq, 1}, 0, out.data() + pos * hidden);
         pos += rows;
       }
       return out;

@@ -1,8 +1,17 @@
-// Sampling (coordinator/sampler.h) and stop strings (coordinator/text/stop_strings.h).
+// Sampling, penalties and logprobs (coordinator/sampler.h) and stop strings
+// (coordinator/text/stop_strings.h). Penalties and logprobs are checked against
+// transformers / torch on tests/fixtures/sampler/cases.json (scripts/gen_sampler_cases.py).
 #include <doctest/doctest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
 #include <map>
+
+#include <nlohmann/json.hpp>
 
 #include "coordinator/sampler.h"
 #include "coordinator/sampling_params.h"
@@ -134,6 +143,130 @@ TEST_CASE("sampling follows the softmax distribution and a seed reproduces it") 
   for (int32_t t : a) counts[t]++;
   CHECK(counts[0] / 4000.0 == doctest::Approx(0.5).epsilon(0.1));
   CHECK(counts[2] / 4000.0 == doctest::Approx(0.2).epsilon(0.15));
+}
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+/// The fixture's f32 list (null = -inf).
+std::vector<float> f32s(const nlohmann::json& list) {
+  std::vector<float> out;
+  for (const auto& v : list) out.push_back(v.is_null() ? kNegInf : static_cast<float>(v.get<double>()));
+  return out;
+}
+
+nlohmann::json sampler_cases() {
+  const auto path = std::filesystem::path(CHARM_SOURCE_DIR) / "tests/fixtures/sampler/cases.json";
+  std::ifstream in(path);
+  REQUIRE_MESSAGE(in, "missing " << path.string() << " (python3 scripts/gen_sampler_cases.py)");
+  return nlohmann::json::parse(in);
+}
+
+}  // namespace
+
+TEST_CASE("penalties match transformers' RepetitionPenaltyLogitsProcessor and vLLM's formula bit for bit") {
+  const nlohmann::json doc = sampler_cases();
+  REQUIRE(doc["cases"].size() >= 5);
+  for (const auto& c : doc["cases"]) {
+    CAPTURE(c["name"].get<std::string>());
+    SamplingParams p;
+    p.repetition_penalty = c["repetition_penalty"];
+    p.frequency_penalty = c["frequency_penalty"];
+    p.presence_penalty = c["presence_penalty"];
+    const auto prompt = c["prompt"].get<std::vector<int32_t>>();
+    const auto generated = c["generated"].get<std::vector<int32_t>>();
+    std::vector<float> logits = f32s(c["logits"]);
+    const std::vector<float> want = f32s(c["penalized"]);
+    apply_penalties(logits.data(), logits.size(), p, prompt, generated);
+    size_t differ = 0;
+    for (size_t i = 0; i < logits.size(); ++i) differ += std::bit_cast<uint32_t>(logits[i]) != std::bit_cast<uint32_t>(want[i]);
+    CHECK(differ == 0);
+  }
+}
+
+TEST_CASE("penalties: a no-op bit for bit when off; each id once; order of ids irrelevant") {
+  std::vector<float> raw = {1.5f, -2.0f, 0.0f, -0.0f, 3.25f, kNegInf, 7.0f};
+  const std::vector<int32_t> prompt = {0, 1, 5, 0, 0}, generated = {4, 4, 1, 6};
+  std::vector<float> logits = raw;
+  apply_penalties(logits.data(), logits.size(), SamplingParams{}, prompt, generated);
+  CHECK(std::memcmp(logits.data(), raw.data(), raw.size() * sizeof(float)) == 0);
+
+  SamplingParams p;
+  p.repetition_penalty = 2.0;
+  p.frequency_penalty = 0.5;
+  p.presence_penalty = 0.25;
+  apply_penalties(logits.data(), logits.size(), p, prompt, generated);
+  CHECK(logits[0] == 0.75f);            // in the prompt three times: divided once
+  CHECK(logits[1] == -4.0f - 0.5f - 0.25f);  // prompt and generated: multiplied once, then once generated
+  CHECK(logits[2] == 0.0f);             // not seen
+  CHECK(logits[4] == 3.25f / 2 - 1.0f - 0.25f);  // generated twice
+  CHECK(logits[5] == kNegInf);          // masked stays masked
+  CHECK(logits[6] == 3.5f - 0.5f - 0.25f);
+  // The same histories in another order give the same bits.
+  std::vector<float> again = raw;
+  const std::vector<int32_t> prompt2 = {5, 0, 1, 0, 0}, generated2 = {6, 1, 4, 4};
+  apply_penalties(again.data(), again.size(), p, prompt2, generated2);
+  CHECK(std::memcmp(again.data(), logits.data(), raw.size() * sizeof(float)) == 0);
+  // Ids outside the vocabulary are ignored.
+  std::vector<float> small = {1.0f, 2.0f};
+  const std::vector<int32_t> outside = {-1, 2, 1000};
+  apply_penalties(small.data(), small.size(), p, outside, outside);
+  CHECK(small == std::vector<float>{1.0f, 2.0f});
+}
+
+TEST_CASE("token logprobs match torch.log_softmax of the raw logits; top by logit, ties lower id first") {
+  const nlohmann::json doc = sampler_cases();
+  double worst = 0, worst_small = 0;
+  for (const auto& c : doc["cases"]) {
+    CAPTURE(c["name"].get<std::string>());
+    const std::vector<float> logits = f32s(c["logits"]);
+    const std::vector<float> want = f32s(c["logprobs"]);
+    const auto order = c["order"].get<std::vector<int32_t>>();
+    const size_t vocab = logits.size();
+    // Every id's logprob; the top 20 (and, for the small case, the whole ranking).
+    for (size_t id = 0; id < vocab; ++id) {
+      const TokenLogprob lp = token_logprob(logits.data(), vocab, int32_t(id), 0);
+      CHECK(lp.token == int32_t(id));
+      CHECK(lp.top.empty());
+      if (std::isinf(want[id])) {
+        CHECK(lp.logprob == kNegInf);
+      } else {
+        // torch rounds in f32 at every step (it is up to 3.5e-6 from the float64 value on
+        // this fixture, where logprobs reach -42); charm rounds once: they may differ by
+        // one f32 ulp of the value, which is above 1e-6 past |logprob| = 8.
+        const double diff = std::abs(double(lp.logprob) - double(want[id]));
+        const double ulp = std::nextafter(std::abs(want[id]), std::numeric_limits<float>::infinity()) - std::abs(want[id]);
+        CHECK(diff <= std::max(1e-6, ulp));
+        worst = std::max(worst, diff);
+        if (std::abs(want[id]) < 8) worst_small = std::max(worst_small, diff);
+      }
+    }
+    for (size_t top_n : {size_t(1), size_t(5), size_t(20), vocab <= 64 ? vocab + 3 : size_t(20)}) {
+      const TokenLogprob lp = token_logprob(logits.data(), vocab, order.back(), top_n);
+      REQUIRE(lp.top.size() == std::min(top_n, vocab));
+      for (size_t i = 0; i < lp.top.size(); ++i) {
+        CHECK(lp.top[i].first == order[i]);
+        CHECK(lp.top[i].second == token_logprob(logits.data(), vocab, order[i], 0).logprob);
+      }
+    }
+  }
+  MESSAGE("max |charm - torch.log_softmax| = " << worst << ", " << worst_small << " where |logprob| < 8");
+  CHECK(worst_small <= 1e-6);
+}
+
+TEST_CASE("token logprobs: masked ids are -inf and listed last, only when nothing else is left") {
+  const std::vector<float> logits = {kNegInf, 1.0f, kNegInf, 1.0f, 0.0f};
+  const TokenLogprob lp = token_logprob(logits.data(), logits.size(), 0, 4);
+  CHECK(lp.logprob == kNegInf);
+  REQUIRE(lp.top.size() == 4);
+  CHECK(lp.top[0].first == 1);  // tie: lower id first
+  CHECK(lp.top[1].first == 3);
+  CHECK(lp.top[2].first == 4);
+  CHECK(lp.top[3].first == 0);  // a masked id, only because 4 were asked for
+  CHECK(lp.top[3].second == kNegInf);
+  const double p1 = std::exp(double(lp.top[0].second)), p4 = std::exp(double(lp.top[2].second));
+  CHECK(2 * p1 + p4 == doctest::Approx(1.0).epsilon(1e-6));
 }
 
 TEST_CASE("stop strings cut the text and withhold possible prefixes while streaming") {
