@@ -378,8 +378,13 @@ class EngineImpl final : public Engine {
   void sample(Job& job, float* logits) {
     if (job.first_logits && job.result.tokens.empty()) job.first_logits->assign(logits, logits + config_.vocab_size);
     if (job.params.max_tokens == 0) return finish(job, "length");
+    const size_t vocab = config_.vocab_size;
     mask_logits(logits, unsampleable_);  // ids the tokenizer cannot decode
-    const int32_t token = sample_token(logits, config_.vocab_size, job.params, job.rng);
+    std::vector<float> raw;              // for logprobs: masked, not penalised
+    if (job.params.logprobs) raw.assign(logits, logits + vocab);
+    const std::span<const int32_t> prompt(job.tokens.data(), job.prompt_tokens);
+    apply_penalties(logits, vocab, job.params, prompt, job.result.tokens);
+    const int32_t token = sample_token(logits, vocab, job.params, job.rng);
     const auto now = Clock::now();
     if (job.result.tokens.empty()) {
       job.first_token = now;
@@ -389,9 +394,14 @@ class EngineImpl final : public Engine {
     }
     job.previous_token = now;
     if (std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end()) return finish(job, "stop");
+    std::vector<TokenLogprob> logprobs;
+    if (job.params.logprobs) {
+      logprobs.push_back(token_logprob(raw.data(), vocab, token, static_cast<size_t>(job.params.top_logprobs)));
+      job.result.logprobs.push_back(logprobs.back());
+    }
     job.result.tokens.push_back(token);
     job.tokens.push_back(token);
-    pass_on(job, job.stops.push(job.decoder.push(token)), {});
+    pass_on(job, job.stops.push(job.decoder.push(token)), std::move(logprobs));
     if (job.stops.stopped()) return finish(job, "stop");
     if (static_cast<int64_t>(job.result.tokens.size()) == job.params.max_tokens) finish(job, "length");
   }

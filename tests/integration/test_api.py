@@ -207,12 +207,6 @@ def test_undecodable_never_sampled(base, model_name):
         check("".join(pieces) == (chat.choices[0].message.content or ""), f"hot chat stream, seed {seed}")
 
 
-# The engine's half of logprobs and penalties (coordinator/sampler.h: apply_penalties and
-# token_logprob called at each sampled token) comes with issue 14's batched engine; until
-# it does, logprobs lists are empty and the penalties change nothing. True from then on.
-ENGINE_SAMPLES_WITH_PENALTIES_AND_LOGPROBS = False
-
-
 def test_logprobs_penalties_n(base, model_name):
     """OpenAI's logprobs shapes, the penalties and n, through the official client."""
     import openai
@@ -227,27 +221,26 @@ def test_logprobs_penalties_n(base, model_name):
     clp = comp.choices[0].logprobs
     check(clp is not None and len(clp.tokens) == len(clp.token_logprobs) == len(clp.top_logprobs) ==
           len(clp.text_offset), "completion logprobs: four lists of one length")
-    if ENGINE_SAMPLES_WITH_PENALTIES_AND_LOGPROBS:
-        check(len(lp.content) == chat.usage.completion_tokens, "chat: one logprob per generated token")
-        for e in lp.content:
-            tops = [t.logprob for t in e.top_logprobs]
-            check(e.logprob <= 0 and len(tops) == 3 and tops == sorted(tops, reverse=True), f"chat entry {e.token!r}")
-            # Greedy without penalties samples the argmax: the first alternative.
-            check(e.top_logprobs[0].token == e.token and e.top_logprobs[0].logprob == e.logprob, "greedy = top 1")
-            check(bytes(e.bytes).decode("utf-8", "replace") == e.token, "bytes are the token's")
-        streamed = []
-        for chunk in client.chat.completions.create(messages=messages, logprobs=True, top_logprobs=3, stream=True,
-                                                    **greedy):
-            for c in chunk.choices:
-                streamed += c.logprobs.content if c.logprobs else []
-        check([e.model_dump() for e in streamed] == [e.model_dump() for e in lp.content], "streamed chat logprobs")
-        check(len(clp.tokens) == comp.usage.completion_tokens and clp.text_offset[0] == 0, "completion logprobs")
-        # A huge repetition penalty leaves every seen token's logit near 0 or far below it:
-        # greedy then never repeats a token.
-        rep = client.completions.create(prompt="One, two, three,", logprobs=0,
-                                        **dict(greedy, max_tokens=24, extra_body={"repetition_penalty": 1e6}))
-        tokens = rep.choices[0].logprobs.tokens
-        check(len(set(tokens)) == len(tokens), f"repetition_penalty 1e6: no token twice: {tokens}")
+    check(len(lp.content) == chat.usage.completion_tokens, "chat: one logprob per generated token")
+    for e in lp.content:
+        tops = [t.logprob for t in e.top_logprobs]
+        check(e.logprob <= 0 and len(tops) == 3 and tops == sorted(tops, reverse=True), f"chat entry {e.token!r}")
+        # Greedy without penalties samples the argmax: the first alternative.
+        check(e.top_logprobs[0].token == e.token and e.top_logprobs[0].logprob == e.logprob, "greedy = top 1")
+        check(bytes(e.bytes).decode("utf-8", "replace") == e.token, "bytes are the token's")
+    streamed = []
+    for chunk in client.chat.completions.create(messages=messages, logprobs=True, top_logprobs=3, stream=True,
+                                                **greedy):
+        for c in chunk.choices:
+            streamed += c.logprobs.content if c.logprobs else []
+    check([e.model_dump() for e in streamed] == [e.model_dump() for e in lp.content], "streamed chat logprobs")
+    check(len(clp.tokens) == comp.usage.completion_tokens and clp.text_offset[0] == 0, "completion logprobs")
+    # A huge repetition penalty leaves every seen token's logit near 0 or far below it:
+    # greedy then never repeats a token.
+    rep = client.completions.create(prompt="One, two, three,", logprobs=0,
+                                    **dict(greedy, max_tokens=24, extra_body={"repetition_penalty": 1e6}))
+    tokens = rep.choices[0].logprobs.tokens
+    check(len(set(tokens)) == len(tokens), f"repetition_penalty 1e6: no token twice: {tokens}")
 
     # n: choice i samples with seed + i, so each equals a single request with that seed.
     sampled = dict(model=model_name, prompt="Once upon a time", max_tokens=12, temperature=1, seed=5)

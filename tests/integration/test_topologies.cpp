@@ -14,6 +14,7 @@
 #include "common/wire.h"
 #include "coordinator/engine.h"
 #include "tests/support/child_process.h"
+#include "tests/support/fixture_topology.h"
 #include "tests/support/temp_dir.h"
 
 namespace {
@@ -23,29 +24,7 @@ namespace fs = std::filesystem;
 
 const fs::path kSource = CHARM_SOURCE_DIR;
 const std::string kCharm = std::string(CHARM_BINARY_DIR) + "/charm";
-
-/// Writes a topology YAML for the fixture model with the given expert split, one worker
-/// per entry on a free loopback port. An empty split means single-node mode. `tiers`
-/// (e.g. "ram_gb: 0.001, container: /x") goes into every worker entry, or into `store:`
-/// in single-node mode.
-fs::path write_topology(const fs::path& dir, const std::string& model, const std::vector<std::string>& split,
-                        std::vector<std::pair<std::string, uint16_t>>& workers, const std::string& tiers = "", bool prefetch = false) {
-  fs::create_directories(dir);
-  const fs::path path = dir / ("topology-" + std::to_string(split.size()) + (prefetch ? "-prefetch" : "") + ".yaml");
-  std::ofstream out(path);
-  out << "model: " << (kSource / "tests/fixtures/models" / model).string() << "\n";
-  out << "prefetch: " << (prefetch ? "true" : "false") << "\n";
-  out << "mode: " << (split.empty() ? "single-node" : "cluster") << "\n";
-  if (split.empty() && !tiers.empty()) out << "store: {" << tiers << "}\n";
-  if (!split.empty()) out << "workers:\n";
-  for (size_t i = 0; i < split.size(); ++i) {
-    const uint16_t port = test::free_port();
-    workers.emplace_back("w" + std::to_string(i), port);
-    out << "  - {name: w" << i << ", host: 127.0.0.1, port: " << port << ", experts: " << split[i]
-        << (tiers.empty() ? "" : ", " + tiers) << "}\n";
-  }
-  return path;
-}
+using test::write_topology;
 
 struct Outcome {
   std::vector<std::vector<float>> logits;  // first-step logits per prompt

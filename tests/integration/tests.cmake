@@ -34,3 +34,14 @@ if(Python3_Interpreter_FOUND)
     LABELS integration TIMEOUT 300 ENVIRONMENT OMP_WAIT_POLICY=passive
     RESOURCE_LOCK charm_cluster_ports)
 endif()
+
+# Continuous batching through HTTP on single-node servers (free ports): endpoints answer
+# while 32 streams run, batch-invariant greedy answers, 429 when the queue is full, a
+# client hanging up mid-prefill frees its sequence, the prefix cache.
+if(Python3_Interpreter_FOUND)
+  add_test(NAME integration_serving
+    COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_serving.py
+            --charm $<TARGET_FILE:charm> --source-dir ${PROJECT_SOURCE_DIR})
+  set_tests_properties(integration_serving PROPERTIES
+    LABELS integration TIMEOUT 300 ENVIRONMENT OMP_WAIT_POLICY=passive)
+endif()
