@@ -114,13 +114,15 @@ void Scheduler::admit(StepPlan& plan, size_t& budget) {
   while (!waiting_.empty() && running_.size() < options_.max_num_seqs && budget > 0) {
     Sequence* s = waiting_.front();
     if (s->cache.length() == 0) attach_cached_prefix(s);
+    if (waits_for_shared_prefix(*s)) {
+      release_unadmitted(s);
+      return;
+    }
     // Admitted only when the whole rest of its prompt and its first sampled token fit:
     // a prompt half prefilled would hold blocks that running streams need.
     const size_t need = blocks_for(s->tokens.size() + 1) - s->cache.blocks().size();
     if (need > pool_.free_blocks()) {
-      s->cache.clear();  // do not hold cached blocks while waiting
-      s->published_blocks = 0;
-      s->last_block_key = 0;
+      release_unadmitted(s);
       return;
     }
     const size_t n = std::min(s->pending(), budget);
@@ -130,6 +132,24 @@ void Scheduler::admit(StepPlan& plan, size_t& budget) {
     plan.parts.push_back({s, n});
     budget -= n;
   }
+}
+
+bool Scheduler::waits_for_shared_prefix(const Sequence& s) const {
+  const size_t b = s.published_blocks;  // its first block the cache did not have
+  if ((b + 1) * kBlock > s.tokens.size() - 1) return false;
+  const uint64_t key = prefix_block_key(s.last_block_key, block_tokens(s, b));
+  for (const Sequence* r : running_) {
+    const size_t rb = r->published_blocks;  // the next block r will publish
+    if (r->pending() <= 1 || (rb + 1) * kBlock > r->tokens.size()) continue;
+    if (prefix_block_key(r->last_block_key, block_tokens(*r, rb)) == key) return true;
+  }
+  return false;
+}
+
+void Scheduler::release_unadmitted(Sequence* s) {
+  s->cache.clear();  // do not hold cached blocks while waiting
+  s->published_blocks = 0;
+  s->last_block_key = 0;
 }
 
 void Scheduler::publish_full_blocks(Sequence* s) {

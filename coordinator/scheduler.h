@@ -2,7 +2,9 @@
 // engine step, which sequences run and how many of their tokens, within a token budget
 // and a sequence cap, with the KV blocks they need. Running sequences decode one token
 // each, oldest first; then unfinished prompts continue in chunks; then waiting prompts
-// are admitted first come, first served while the budget, the cap and the KV pool allow.
+// are admitted first come, first served while the budget, the cap and the KV pool allow;
+// one whose next uncached prompt block another running prompt is computing waits for it
+// (so concurrent equal prefixes are computed once and shared).
 // When a running sequence needs a block the pool cannot give, the newest running one is
 // preempted: its full blocks go to the prefix cache, the rest are freed, and it waits at
 // the head of the queue to be recomputed (bit-identical: its KV depends on its tokens
@@ -88,6 +90,12 @@ class Scheduler {
   void attach_cached_prefix(Sequence* sequence);
   /// Admits waiting sequences into `plan` while the budget, the cap and the pool allow.
   void admit(StepPlan& plan, size_t& budget);
+  /// Whether a running prompt is computing the first block `s` did not find in the prefix
+  /// cache: `s` then waits for it to be published rather than compute it again (the n
+  /// choices of one request, a system prompt many clients send at once).
+  bool waits_for_shared_prefix(const Sequence& s) const;
+  /// Lets go of the cached blocks a sequence that stays queued had attached.
+  void release_unadmitted(Sequence* s);
   /// Offers the sequence's full blocks not yet published to the prefix cache.
   void publish_full_blocks(Sequence* sequence);
 

@@ -24,7 +24,7 @@ namespace charm {
 void check_api_listen(const Topology& topology, const std::string& host, uint16_t port);
 
 /// Serves one Engine over HTTP. The server runs on its own thread pool; the Engine must
-/// outlive the HttpApi (it serialises generation itself). Not copyable.
+/// outlive the HttpApi (it batches concurrent generations itself). Not copyable.
 class HttpApi {
  public:
   /// Does not bind yet. `port` 0 asks the OS for a free port (see port()). `metrics`

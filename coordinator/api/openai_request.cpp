@@ -273,7 +273,7 @@ void parse_prompt(const json& doc, ApiRequest& req) {
   if (p->empty()) reject("prompt", "'prompt' must not be empty");
   const json& first = (*p)[0];
   if (first.is_string() || first.is_array()) {
-    // A batch of prompts: charm serves one at a time.
+    // Several prompts in one request: not supported (one request per prompt; those are batched).
     if (p->size() != 1) reject("prompt", "only one prompt per request is supported");
     if (first.is_string()) {
       req.prompt_text = first.get<std::string>();

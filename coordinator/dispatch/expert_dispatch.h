@@ -14,7 +14,7 @@ namespace charm {
 /// bytes ExpertExecutor::run_into produces for each assignment.
 /// A layer is started with begin_layer and completed with finish_layer, so the caller can
 /// compute something else (a shared expert) while remote workers are busy.
-/// Thread-safety: one layer at a time (the engine serialises generation).
+/// Thread-safety: one layer at a time (the engine loop is the only caller).
 class ExpertDispatcher {
  public:
   virtual ~ExpertDispatcher() = default;

@@ -221,6 +221,25 @@ TEST_CASE("a prompt sharing full blocks with a finished one reuses them; the las
   CHECK(tokens_of(step, longer.get()) == 5);
 }
 
+TEST_CASE("two equal prompts arriving together are computed once: the second waits for the first's blocks") {
+  KvBlockPool pool(kLayout, 32);
+  Scheduler scheduler(pool, SchedulerOptions{24, 4, 8});
+  auto a = sequence(pool, 3 * kBlock + 4), b = sequence(pool, 3 * kBlock + 4);
+  auto other = sequence(pool, 5, 7000);  // behind them in the queue
+  for (Sequence* s : {a.get(), b.get(), other.get()}) scheduler.add(s);
+  size_t b_computed = 0, steps = 0;
+  while (b->tokens.size() == 3 * kBlock + 4 && steps < 20) {  // until b samples its first token
+    const StepPlan step = scheduler.schedule();
+    b_computed += tokens_of(step, b.get());
+    if (a->cache.length() + tokens_of(step, a.get()) < a->tokens.size()) CHECK(tokens_of(step, b.get()) == 0);
+    run_step(scheduler, step);
+    ++steps;
+  }
+  CHECK(b->pending() == 1);
+  CHECK(b_computed == 4);  // its 3 full blocks came from a; only the tail was computed
+  CHECK(pool.prefix_hits() >= 3);
+}
+
 TEST_CASE("limits that cannot work are refused by name") {
   KvBlockPool pool(kLayout, 4);
   test::expect_error([&] { Scheduler(pool, SchedulerOptions{0, 1, 1}); }, ErrorCategory::kInvalidInput,
