@@ -9,13 +9,11 @@
 #include <random>
 #include <thread>
 
-#include <pthread.h>
-#include <signal.h>
-
 #include <spdlog/spdlog.h>
 
 #include "common/checkpoint.h"
 #include "common/error.h"
+#include "common/stop_signals.h"
 #include "common/model_config.h"
 #include "coordinator/dispatch/dispatcher_factory.h"
 #include "coordinator/models/families.h"
@@ -302,11 +300,7 @@ class EngineImpl final : public Engine {
   void run_loop() {
     // Stop signals are for the thread that waits for them (app/charm.cpp), never this
     // one or the OpenMP threads it starts (they inherit its mask).
-    sigset_t stop_signals;
-    sigemptyset(&stop_signals);
-    sigaddset(&stop_signals, SIGINT);
-    sigaddset(&stop_signals, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+    block_stop_signals();
     std::unique_lock lock(inbox_mutex_);
     while (true) {
       while (!inbox_.empty()) {

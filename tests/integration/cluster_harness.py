@@ -108,10 +108,12 @@ class Namespaces:
         self.created = []
 
 
-def stream_completion(base, prompt, max_tokens, timeout=120):
-    """POST /v1/completions stream=true, temperature 0. Returns dict(text, chunks: [(t, text)],
-    finish, error, status). Every chunk is timestamped with time.monotonic()."""
-    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}).encode()
+def stream_completion(base, prompt, max_tokens, timeout=120, extra=None):
+    """POST /v1/completions stream=true, temperature 0, plus the fields of `extra`. Returns
+    dict(text, chunks: [(t, text)], finish, error, status). Every chunk is timestamped with
+    time.monotonic()."""
+    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                       **(extra or {})}).encode()
     req = urllib.request.Request(base + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
     out = {"text": "", "chunks": [], "finish": None, "error": None, "status": None, "done": False}
     try:

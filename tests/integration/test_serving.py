@@ -36,6 +36,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cluster_harness import stream_completion  # noqa: E402
 from test_api import Processes, check, free_port, wait_health  # noqa: E402
 
 PROBE_TIMEOUT_S = 10
@@ -48,6 +49,9 @@ HANGUP_AFTER_S = 0.1  # check 4's client hangs up this long after sending
 HEARTBEAT_S = 0.1  # the engine looks for hung-up clients this often
 CONCURRENT = 32
 MAX_NUM_SEQS_A = 8
+
+
+UNPENALISED = {"repetition_penalty": 1}  # so no server default changes a greedy answer
 
 
 def greedy(prompt, max_tokens, stream):
@@ -121,34 +125,6 @@ def post(base, body):
         return json.loads(r.read())
 
 
-def stream(base, body):
-    """A streamed completion with any body (cluster_harness.stream_completion fixes its body).
-    Returns dict(text, finish, done, error, status)."""
-    request = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    out = {"text": "", "finish": None, "done": False, "error": None, "status": None}
-    try:
-        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as r:
-            out["status"] = r.status
-            for raw in r:
-                line = raw.decode().strip()
-                if not line.startswith("data: "):
-                    continue
-                data = line[len("data: "):]
-                if data == "[DONE]":
-                    out["done"] = True
-                    break
-                event = json.loads(data)
-                if "error" in event:
-                    out["error"] = event["error"]
-                for c in event.get("choices", []):
-                    out["text"] += c.get("text") or ""
-                    out["finish"] = c.get("finish_reason") or out["finish"]
-    except urllib.error.HTTPError as e:
-        out["status"], out["error"] = e.code, e.read().decode()
-    return out
-
-
 class RawRequest:
     """A POST /v1/completions on a plain socket, so the test can hang up whenever it likes."""
 
@@ -179,7 +155,7 @@ class RawRequest:
 def check_concurrent(base):
     """Checks 1 and 2 on server A."""
     max_tokens = 200
-    alone = {p: stream(base, greedy(p, max_tokens, True)) for p in PROMPTS}
+    alone = {p: stream_completion(base, p, max_tokens, REQUEST_TIMEOUT_S, UNPENALISED) for p in PROMPTS}
     for p, r in alone.items():
         check(r["status"] == 200 and r["done"] and r["finish"] in ("stop", "length") and r["text"],
               f"alone: {p[:20]!r} complete ({len(r['text'])} chars, finish {r['finish']})")
@@ -188,7 +164,7 @@ def check_concurrent(base):
     lock = threading.Lock()
 
     def one(prompt):
-        r = stream(base, greedy(prompt, max_tokens, True))
+        r = stream_completion(base, prompt, max_tokens, REQUEST_TIMEOUT_S, UNPENALISED)
         with lock:
             finished[0] += 1
         return prompt, r
