@@ -439,6 +439,7 @@ class EngineImpl final : public Engine {
       std::lock_guard lock(inbox_mutex_);
       --in_flight_;
     }
+    publish_load();  // so that a caller who sees the end sees the blocks it freed
     {
       std::lock_guard lock(job.mu);
       job.error = error;

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <limits>
 
@@ -138,4 +139,46 @@ TEST_CASE("a KV cache whose size in bytes would wrap around is refused") {
   small.advance(2);
   test::expect_error([&] { small.advance(std::numeric_limits<size_t>::max()); }, ErrorCategory::kInvalidInput,
                      {"exceeds the KV cache capacity of 16"});
+}
+
+TEST_CASE("a request that cannot fit in the whole KV cache is refused with both sizes; one that fits runs") {
+  Topology topology;
+  topology.model = kModels / "qwen3-moe-tiny";
+  topology.single_node = true;
+  topology.serving.kv_cache_gb = 4.0 * 16 * 1024 / (1u << 30);  // 4 blocks of 16 positions (1024 bytes each)
+  auto engine = Engine::create(topology);
+  REQUIRE(engine->load().kv_blocks_total == 4);
+  SamplingParams params;
+  params.temperature = 0;
+  params.max_tokens = 62;  // 3 + 62 = 65 > 64
+  test::expect_error([&] { engine->start({9707, 11, 1879}, params); }, ErrorCategory::kInvalidInput,
+                     {"prompt (3 tokens) plus max_tokens (62)", "KV cache of 64 tokens"});
+  params.max_tokens = 61;
+  CHECK(engine->generate({9707, 11, 1879}, params, {}).completion_tokens == 61);
+  CHECK(engine->load().kv_blocks_used == 0);  // released when it ended
+}
+
+TEST_CASE("a prompt served from the prefix cache has the logits and tokens it has without it, bit for bit") {
+  auto engine = single_node(kModels / "qwen3-moe-tiny");
+  std::vector<int32_t> prompt;
+  for (int32_t i = 0; i < 50; ++i) prompt.push_back(100 + 7 * i);  // 3 full blocks and 2 tokens
+  SamplingParams params;
+  params.temperature = 0.8;
+  params.seed = 42;
+  params.max_tokens = 20;
+  std::vector<float> cold, warm;
+  const GenerationResult first = engine->start(prompt, params, &cold)->wait({});
+  const uint64_t hits_before = engine->load().prefix_hits;
+  const GenerationResult second = engine->start(prompt, params, &warm)->wait({});
+  CHECK(engine->load().prefix_hits == hits_before + 3);  // the 3 full blocks came from the cache
+  REQUIRE(cold.size() == warm.size());
+  CHECK(std::memcmp(cold.data(), warm.data(), cold.size() * sizeof(float)) == 0);
+  CHECK(first.tokens == second.tokens);
+  // The first answer's 50 + 20 tokens: a follow-up turn reuses its generated blocks too.
+  std::vector<int32_t> follow_up = prompt;
+  follow_up.insert(follow_up.end(), first.tokens.begin(), first.tokens.end());
+  follow_up.push_back(9707);
+  const uint64_t hits = engine->load().prefix_hits;
+  engine->prompt_logits(follow_up);
+  CHECK(engine->load().prefix_hits >= hits + 4);  // 71 tokens: 4 full blocks
 }
