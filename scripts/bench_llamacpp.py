@@ -130,14 +130,16 @@ def ensure_llama_source(work: Path, py: Path, version: str | None) -> Path:
     return found[-1].parent
 
 
-def ensure_llama_build(work: Path, llama_src: Path, jobs: int) -> Path:
+def ensure_llama_build(work: Path, llama_src: Path, jobs: int, targets: list[str] = LLAMA_TARGETS) -> Path:
+    """Builds `targets` (llama-bench, llama-server, llama-batched-bench, ...) in work/llama-build,
+    CPU only; the targets already there are not rebuilt. Returns the folder of the programs."""
     build = work / "llama-build"
-    if all((build / "bin" / t).exists() for t in LLAMA_TARGETS):
+    if all((build / "bin" / t).exists() for t in targets):
         return build / "bin"
     check(sh(["cmake", "-S", llama_src, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
               "-DGGML_CUDA=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-              "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF"], 600), "cmake configure llama.cpp")
-    check(sh(["cmake", "--build", build, f"-j{jobs}", "--target", *LLAMA_TARGETS], 7200), "llama.cpp build")
+              "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON"], 600), "cmake configure llama.cpp")
+    check(sh(["cmake", "--build", build, f"-j{jobs}", "--target", *targets], 7200), "llama.cpp build")
     return build / "bin"
 
 
