@@ -64,7 +64,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
-from bench_util import fmt_spread, log, machine, sh  # noqa: E402
+from bench_util import comma_choices, fmt_spread, log, machine, sh  # noqa: E402
 
 # charm precision -> (llama.cpp type, charm convert --quant)
 PAIRS = {"bf16": ("BF16", None), "int8": ("Q8_0", "int8"), "int4": ("Q4_0", "int4")}
@@ -372,10 +372,7 @@ def main() -> int:
     if args.report:
         print_report(json.loads(args.report.read_text()))
         return 0
-    pairs = args.pairs.split(",")
-    for p in pairs:
-        if p not in PAIRS:
-            ap.error(f"unknown pair {p!r}; choose from {', '.join(PAIRS)}")
+    pairs = comma_choices(ap, args.pairs, PAIRS, "pair")
     if not args.charm.exists():
         ap.error(f"{args.charm}: no charm binary (cmake --build build --target charm)")
     args.work.mkdir(parents=True, exist_ok=True)

@@ -66,7 +66,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 from bench_llamacpp import ensure_llama_build, ensure_llama_source, llama_version, physical_cores  # noqa: E402
-from bench_util import log, machine  # noqa: E402
+from bench_util import comma_choices, log, machine  # noqa: E402
 from moefy import default_cache  # noqa: E402
 
 LLAMA_SERVE_TARGETS = ["llama-server", "llama-batched-bench"]
@@ -509,10 +509,7 @@ def main() -> int:
     if args.report:
         print_report(json.loads(args.report.read_text()))
         return 0
-    targets = args.target.split(",")
-    for t in targets:
-        if t not in TARGETS:
-            ap.error(f"unknown target {t!r}; choose from {', '.join(TARGETS)}")
+    targets = comma_choices(ap, args.target, TARGETS, "target")
     if any(t.startswith("charm") for t in targets) and not args.charm.exists():
         ap.error(f"{args.charm}: no charm binary (cmake --build build --target charm)")
     folder = args.work / "serve" / time.strftime("%Y%m%d-%H%M%S")

@@ -103,18 +103,14 @@ def write(ck: Path, source: Path, out: Path) -> None:
     w = gguf.GGUFWriter(str(tmp), "qwen2moe")
     w.add_name(cfg.get("moefy", {}).get("source", "qwen2.5-0.5b") + " MoEfied (charm demo model)")
     w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
-    w.add_block_count(cfg["num_hidden_layers"])
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_rope_freq_base(cfg["rope_theta"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_expert_count(cfg["num_experts"])
-    w.add_expert_used_count(cfg["num_experts_per_tok"])
-    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
-    w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    for add, key in ((w.add_block_count, "num_hidden_layers"), (w.add_context_length, "max_position_embeddings"),
+                     (w.add_embedding_length, "hidden_size"), (w.add_feed_forward_length, "intermediate_size"),
+                     (w.add_head_count, "num_attention_heads"), (w.add_head_count_kv, "num_key_value_heads"),
+                     (w.add_rope_freq_base, "rope_theta"), (w.add_layer_norm_rms_eps, "rms_norm_eps"),
+                     (w.add_expert_count, "num_experts"), (w.add_expert_used_count, "num_experts_per_tok"),
+                     (w.add_expert_feed_forward_length, "moe_intermediate_size"),
+                     (w.add_expert_shared_feed_forward_length, "shared_expert_intermediate_size")):
+        add(cfg[key])
     copy_tokenizer(reader, w)
     for name, t in gguf_tensors(hf, cfg["num_hidden_layers"], cfg["num_experts"]):
         if t.dtype == np.uint16:
