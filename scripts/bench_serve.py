@@ -43,7 +43,7 @@ both in ~/.cache/charm/models/qwen2.5-0.5b-moe/.
 Usage:
   scripts/bench_serve.py --target charm,llamacpp [--concurrency 1,4,16,64] [--threads 2]
       [--requests-per-client 3] [--prompt-words 32,1024] [--max-tokens 16,256]
-      [--time-limit 300] [--batched-bench] [--json FILE] [--work DIR]
+      [--time-limit 300] [--llama-threads 2,1] [--batched-bench] [--json FILE] [--work DIR]
   scripts/bench_serve.py --target url --base-url http://127.0.0.1:8080 --server-pid PID
   scripts/bench_serve.py --report FILE.json      # the tables of an earlier --json
 """
@@ -176,7 +176,8 @@ class Load:
                         rec["gaps_s"].append(now - last)
                     last = now
             if not done:
-                rec["error"] = "stream ended without [DONE]"
+                rec["error"] = ("cut at the time limit" if time.monotonic() >= self.deadline
+                                else "stream ended without [DONE]")
             else:
                 rec["ok"] = True
         except (OSError, http.client.HTTPException, json.JSONDecodeError, ValueError) as e:
@@ -373,37 +374,39 @@ def start_charm(args, folder: Path, cluster: bool) -> Server:
     return server
 
 
-def start_llama(args, bin_dir: Path, folder: Path, clients: int, longest: int) -> Server:
-    server = Server(folder, "llamacpp")
+def start_llama(args, bin_dir: Path, folder: Path, clients: int, longest: int, threads: int) -> Server:
+    server = Server(folder, f"llamacpp-t{threads}")
     server.port = free_port()
     ctx = clients * longest
-    server.spawn([bin_dir / "llama-server", "-m", args.gguf, "-np", clients, "-t", args.threads, "-c", ctx,
+    server.spawn([bin_dir / "llama-server", "-m", args.gguf, "-np", clients, "-t", threads, "-c", ctx,
                   "--host", "127.0.0.1", "--port", server.port, "--no-webui"], "serve")
     return server
 
 
-def batched_bench(args, bin_dir: Path, folder: Path, conc: list[int]) -> list[dict]:
-    """llama-batched-bench on the GGUF: P-token prompts, T generated, every C of conc."""
+def batched_bench(args, bin_dir: Path, folder: Path, conc: list[int], threads: int) -> list[dict]:
+    """llama-batched-bench on the GGUF: P-token prompts, T generated, every C of conc;
+    one jsonl row a C, `threads` added."""
     pp, tg = args.batched_pp, args.batched_tg
     cmd = [bin_dir / "llama-batched-bench", "-m", args.gguf, "-c", max(conc) * (pp + tg) + 16, "-b", 2048,
-           "-ub", 512, "-npp", pp, "-ntg", tg, "-npl", ",".join(map(str, conc)), "-t", args.threads,
+           "-ub", 512, "-npp", pp, "-ntg", tg, "-npl", ",".join(map(str, conc)), "-t", threads,
            "--output-format", "jsonl"]
     log(" ".join(str(c) for c in cmd))
     r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=args.time_limit * len(conc))
-    (folder / "llama-batched-bench.log").write_text(r.stdout + r.stderr)
+    (folder / f"llama-batched-bench-t{threads}.log").write_text(r.stdout + r.stderr)
     if r.returncode != 0:
         raise RuntimeError(f"llama-batched-bench exited {r.returncode}: {r.stderr[-2000:]}")
     rows = []
     for line in r.stdout.splitlines():
         if line.startswith("{"):
-            rows.append(json.loads(line))
+            rows.append({**json.loads(line), "threads": threads})
     return rows
 
 
 # ------------------------------------------------------------------------------ main
 
 def run_one(args, target: str, clients: int, requests: list[dict], folder: Path, bin_dir: Path | None) -> dict:
-    """One target at one C on a fresh server (or the --base-url one); the summary dict."""
+    """One target ("llamacpp-tN": llama-server -t N) at one C on a fresh server (or the
+    --base-url one); the summary dict."""
     server = None
     longest = args.prompt_words[1] * 2 + args.max_tokens[1] + 64  # generous: words -> tokens
     try:
@@ -411,8 +414,8 @@ def run_one(args, target: str, clients: int, requests: list[dict], folder: Path,
             u = urllib.parse.urlsplit(args.base_url)
             host, port, pids, ready_s = u.hostname, u.port or 80, ([args.server_pid] if args.server_pid else []), 0.0
         else:
-            server = (start_llama(args, bin_dir, folder, clients, longest) if target == "llamacpp"
-                      else start_charm(args, folder, target == "charm-cluster"))
+            server = (start_llama(args, bin_dir, folder, clients, longest, int(target.split("-t")[1]))
+                      if target.startswith("llamacpp") else start_charm(args, folder, target == "charm-cluster"))
             host, port, pids = "127.0.0.1", server.port, server.pids()
             ready_s = wait_ready(server, args.endpoint, args.model_name, args.startup_timeout)
         sampler = RssSampler(pids)
@@ -460,12 +463,13 @@ def print_report(res: dict) -> None:
             print(f"C={r['clients']} {r['target']}: {n} x {err}")
     if res.get("batched_bench"):
         print()
-        print(f"llama-batched-bench (-npp {a['batched_pp']} -ntg {a['batched_tg']}, -t {res['threads']}):")
+        print(f"llama-batched-bench (-npp {a['batched_pp']} -ntg {a['batched_tg']}):")
         print()
-        print("| C (npl) | prompt tok/s | decode tok/s (all C together) | total s |")
-        print("|---|---|---|---|")
+        print("| C (npl) | threads | prompt tok/s | decode tok/s (all C together) | total s |")
+        print("|---|---|---|---|---|")
         for b in res["batched_bench"]:
-            print(f"| {b.get('pl')} | {fmt(b.get('speed_pp'))} | {fmt(b.get('speed_tg'))} | {fmt(b.get('t'), 2)} |")
+            print(f"| {b.get('pl')} | {b.get('threads')} | {fmt(b.get('speed_pp'))} | {fmt(b.get('speed_tg'))} "
+                  f"| {fmt(b.get('t'), 2)} |")
 
 
 def int_list(s: str) -> list[int]:
@@ -490,7 +494,10 @@ def main() -> int:
     ap.add_argument("--time-limit", type=float, default=300, help="hard limit of one C's run, s")
     ap.add_argument("--request-timeout", type=float, default=600, help="socket timeout of one request, s")
     ap.add_argument("--startup-timeout", type=float, default=300, help="s for a server to load and answer")
-    ap.add_argument("--threads", type=int, default=physical_cores())
+    ap.add_argument("--threads", type=int, default=physical_cores(), help="charm's compute threads")
+    ap.add_argument("--llama-threads", type=int_list,
+                    help="llama-server -t (default: --threads); a list runs one llamacpp target per value "
+                         "(-t 1 as well shows ggml's spinning thread pool on a machine with no core to spare)")
     ap.add_argument("--model", type=Path, default=cache / "checkpoint", help="charm checkpoint directory")
     ap.add_argument("--gguf", type=Path, default=cache / "moe-bf16.gguf", help="llama.cpp's GGUF of it")
     ap.add_argument("--model-name", help="`model` field of each request (default: none)")
@@ -510,6 +517,8 @@ def main() -> int:
         print_report(json.loads(args.report.read_text()))
         return 0
     targets = comma_choices(ap, args.target, TARGETS, "target")
+    args.llama_threads = args.llama_threads or [args.threads]
+    targets = [x for t in targets for x in ([f"llamacpp-t{n}" for n in args.llama_threads] if t == "llamacpp" else [t])]
     if any(t.startswith("charm") for t in targets) and not args.charm.exists():
         ap.error(f"{args.charm}: no charm binary (cmake --build build --target charm)")
     folder = args.work / "serve" / time.strftime("%Y%m%d-%H%M%S")
@@ -520,7 +529,7 @@ def main() -> int:
            "charm_commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                                           capture_output=True, text=True).stdout.strip()}
     bin_dir = None
-    if "llamacpp" in targets:
+    if any(t.startswith("llamacpp") for t in targets):
         if not args.gguf.exists():
             ap.error(f"{args.gguf}: no GGUF (scripts/moe_gguf.py makes the demo model's)")
         llama_src = ensure_llama_source(args.work, Path(sys.executable), None)
@@ -535,7 +544,8 @@ def main() -> int:
                 args.json.write_text(json.dumps(res, indent=1))
     if args.batched_bench and bin_dir:
         try:
-            res["batched_bench"] = batched_bench(args, bin_dir, folder, args.concurrency)
+            res["batched_bench"] = [row for n in args.llama_threads
+                                    for row in batched_bench(args, bin_dir, folder, args.concurrency, n)]
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             res["batched_bench_error"] = str(e)
             log(f"llama-batched-bench FAILED: {e}")
