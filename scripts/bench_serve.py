@@ -34,6 +34,8 @@ Targets (--target, a comma list, run alternately for every C, each on a fresh se
                  llama.cpp vendored in the llama-cpp-python sdist (bench_llamacpp.py's
                  functions, in --work); --batched-bench also runs `llama-batched-bench`
                  on the same GGUF for the raw throughput of C sequences decoded together;
+                 --llama-threads 2,1 runs it at each -t (ggml's thread pool spins at its
+                 barriers, so -t = every core collapses on a machine that is busy);
   url            an already running server at --base-url (peak RSS with --server-pid).
 
 The default model is the demo model (docs/models.md): the checkpoint `scripts/moefy.py
