@@ -64,7 +64,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
-from bench_util import fmt_spread, log, machine, sh  # noqa: E402
+from bench_util import comma_choices, fmt_spread, log, machine, sh  # noqa: E402
 
 # charm precision -> (llama.cpp type, charm convert --quant)
 PAIRS = {"bf16": ("BF16", None), "int8": ("Q8_0", "int8"), "int4": ("Q4_0", "int4")}
@@ -130,14 +130,16 @@ def ensure_llama_source(work: Path, py: Path, version: str | None) -> Path:
     return found[-1].parent
 
 
-def ensure_llama_build(work: Path, llama_src: Path, jobs: int) -> Path:
+def ensure_llama_build(work: Path, llama_src: Path, jobs: int, targets: list[str] = LLAMA_TARGETS) -> Path:
+    """Builds `targets` (llama-bench, llama-server, llama-batched-bench, ...) in work/llama-build,
+    CPU only; the targets already there are not rebuilt. Returns the folder of the programs."""
     build = work / "llama-build"
-    if all((build / "bin" / t).exists() for t in LLAMA_TARGETS):
+    if all((build / "bin" / t).exists() for t in targets):
         return build / "bin"
     check(sh(["cmake", "-S", llama_src, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
               "-DGGML_CUDA=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-              "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF"], 600), "cmake configure llama.cpp")
-    check(sh(["cmake", "--build", build, f"-j{jobs}", "--target", *LLAMA_TARGETS], 7200), "llama.cpp build")
+              "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON"], 600), "cmake configure llama.cpp")
+    check(sh(["cmake", "--build", build, f"-j{jobs}", "--target", *targets], 7200), "llama.cpp build")
     return build / "bin"
 
 
@@ -370,10 +372,7 @@ def main() -> int:
     if args.report:
         print_report(json.loads(args.report.read_text()))
         return 0
-    pairs = args.pairs.split(",")
-    for p in pairs:
-        if p not in PAIRS:
-            ap.error(f"unknown pair {p!r}; choose from {', '.join(PAIRS)}")
+    pairs = comma_choices(ap, args.pairs, PAIRS, "pair")
     if not args.charm.exists():
         ap.error(f"{args.charm}: no charm binary (cmake --build build --target charm)")
     args.work.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,15 @@ def machine(disk: Path) -> dict:
             "loadavg": Path("/proc/loadavg").read_text().split()[:3]}
 
 
+def comma_choices(ap, value: str, choices, what: str) -> list[str]:
+    """`value` split at commas; ap.error (exits) naming the first item not in `choices`."""
+    items = value.split(",")
+    for item in items:
+        if item not in choices:
+            ap.error(f"unknown {what} {item!r}; choose from {', '.join(choices)}")
+    return items
+
+
 def fmt_spread(values: list[float], digits: int = 2) -> str:
     """mean±half the spread (max - min), or "-" for no values."""
     if not values:
