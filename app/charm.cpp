@@ -113,16 +113,22 @@ struct ServingFlags {
                    "Requests queued beyond the running ones before 429 (default: serving.max_waiting, 128)")
         ->check(CLI::Range(0, 1 << 16));
     cmd.add_option("--kv-cache-gb", kv_cache_gb,
-                   "GiB for the paged KV cache (default: serving.kv_cache_gb, else 20 % of available memory)")
-        ->check(CLI::PositiveNumber);
+                   "GiB for the paged KV cache (default: serving.kv_cache_gb, else 20 % of available memory, at most "
+                   "max_num_seqs full contexts)");
   }
   /// Writes the flags given over `serving`; Error(kInvalidInput) when the result has
-  /// max_batch_tokens < max_num_seqs.
+  /// max_batch_tokens < max_num_seqs, or --kv-cache-gb is not in (0, kMaxKvCacheGb].
   void apply(ServingSpec& serving) const {
     if (max_batch_tokens) serving.max_batch_tokens = *max_batch_tokens;
     if (max_num_seqs) serving.max_num_seqs = *max_num_seqs;
     if (max_waiting) serving.max_waiting = *max_waiting;
-    if (kv_cache_gb) serving.kv_cache_gb = *kv_cache_gb;
+    if (kv_cache_gb) {
+      if (!(*kv_cache_gb > 0 && *kv_cache_gb <= kMaxKvCacheGb)) {  // NaN fails too
+        fail_invalid("--kv-cache-gb: must be a number of GiB in (0, " + std::to_string(int64_t(kMaxKvCacheGb)) +
+                     "], got " + fmt::format("{}", *kv_cache_gb));
+      }
+      serving.kv_cache_gb = *kv_cache_gb;
+    }
     if (serving.max_batch_tokens < serving.max_num_seqs) {
       fail_invalid("--max-batch-tokens (" + std::to_string(serving.max_batch_tokens) +
                    ") must be at least --max-num-seqs (" + std::to_string(serving.max_num_seqs) + ")");

@@ -166,7 +166,9 @@ ServingSpec parse_serving(const Reader& r, const YAML::Node& node) {
   if (node["max_waiting"]) s.max_waiting = r.int_value(node["max_waiting"], "serving.max_waiting", 0, 1 << 16);
   if (node["kv_cache_gb"]) {
     s.kv_cache_gb = number_value(r, node["kv_cache_gb"], "serving.kv_cache_gb");
-    if (*s.kv_cache_gb <= 0) r.fail("serving.kv_cache_gb", "must be positive");
+    if (!(*s.kv_cache_gb > 0 && *s.kv_cache_gb <= kMaxKvCacheGb)) {  // NaN fails too
+      r.fail("serving.kv_cache_gb", "must be a number of GiB in (0, " + std::to_string(int64_t(kMaxKvCacheGb)) + "]");
+    }
   }
   if (s.max_batch_tokens < s.max_num_seqs) {
     r.fail("serving.max_batch_tokens", "must be at least max_num_seqs (" + std::to_string(s.max_num_seqs) +

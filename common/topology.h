@@ -38,6 +38,9 @@ struct ServingSpec {
   std::optional<double> kv_cache_gb;  ///< GiB for the paged KV cache; nullopt = the default share
 };
 
+/// The largest serving.kv_cache_gb / --kv-cache-gb accepted (GiB): 1 PiB.
+inline constexpr double kMaxKvCacheGb = 1 << 20;
+
 /// One worker entry of the topology.
 /// Two workers that list the same (layer, expert) both hold it: they are replicas of it,
 /// and the coordinator sends that expert's rows to one live replica (failover to another).

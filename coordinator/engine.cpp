@@ -237,7 +237,7 @@ class EngineImpl final : public Engine {
     if (prompt_tokens > pool_tokens || max_tokens > pool_tokens - prompt_tokens) {
       fail_invalid("prompt (" + std::to_string(prompt.size()) + " tokens) plus max_tokens (" +
                    std::to_string(max_tokens) + ") does not fit in the KV cache of " + std::to_string(pool_tokens) +
-                   " tokens (serving.kv_cache_gb)");
+                   " tokens (serving.kv_cache_gb, --kv-cache-gb)");
     }
   }
 
@@ -260,8 +260,11 @@ class EngineImpl final : public Engine {
     std::string why;
     double bytes;
     if (serving.kv_cache_gb) {
+      if (!(*serving.kv_cache_gb > 0 && *serving.kv_cache_gb <= kMaxKvCacheGb)) {
+        fail_invalid("kv_cache_gb must be in (0, " + std::to_string(int64_t(kMaxKvCacheGb)) + "] GiB");
+      }
       bytes = *serving.kv_cache_gb * double(1ull << 30);
-      why = "serving.kv_cache_gb";
+      why = "serving.kv_cache_gb or --kv-cache-gb";
     } else {
       const size_t per_context = (static_cast<size_t>(config_.max_position_embeddings) + KvBlockPool::kBlockSize - 1) /
                                  KvBlockPool::kBlockSize * block_bytes;

@@ -100,7 +100,8 @@ void Scheduler::preempt_newest(StepPlan& plan) {
 
 void Scheduler::attach_cached_prefix(Sequence* s) {
   const size_t reusable = (s->tokens.size() - 1) / kBlock;
-  for (size_t b = 0; b < reusable; ++b) {
+  // A sequence that waited holds the blocks it found before: go on from there.
+  for (size_t b = s->published_blocks; b < reusable; ++b) {
     const uint64_t key = prefix_block_key(s->last_block_key, block_tokens(*s, b));
     std::optional<uint32_t> block = pool_.find_cached(key, block_tokens(*s, b));
     if (!block) return;
@@ -112,12 +113,9 @@ void Scheduler::attach_cached_prefix(Sequence* s) {
 
 void Scheduler::admit(StepPlan& plan, size_t& budget) {
   while (!waiting_.empty() && running_.size() < options_.max_num_seqs && budget > 0) {
-    Sequence* s = waiting_.front();
-    if (s->cache.length() == 0) attach_cached_prefix(s);
-    if (waits_for_shared_prefix(*s)) {
-      release_unadmitted(s);
-      return;
-    }
+    Sequence* s = waiting_.front();  // its cache holds only blocks found in the prefix cache
+    attach_cached_prefix(s);
+    if (waits_for_shared_prefix(*s)) return;  // keeps what it found: the blocks it waits for join them
     // Admitted only when the whole rest of its prompt and its first sampled token fit:
     // a prompt half prefilled would hold blocks that running streams need.
     const size_t need = blocks_for(s->tokens.size() + 1) - s->cache.blocks().size();
@@ -127,6 +125,8 @@ void Scheduler::admit(StepPlan& plan, size_t& budget) {
     }
     const size_t n = std::min(s->pending(), budget);
     s->cache.reserve(s->cache.length() + n);
+    const size_t reusable = (s->tokens.size() - 1) / kBlock;
+    pool_.record_prefix_lookup(s->published_blocks, reusable - s->published_blocks);
     waiting_.pop_front();
     running_.push_back(s);
     plan.parts.push_back({s, n});

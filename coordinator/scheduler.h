@@ -85,7 +85,7 @@ class Scheduler {
   bool reserve_decode(Sequence* sequence, StepPlan& plan);
   /// Sends the newest running sequence back to the head of the queue.
   void preempt_newest(StepPlan& plan);
-  /// Attaches the prefix cache's blocks for the leading full blocks of a fresh sequence's
+  /// Attaches the prefix cache's blocks for the leading full blocks of a waiting sequence's
   /// tokens (never its last token: the step must compute at least one to get logits).
   void attach_cached_prefix(Sequence* sequence);
   /// Admits waiting sequences into `plan` while the budget, the cap and the pool allow.

@@ -176,6 +176,7 @@ bool write_stream(Metrics& metrics, const std::atomic<bool>& stopping, StreamJob
     sink.done();
     return true;
   }
+  spdlog::info("http api: {}: the client hung up; generation stopped", meta.id);
   return false;
 }
 

@@ -60,7 +60,7 @@ std::string escape_label_value(const std::string& value) {
 Metrics::Metrics()
     : http_requests_{"charm_http_requests_total", "HTTP requests answered, by endpoint and status code.",
                      {"endpoint", "status"}, {}},
-      prompt_tokens_{"charm_prompt_tokens_total", "Prompt tokens processed (prefill).", {}, {}},
+      prompt_tokens_{"charm_prompt_tokens_total", "Prompt tokens of the requests answered (cached, computed, or cut short by a hang-up).", {}, {}},
       completion_tokens_{"charm_completion_tokens_total", "Tokens generated.", {}, {}},
       worker_errors_{"charm_worker_errors_total",
                      "Layer requests to a worker that failed (socket error, timeout, error reply).", {"worker"}, {}},
@@ -174,7 +174,7 @@ void render_load(std::string& out, const EngineLoad& load) {
   }
   one("charm_kv_cache_block_tokens", "Positions per KV cache block.", "gauge", double(load.kv_block_tokens));
   one("charm_prefix_cache_hits_total", "KV blocks reused from the prefix cache.", "counter", double(load.prefix_hits));
-  one("charm_prefix_cache_misses_total", "Prefix-cache lookups that found no block.", "counter",
+  one("charm_prefix_cache_misses_total", "Full prompt blocks the prefix cache did not have (hits / (hits + misses) is the block hit rate).", "counter",
       double(load.prefix_misses));
   one("charm_preemptions_total", "Sequences sent back to the queue for want of KV blocks (recomputed later).",
       "counter", double(load.preemptions));

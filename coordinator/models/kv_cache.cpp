@@ -19,12 +19,12 @@ uint64_t prefix_block_key(uint64_t parent_key, std::span<const int32_t> tokens) 
 namespace {
 
 /// new float[n] without initialising it (the kernel then maps pages only as they are
-/// written); Error(kInvalidInput) naming the size when it cannot be had.
-std::unique_ptr<float[]> allocate_floats(size_t n, size_t blocks) {
+/// written); Error(kInvalidInput) naming the pool's size when it cannot be had.
+std::unique_ptr<float[]> allocate_floats(size_t n, size_t blocks, size_t pool_bytes) {
   if (n == 0) return nullptr;
   float* p = new (std::nothrow) float[n];
   if (p == nullptr) {
-    fail_invalid("a KV cache of " + std::to_string(blocks) + " blocks (" + std::to_string(n / (1u << 18)) +
+    fail_invalid("a KV cache of " + std::to_string(blocks) + " blocks (" + std::to_string(pool_bytes >> 20) +
                  " MiB) cannot be allocated; lower kv_cache_gb");
   }
   return std::unique_ptr<float[]>(p);
@@ -46,8 +46,9 @@ KvBlockPool::KvBlockPool(const KvLayout& layout, size_t num_blocks) : layout_(la
     fail_invalid("a KV cache of " + std::to_string(num_blocks) + " blocks has more than 2^32 blocks");
   }
   const size_t rows = layout.num_layers * num_blocks * kBlockSize;
-  keys_ = allocate_floats(rows * layout.key_dim, num_blocks);
-  values_ = allocate_floats(rows * layout.value_dim, num_blocks);
+  const size_t pool_bytes = rows * (layout.key_dim + layout.value_dim) * sizeof(float);
+  keys_ = allocate_floats(rows * layout.key_dim, num_blocks, pool_bytes);
+  values_ = allocate_floats(rows * layout.value_dim, num_blocks, pool_bytes);
   refs_.assign(num_blocks, 0);
   never_used_.resize(num_blocks);
   // Handed out lowest first (allocate pops the back).
@@ -83,11 +84,7 @@ void KvBlockPool::release(uint32_t block) {
 
 std::optional<uint32_t> KvBlockPool::find_cached(uint64_t key, std::span<const int32_t> tokens) {
   auto it = by_key_.find(key);
-  if (it == by_key_.end() || !std::ranges::equal(cached_.at(it->second).tokens, tokens)) {
-    ++misses_;
-    return std::nullopt;
-  }
-  ++hits_;
+  if (it == by_key_.end() || !std::ranges::equal(cached_.at(it->second).tokens, tokens)) return std::nullopt;
   const uint32_t block = it->second;
   if (refs_[block]++ == 0) cached_lru_.erase(cached_.at(block).lru);
   return block;

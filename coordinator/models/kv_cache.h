@@ -67,15 +67,21 @@ class KvBlockPool {
   /// allocate() needs it.
   void release(uint32_t block);
   /// The cached block for `key` holding exactly `tokens`, with a reference taken; nullopt
-  /// when none. Counts a hit or a miss.
+  /// when none.
   std::optional<uint32_t> find_cached(uint64_t key, std::span<const int32_t> tokens);
   /// Makes a full block (every position written) findable under `key` (prefix_block_key
   /// of its prefix). A key another block already has is left to that block.
   void publish(uint32_t block, uint64_t key, std::span<const int32_t> tokens);
 
-  /// Prefix-cache lookups that found a block, and that did not.
+  /// Full prompt blocks admitted sequences found in the prefix cache, and did not (the
+  /// scheduler records them once per admission: record_prefix_lookup), so hits / (hits +
+  /// misses) is the block hit rate.
   uint64_t prefix_hits() const { return hits_; }
   uint64_t prefix_misses() const { return misses_; }
+  void record_prefix_lookup(size_t found, size_t missed) {
+    hits_ += found;
+    misses_ += missed;
+  }
 
   /// The key row of `layer` at `offset` (< kBlockSize) in `block`; value rows likewise
   /// (REQUIRES value_dim > 0).

@@ -85,8 +85,6 @@ TEST_CASE("the prefix cache finds a published block by key and tokens, and evict
   // The same key with other tokens (a collision) is a miss, never a wrong block.
   CHECK_FALSE(pool.find_cached(key_a, b).has_value());
   CHECK(pool.find_cached(key_b, b) == block_b);
-  CHECK(pool.prefix_hits() == 1);
-  CHECK(pool.prefix_misses() == 1);
   // block_b is held again; a new allocation takes the cached block_a and forgets its key.
   CHECK(*pool.allocate() == block_a);
   CHECK_FALSE(pool.find_cached(key_a, a).has_value());
@@ -237,7 +235,8 @@ TEST_CASE("two equal prompts arriving together are computed once: the second wai
   }
   CHECK(b->pending() == 1);
   CHECK(b_computed == 4);  // its 3 full blocks came from a; only the tail was computed
-  CHECK(pool.prefix_hits() >= 3);
+  CHECK(pool.prefix_hits() == 3);    // counted once, at b's admission, however long it waited
+  CHECK(pool.prefix_misses() == 3);  // a's three blocks, which it computed
 }
 
 TEST_CASE("limits that cannot work are refused by name") {
