@@ -343,7 +343,10 @@ class EngineImpl final : public Engine {
       return;
     }
     std::vector<SequenceStep> batch;
-    std::vector<float> logits(plan.parts.size() * config_.vocab_size);
+    // Kept across steps: a step's logits are [parts, vocab] (151,936 floats a row for Qwen),
+    // too much to allocate and zero every decode step.
+    step_logits_.resize(std::max(step_logits_.size(), plan.parts.size() * config_.vocab_size));
+    float* logits = step_logits_.data();
     const auto now = Clock::now();
     for (size_t i = 0; i < plan.parts.size(); ++i) {
       Job& job = static_cast<Job&>(*plan.parts[i].sequence);
@@ -352,7 +355,7 @@ class EngineImpl final : public Engine {
       const size_t n = plan.parts[i].n;
       const bool last = job.cache.length() + n == job.tokens.size();
       batch.push_back(SequenceStep{job.tokens.data() + job.cache.length(), n, &job.cache,
-                                   last ? logits.data() + i * config_.vocab_size : nullptr});
+                                   last ? logits + i * config_.vocab_size : nullptr});
     }
     if (metrics_) metrics_->engine_step(plan.tokens);
     try {
@@ -485,6 +488,7 @@ class EngineImpl final : public Engine {
   std::unique_ptr<KvBlockPool> pool_;       // the loop's, like the scheduler
   std::unique_ptr<Scheduler> scheduler_;
   std::vector<std::shared_ptr<Job>> active_;  // the loop's: every job it has taken, unfinished
+  std::vector<float> step_logits_;            // the loop's: each step's logits, [parts, vocab]
 
   std::mutex inbox_mutex_;
   std::condition_variable inbox_cv_;
