@@ -210,7 +210,7 @@ int convert(const ConvertArgs& args) {
   const UserPath model = args.checkpoint.empty() ? topology->model : UserPath::from_command_line(args.checkpoint);
   std::unique_ptr<Checkpoint> checkpoint = Checkpoint::open(model);
   const ModelConfig config =
-      ModelConfig::parse(checkpoint->config_json(), (model / "config.json").string(), checkpoint_families());
+      ModelConfig::parse(checkpoint->config_json(), checkpoint->config_origin(), checkpoint_families());
   std::vector<ExpertKey> experts;
   if (!args.worker.empty()) {
     const WorkerSpec& spec = topology->worker(args.worker);

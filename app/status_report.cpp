@@ -256,7 +256,7 @@ StatusExpectations expected_status(const Topology& topology) {
   out.fingerprint = model_fingerprint(*checkpoint);
   try {
     const ModelConfig config =
-        ModelConfig::parse(checkpoint->config_json(), (topology.model / "config.json").string(), checkpoint_families());
+        ModelConfig::parse(checkpoint->config_json(), checkpoint->config_origin(), checkpoint_families());
     const std::vector<int64_t> moe_layers = config.moe_layer_ids();
     if (!moe_layers.empty() && config.num_experts > 0 && config.num_experts <= UINT32_MAX) {
       out.num_moe_layers = static_cast<uint32_t>(moe_layers.size());

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <set>
 
 #include "common/error.h"
@@ -134,6 +135,37 @@ std::optional<std::pair<int64_t, int64_t>> read_fp8_block(const nlohmann::json& 
   return std::pair{b[0].get<int64_t>(), b[1].get<int64_t>()};
 }
 
+
+/// `elements` values of `info` (whole rows) at `data` as f32: GGML blocks dequantised
+/// (common/ggml_type.h), the float dtypes widened exactly.
+void to_f32(const TensorInfo& info, const void* data, float* out, uint64_t elements) {
+  if (info.block_type) {
+    dequantize_row(*info.block_type, data, out, static_cast<int64_t>(elements));
+  } else {
+    convert_to_f32(info.dtype, data, out, elements);
+  }
+}
+
+/// The TensorInfo of GGUF tensor `t` under `name`: F32 / F16 / BF16 as the safetensors
+/// dtypes they equal, every other type as GGML blocks.
+TensorInfo tensor_info_of(const GgufTensorInfo& t, const std::string& name, const std::filesystem::path& file) {
+  TensorInfo info{name, DType::kF32, t.shape(), t.data_begin, t.nbytes, file, std::nullopt};
+  switch (t.type) {
+    case GgmlType::kF32: break;
+    case GgmlType::kF16: info.dtype = DType::kF16; break;
+    case GgmlType::kBF16: info.dtype = DType::kBF16; break;
+    default: info.block_type = t.type;
+  }
+  return info;
+}
+
+/// Bytes of `elements` values of `info` (a multiple of its rows for block types).
+uint64_t bytes_of(const TensorInfo& info, uint64_t elements) {
+  if (!info.block_type) return elements * dtype_size(info.dtype);
+  const GgmlTypeTraits t = ggml_traits(*info.block_type);
+  return elements / static_cast<uint64_t>(t.block_elements) * static_cast<uint64_t>(t.block_bytes);
+}
+
 }  // namespace
 
 std::unique_ptr<Checkpoint> Checkpoint::open(const UserPath& dir) {
@@ -143,11 +175,13 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const UserPath& dir) {
     fail_invalid("checkpoint directory " + dir.describe() + " does not exist" +
                  (ec && ec != std::errc::no_such_file_or_directory ? " or cannot be reached: " + ec.message() : ""));
   }
-  if (!std::filesystem::is_directory(status)) {
-    fail_invalid(dir.describe() + " is not a checkpoint directory (a folder holding config.json and *.safetensors)");
+  const bool gguf = std::filesystem::is_regular_file(status) && dir.path().extension() == ".gguf";
+  if (!gguf && !std::filesystem::is_directory(status)) {
+    fail_invalid(dir.describe() + " is neither a checkpoint directory (a folder holding config.json and "
+                 "*.safetensors) nor a .gguf file");
   }
   try {
-    return open_directory(dir);
+    return gguf ? open_gguf(dir) : open_directory(dir);
   } catch (const Error& e) {
     rethrow_in(e, dir);  // a file inside it: name what the directory was resolved from
   }
@@ -200,6 +234,33 @@ std::unique_ptr<Checkpoint> Checkpoint::open_directory(const std::filesystem::pa
   return self;
 }
 
+std::unique_ptr<Checkpoint> Checkpoint::open_gguf(const std::filesystem::path& file) {
+  std::unique_ptr<Checkpoint> self(new Checkpoint());
+  self->dir_ = file.parent_path().empty() ? std::filesystem::path(".") : file.parent_path();
+  self->gguf_ = GgufModelFiles::open(file);
+  GgufHfModel model = map_gguf_to_hf(*self->gguf_);
+  self->config_ = std::move(model.config);
+  self->generation_config_ = std::move(model.generation_config);
+  for (const GgufHfTensor& t : model.tensors) {
+    auto info = std::make_unique<TensorInfo>(
+        tensor_info_of(*t.gguf, t.hf_name, self->gguf_->file_of(*t.gguf).path()));
+    info->shape = t.shape;
+    if (!self->index_.emplace(t.hf_name, info.get()).second) {
+      fail_invalid(file.string() + ": two GGUF tensors map to '" + t.hf_name + "' (the second is " + t.gguf->name + ")");
+    }
+    if (t.unpermute_heads > 0) self->unpermute_heads_[t.hf_name] = t.unpermute_heads;
+    self->gguf_source_[info.get()] = t.gguf;
+    self->gguf_infos_.push_back(std::move(info));
+  }
+  for (const GgufKvB& kv : model.kv_b) self->kv_b_[kv.hf_name] = kv;
+  return self;
+}
+
+std::string Checkpoint::config_origin() const {
+  if (gguf_) return gguf_->files().front()->path().string() + " (GGUF metadata)";
+  return (dir_ / "config.json").string();
+}
+
 const TensorInfo* Checkpoint::find(const std::string& name) const {
   const auto it = index_.find(name);
   return it == index_.end() ? nullptr : it->second;
@@ -219,7 +280,30 @@ const SafetensorsFile& Checkpoint::file_of(const TensorInfo& info) const {
   fail_internal("tensor '" + info.name + "' names file " + info.file.string() + ", which this checkpoint did not open");
 }
 
+const uint8_t* Checkpoint::mapped(const TensorInfo& info) const {
+  if (const auto it = gguf_source_.find(&info); it != gguf_source_.end()) return gguf_->mapped(*it->second);
+  return file_of(info).mapped(info);
+}
+
+void Checkpoint::read_bytes(const TensorInfo& info, uint64_t offset, uint64_t count, void* dst) const {
+  if (const auto it = gguf_source_.find(&info); it != gguf_source_.end()) {
+    gguf_->read(*it->second, offset, count, dst);
+    return;
+  }
+  file_of(info).read(info, offset, count, dst);
+}
+
+
 std::vector<float> Checkpoint::load_f32(const std::string& name, const std::vector<int64_t>& shape) const {
+  if (const auto it = kv_b_.find(name); it != kv_b_.end()) {
+    const GgufKvB& kv = it->second;
+    const std::vector<int64_t> have{kv.heads * (kv.nope + kv.v), kv.kv_lora_rank};
+    if (have != shape) {
+      fail_invalid(kv.k_b->name + " / " + kv.v_b->name + ": assembled '" + name + "' has shape " + shape_text(have) +
+                   ", expected " + shape_text(shape));
+    }
+    return assemble_kv_b(kv);
+  }
   const TensorInfo* info = find(name);
   if (info == nullptr) fail_invalid(dir_.string() + ": tensor '" + name + "' not found");
   if (info->shape != shape) {
@@ -227,9 +311,13 @@ std::vector<float> Checkpoint::load_f32(const std::string& name, const std::vect
                  ", expected " + shape_text(shape));
   }
   std::vector<float> out(info->numel());
-  convert_to_f32(info->dtype, file_of(*info).mapped(*info), out.data(), out.size());
-  if (info->dtype == DType::kF8E4M3) dequantise_fp8(*info, out);
+  to_f32(*info, mapped(*info), out.data(), out.size());
+  if (info->dtype == DType::kF8E4M3 && !info->block_type) dequantise_fp8(*info, out);
   require_finite(*info, DType::kF32, out.data(), out.size());  // after dequantisation: what is computed with
+  if (!shape.empty()) {
+    unpermute_rows(name, reinterpret_cast<uint8_t*>(out.data()), shape.front(),
+                   out.size() / static_cast<size_t>(std::max<int64_t>(shape.front(), 1)) * sizeof(float));
+  }
   return out;
 }
 
@@ -239,17 +327,67 @@ StoredMatrix Checkpoint::load_matrix(const std::string& name, int64_t rows, int6
   m.shape.cols = cols;
   const TensorInfo* info = find(name);
   if (info == nullptr || info->dtype == DType::kF8E4M3) {
-    return StoredMatrix::from_f32(load_f32(name, {rows, cols}), rows, cols);  // throws for a missing tensor
+    // Missing (throws, or DeepSeek's kv_b_proj assembled from a GGUF) or fp8: kept as
+    // their exact f32 values.
+    return StoredMatrix::from_f32(load_f32(name, {rows, cols}), rows, cols);
   }
   if (info->shape != std::vector<int64_t>{rows, cols}) {
     fail_invalid(info->file.string() + ": tensor '" + name + "' has shape " + shape_text(info->shape) +
                  ", expected " + shape_text({rows, cols}));
   }
-  m.shape.format = weight_format_of(info->dtype);
-  const auto* bytes = static_cast<const uint8_t*>(file_of(*info).mapped(*info));
-  require_finite(*info, info->dtype, bytes, info->numel());
-  m.data.assign(bytes, bytes + info->nbytes);
+  const auto* bytes = mapped(*info);
+  if (info->block_type) {  // GGML blocks stay as stored (a row is whole blocks, so rows permute)
+    m.shape.format = WeightFormat::kGgml;
+    m.shape.ggml_type = *info->block_type;
+    m.data.assign(bytes, bytes + info->nbytes);
+    if (const auto bad = find_non_finite(m.view())) {
+      fail_invalid(info->file.string() + ": tensor '" + name + "' dequantises to " + bad->describe(m.shape) +
+                   "; charm refuses non-finite weights");
+    }
+  } else {
+    m.shape.format = weight_format_of(info->dtype);
+    require_finite(*info, info->dtype, bytes, info->numel());
+    m.data.assign(bytes, bytes + info->nbytes);
+  }
+  unpermute_rows(name, m.data.data(), rows, static_cast<size_t>(m.shape.data_bytes() / std::max<int64_t>(rows, 1)));
   return m;
+}
+
+void Checkpoint::unpermute_rows(const std::string& name, uint8_t* data, int64_t rows, size_t row_bytes) const {
+  const auto it = unpermute_heads_.find(name);
+  if (it == unpermute_heads_.end()) return;
+  const int64_t heads = it->second;
+  const int64_t d = rows / heads, half = d / 2;
+  std::vector<uint8_t> gguf_order(data, data + static_cast<size_t>(rows) * row_bytes);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t t = 0; t < 2; ++t) {
+      for (int64_t j = 0; j < half; ++j) {
+        const int64_t hf_row = h * d + t * half + j, gguf_row = h * d + 2 * j + t;
+        std::memcpy(data + static_cast<size_t>(hf_row) * row_bytes,
+                    gguf_order.data() + static_cast<size_t>(gguf_row) * row_bytes, row_bytes);
+      }
+    }
+  }
+}
+
+std::vector<float> Checkpoint::assemble_kv_b(const GgufKvB& kv) const {
+  std::vector<float> k_b(kv.k_b->numel()), v_b(kv.v_b->numel());  // [heads, rank, nope], [heads, v, rank]
+  for (auto [info, out] : {std::pair{kv.k_b, &k_b}, std::pair{kv.v_b, &v_b}}) {
+    const TensorInfo t = tensor_info_of(*info, info->name, gguf_->file_of(*info).path());
+    to_f32(t, gguf_->mapped(*info), out->data(), out->size());
+    require_finite(t, DType::kF32, out->data(), out->size());
+  }
+  const int64_t rank = kv.kv_lora_rank, per_head = kv.nope + kv.v;
+  std::vector<float> out(static_cast<size_t>(kv.heads * per_head * rank));
+  for (int64_t h = 0; h < kv.heads; ++h) {
+    for (int64_t r = 0; r < kv.nope; ++r) {  // k rows: column r of the head's [rank, nope] k_b
+      for (int64_t c = 0; c < rank; ++c) out[(h * per_head + r) * rank + c] = k_b[(h * rank + c) * kv.nope + r];
+    }
+    for (int64_t r = 0; r < kv.v; ++r) {
+      std::memcpy(&out[(h * per_head + kv.nope + r) * rank], &v_b[(h * kv.v + r) * rank], rank * sizeof(float));
+    }
+  }
+  return out;
 }
 
 const TensorInfo& Checkpoint::fp8_scale_of(const TensorInfo& info) const {
@@ -278,7 +416,7 @@ void Checkpoint::dequantise_fp8(const TensorInfo& info, std::vector<float>& weig
   const int64_t rows = info.shape[0], cols = info.shape[1];
   const int64_t scols = scale_info.shape[1];
   std::vector<float> scale(scale_info.numel());
-  convert_to_f32(scale_info.dtype, file_of(scale_info).mapped(scale_info), scale.data(), scale.size());
+  convert_to_f32(scale_info.dtype, mapped(scale_info), scale.data(), scale.size());
   require_fp8_scales(scale_info, scale.data(), scale.size());
   for (int64_t r = 0; r < rows; ++r) {
     const float* s = scale.data() + (r / br) * scols;
@@ -290,7 +428,7 @@ void Checkpoint::dequantise_fp8(const TensorInfo& info, std::vector<float>& weig
 void Checkpoint::read_slice_scales(const ExpertSlice& slice, float* dst) const {
   const TensorInfo& s = *slice.scale;
   std::vector<uint8_t> raw(s.nbytes);
-  file_of(s).read(s, 0, s.nbytes, raw.data());
+  read_bytes(s, 0, s.nbytes, raw.data());
   convert_to_f32(s.dtype, raw.data(), dst, s.numel());
   require_fp8_scales(s, dst, s.numel());
 }
@@ -299,7 +437,7 @@ std::vector<float> Checkpoint::slice_f32(const ExpertSlice& slice) const {
   std::vector<uint8_t> raw(slice.bytes);
   read_slice(slice, raw.data());
   std::vector<float> out(static_cast<size_t>(slice.rows * slice.cols));
-  convert_to_f32(slice.tensor->dtype, raw.data(), out.data(), out.size());
+  to_f32(*slice.tensor, raw.data(), out.data(), out.size());
   if (slice.scale) dequantise_fp8(*slice.tensor, out);
   return out;
 }
@@ -316,15 +454,21 @@ void expect_shape(const TensorInfo& info, const std::vector<int64_t>& want, cons
 
 /// A [rows, cols] slice starting at element `first` of `info`.
 ExpertSlice slice_of(const TensorInfo& info, uint64_t first, int64_t rows, int64_t cols) {
-  const uint64_t esize = dtype_size(info.dtype);
-  return ExpertSlice{&info, first * esize, static_cast<uint64_t>(rows * cols) * esize, rows, cols};
+  return ExpertSlice{&info, bytes_of(info, first), bytes_of(info, static_cast<uint64_t>(rows * cols)), rows, cols};
 }
 
 }  // namespace
 
 void Checkpoint::read_slice(const ExpertSlice& slice, void* dst) const {
   const TensorInfo& t = *slice.tensor;
-  file_of(t).read(t, slice.offset, slice.bytes, dst);
+  read_bytes(t, slice.offset, slice.bytes, dst);
+  if (t.block_type) {  // the blocks' scales decide finiteness: check what they dequantise to
+    std::vector<float> values(static_cast<size_t>(slice.rows * slice.cols));
+    to_f32(t, dst, values.data(), values.size());
+    const uint64_t first = slice.offset / bytes_of(t, static_cast<uint64_t>(slice.cols)) * static_cast<uint64_t>(slice.cols);
+    require_finite(t, DType::kF32, values.data(), values.size(), first);
+    return;
+  }
   const uint64_t esize = dtype_size(t.dtype);
   require_finite(t, t.dtype, dst, slice.bytes / esize, slice.offset / esize);
 }

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/expert_tensor_names.h"
+#include "common/gguf_model.h"
 #include "common/safetensors.h"
 #include "common/user_path.h"
 #include "common/weight_format.h"
@@ -64,9 +65,20 @@ class Checkpoint {
   /// or is not a directory is named as described (UserPath::describe: the resolved path
   /// and, for one written relative, what it was resolved against), and every error about
   /// a file inside a relative `dir` ends with that origin too (rethrow_in).
+  ///
+  /// `dir` may also name a GGUF file (llama.cpp's format; the first of a gguf-split set):
+  /// its metadata becomes config.json and generation_config.json and its tensors appear
+  /// under their Hugging Face names (common/gguf_model.h); every GgufModelFiles::open
+  /// and map_gguf_to_hf error is thrown as they document.
   static std::unique_ptr<Checkpoint> open(const UserPath& dir);
 
+  /// The checkpoint directory; for a GGUF model, the folder holding its file(s).
   const std::filesystem::path& dir() const { return dir_; }
+  /// The GGUF files of a GGUF model (their tokenizer.* metadata included), else nullptr.
+  const GgufModelFiles* gguf() const { return gguf_.get(); }
+  /// Where config_json() came from, for messages: "<dir>/config.json", or for GGUF
+  /// "<file>.gguf (GGUF metadata)".
+  std::string config_origin() const;
   /// config.json as parsed JSON.
   const nlohmann::json& config_json() const { return config_; }
   /// generation_config.json, or an empty object when the file is absent.
@@ -121,13 +133,31 @@ class Checkpoint {
   Checkpoint() = default;
   /// open() once `dir` is known to be a directory.
   static std::unique_ptr<Checkpoint> open_directory(const std::filesystem::path& dir);
+  /// open() for a GGUF file.
+  static std::unique_ptr<Checkpoint> open_gguf(const std::filesystem::path& file);
   std::filesystem::path dir_;
   nlohmann::json config_;
   nlohmann::json generation_config_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const TensorInfo*> index_;
   std::optional<std::pair<int64_t, int64_t>> fp8_block_;  ///< quantization_config.weight_block_size
+  // GGUF models: the files, the HF-named entries (TensorInfo of each mapped tensor, its
+  // GGUF original), Mixtral's rotary row order, DeepSeek's split kv_b_proj.
+  std::unique_ptr<GgufModelFiles> gguf_;
+  std::vector<std::unique_ptr<TensorInfo>> gguf_infos_;
+  std::map<const TensorInfo*, const GgufTensorInfo*> gguf_source_;
+  std::map<std::string, int64_t> unpermute_heads_;
+  std::map<std::string, GgufKvB> kv_b_;
+  /// The tensor's bytes in its file's read-only mapping.
+  const uint8_t* mapped(const TensorInfo& info) const;
+  /// pread of `count` bytes from `offset` bytes into the tensor.
+  void read_bytes(const TensorInfo& info, uint64_t offset, uint64_t count, void* dst) const;
   const SafetensorsFile& file_of(const TensorInfo& info) const;
+  /// f32 values of GGUF's kv_b pieces assembled into kv_b_proj [heads * (nope + v), rank].
+  std::vector<float> assemble_kv_b(const GgufKvB& kv_b) const;
+  /// Undoes llama.cpp's rotary row order of `name` (Mixtral q/k) in `rows` rows of
+  /// `row_bytes` bytes each, in place; nothing for other tensors.
+  void unpermute_rows(const std::string& name, uint8_t* data, int64_t rows, size_t row_bytes) const;
   /// Multiplies `weight` (the f32 values of F8_E4M3 tensor `info`, [rows, cols]) by its
   /// block scales; throws as load_f32 documents.
   void dequantise_fp8(const TensorInfo& info, std::vector<float>& weight) const;

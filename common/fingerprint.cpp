@@ -27,7 +27,7 @@ std::string model_fingerprint(const Checkpoint& checkpoint) {
   for (const std::string& name : checkpoint.tensor_names()) {
     const TensorInfo* info = checkpoint.find(name);
     add_field(state.get(), name);
-    add_field(state.get(), info ? dtype_name(info->dtype) : "?");
+    add_field(state.get(), !info ? "?" : info->block_type ? ggml_traits(*info->block_type).name : dtype_name(info->dtype));
     std::string shape;
     if (info) {
       for (int64_t dim : info->shape) shape += std::to_string(dim) + ",";

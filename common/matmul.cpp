@@ -86,6 +86,10 @@ void check_view(const MatrixView& w) {
   if (is_quantized(s.format) && s.cols > (int64_t{1} << 31)) {
     fail_invalid("matmul: quantised rows wider than 2^31 columns are not supported");
   }
+  if (s.format == WeightFormat::kGgml && !ggml_row_bytes(s.ggml_type, s.cols)) {
+    fail_invalid(std::string("matmul: a ") + ggml_traits(s.ggml_type).name + " row of " + std::to_string(s.cols) +
+                 " columns is not whole blocks");
+  }
   if (s.format == WeightFormat::kF8E4M3Block && (s.block_rows < 1 || s.block_cols < 1 || w.scales == nullptr)) {
     fail_invalid("matmul: F8_E4M3B weight needs block_rows, block_cols >= 1 and scales");
   }

@@ -23,8 +23,9 @@
 namespace charm {
 namespace {
 
-/// The element forms the kernels widen in registers; kF8 goes through matrix_row_to_f32.
-enum class Form { kF32, kF16, kBF16, kI8, kI4, kF8 };
+/// The element forms the kernels widen in registers; kRowWise (block-scaled fp8, GGML
+/// blocks) widens whole rows through matrix_row_to_f32 into the GEMM panel.
+enum class Form { kF32, kF16, kBF16, kI8, kI4, kRowWise };
 /// Where a full chunk of 8 columns finds its scales: none (not quantised), one scale
 /// for the chunk (group_size % 8 == 0), or one per lane (any other group_size: gather).
 enum class Scale { kNone, kPerChunk, kPerLane };
@@ -191,7 +192,7 @@ template <Form F, Scale S>
 void widen_rows(const Source& s, int64_t o, int64_t n, float* panel) {
   for (int64_t k = 0; k < n; ++k) {
     float* out = panel + k * s.cols;
-    if constexpr (F == Form::kF8) {
+    if constexpr (F == Form::kRowWise) {
       matrix_row_to_f32(s.view, o + k, out);
     } else {
       const uint8_t* row = s.row(o + k);
@@ -292,7 +293,7 @@ void gemm(const Source& s, const float* x, size_t rows, const float* bias, float
 template <Form F, Scale S>
 void run(const Source& s, const float* x, size_t rows, const float* bias, float* y, int64_t o0, int64_t o1,
          float* panel) {
-  if constexpr (F != Form::kF8) {
+  if constexpr (F != Form::kRowWise) {
     if (rows == 1) return gemv<F, S>(s, x, bias, y, o0, o1);
   }
   gemm<F, S>(s, x, rows, bias, y, o0, o1, panel);
@@ -329,7 +330,8 @@ void matmul_tile_avx2(const MatrixView& w, const float* x, size_t rows, const fl
     case WeightFormat::kBF16: return run<Form::kBF16, Scale::kNone>(s, x, rows, bias, y, o0, o1, panel);
     case WeightFormat::kInt8: return run_quantised<Form::kI8>(s, x, rows, bias, y, o0, o1, panel);
     case WeightFormat::kInt4: return run_quantised<Form::kI4>(s, x, rows, bias, y, o0, o1, panel);
-    case WeightFormat::kF8E4M3Block: return run<Form::kF8, Scale::kNone>(s, x, rows, bias, y, o0, o1, panel);
+    case WeightFormat::kF8E4M3Block:
+    case WeightFormat::kGgml: return run<Form::kRowWise, Scale::kNone>(s, x, rows, bias, y, o0, o1, panel);
   }
 }
 

@@ -8,10 +8,12 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/ggml_type.h"
 
 namespace charm {
 
@@ -23,6 +25,9 @@ struct TensorInfo {
   uint64_t data_begin = 0;     ///< absolute byte offset in the file (header included)
   uint64_t nbytes = 0;         ///< product(shape) * dtype_size(dtype)
   std::filesystem::path file;  ///< the file that holds it
+  /// GGUF only (common/gguf_model.h): the GGML block type of a quantised tensor (Q8_0,
+  /// Q4_K, MXFP4 ...). `dtype` is then unused; nbytes is whole blocks of it.
+  std::optional<GgmlType> block_type;
 
   /// Number of elements (product of shape; 1 for a scalar).
   uint64_t numel() const;

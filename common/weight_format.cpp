@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <sstream>
+#include <vector>
 
 #include "common/error.h"
 
@@ -19,13 +20,34 @@ const char* weight_format_name(WeightFormat format) {
     case WeightFormat::kInt8: return "I8G";
     case WeightFormat::kInt4: return "I4G";
     case WeightFormat::kF8E4M3Block: return "F8_E4M3B";
+    case WeightFormat::kGgml: return "GGML";
   }
   return "?";
 }
 
+std::string matrix_dtype_name(const MatrixShape& shape) {
+  return shape.format == WeightFormat::kGgml ? ggml_traits(shape.ggml_type).name : weight_format_name(shape.format);
+}
+
+bool parse_matrix_dtype(std::string_view name, MatrixShape& shape) {
+  if (const auto format = parse_weight_format(name); format && *format != WeightFormat::kGgml) {
+    shape.format = *format;
+    return true;
+  }
+  for (uint32_t id = 0; id < 64; ++id) {
+    const auto traits = ggml_type_traits(id);
+    if (traits && name == traits->name && traits->block_elements > 1) {  // F32/F16/BF16 have their own forms
+      shape.format = WeightFormat::kGgml;
+      shape.ggml_type = traits->type;
+      return true;
+    }
+  }
+  return false;
+}
+
 std::optional<WeightFormat> parse_weight_format(std::string_view name) {
   for (WeightFormat f : {WeightFormat::kF32, WeightFormat::kF16, WeightFormat::kBF16, WeightFormat::kInt8,
-                         WeightFormat::kInt4, WeightFormat::kF8E4M3Block}) {
+                         WeightFormat::kInt4, WeightFormat::kF8E4M3Block, WeightFormat::kGgml}) {
     if (name == weight_format_name(f)) return f;
   }
   return std::nullopt;
@@ -56,6 +78,7 @@ uint64_t row_bytes(const MatrixShape& s) {
     case WeightFormat::kInt8:
     case WeightFormat::kF8E4M3Block: return cols;
     case WeightFormat::kInt4: return (cols + 1) / 2;
+    case WeightFormat::kGgml: return ggml_row_bytes(s.ggml_type, s.cols).value_or(0);
   }
   return 0;
 }
@@ -134,6 +157,23 @@ std::string NonFiniteWeight::describe(const MatrixShape& shape) const {
   return text.str();
 }
 
+namespace {
+
+/// GGML blocks: finite unless a block's scale is NaN / Inf or so large that a value
+/// overflows, so the check is what the rows dequantise to.
+std::optional<NonFiniteWeight> find_non_finite_ggml(const MatrixView& m) {
+  std::vector<float> row(static_cast<size_t>(m.shape.cols));
+  for (int64_t r = 0; r < m.shape.rows; ++r) {
+    matrix_row_to_f32(m, r, row.data());
+    if (const uint64_t i = first_non_finite(DType::kF32, row.data(), row.size()); i < row.size()) {
+      return NonFiniteWeight{false, r, static_cast<int64_t>(i), row[i]};
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::optional<NonFiniteWeight> find_non_finite(const MatrixView& m) {
   const MatrixShape& s = m.shape;
   const auto cols = static_cast<uint64_t>(s.cols);
@@ -146,6 +186,7 @@ std::optional<NonFiniteWeight> find_non_finite(const MatrixView& m) {
     case WeightFormat::kF8E4M3Block: dtype = DType::kF8E4M3; break;
     case WeightFormat::kInt8:
     case WeightFormat::kInt4: break;  // integers: always finite
+    case WeightFormat::kGgml: return find_non_finite_ggml(m);
   }
   if (dtype) {
     if (const uint64_t i = first_non_finite(*dtype, m.data, n); i < n) {
@@ -191,6 +232,7 @@ void matrix_row_to_f32(const MatrixView& m, int64_t row, float* out) {
       }
       return;
     }
+    case WeightFormat::kGgml: dequantize_row(s.ggml_type, src, out, s.cols); return;
   }
 }
 

@@ -9,7 +9,9 @@
 // be shorter. Rows start on a byte boundary (an odd-width int4 row pads half a byte).
 // A fifth form holds a DeepSeek-V3 fp8 checkpoint's experts as stored: F8_E4M3 values
 // with one f32 scale per [block_rows, block_cols] block (W = value * scale, exactly as
-// Checkpoint::load_f32 dequantises).
+// Checkpoint::load_f32 dequantises). A sixth holds a GGUF tensor's GGML blocks as the file
+// stores them (Q8_0, Q4_K, MXFP4 ...; common/ggml_type.h): a row is whole blocks, each with
+// its own scales inside, widened by dequantize_row.
 #pragma once
 
 #include <cstddef>
@@ -20,14 +22,16 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/ggml_type.h"
 
 namespace charm {
 
 /// Element form of a stored weight matrix.
-enum class WeightFormat : uint8_t { kF32, kF16, kBF16, kInt8, kInt4, kF8E4M3Block };
+enum class WeightFormat : uint8_t { kF32, kF16, kBF16, kInt8, kInt4, kF8E4M3Block, kGgml };
 
 /// The index spelling: "F32", "F16", "BF16" (as safetensors), "I8G", "I4G" (grouped),
-/// "F8_E4M3B" (block-scaled fp8; RAM only, containers widen it to F32).
+/// "F8_E4M3B" (block-scaled fp8; RAM only, containers widen it to F32), "GGML" (the
+/// block type is MatrixShape::ggml_type; matrix_dtype_name spells it).
 const char* weight_format_name(WeightFormat format);
 /// Parses weight_format_name's spelling; nullopt for anything else.
 std::optional<WeightFormat> parse_weight_format(std::string_view name);
@@ -35,6 +39,13 @@ std::optional<WeightFormat> parse_weight_format(std::string_view name);
 WeightFormat weight_format_of(DType dtype);
 /// True for int8 / int4 (they carry group scales).
 bool is_quantized(WeightFormat format);
+/// A matrix's element form by one name: weight_format_name's, or for kGgml the block
+/// type's ggml name ("Q4_K"). For containers' indexes and messages.
+std::string matrix_dtype_name(const MatrixShape& shape);
+/// The inverse of matrix_dtype_name: `shape` with format (and ggml_type) set, or false
+/// for a name neither spells.
+bool parse_matrix_dtype(std::string_view name, MatrixShape& shape);
+
 /// True for the forms that carry f32 scales (int8, int4, block-scaled fp8).
 bool has_scales(WeightFormat format);
 
@@ -46,6 +57,7 @@ struct MatrixShape {
   int64_t group_size = 0;  ///< elements per scale; 0 unless quantised
   int64_t block_rows = 0;  ///< kF8E4M3Block only: rows per scale block
   int64_t block_cols = 0;  ///< kF8E4M3Block only: columns per scale block
+  GgmlType ggml_type = GgmlType::kF32;  ///< kGgml only: the block type (cols is whole blocks of it)
 
   /// Bytes of the element data (rows * bytes per row).
   uint64_t data_bytes() const;

@@ -22,6 +22,7 @@
 #include "coordinator/sampler.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/text/stop_strings.h"
+#include "coordinator/text/model_text.h"
 
 namespace charm {
 namespace {
@@ -136,25 +137,28 @@ class EngineImpl final : public Engine {
  public:
   EngineImpl(const Topology& topology, const EngineOptions& options) : metrics_(options.metrics) {
     checkpoint_ = Checkpoint::open(topology.model);
-    config_ = ModelConfig::parse(checkpoint_->config_json(), (topology.model / "config.json").string(),
+    config_ = ModelConfig::parse(checkpoint_->config_json(), checkpoint_->config_origin(),
                                  checkpoint_families());
-    tokenizer_ = Tokenizer::load(topology.model / "tokenizer.json");
-    check_tokenizer_fits(topology.model);
-    try {
-      chat_template_ = ChatTemplate::load(topology.model / "tokenizer_config.json");
-    } catch (const Error& e) {
+    ModelText text = load_model_text(*checkpoint_);
+    tokenizer_ = std::move(text.tokenizer);
+    tokenizer_origin_ = text.tokenizer_origin;
+    check_tokenizer_fits();
+    chat_template_ = std::move(text.chat_template);
+    if (!chat_template_) {
       // Completions still work; chat requests are refused, without the file's path
       // (chat_template()), so the reason is told here, to the operator.
-      spdlog::warn("no usable chat template, chat requests will be refused: {}", e.message());
+      spdlog::warn("no usable chat template, chat requests will be refused: {}", text.chat_template_error);
     }
     eos_ids_ = eos_ids(config_, checkpoint_->generation_config_json());
     unsampleable_ = unsampleable_ids(*tokenizer_, static_cast<size_t>(config_.vocab_size), eos_ids_);
     if (!unsampleable_.empty()) {
-      spdlog::info("{} of the model's {} vocabulary ids have no token in tokenizer.json ({} tokens); they are never "
-                   "sampled", unsampleable_.size(), config_.vocab_size, tokenizer_->vocab_size());
+      spdlog::info("{} of the model's {} vocabulary ids have no token in {} ({} tokens); they are never "
+                   "sampled", unsampleable_.size(), config_.vocab_size, tokenizer_origin_, tokenizer_->vocab_size());
     }
     sampling_defaults_ =
-        sampling_defaults(checkpoint_->generation_config_json(), (topology.model / "generation_config.json").string());
+        sampling_defaults(checkpoint_->generation_config_json(),
+                          checkpoint_->gguf() ? checkpoint_->config_origin()
+                                              : (topology.model / "generation_config.json").string());
     model_name_ = topology.model_name.empty() ? topology.model.filename().string() : topology.model_name;
     auto observer = std::make_unique<RoutingObserver>(
         make_dispatcher(topology, *checkpoint_, config_, experts_, options.metrics),
@@ -243,11 +247,11 @@ class EngineImpl final : public Engine {
 
   /// Every id the tokenizer produces must have an embedding and lm_head row; a larger
   /// tokenizer (one from another checkpoint) would index past them.
-  void check_tokenizer_fits(const std::filesystem::path& model) const {
+  void check_tokenizer_fits() const {
     if (tokenizer_->vocab_size() <= config_.vocab_size) return;
-    fail_invalid((model / "tokenizer.json").string() + " has " + std::to_string(tokenizer_->vocab_size()) +
+    fail_invalid(tokenizer_origin_ + " has " + std::to_string(tokenizer_->vocab_size()) +
                  " token ids, more than vocab_size " + std::to_string(config_.vocab_size) + " of " +
-                 (model / "config.json").string() + ": ids " + std::to_string(config_.vocab_size) + "-" +
+                 checkpoint_->config_origin() + ": ids " + std::to_string(config_.vocab_size) + "-" +
                  std::to_string(tokenizer_->vocab_size() - 1) +
                  " have no embedding row (is the tokenizer from another checkpoint?)");
   }
@@ -472,6 +476,7 @@ class EngineImpl final : public Engine {
 
   Metrics* metrics_;
   std::unique_ptr<Checkpoint> checkpoint_;
+  std::string tokenizer_origin_;  ///< where the tokenizer came from, for messages
   ModelConfig config_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ChatTemplate> chat_template_;

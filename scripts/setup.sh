@@ -18,8 +18,9 @@ DEBIAN_PACKAGES=(
   clang libclang-rt-dev
 )
 # The integration tests drive the API with the official client and read YAML configs.
-# numpy: the moefy writer test (tests/unit/test_moefy_writer.py) and scripts/moefy.py build.
-PYTHON_PACKAGES=(openai:openai yaml:pyyaml numpy:numpy)  # module:package
+# numpy: the moefy writer test (tests/unit/test_moefy_writer.py) and scripts/moefy.py build;
+# gguf: scripts/gen_gguf_fixtures.py (the GGUF copies of the model fixtures the tests read).
+PYTHON_PACKAGES=(openai:openai yaml:pyyaml numpy:numpy gguf:gguf==0.19.0)  # module:package
 
 missing=()
 for p in "${DEBIAN_PACKAGES[@]}"; do

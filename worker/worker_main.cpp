@@ -67,7 +67,7 @@ int run_worker(const Topology& topology, const std::string& worker_name, Checkpo
   check_worker_listen(topology, spec);  // before minutes of loading, not after
   std::unique_ptr<Checkpoint> checkpoint = Checkpoint::open(topology.model);
   const ModelConfig config =
-      ModelConfig::parse(checkpoint->config_json(), (topology.model / "config.json").string(), families);
+      ModelConfig::parse(checkpoint->config_json(), checkpoint->config_origin(), families);
   const std::vector<ExpertKey> owned = owned_experts(topology, config, index_of(topology, spec));
   spdlog::info("worker {}: loading {} experts of {} from {}", worker_name, owned.size(),
                config.architecture, topology.model.string());

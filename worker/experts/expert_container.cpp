@@ -31,7 +31,7 @@ T field(const json& j, const char* key, const std::string& where) {
 }
 
 json matrix_json(const MatrixPart& p) {
-  return json{{"dtype", weight_format_name(p.shape.format)},
+  return json{{"dtype", matrix_dtype_name(p.shape)},
               {"shape", {p.shape.rows, p.shape.cols}},
               {"group_size", p.shape.group_size},
               {"offset", p.data_offset},
@@ -41,16 +41,21 @@ json matrix_json(const MatrixPart& p) {
 MatrixShape matrix_shape(const json& j, const std::string& where, const ContainerHeader& h, int64_t rows,
                          int64_t cols) {
   const std::string dtype = field<std::string>(j, "dtype", where);
-  const auto format = parse_weight_format(dtype);
-  if (!format || *format == WeightFormat::kF8E4M3Block) {
-    fail_invalid(where + ": dtype '" + dtype + "' is not a container dtype (F32, F16, BF16, I8G, I4G)");
+  MatrixShape parsed;
+  if (!parse_matrix_dtype(dtype, parsed) || parsed.format == WeightFormat::kF8E4M3Block) {
+    fail_invalid(where + ": dtype '" + dtype + "' is not a container dtype (F32, F16, BF16, I8G, I4G, or a GGML "
+                 "block type kept from a GGUF: Q8_0, Q4_K, ...)");
   }
   if (!j.contains("shape") || !j["shape"].is_array() || j["shape"].size() != 2 || !j["shape"][0].is_number_integer() ||
       !j["shape"][1].is_number_integer()) {
     fail_invalid(where + ": 'shape' must be [rows, cols]");
   }
-  MatrixShape s{*format, j["shape"][0].get<int64_t>(), j["shape"][1].get<int64_t>(),
+  MatrixShape s{parsed.format, j["shape"][0].get<int64_t>(), j["shape"][1].get<int64_t>(),
                 field<int64_t>(j, "group_size", where)};
+  s.ggml_type = parsed.ggml_type;
+  if (s.format == WeightFormat::kGgml && !ggml_row_bytes(s.ggml_type, s.cols)) {
+    fail_invalid(where + ": " + dtype + " rows of " + std::to_string(s.cols) + " columns are not whole blocks");
+  }
   if (s.rows != rows || s.cols != cols) {
     fail_invalid(where + ": shape [" + std::to_string(s.rows) + ", " + std::to_string(s.cols) + "] but the model needs [" +
                  std::to_string(rows) + ", " + std::to_string(cols) + "]");

@@ -24,6 +24,7 @@ MatrixView view_of(const MatrixPart& part, const uint8_t* blob) {
 bool same(const MatrixPart& a, const MatrixPart& b) {
   return a.shape.format == b.shape.format && a.shape.rows == b.shape.rows && a.shape.cols == b.shape.cols &&
          a.shape.group_size == b.shape.group_size && a.shape.block_rows == b.shape.block_rows &&
+         a.shape.ggml_type == b.shape.ggml_type &&
          a.shape.block_cols == b.shape.block_cols && a.data_offset == b.data_offset &&
          a.scale_offset == b.scale_offset;
 }

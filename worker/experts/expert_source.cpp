@@ -15,6 +15,11 @@ AlignedBuffer::AlignedBuffer(uint64_t bytes) : size_(align_up(bytes, kRecordAlig
 
 ExpertLayout layout_of(const ExpertSlices& slices) {
   auto shape = [](const ExpertSlice& s) {
+    if (s.tensor->block_type) {  // GGUF blocks as stored: the kernels dequantise them row by row
+      MatrixShape shape{WeightFormat::kGgml, s.rows, s.cols};
+      shape.ggml_type = *s.tensor->block_type;
+      return shape;
+    }
     return MatrixShape{weight_format_of(s.tensor->dtype), s.rows, s.cols, 0, s.block_rows, s.block_cols};
   };
   return ExpertLayout::make(shape(slices.gate), shape(slices.up), shape(slices.down));

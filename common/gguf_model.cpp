@@ -1,0 +1,401 @@
+// GGUF -> Hugging Face names and config (see gguf_model.h). The tensor table is the
+// reverse of gguf-py's TensorNameMap for the tensors charm's families load; the config is
+// the reverse of convert_hf_to_gguf.py's set_gguf_parameters for each architecture.
+#include "common/gguf_model.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "common/error.h"
+
+namespace charm {
+namespace {
+
+using json = nlohmann::json;
+
+/// The HF architecture of one GGUF architecture, and what its HF checkpoints call things.
+struct ArchSpec {
+  const char* hf_architecture;
+  const char* model_type;
+  const char* router;         ///< HF module of the router, under model.layers.N.
+  const char* experts;        ///< HF module of the routed experts
+  const char* expert_gate;    ///< names of the three projections in `experts`
+  const char* expert_up;
+  const char* expert_down;
+  const char* shared_expert;  ///< HF module of the shared expert(s), or ""
+  bool default_norm_topk;     ///< what llama.cpp's graph does without expert_weights_norm
+};
+
+const std::map<std::string, ArchSpec, std::less<>>& arch_specs() {
+  static const std::map<std::string, ArchSpec, std::less<>> specs = {
+      {"qwen2moe", {"Qwen2MoeForCausalLM", "qwen2_moe", "mlp.gate", "mlp.experts", "gate_proj", "up_proj",
+                    "down_proj", "mlp.shared_expert", false}},
+      {"qwen3moe", {"Qwen3MoeForCausalLM", "qwen3_moe", "mlp.gate", "mlp.experts", "gate_proj", "up_proj",
+                    "down_proj", "", true}},
+      {"olmoe", {"OlmoeForCausalLM", "olmoe", "mlp.gate", "mlp.experts", "gate_proj", "up_proj", "down_proj", "",
+                 false}},
+      {"llama", {"MixtralForCausalLM", "mixtral", "block_sparse_moe.gate", "block_sparse_moe.experts", "w1", "w3",
+                 "w2", "", true}},
+      {"deepseek2", {"DeepseekV3ForCausalLM", "deepseek_v3", "mlp.gate", "mlp.experts", "gate_proj", "up_proj",
+                     "down_proj", "mlp.shared_experts", false}},
+  };
+  return specs;
+}
+
+/// Reads typed metadata of one architecture ("{arch}.key"), naming the file in errors.
+class Meta {
+ public:
+  Meta(const GgufModelFiles& files, std::string arch) : files_(files), arch_(std::move(arch)) {}
+  const std::string& arch() const { return arch_; }
+  std::string where() const { return files_.files().front()->path().string(); }
+  const GgufValue* find(const std::string& key) const { return files_.find(key); }
+  const GgufValue* arch_key(const std::string& key) const { return find(arch_ + "." + key); }
+
+  /// A scalar integer; a per-layer array is accepted when all its values are equal.
+  std::optional<int64_t> integer(const std::string& key) const {
+    const GgufValue* v = arch_key(key);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_array()) return v->as_i64();
+    const std::vector<int64_t> values = v->as_i64_array();
+    for (int64_t x : values) {
+      if (x != values.front()) {
+        fail_unsupported(where() + ": " + v->name() + " differs between layers; charm needs one value");
+      }
+    }
+    if (values.empty()) fail_invalid(where() + ": " + v->name() + " is an empty array");
+    return values.front();
+  }
+  int64_t required(const std::string& key) const {
+    const auto v = integer(key);
+    if (!v) fail_invalid(where() + ": metadata key '" + arch_ + "." + key + "' is missing");
+    return *v;
+  }
+  std::optional<double> number(const std::string& key, int exponent10 = 0) const {
+    const GgufValue* v = arch_key(key);
+    if (v == nullptr) return std::nullopt;
+    if (v->type() == GgufValueType::kF32) return gguf_f32_as_decimal(v->as_f32(), exponent10);
+    if (v->is_float()) return v->as_f64() * std::pow(10.0, exponent10);
+    return static_cast<double>(v->as_i64()) * std::pow(10.0, exponent10);
+  }
+  std::optional<bool> boolean(const std::string& key) const {
+    const GgufValue* v = arch_key(key);
+    return v ? std::optional<bool>(v->as_bool()) : std::nullopt;
+  }
+  std::optional<std::string> string(const std::string& key) const {
+    const GgufValue* v = arch_key(key);
+    return v ? std::optional<std::string>(v->as_string()) : std::nullopt;
+  }
+
+ private:
+  const GgufModelFiles& files_;
+  std::string arch_;
+};
+
+/// HF suffix under model.layers.N. of a GGUF per-layer tensor name (after "blk.N."),
+/// for the tensors every architecture shares; the MoE ones come from the ArchSpec.
+const std::map<std::string, std::string, std::less<>>& shared_layer_names() {
+  static const std::map<std::string, std::string, std::less<>> names = {
+      {"attn_norm", "input_layernorm"},
+      {"ffn_norm", "post_attention_layernorm"},
+      {"attn_q", "self_attn.q_proj"},
+      {"attn_k", "self_attn.k_proj"},
+      {"attn_v", "self_attn.v_proj"},
+      {"attn_output", "self_attn.o_proj"},
+      {"attn_q_norm", "self_attn.q_norm"},
+      {"attn_k_norm", "self_attn.k_norm"},
+      {"attn_q_a", "self_attn.q_a_proj"},
+      {"attn_q_a_norm", "self_attn.q_a_layernorm"},
+      {"attn_q_b", "self_attn.q_b_proj"},
+      {"attn_kv_a_mqa", "self_attn.kv_a_proj_with_mqa"},
+      {"attn_kv_a_norm", "self_attn.kv_a_layernorm"},
+      {"attn_kv_b", "self_attn.kv_b_proj"},
+      {"ffn_gate", "mlp.gate_proj"},
+      {"ffn_up", "mlp.up_proj"},
+      {"ffn_down", "mlp.down_proj"},
+  };
+  return names;
+}
+
+/// "blk.12.attn_q.weight" -> {12, "attn_q", "weight"}; nullopt for a non-layer name.
+struct LayerName {
+  int64_t layer;
+  std::string base;
+  std::string suffix;  ///< "weight", "bias" or "" (e.g. exp_probs_b.bias's "bias")
+};
+std::optional<LayerName> split_layer_name(std::string_view name) {
+  if (!name.starts_with("blk.")) return std::nullopt;
+  name.remove_prefix(4);
+  const size_t dot = name.find('.');
+  if (dot == std::string_view::npos) return std::nullopt;
+  int64_t layer = -1;
+  const auto [ptr, ec] = std::from_chars(name.data(), name.data() + dot, layer);
+  if (ec != std::errc() || ptr != name.data() + dot || layer < 0) return std::nullopt;
+  std::string_view rest = name.substr(dot + 1);
+  const size_t last = rest.rfind('.');
+  if (last == std::string_view::npos) return LayerName{layer, std::string(rest), ""};
+  return LayerName{layer, std::string(rest.substr(0, last)), std::string(rest.substr(last + 1))};
+}
+
+/// The HF name of GGUF tensor `info` under `spec`, or "" when no family reads it.
+std::string hf_name_of(const ArchSpec& spec, std::string_view name) {
+  if (name == "token_embd.weight") return "model.embed_tokens.weight";
+  if (name == "output_norm.weight") return "model.norm.weight";
+  if (name == "output.weight") return "lm_head.weight";
+  const auto parts = split_layer_name(name);
+  if (!parts) return "";
+  const std::string layer = "model.layers." + std::to_string(parts->layer) + ".";
+  const std::string& base = parts->base;
+  const std::string suffix = parts->suffix.empty() ? "" : "." + parts->suffix;
+  if (const auto it = shared_layer_names().find(base); it != shared_layer_names().end()) {
+    return layer + it->second + suffix;
+  }
+  const std::string experts = layer + spec.experts + ".";
+  if (base == "ffn_gate_inp") return layer + spec.router + suffix;
+  if (base == "ffn_gate_exps") return experts + spec.expert_gate + suffix;
+  if (base == "ffn_up_exps") return experts + spec.expert_up + suffix;
+  if (base == "ffn_down_exps") return experts + spec.expert_down + suffix;
+  if (base == "exp_probs_b") return layer + spec.router + ".e_score_correction_bias";
+  if (*spec.shared_expert != '\0') {
+    const std::string shared = layer + spec.shared_expert + ".";
+    if (base == "ffn_gate_shexp") return shared + "gate_proj" + suffix;
+    if (base == "ffn_up_shexp") return shared + "up_proj" + suffix;
+    if (base == "ffn_down_shexp") return shared + "down_proj" + suffix;
+    if (base == "ffn_gate_inp_shexp") return layer + spec.shared_expert + "_gate" + suffix;
+  }
+  return "";
+}
+
+/// Layers holding a router: the MoE layers (the others are dense).
+std::set<int64_t> moe_layers(const GgufModelFiles& files) {
+  std::set<int64_t> layers;
+  for (const GgufTensorInfo* t : files.tensors()) {
+    const auto parts = split_layer_name(t->name);
+    if (parts && parts->base == "ffn_gate_inp") layers.insert(parts->layer);
+  }
+  return layers;
+}
+
+/// tokenizer.ggml ids as HF's generation_config.json / config.json carry them.
+void read_special_ids(const GgufModelFiles& files, json& config, json& generation) {
+  json eos = json::array();
+  for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"}) {
+    if (const GgufValue* v = files.find(key)) {
+      const int64_t id = v->as_i64();
+      if (std::find(eos.begin(), eos.end(), id) == eos.end()) eos.push_back(id);
+    }
+  }
+  if (!eos.empty()) {
+    config["eos_token_id"] = eos.front();
+    generation["eos_token_id"] = eos.size() == 1 ? eos.front() : eos;
+  }
+  if (const GgufValue* v = files.find("tokenizer.ggml.bos_token_id")) {
+    config["bos_token_id"] = v->as_i64();
+    generation["bos_token_id"] = v->as_i64();
+  }
+}
+
+/// The fields every architecture shares (LlamaConfig's names).
+void read_common_config(const Meta& m, const GgufModelFiles& files, json& c) {
+  c["num_hidden_layers"] = m.required("block_count");
+  c["hidden_size"] = m.required("embedding_length");
+  if (const auto ff = m.integer("feed_forward_length")) c["intermediate_size"] = *ff;
+  c["num_attention_heads"] = m.required("attention.head_count");
+  c["num_key_value_heads"] = m.integer("attention.head_count_kv").value_or(c["num_attention_heads"].get<int64_t>());
+  if (const auto ctx = m.integer("context_length")) c["max_position_embeddings"] = *ctx;
+  c["rms_norm_eps"] = m.number("attention.layer_norm_rms_epsilon").value_or(1e-6);
+  c["rope_theta"] = m.number("rope.freq_base").value_or(10000.0);
+  c["hidden_act"] = "silu";
+  const GgufTensorInfo& embed = files.tensor("token_embd.weight");
+  c["vocab_size"] = m.integer("vocab_size").value_or(embed.shape().front());
+  c["tie_word_embeddings"] = files.find_tensor("output.weight") == nullptr;
+  c["num_experts_per_tok"] = m.required("expert_used_count");
+  if (const auto ff = m.integer("expert_feed_forward_length")) c["moe_intermediate_size"] = *ff;
+  c["attention_bias"] = files.find_tensor("blk.0.attn_q.bias") != nullptr;
+}
+
+/// Qwen2-MoE / Qwen3-MoE / OLMoE: dense layers are those without a router.
+void read_sparse_layout(const GgufModelFiles& files, json& c) {
+  const std::set<int64_t> moe = moe_layers(files);
+  json dense = json::array();
+  for (int64_t l = 0; l < c["num_hidden_layers"].get<int64_t>(); ++l) {
+    if (!moe.contains(l)) dense.push_back(l);
+  }
+  c["mlp_only_layers"] = dense;
+  c["decoder_sparse_step"] = 1;
+}
+
+void read_deepseek2_config(const Meta& m, json& c) {
+  const int64_t rope = m.required("rope.dimension_count");
+  // Files since llama.cpp's MLA rework carry key_length_mla (nope + rope); older ones key_length.
+  const int64_t qk = m.integer("attention.key_length_mla").value_or(m.required("attention.key_length"));
+  c["n_routed_experts"] = c["num_experts"];
+  c["qk_rope_head_dim"] = rope;
+  c["qk_nope_head_dim"] = qk - rope;
+  c["v_head_dim"] = m.integer("attention.value_length_mla").value_or(m.required("attention.value_length"));
+  c["kv_lora_rank"] = m.required("attention.kv_lora_rank");
+  const auto q_lora = m.integer("attention.q_lora_rank");
+  c["q_lora_rank"] = q_lora ? json(*q_lora) : json(nullptr);
+  c["num_key_value_heads"] = c["num_attention_heads"];  // the converter writes 1 (MLA as MQA)
+  c["first_k_dense_replace"] = m.integer("leading_dense_block_count").value_or(0);
+  c["moe_layer_freq"] = 1;
+  c["n_shared_experts"] = m.integer("expert_shared_count").value_or(0);
+  c["routed_scaling_factor"] = m.number("expert_weights_scale").value_or(1.0);
+  c["n_group"] = m.integer("expert_group_count").value_or(1);
+  c["topk_group"] = m.integer("expert_group_used_count").value_or(1);
+  const int64_t gating = m.integer("expert_gating_func").value_or(1);  // LLAMA_EXPERT_GATING_FUNC_TYPE
+  if (gating != 2) {
+    fail_unsupported(m.where() + ": deepseek2 with softmax routing (DeepSeek-V2) is not supported; charm serves "
+                     "the sigmoid-routed DeepSeek-V3 form (deepseek2.expert_gating_func 2)");
+  }
+  c["scoring_func"] = "sigmoid";
+  c["topk_method"] = "noaux_tc";
+  c["rope_interleave"] = true;
+  const auto type = m.string("rope.scaling.type");
+  if (type && *type == "yarn") {
+    // HF's DeepSeek config has mscale (the rotary cos/sin factor) and mscale_all_dim (the
+    // softmax scale's); GGUF keeps only the latter (yarn_log_multiplier = 0.1 *
+    // mscale_all_dim), and llama.cpp computes as if the two were equal, as they are in
+    // DeepSeek-V3, R1 and Kimi K2's configs. So mscale = mscale_all_dim here.
+    const double mscale_all_dim = m.number("rope.scaling.yarn_log_multiplier", 1).value_or(0.0);
+    json rs = {{"type", "yarn"},
+               {"factor", m.number("rope.scaling.factor").value_or(1.0)},
+               {"original_max_position_embeddings", m.required("rope.scaling.original_context_length")},
+               {"beta_fast", m.number("rope.scaling.yarn_beta_fast").value_or(32.0)},
+               {"beta_slow", m.number("rope.scaling.yarn_beta_slow").value_or(1.0)},
+               {"mscale", mscale_all_dim},
+               {"mscale_all_dim", mscale_all_dim}};
+    c["rope_scaling"] = rs;
+  } else if (type && *type != "none") {
+    fail_unsupported(m.where() + ": " + m.arch() + ".rope.scaling.type '" + *type + "' is not supported");
+  }
+}
+
+json read_config(const Meta& m, const ArchSpec& spec, const GgufModelFiles& files) {
+  json c = json::object();
+  c["architectures"] = json::array({spec.hf_architecture});
+  c["model_type"] = spec.model_type;
+  read_common_config(m, files, c);
+  const int64_t experts = m.integer("expert_count").value_or(0);
+  if (experts <= 0) {
+    fail_unsupported(m.where() + ": architecture '" + m.arch() + "' without experts (" + m.arch() +
+                     ".expert_count) is a dense model; charm serves mixture-of-experts models");
+  }
+  c["num_experts"] = experts;
+  c["norm_topk_prob"] = m.boolean("expert_weights_norm").value_or(spec.default_norm_topk);
+  if (const auto head_dim = m.integer("attention.key_length"); head_dim && m.arch() != "deepseek2") {
+    c["head_dim"] = *head_dim;
+  }
+  if (m.arch() == "qwen2moe") {
+    read_sparse_layout(files, c);
+    c["qkv_bias"] = c["attention_bias"];
+    const GgufTensorInfo* shexp = files.find_tensor("blk.0.ffn_gate_shexp.weight");
+    c["shared_expert_intermediate_size"] =
+        m.integer("expert_shared_feed_forward_length").value_or(shexp ? shexp->shape().front() : 0);
+    c["use_sliding_window"] = false;
+  } else if (m.arch() == "qwen3moe" || m.arch() == "olmoe") {
+    read_sparse_layout(files, c);
+    if (m.arch() == "olmoe") {
+      const auto clip = m.number("attention.clamp_kqv");
+      c["clip_qkv"] = clip ? json(*clip) : json(nullptr);
+    }
+  } else if (m.arch() == "llama") {
+    c["num_local_experts"] = experts;
+    c["sliding_window"] = nullptr;
+  } else if (m.arch() == "deepseek2") {
+    read_deepseek2_config(m, c);
+  }
+  return c;
+}
+
+/// Checks a mapped tensor's shape against the config where the family would not (the
+/// family checks the rest when it loads).
+GgufHfTensor mapped_tensor(const std::string& hf_name, const GgufTensorInfo& t, const ArchSpec& spec,
+                           const json& c) {
+  GgufHfTensor out{hf_name, &t, t.shape(), 0};
+  const std::string base = split_layer_name(t.name) ? split_layer_name(t.name)->base : "";
+  if (base.ends_with("_exps") && out.shape.size() != 3) {
+    fail_invalid(t.name + ": a routed-expert tensor must be 3-D [experts, rows, cols], got " +
+                 std::to_string(out.shape.size()) + "-D");
+  }
+  if (base == "ffn_gate_inp_shexp" && out.shape.size() == 1) out.shape = {1, out.shape[0]};  // HF's Linear(h, 1)
+  if (std::string(spec.model_type) == "mixtral" && (base == "attn_q" || base == "attn_k") && t.name.ends_with(".weight")) {
+    out.unpermute_heads = c[base == "attn_q" ? "num_attention_heads" : "num_key_value_heads"].get<int64_t>();
+    const int64_t rows = out.shape.front();
+    if (out.unpermute_heads <= 0 || rows % (2 * out.unpermute_heads) != 0) {
+      fail_invalid(t.name + ": " + std::to_string(rows) + " rows do not split into " +
+                   std::to_string(out.unpermute_heads) + " rotary heads");
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+double gguf_f32_as_decimal(float value, int exponent10) {
+  char text[64];
+  const auto [end, ec] = std::to_chars(text, text + sizeof text - 8, value);  // shortest round trip
+  if (ec != std::errc()) return static_cast<double>(value);
+  std::string s(text, end);
+  if (exponent10 != 0) s += "e" + std::to_string(exponent10);  // "0.08" * 10 -> "0.08e1" = 0.8 exactly
+  return std::strtod(s.c_str(), nullptr);
+}
+
+GgufHfModel map_gguf_to_hf(const GgufModelFiles& files) {
+  const std::string where = files.files().front()->path().string();
+  const std::string arch = files.get("general.architecture").as_string();
+  const auto spec_it = arch_specs().find(arch);
+  if (spec_it == arch_specs().end()) {
+    std::string known;
+    for (const auto& [name, spec] : arch_specs()) known += (known.empty() ? "" : ", ") + name;
+    fail_unsupported(where + ": GGUF architecture '" + arch + "' is not supported (supported: " + known + ")");
+  }
+  const ArchSpec& spec = spec_it->second;
+  const Meta meta(files, arch);
+  GgufHfModel model;
+  model.generation_config = json::object();
+  model.config = read_config(meta, spec, files);
+  read_special_ids(files, model.config, model.generation_config);
+
+  std::map<int64_t, GgufKvB> kv_b;
+  for (const GgufTensorInfo* t : files.tensors()) {
+    const auto parts = split_layer_name(t->name);
+    if (parts && (parts->base == "attn_k_b" || parts->base == "attn_v_b")) {
+      GgufKvB& entry = kv_b[parts->layer];
+      (parts->base == "attn_k_b" ? entry.k_b : entry.v_b) = t;
+      continue;
+    }
+    const std::string hf = hf_name_of(spec, t->name);
+    if (hf.empty()) {
+      model.ignored.push_back(t->name);
+      continue;
+    }
+    model.tensors.push_back(mapped_tensor(hf, *t, spec, model.config));
+  }
+  for (auto& [layer, entry] : kv_b) {
+    const std::string name = "model.layers." + std::to_string(layer) + ".self_attn.kv_b_proj.weight";
+    if (entry.k_b == nullptr || entry.v_b == nullptr) {
+      fail_invalid(where + ": layer " + std::to_string(layer) + " has only one of attn_k_b and attn_v_b");
+    }
+    entry.hf_name = name;
+    entry.heads = model.config["num_attention_heads"].get<int64_t>();
+    entry.nope = model.config["qk_nope_head_dim"].get<int64_t>();
+    entry.v = model.config["v_head_dim"].get<int64_t>();
+    entry.kv_lora_rank = model.config["kv_lora_rank"].get<int64_t>();
+    const std::vector<int64_t> k_shape{entry.heads, entry.kv_lora_rank, entry.nope};
+    const std::vector<int64_t> v_shape{entry.heads, entry.v, entry.kv_lora_rank};
+    if (entry.k_b->shape() != k_shape || entry.v_b->shape() != v_shape) {
+      fail_invalid(where + ": " + entry.k_b->name + " / " + entry.v_b->name +
+                   " do not have the shapes [heads, kv_lora_rank, qk_nope_head_dim] / [heads, v_head_dim, "
+                   "kv_lora_rank] the metadata gives");
+    }
+    model.kv_b.push_back(entry);
+  }
+  return model;
+}
+
+}  // namespace charm

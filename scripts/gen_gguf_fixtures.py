@@ -1,0 +1,289 @@
+#!/usr/bin/env python3
+"""Writes each tiny fixture checkpoint (tests/fixtures/models/<name>/) as a GGUF file laid out
+the way llama.cpp's convert_hf_to_gguf.py lays out that family, so the tests can check that
+charm serving the GGUF gives the same logits as serving the safetensors.
+
+Why not run convert_hf_to_gguf.py itself: it needs torch and transformers (CI has neither),
+and it refuses what llama.cpp's graphs cannot run but the fixtures exercise on purpose
+(Qwen3-MoE's mlp_only_layers, for one). So this script follows the converter's rules with
+the gguf package (numpy only):
+- tensor names from gguf-py's own map (gguf.get_tensor_name_map, the converter's table);
+- routed experts stacked into ffn_{gate,up,down}_exps [n_expert, rows, cols];
+- 1-D tensors, `*_norm.weight` and the routers (ffn_gate_inp, ffn_gate_inp_shexp) widened to
+  F32 (convert_hf_to_gguf's rule), every other matrix kept as the checkpoint's bf16 bits, or
+  written as --outtype f16 / f32;
+- Mixtral (arch "llama"): q_proj / k_proj rows permuted to llama.cpp's rotary order
+  (LlamaModel.permute); DeepSeek-V3 (arch "deepseek2"): kv_b_proj split into attn_k_b
+  (transposed) and attn_v_b, num_key_value_heads written as 1 (MLA as MQA);
+- hyper-parameters under llama.cpp's metadata keys; a value llama.cpp hard-codes for the
+  architecture is written only when the fixture differs from it, with the key llama.cpp
+  defines for it (e.g. {arch}.expert_weights_norm);
+- the tokenizer as get_vocab_base writes it: one token per id up to vocab_size, "[PAD<i>]"
+  (type UNUSED) for ids the tokenizer lacks, added special tokens as CONTROL.
+
+The real converter's output is compared with this script's on the demo model (which
+llama.cpp can convert) in docs/models.md ("GGUF").
+
+Usage: gen_gguf_fixtures.py --out DIR [--outtype bf16|f16|f32] [NAME ...]
+(default: every fixture llama.cpp has an architecture for; needs numpy and gguf)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+import gguf
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures" / "models"
+
+ARCH = {
+    "Qwen2MoeForCausalLM": gguf.MODEL_ARCH.QWEN2MOE,
+    "Qwen3MoeForCausalLM": gguf.MODEL_ARCH.QWEN3MOE,
+    "OlmoeForCausalLM": gguf.MODEL_ARCH.OLMOE,
+    "MixtralForCausalLM": gguf.MODEL_ARCH.LLAMA,
+    "DeepseekV3ForCausalLM": gguf.MODEL_ARCH.DEEPSEEK2,
+}
+DEFAULT_FIXTURES = ["qwen2-moe-tiny", "qwen3-moe-tiny", "olmoe-tiny", "mixtral-tiny", "deepseek-v3-tiny"]
+
+# Whether llama.cpp's graph renormalises the top-k router weights for the architecture
+# when the file does not say (src/llama-model.cpp): only then is the key not needed.
+DEFAULT_NORM_TOPK = {
+    gguf.MODEL_ARCH.QWEN2MOE: False,
+    gguf.MODEL_ARCH.QWEN3MOE: True,
+    gguf.MODEL_ARCH.OLMOE: False,
+    gguf.MODEL_ARCH.LLAMA: True,
+    gguf.MODEL_ARCH.DEEPSEEK2: False,
+}
+
+
+def read_safetensors(model_dir: Path) -> dict[str, tuple[str, np.ndarray]]:
+    """name -> (dtype, array); bf16 kept as its uint16 bits."""
+    out = {}
+    for path in sorted(model_dir.glob("*.safetensors")):
+        raw = path.read_bytes()
+        n = struct.unpack("<Q", raw[:8])[0]
+        header = json.loads(raw[8 : 8 + n])
+        base = 8 + n
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            begin, end = info["data_offsets"]
+            np_type = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32}[info["dtype"]]
+            array = np.frombuffer(raw[base + begin : base + end], dtype=np_type).reshape(info["shape"])
+            out[name] = (info["dtype"], array)
+    return out
+
+
+def to_f32(dtype: str, array: np.ndarray) -> np.ndarray:
+    if dtype == "BF16":
+        return (array.astype(np.uint32) << 16).view(np.float32)
+    return array.astype(np.float32)
+
+
+def stored(dtype: str, array: np.ndarray, outtype: str):
+    """(array, raw ggml type) for a matrix written at `outtype` from `dtype`."""
+    if outtype == "bf16" and dtype == "BF16":
+        return array, gguf.GGMLQuantizationType.BF16
+    values = to_f32(dtype, array)
+    if outtype == "f16":
+        return values.astype(np.float16), gguf.GGMLQuantizationType.F16
+    if outtype == "bf16":
+        bits = values.view(np.uint32)
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16), gguf.GGMLQuantizationType.BF16
+    return values, gguf.GGMLQuantizationType.F32
+
+
+def llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """LlamaModel.permute: HF's half-split rotary rows -> llama.cpp's interleaved pairs."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def stack_experts(tensors, prefix_of, names, n_layers, n_experts):
+    """Replaces per-expert (or fused gate_up) tensors by one [E, rows, cols] per projection."""
+    out = dict(tensors)
+    for layer in range(n_layers):
+        prefix = prefix_of(layer)
+        gate_up = prefix + ".gate_up_proj"
+        if gate_up in out:  # transformers 5: [E, 2I, H] gate rows first, then up
+            dtype, gu = out.pop(gate_up)
+            half = gu.shape[1] // 2
+            out[f"{prefix}.{names[0]}.weight"] = (dtype, np.ascontiguousarray(gu[:, :half]))
+            out[f"{prefix}.{names[1]}.weight"] = (dtype, np.ascontiguousarray(gu[:, half:]))
+            dtype, down = out.pop(prefix + ".down_proj")
+            out[f"{prefix}.{names[2]}.weight"] = (dtype, down)
+            continue
+        for proj in names:
+            keys = [f"{prefix}.{e}.{proj}.weight" for e in range(n_experts)]
+            if keys[0] not in out:
+                break
+            parts = [out.pop(k) for k in keys]
+            out[f"{prefix}.{proj}.weight"] = (parts[0][0], np.stack([p[1] for p in parts]))
+    return out
+
+
+def write_tokenizer(writer: gguf.GGUFWriter, model_dir: Path, vocab_size: int, config: dict) -> None:
+    tok = json.loads((model_dir / "tokenizer.json").read_text())
+    reverse = {i: t for t, i in tok["model"]["vocab"].items()}
+    special = {}
+    for added in tok.get("added_tokens", []):
+        reverse[added["id"]] = added["content"]
+        special[added["id"]] = added.get("special", False)
+    tokens, types = [], []
+    for i in range(vocab_size):
+        if i not in reverse:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+        else:
+            tokens.append(reverse[i])
+            types.append(gguf.TokenType.CONTROL if special.get(i, None) else
+                         gguf.TokenType.USER_DEFINED if i in special else gguf.TokenType.NORMAL)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")  # every fixture carries the Qwen2 tokenizer
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    merges = tok["model"]["merges"]
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    gen = json.loads((model_dir / "generation_config.json").read_text())
+    eos = gen.get("eos_token_id", config.get("eos_token_id"))
+    eos = eos if isinstance(eos, list) else [eos]
+    writer.add_eos_token_id(eos[0])
+    if len(eos) > 1:
+        writer.add_eot_token_id(eos[1])
+    if config.get("bos_token_id") is not None:
+        writer.add_bos_token_id(config["bos_token_id"])
+    writer.add_add_bos_token(False)
+    tc = model_dir / "tokenizer_config.json"
+    if tc.exists() and "chat_template" in json.loads(tc.read_text()):
+        writer.add_chat_template(json.loads(tc.read_text())["chat_template"])
+
+
+def write_hparams(writer: gguf.GGUFWriter, arch, c: dict) -> None:
+    a = gguf.MODEL_ARCH_NAMES[arch]
+    writer.add_block_count(c["num_hidden_layers"])
+    writer.add_context_length(c["max_position_embeddings"])
+    writer.add_embedding_length(c["hidden_size"])
+    writer.add_feed_forward_length(c["intermediate_size"])
+    writer.add_head_count(c["num_attention_heads"])
+    writer.add_head_count_kv(1 if arch == gguf.MODEL_ARCH.DEEPSEEK2 else c["num_key_value_heads"])
+    writer.add_rope_freq_base(c.get("rope_theta", 10000.0))
+    writer.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    writer.add_vocab_size(c["vocab_size"])
+    n_experts = c.get("num_experts", c.get("num_local_experts", c.get("n_routed_experts")))
+    writer.add_expert_count(n_experts)
+    writer.add_expert_used_count(c["num_experts_per_tok"])
+    if "head_dim" in c:
+        writer.add_key_length(c["head_dim"])
+        writer.add_value_length(c["head_dim"])
+    if "moe_intermediate_size" in c:
+        writer.add_expert_feed_forward_length(c["moe_intermediate_size"])
+    if "shared_expert_intermediate_size" in c:
+        writer.add_expert_shared_feed_forward_length(c["shared_expert_intermediate_size"])
+    if c.get("clip_qkv") is not None:
+        writer.add_clamp_kqv(c["clip_qkv"])
+    norm = c.get("norm_topk_prob", DEFAULT_NORM_TOPK[arch])
+    if arch == gguf.MODEL_ARCH.DEEPSEEK2:
+        writer.add_leading_dense_block_count(c.get("first_k_dense_replace", 0))
+        if c.get("q_lora_rank") is not None:
+            writer.add_q_lora_rank(c["q_lora_rank"])
+        writer.add_kv_lora_rank(c["kv_lora_rank"])
+        writer.add_key_length(c["kv_lora_rank"] + c["qk_rope_head_dim"])
+        writer.add_value_length(c["kv_lora_rank"])
+        writer.add_key_length_mla(c["qk_nope_head_dim"] + c["qk_rope_head_dim"])
+        writer.add_value_length_mla(c["v_head_dim"])
+        writer.add_expert_shared_count(c.get("n_shared_experts", 0))
+        writer.add_expert_weights_scale(c.get("routed_scaling_factor", 1.0))
+        writer.add_rope_dimension_count(c["qk_rope_head_dim"])
+        writer.add_expert_group_count(c.get("n_group", 1))
+        writer.add_expert_group_used_count(c.get("topk_group", 1))
+        func = c.get("scoring_func", "softmax")
+        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if func == "sigmoid"
+                                      else gguf.ExpertGatingFuncType.SOFTMAX)
+        rs = c.get("rope_scaling") or {}
+        if rs.get("type", rs.get("rope_type")) == "yarn":
+            writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            writer.add_rope_scaling_factor(rs["factor"])
+            writer.add_rope_scaling_orig_ctx_len(rs["original_max_position_embeddings"])
+            writer.add_rope_scaling_yarn_beta_fast(rs.get("beta_fast", 32))
+            writer.add_rope_scaling_yarn_beta_slow(rs.get("beta_slow", 1))
+            if rs.get("mscale_all_dim") is not None:
+                writer.add_rope_scaling_yarn_log_mul(0.1 * rs["mscale_all_dim"])
+    if norm != DEFAULT_NORM_TOPK[arch] or arch == gguf.MODEL_ARCH.DEEPSEEK2 and norm:
+        writer.add_bool(gguf.Keys.LLM.EXPERT_WEIGHTS_NORM.format(arch=a), bool(norm))
+
+
+def convert(name: str, out_dir: Path, outtype: str) -> Path:
+    model_dir = FIXTURES / name
+    config = json.loads((model_dir / "config.json").read_text())
+    arch = ARCH[config["architectures"][0]]
+    n_layers = config["num_hidden_layers"]
+    tensors = read_safetensors(model_dir)
+    n_experts = config.get("num_experts", config.get("num_local_experts", config.get("n_routed_experts")))
+    if arch == gguf.MODEL_ARCH.LLAMA:
+        tensors = stack_experts(tensors, lambda l: f"model.layers.{l}.block_sparse_moe.experts", ["w1", "w3", "w2"],
+                                n_layers, n_experts)
+    else:
+        tensors = stack_experts(tensors, lambda l: f"model.layers.{l}.mlp.experts",
+                                ["gate_proj", "up_proj", "down_proj"], n_layers, n_experts)
+    if config.get("tie_word_embeddings"):
+        tensors.pop("lm_head.weight", None)
+
+    out = out_dir / f"{name}.{outtype}.gguf"
+    writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[arch])
+    writer.add_name(name)
+    write_hparams(writer, arch, config)
+    write_tokenizer(writer, model_dir, config["vocab_size"], config)
+    names = gguf.get_tensor_name_map(arch, n_layers)
+    # Dense layers inside a MoE stack (mlp_only_layers): llama.cpp's QWEN2MOE / QWEN3MOE lists
+    # lack ffn_gate/up/down, so their names come from the generic (LLAMA) list.
+    generic = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, n_layers)
+    for hf_name in sorted(tensors):
+        dtype, array = tensors[hf_name]
+        pieces = [(hf_name, array)]
+        if arch == gguf.MODEL_ARCH.LLAMA and hf_name.endswith("q_proj.weight"):
+            pieces = [(hf_name, llama_permute(array, config["num_attention_heads"]))]
+        elif arch == gguf.MODEL_ARCH.LLAMA and hf_name.endswith("k_proj.weight"):
+            pieces = [(hf_name, llama_permute(array, config["num_key_value_heads"]))]
+        elif hf_name.endswith("kv_b_proj.weight"):
+            heads, nope, v = config["num_attention_heads"], config["qk_nope_head_dim"], config["v_head_dim"]
+            kv_b = array.reshape(heads, nope + v, array.shape[-1])
+            pieces = [(hf_name.replace("kv_b_proj", "k_b_proj"), np.ascontiguousarray(kv_b[:, :nope].swapaxes(1, 2))),
+                      (hf_name.replace("kv_b_proj", "v_b_proj"), np.ascontiguousarray(kv_b[:, nope:]))]
+        for piece_name, data in pieces:
+            piece_name = piece_name.replace("e_score_correction_bias", "e_score_correction.bias")  # as the converter
+            gguf_name = (names.get_name(piece_name, try_suffixes=(".weight", ".bias")) or
+                         generic.get_name(piece_name, try_suffixes=(".weight", ".bias")))
+            if gguf_name is None:
+                sys.exit(f"{name}: no GGUF name for tensor {piece_name}")
+            if gguf_name.endswith("ffn_gate_inp_shexp.weight"):
+                data = data.reshape(-1)  # [1, hidden] -> llama.cpp's [hidden]
+            keep_f32 = data.ndim <= 1 or gguf_name.endswith("_norm.weight") or ".ffn_gate_inp" in gguf_name
+            if keep_f32:
+                values, qtype = to_f32(dtype, data), gguf.GGMLQuantizationType.F32
+            else:
+                values, qtype = stored(dtype, data, outtype)
+            writer.add_tensor(gguf_name, np.ascontiguousarray(values), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--outtype", choices=["bf16", "f16", "f32"], default="bf16")
+    parser.add_argument("names", nargs="*", default=DEFAULT_FIXTURES)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.names:
+        print(convert(name, args.out, args.outtype))
+
+
+if __name__ == "__main__":
+    main()

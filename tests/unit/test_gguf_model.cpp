@@ -1,0 +1,149 @@
+// GGUF models against their safetensors originals: each tiny fixture written as GGUF the
+// way llama.cpp's converter lays its family out (scripts/gen_gguf_fixtures.py, run by the
+// ctest fixture `gguf_fixtures` into <build>/gguf-fixtures) must give the same config,
+// the same tensors and bit-identical logits as the safetensors checkpoint, BF16 and F32
+// alike; the GGUF tokenizer must encode as tokenizer.json does.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/checkpoint.h"
+#include "common/error.h"
+#include "common/gguf.h"
+#include "common/gguf_model.h"
+#include "common/model_config.h"
+#include "common/topology.h"
+#include "coordinator/dispatch/dispatcher_factory.h"
+#include "coordinator/models/families.h"
+#include "coordinator/text/model_text.h"
+#include "tests/support/expect_error.h"
+#include "tests/support/temp_dir.h"
+
+namespace {
+
+using namespace charm;
+
+const std::filesystem::path kModels = std::filesystem::path(CHARM_SOURCE_DIR) / "tests/fixtures/models";
+const std::filesystem::path kGguf = std::filesystem::path(CHARM_BINARY_DIR) / "gguf-fixtures";
+
+/// The first-step logits of `prompt` on `dir_or_file` (single node).
+std::vector<float> first_logits(const std::filesystem::path& model, const std::vector<int32_t>& prompt,
+                                ModelConfig* config_out = nullptr) {
+  const auto ckpt = Checkpoint::open(model);
+  const ModelConfig config = ModelConfig::parse(ckpt->config_json(), ckpt->config_origin(), checkpoint_families());
+  Topology topology;
+  topology.model = model;
+  topology.single_node = true;
+  LocalExperts local;
+  auto dispatcher = make_dispatcher(topology, *ckpt, config, local);
+  auto net = load_model(*ckpt, config, *dispatcher);
+  KvCache cache = net->new_cache(prompt.size() + 1);
+  std::vector<float> logits(static_cast<size_t>(config.vocab_size));
+  net->forward(prompt.data(), prompt.size(), cache, logits.data());
+  if (config_out) *config_out = config;
+  return logits;
+}
+
+/// The reference prompts of fixture `name`.
+std::vector<std::vector<int32_t>> prompts_of(const std::string& name) {
+  std::ifstream in(kModels / name / "reference.json");
+  const auto reference = nlohmann::json::parse(in);
+  std::vector<std::vector<int32_t>> out;
+  for (const auto& p : reference["prompts"]) out.push_back(p["prompt_ids"].get<std::vector<int32_t>>());
+  return out;
+}
+
+/// `name`'s safetensors directory, with config.json's yarn mscale set to mscale_all_dim
+/// when they differ: GGUF keeps only one of the two (common/gguf_model.h), so the
+/// DeepSeek fixture (mscale 1.0, mscale_all_dim 0.8 on purpose) is compared with the
+/// model GGUF can describe.
+std::filesystem::path safetensors_twin(const std::string& name, TempDir& tmp) {
+  const auto src = kModels / name;
+  std::ifstream in(src / "config.json");
+  auto config = nlohmann::json::parse(in);
+  if (!config.contains("rope_scaling") || !config["rope_scaling"].is_object() ||
+      config["rope_scaling"].value("mscale", 0.0) == config["rope_scaling"].value("mscale_all_dim", 0.0)) {
+    return src;
+  }
+  config["rope_scaling"]["mscale"] = config["rope_scaling"]["mscale_all_dim"];
+  const auto dir = tmp.path() / name;
+  std::filesystem::create_directories(dir);
+  for (const auto& entry : std::filesystem::directory_iterator(src)) {
+    if (entry.path().filename() != "config.json") std::filesystem::create_symlink(entry.path(), dir / entry.path().filename());
+  }
+  std::ofstream(dir / "config.json") << config.dump(2);
+  return dir;
+}
+
+void check_same_logits(const std::string& name, const std::string& outtype) {
+  CAPTURE(name);
+  CAPTURE(outtype);
+  const auto gguf = kGguf / (name + "." + outtype + ".gguf");
+  REQUIRE_MESSAGE(std::filesystem::exists(gguf), "run the ctest fixture gguf_fixtures (scripts/gen_gguf_fixtures.py)");
+  TempDir tmp;
+  const auto safetensors = safetensors_twin(name, tmp);
+  for (const auto& prompt : prompts_of(name)) {
+    ModelConfig from_gguf, from_st;
+    const auto a = first_logits(gguf, prompt, &from_gguf);
+    const auto b = first_logits(safetensors, prompt, &from_st);
+    REQUIRE(a.size() == b.size());
+    CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+    CHECK(from_gguf.num_experts == from_st.num_experts);
+    CHECK(from_gguf.rms_norm_eps == from_st.rms_norm_eps);
+  }
+}
+
+const char* const kFixtures[] = {"qwen2-moe-tiny", "qwen3-moe-tiny", "olmoe-tiny", "mixtral-tiny", "deepseek-v3-tiny"};
+
+TEST_CASE("a BF16 GGUF of every fixture gives the safetensors logits bit for bit") {
+  for (const char* name : kFixtures) check_same_logits(name, "bf16");
+}
+
+TEST_CASE("an F32 GGUF (weights widened) gives the same logits too") {
+  for (const char* name : {"qwen3-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny"}) check_same_logits(name, "f32");
+}
+
+TEST_CASE("the GGUF's tokenizer encodes as the fixture's tokenizer.json, and its template is the same") {
+  const auto ckpt = Checkpoint::open(kGguf / "qwen3-moe-tiny.bf16.gguf");
+  const ModelText gguf_text = load_model_text(*ckpt);
+  const auto st = Checkpoint::open(kModels / "qwen3-moe-tiny");
+  const ModelText st_text = load_model_text(*st);
+  for (const char* text : {"Hello, world!", "  two  spaces\n\nand lines", "<|im_start|>user\nhi<|im_end|>",
+                           "数字 12345 and émoji 🚀", "don't 'RE we'll"}) {
+    CAPTURE(text);
+    CHECK(gguf_text.tokenizer->encode(text) == st_text.tokenizer->encode(text));
+  }
+  REQUIRE(gguf_text.chat_template != nullptr);
+  REQUIRE(st_text.chat_template != nullptr);
+  const std::vector<ChatMessage> chat{{"system", "Be brief."}, {"user", "Hi"}};
+  CHECK(gguf_text.chat_template->render(chat, true) == st_text.chat_template->render(chat, true));
+}
+
+TEST_CASE("a GGUF of an architecture charm does not serve is refused by name") {
+  // The fixture's qwen3moe file with general.architecture rewritten in place ("qwen3moe" ->
+  // "gemma3x"): same length, so every offset stays valid.
+  TempDir tmp;
+  const auto path = tmp.path() / "other.gguf";
+  std::filesystem::copy_file(kGguf / "qwen3-moe-tiny.bf16.gguf", path);
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  std::string head(4096, '\0');
+  f.read(head.data(), static_cast<std::streamsize>(head.size()));
+  const size_t at = head.find("qwen3moe");
+  REQUIRE(at != std::string::npos);
+  f.seekp(static_cast<std::streamoff>(at));
+  f.write("gemma3x_", 8);
+  f.close();
+  expect_error([&] { Checkpoint::open(path); }, ErrorCategory::kUnsupported, {"gemma3x_", "not supported", "qwen3moe"});
+}
+
+TEST_CASE("f32 metadata reads back as the decimal it was written from") {
+  CHECK(gguf_f32_as_decimal(1e-6f) == 1e-6);
+  CHECK(gguf_f32_as_decimal(1e-5f) == 1e-5);
+  CHECK(gguf_f32_as_decimal(0.08f, 1) == 0.8);
+  CHECK(gguf_f32_as_decimal(2.5f) == 2.5);
+}
+
+}  // namespace
