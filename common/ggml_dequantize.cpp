@@ -7,8 +7,11 @@
 // rounded f32 operations, in the same order, as gguf-py's numpy code (which widens every
 // f16 / integer to f32 first and then multiplies and adds in f32); the comment on each
 // function gives the formula. ggml's C dequantize_row_* (ggml-quants.c) writes the same
-// formulas in the same order, so both agree: checked over the fixtures with
-// scripts/gen_ggml_quant_cases.py --against-ggml. Nothing here may be contracted into a
+// formulas in the same order, so both agree on every quantised type: checked over the
+// fixtures with scripts/gen_ggml_quant_cases.py --against-ggml (libggml-base of llama.cpp
+// 0.3.36's vendored ggml). One difference, F16 only: ggml_fp16_to_fp32 quiets a
+// signalling NaN (0x7C01 -> 0x7FC02000) where numpy (and common/dtype.h) keep the payload
+// as it is (0x7F802000); this follows gguf-py. Nothing here may be contracted into a
 // fused multiply-add (the project builds with -ffp-contract=off): d * q - m fused rounds
 // once instead of twice and changes bits (ggml built with contraction on, e.g. GCC's
 // default -ffp-contract=fast with -mfma, can differ from gguf-py there).

@@ -17,8 +17,13 @@ included (the dequantisers are bit copies or exact widenings), plus the special 
 
 Needs numpy and gguf (pip install gguf); the seed is fixed, so a rerun writes the same
 bytes. Run from the repository root: python3 scripts/gen_ggml_quant_cases.py
+
+--against-ggml LIB (libggml-base.so of a llama.cpp build) writes nothing: it checks that
+ggml's C dequantize_row_* give the committed .f32 bit for bit, and lists where they do not.
 """
 
+import argparse
+import ctypes
 import os
 import sys
 
@@ -111,13 +116,48 @@ def element_cases(qtype, rng):
     return bits.view(np.uint8).reshape(ELEMENTS, width)
 
 
+TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0,
+         T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4]
+
+
+def against_ggml(lib_path):
+    """Compares ggml's C dequantisers with the committed fixtures; returns the mismatches."""
+    lib = ctypes.CDLL(lib_path)
+    bad = 0
+    for qtype in TYPES:
+        blocks = np.fromfile(os.path.join(OUT, f"{qtype.name}.blocks"), dtype=np.uint8)
+        want = np.fromfile(os.path.join(OUT, f"{qtype.name}.f32"), dtype="<u4")
+        got = np.zeros(want.size, dtype=np.float32)
+        if qtype == T.F32:
+            got = blocks.view("<u4").copy().view(np.float32)
+        else:
+            name = {T.F16: "ggml_fp16_to_fp32_row", T.BF16: "ggml_bf16_to_fp32_row"}.get(
+                qtype, f"dequantize_row_{qtype.name.lower().replace('_k', '_K')}")
+            fn = getattr(lib, name)
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+            fn.restype = None
+            fn(blocks.ctypes.data, got.ctypes.data, want.size)
+        diff = np.nonzero(got.view("<u4") != want)[0]
+        if diff.size:
+            i = diff[0]
+            bad += diff.size
+            print(f"{qtype.name}: {diff.size} of {want.size} differ; first at {i}: ggml "
+                  f"{got[i]!r} (0x{got.view('<u4')[i]:08x}), gguf-py {want.view(np.float32)[i]!r} (0x{want[i]:08x})")
+        else:
+            print(f"{qtype.name}: ggml == gguf-py on all {want.size} values")
+    return bad
+
+
 def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--against-ggml", metavar="LIB")
+    args = parser.parse_args()
+    if args.against_ggml:
+        sys.exit(1 if against_ggml(args.against_ggml) else 0)
     rng = np.random.default_rng(20251201)
     os.makedirs(OUT, exist_ok=True)
-    types = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0,
-             T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4]
     total = 0
-    for qtype in types:
+    for qtype in TYPES:
         if qtype in (T.F32, T.F16, T.BF16):
             blocks, quantised = element_cases(qtype, rng), False
         else:
