@@ -7,14 +7,20 @@
 // rounded f32 operations, in the same order, as gguf-py's numpy code (which widens every
 // f16 / integer to f32 first and then multiplies and adds in f32); the comment on each
 // function gives the formula. ggml's C dequantize_row_* (ggml-quants.c) writes the same
-// formulas in the same order, so both agree on every quantised type: checked over the
+// formulas in the same order, and both agree on every quantised type: checked over the
 // fixtures with scripts/gen_ggml_quant_cases.py --against-ggml (libggml-base of llama.cpp
 // 0.3.36's vendored ggml). One difference, F16 only: ggml_fp16_to_fp32 quiets a
 // signalling NaN (0x7C01 -> 0x7FC02000) where numpy (and common/dtype.h) keep the payload
-// as it is (0x7F802000); this follows gguf-py. Nothing here may be contracted into a
-// fused multiply-add (the project builds with -ffp-contract=off): d * q - m fused rounds
-// once instead of twice and changes bits (ggml built with contraction on, e.g. GCC's
-// default -ffp-contract=fast with -mfma, can differ from gguf-py there).
+// as it is (0x7F802000); this follows gguf-py.
+//
+// Why the orders cannot disagree for these types: every product is exact in f32. A
+// finite f16 has an 11-bit significand, the sub-block scales and quants are integers of
+// at most 7 and 5 significant bits (Q6_K's int8 scale times q - 32 is the widest: at most
+// 11 + 7 + 5 = 23 bits), and no product leaves the f32 normal range (MXFP4's 2^-128 * q is
+// an exact subnormal; its 2^127 * 12 is inf everywhere). So (d * sc) * q, d * (sc * q) and
+// a fused multiply-add all give the same bits, and only the final add of Q4_1 / Q5_1 /
+// Q2_K / Q4_K / Q5_K rounds. The build's -ffp-contract=off is kept all the same (it is the
+// project's rule, and a future type may have inexact products).
 //
 // The AVX2 kernels of common/ggml_dequantize_avx2.cpp compute the same bits for some
 // types; dequantize_row picks them by active_kernel_path() (common/matmul.h).

@@ -1,8 +1,147 @@
-// AVX2 kernels of common/ggml_dequantize_detail.h: placeholder until written.
+// AVX2 kernels of dequantize_row (common/ggml_dequantize_detail.h) for the types models
+// ship most: Q8_0, Q4_0, Q4_K, Q6_K. Same bits as the portable functions of
+// common/ggml_dequantize.cpp: the quants are widened to i32 and converted to f32 exactly,
+// and each value is the same rounded multiply (and subtract) of the same f32 operands in
+// the same order, eight lanes at a time. The per-block and per-sub-block scales are the
+// same scalar f32 products as there. f16 scales are widened with F16C, which is exact for
+// every finite and infinite f16; for a NaN scale the product is a quiet NaN of the same
+// payload on both paths (tests/unit/test_ggml_dequantize.cpp checks one).
 #include "common/ggml_dequantize_detail.h"
 
-namespace charm {
+#include <immintrin.h>
 
-bool dequantize_row_avx2(GgmlType, const uint8_t*, float*, int64_t) { return false; }
+#include <cstring>
+
+// Everything from here on is compiled for AVX2 + F16C, without FMA (the contract is a
+// rounded multiply then a rounded add; see common/matmul_avx2.cpp, whose pattern this
+// follows); dequantize_row calls it only when active_kernel_path() is kAvx2, which needs
+// cpu_supports_avx2(). The standard headers above are parsed before the pragma, so none
+// of their inline functions is compiled for AVX2.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,f16c")
+#endif
+
+namespace charm {
+namespace {
+
+float f16_scale(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)));
+}
+
+/// The 32 signed bytes of `v`, in order, as four vectors of eight f32 (exact).
+struct Widened {
+  __m256 f[4];
+};
+inline Widened widen_i8(__m256i v) {
+  const __m128i lo = _mm256_castsi256_si128(v);
+  const __m128i hi = _mm256_extracti128_si256(v, 1);
+  return {{_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))),
+           _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)))}};
+}
+
+/// y[0..32) = d * q (Q8_0's order: gguf-py's x * d, the same product).
+inline void store_scaled(float* y, __m256 d, const Widened& q) {
+  for (int k = 0; k < 4; ++k) _mm256_storeu_ps(y + 8 * k, _mm256_mul_ps(d, q.f[k]));
+}
+
+void q8_0(const uint8_t* b, float* y) {
+  const __m256 d = _mm256_set1_ps(f16_scale(b));
+  store_scaled(y, d, widen_i8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2))));
+}
+
+/// Q4_0: y[j] = d * (lo(qs[j]) - 8), y[j + 16] = d * (hi(qs[j]) - 8).
+void q4_0(const uint8_t* b, float* y) {
+  const __m256 d = _mm256_set1_ps(f16_scale(b));
+  const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  const __m128i lo = _mm_and_si128(qs, mask);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(qs, 4), mask);
+  const __m256i q = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+  store_scaled(y, d, widen_i8(q));
+}
+
+/// Q4_K: y = (d * sc) * q - (dmin * m) per sub-block of 32; sub-blocks 2p and 2p + 1 are
+/// the low and high nibbles of qs[32 p .. 32 p + 32).
+void q4_k(const uint8_t* b, float* y) {
+  const float d = f16_scale(b);
+  const float dmin = f16_scale(b + 2);
+  const uint8_t* scales = b + 4;
+  const uint8_t* qs = b + 16;
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  for (int p = 0; p < 4; ++p) {
+    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * p));
+    const __m256i nibbles[2] = {_mm256_and_si256(bytes, mask), _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask)};
+    for (int half = 0; half < 2; ++half) {
+      const int s = 2 * p + half;
+      const ScaleMin sm = get_scale_min_k4(s, scales);
+      const __m256 d1 = _mm256_set1_ps(d * static_cast<float>(sm.scale));
+      const __m256 m1 = _mm256_set1_ps(dmin * static_cast<float>(sm.min));
+      const Widened q = widen_i8(nibbles[half]);
+      for (int k = 0; k < 4; ++k) {
+        _mm256_storeu_ps(y + 32 * s + 8 * k, _mm256_sub_ps(_mm256_mul_ps(d1, q.f[k]), m1));
+      }
+    }
+  }
+}
+
+/// Q6_K: y = (d * sc[e / 16]) * (q - 32). For half h and chunk c < 4 of 32 values:
+/// low 4 bits = nibble c / 2 of ql[64 h + 32 (c % 2) + l], high 2 bits = bits 2c..2c+1 of
+/// qh[32 h + l].
+void q6_k(const uint8_t* b, float* y) {
+  const uint8_t* ql = b;
+  const uint8_t* qh = b + 128;
+  const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
+  const float d = f16_scale(b + 208);
+  const __m256i mask4 = _mm256_set1_epi8(0x0F);
+  const __m256i mask2 = _mm256_set1_epi8(0x03);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i high_bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * h));
+    for (int c = 0; c < 4; ++c) {
+      const __m256i low_bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 64 * h + 32 * (c % 2)));
+      const __m256i low = _mm256_and_si256(_mm256_srl_epi16(low_bytes, _mm_cvtsi32_si128(4 * (c / 2))), mask4);
+      const __m256i high = _mm256_and_si256(_mm256_srl_epi16(high_bytes, _mm_cvtsi32_si128(2 * c)), mask2);
+      // high <= 3, so shifting 16-bit lanes left by 4 keeps every byte to itself.
+      const __m256i q = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), _mm256_set1_epi8(32));
+      const Widened w = widen_i8(q);
+      const int e = 128 * h + 32 * c;
+      const __m256 d0 = _mm256_set1_ps(d * static_cast<float>(scales[e / 16]));
+      const __m256 d1 = _mm256_set1_ps(d * static_cast<float>(scales[e / 16 + 1]));
+      _mm256_storeu_ps(y + e, _mm256_mul_ps(d0, w.f[0]));
+      _mm256_storeu_ps(y + e + 8, _mm256_mul_ps(d0, w.f[1]));
+      _mm256_storeu_ps(y + e + 16, _mm256_mul_ps(d1, w.f[2]));
+      _mm256_storeu_ps(y + e + 24, _mm256_mul_ps(d1, w.f[3]));
+    }
+  }
+}
+
+template <void (*Fn)(const uint8_t*, float*)>
+bool run(GgmlType type, const uint8_t* src, float* dst, int64_t elements) {
+  const GgmlTypeTraits t = ggml_traits(type);
+  for (int64_t i = 0; i < elements / t.block_elements; ++i) Fn(src + i * t.block_bytes, dst + i * t.block_elements);
+  return true;
+}
+
+}  // namespace
+
+bool dequantize_row_avx2(GgmlType type, const uint8_t* src, float* dst, int64_t elements) {
+  switch (type) {
+    case GgmlType::kQ8_0: return run<q8_0>(type, src, dst, elements);
+    case GgmlType::kQ4_0: return run<q4_0>(type, src, dst, elements);
+    case GgmlType::kQ4_K: return run<q4_k>(type, src, dst, elements);
+    case GgmlType::kQ6_K: return run<q6_k>(type, src, dst, elements);
+    default: return false;  // the portable path serves the rest
+  }
+}
 
 }  // namespace charm
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif

@@ -155,3 +155,33 @@ TEST_CASE("dequantize_row refuses a count that is not whole blocks, and zero ele
   dequantize_row(GgmlType::kQ4_0, block.data(), out.data(), 0);
   CHECK(out[0] == 1.0f);
 }
+
+TEST_CASE("the AVX2 path equals the portable one when a scale is Inf or NaN (not in gguf-py's fixtures)") {
+  if (!cpu_supports_avx2()) {
+    MESSAGE("this CPU lacks avx2/f16c: the AVX2 path was NOT checked");
+    return;
+  }
+  PathGuard guard;
+  // Byte offsets of the f16 scales (ggml-common.h): Q8_0/Q4_0 d; Q4_K d, dmin; Q6_K d.
+  const std::pair<GgmlType, std::vector<int>> fields[] = {{GgmlType::kQ8_0, {0}},
+                                                          {GgmlType::kQ4_0, {0}},
+                                                          {GgmlType::kQ4_K, {0, 2}},
+                                                          {GgmlType::kQ6_K, {208}}};
+  for (const auto& [type, offsets] : fields) {
+    const Case c = load_case(type);
+    for (uint16_t special : {0x7C00, 0xFC00, 0x7C01, 0xFE00, 0x7FFF}) {
+      for (int off : offsets) {
+        std::vector<uint8_t> blocks = c.blocks;
+        for (int64_t i = 0; i < c.block_count(); ++i) std::memcpy(blocks.data() + i * c.traits.block_bytes + off, &special, 2);
+        std::vector<float> portable(c.expected.size()), avx2(c.expected.size());
+        set_kernel_path(KernelPath::kPortable);
+        dequantize_row(type, blocks.data(), portable.data(), static_cast<int64_t>(portable.size()));
+        set_kernel_path(KernelPath::kAvx2);
+        dequantize_row(type, blocks.data(), avx2.data(), static_cast<int64_t>(avx2.size()));
+        std::ostringstream what;
+        what << c.traits.name << " with the f16 at byte " << off << " = 0x" << std::hex << special << ", AVX2 vs portable";
+        check_same_bits(avx2.data(), portable.data(), avx2.size(), what.str());
+      }
+    }
+  }
+}
