@@ -132,18 +132,22 @@ void q2_k(const uint8_t* b, float* y) {
   const uint8_t* qs = b + 16;
   const float d = load_f16(b + 80);
   const float dmin = load_f16(b + 82);
-  for (int e = 0; e < kQKK; ++e) {
-    const int h = e / 128, k = (e % 128) / 32, l = e % 32;
-    const uint8_t sc = scales[e / 16];
-    const float dl = d * static_cast<float>(sc & 0x0F);
-    const float ml = dmin * static_cast<float>(sc >> 4);
-    const int q = (qs[32 * h + l] >> (2 * k)) & 3;
-    y[e] = dl * static_cast<float>(q) - ml;
+  for (int h = 0; h < 2; ++h) {
+    for (int k = 0; k < 4; ++k) {
+      for (int half = 0; half < 2; ++half) {  // sub-block 8 h + 2 k + half, elements 16 apart
+        const uint8_t sc = scales[8 * h + 2 * k + half];
+        const float dl = d * static_cast<float>(sc & 0x0F);
+        const float ml = dmin * static_cast<float>(sc >> 4);
+        const uint8_t* q = qs + 32 * h + 16 * half;
+        float* out = y + 128 * h + 32 * k + 16 * half;
+        for (int l = 0; l < 16; ++l) out[l] = dl * static_cast<float>((q[l] >> (2 * k)) & 3) - ml;
+      }
+    }
   }
 }
 
 /// Q3_K {u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d}: 16 sub-blocks of 16 with 6-bit
-/// scales (low 4 bits: nibble s % 8 of scales[0..8), the lows first; high 2 bits: bits
+/// scales (low 4 bits: nibble s / 8 of scales[s % 8]; high 2 bits: bits
 /// 2 (s / 4)..+1 of scales[8 + s % 4]), minus 32. y = (d * (sc - 32)) * q with
 /// q = 2 bits (as Q2_K) - 4 unless bit k' of hmask[l] is set, for e = 32 k' + l.
 void q3_k(const uint8_t* b, float* y) {
@@ -151,15 +155,23 @@ void q3_k(const uint8_t* b, float* y) {
   const uint8_t* qs = b + 32;
   const uint8_t* scales = b + 96;
   const float d = load_f16(b + 108);
-  for (int e = 0; e < kQKK; ++e) {
-    const int s = e / 16;
-    const int low = (scales[s % 8] >> (4 * (s / 8))) & 0x0F;
-    const int high = (scales[8 + s % 4] >> (2 * (s / 4))) & 3;
-    const float dl = d * static_cast<float>((low | (high << 4)) - 32);
-    const int h = e / 128, k = (e % 128) / 32, l = e % 32;
-    const int q2 = (qs[32 * h + l] >> (2 * k)) & 3;
-    const int hbit = (hmask[l] >> (e / 32)) & 1;
-    y[e] = dl * static_cast<float>(q2 - (hbit ? 0 : 4));
+  for (int h = 0; h < 2; ++h) {
+    for (int k = 0; k < 4; ++k) {
+      for (int half = 0; half < 2; ++half) {
+        const int s = 8 * h + 2 * k + half;
+        const int low = (scales[s % 8] >> (4 * (s / 8))) & 0x0F;
+        const int high = (scales[8 + s % 4] >> (2 * (s / 4))) & 3;
+        const float dl = d * static_cast<float>((low | (high << 4)) - 32);
+        const uint8_t* q = qs + 32 * h + 16 * half;
+        const uint8_t* hm = hmask + 16 * half;
+        const int hbit = 4 * h + k;  // the hmask bit of elements 32 (4 h + k) + l
+        float* out = y + 128 * h + 32 * k + 16 * half;
+        for (int l = 0; l < 16; ++l) {
+          const int q2 = (q[l] >> (2 * k)) & 3;
+          out[l] = dl * static_cast<float>(q2 - (((hm[l] >> hbit) & 1) ? 0 : 4));
+        }
+      }
+    }
   }
 }
 
@@ -209,12 +221,20 @@ void q6_k(const uint8_t* b, float* y) {
   const uint8_t* qh = b + 128;
   const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
   const float d = load_f16(b + 208);
-  for (int e = 0; e < kQKK; ++e) {
-    const int h = e / 128, t = e % 128;
-    const int low = (ql[64 * h + t % 64] >> (4 * (t / 64))) & 0x0F;
-    const int high = (qh[32 * h + t % 32] >> (2 * (t / 32))) & 3;
-    const float dl = d * static_cast<float>(scales[e / 16]);
-    y[e] = dl * static_cast<float>((low | (high << 4)) - 32);
+  for (int h = 0; h < 2; ++h) {
+    for (int c = 0; c < 4; ++c) {  // t = 32 c + 16 half + l
+      for (int half = 0; half < 2; ++half) {
+        const float dl = d * static_cast<float>(scales[8 * h + 2 * c + half]);
+        const uint8_t* lo = ql + 64 * h + 32 * (c % 2) + 16 * half;
+        const uint8_t* hi = qh + 32 * h + 16 * half;
+        float* out = y + 128 * h + 32 * c + 16 * half;
+        for (int l = 0; l < 16; ++l) {
+          const int low = (lo[l] >> (4 * (c / 2))) & 0x0F;
+          const int high = (hi[l] >> (2 * c)) & 3;
+          out[l] = dl * static_cast<float>((low | (high << 4)) - 32);
+        }
+      }
+    }
   }
 }
 
@@ -227,12 +247,6 @@ void blocks(BlockFn fn, const uint8_t* src, float* dst, int64_t elements, int64_
 }
 
 }  // namespace
-
-ScaleMin get_scale_min_k4(int j, const uint8_t* q) {
-  if (j < 4) return {static_cast<uint8_t>(q[j] & 63), static_cast<uint8_t>(q[j + 4] & 63)};
-  return {static_cast<uint8_t>((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4)),
-          static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4))};
-}
 
 void dequantize_row_portable(GgmlType type, const void* src, float* dst, int64_t elements) {
   const GgmlTypeTraits t = ggml_traits(type);

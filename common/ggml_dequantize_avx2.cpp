@@ -1,5 +1,5 @@
 // AVX2 kernels of dequantize_row (common/ggml_dequantize_detail.h) for the types models
-// ship most: Q8_0, Q4_0, Q4_K, Q6_K. Same bits as the portable functions of
+// ship most: Q8_0, Q4_0, Q4_K, Q6_K, and F16. Same bits as the portable functions of
 // common/ggml_dequantize.cpp: the quants are widened to i32 and converted to f32 exactly,
 // and each value is the same rounded multiply (and subtract) of the same f32 operands in
 // the same order, eight lanes at a time. The per-block and per-sub-block scales are the
@@ -11,6 +11,8 @@
 #include <immintrin.h>
 
 #include <cstring>
+
+#include "common/dtype.h"
 
 // Everything from here on is compiled for AVX2 + F16C, without FMA (the contract is a
 // rounded multiply then a rounded add; see common/matmul_avx2.cpp, whose pattern this
@@ -72,19 +74,22 @@ void q4_k(const uint8_t* b, float* y) {
   const float dmin = f16_scale(b + 2);
   const uint8_t* scales = b + 4;
   const uint8_t* qs = b + 16;
+  float d1[8], m1[8];  // the same scalar products as the portable path
+  for (int s = 0; s < 8; ++s) {
+    const ScaleMin sm = get_scale_min_k4(s, scales);
+    d1[s] = d * static_cast<float>(sm.scale);
+    m1[s] = dmin * static_cast<float>(sm.min);
+  }
   const __m256i mask = _mm256_set1_epi8(0x0F);
   for (int p = 0; p < 4; ++p) {
     const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * p));
-    const __m256i nibbles[2] = {_mm256_and_si256(bytes, mask), _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask)};
-    for (int half = 0; half < 2; ++half) {
-      const int s = 2 * p + half;
-      const ScaleMin sm = get_scale_min_k4(s, scales);
-      const __m256 d1 = _mm256_set1_ps(d * static_cast<float>(sm.scale));
-      const __m256 m1 = _mm256_set1_ps(dmin * static_cast<float>(sm.min));
-      const Widened q = widen_i8(nibbles[half]);
-      for (int k = 0; k < 4; ++k) {
-        _mm256_storeu_ps(y + 32 * s + 8 * k, _mm256_sub_ps(_mm256_mul_ps(d1, q.f[k]), m1));
-      }
+    const Widened lo = widen_i8(_mm256_and_si256(bytes, mask));
+    const Widened hi = widen_i8(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask));
+    const __m256 dlo = _mm256_set1_ps(d1[2 * p]), mlo = _mm256_set1_ps(m1[2 * p]);
+    const __m256 dhi = _mm256_set1_ps(d1[2 * p + 1]), mhi = _mm256_set1_ps(m1[2 * p + 1]);
+    for (int k = 0; k < 4; ++k) {
+      _mm256_storeu_ps(y + 64 * p + 8 * k, _mm256_sub_ps(_mm256_mul_ps(dlo, lo.f[k]), mlo));
+      _mm256_storeu_ps(y + 64 * p + 32 + 8 * k, _mm256_sub_ps(_mm256_mul_ps(dhi, hi.f[k]), mhi));
     }
   }
 }
@@ -119,6 +124,32 @@ void q6_k(const uint8_t* b, float* y) {
   }
 }
 
+/// F16 elements, eight at a time with F16C, the tail one by one (common/dtype.h).
+/// vcvtph2ps quiets a signalling NaN (sets f32 bit 22); gguf-py (numpy) and f16_to_f32
+/// keep it signalling, so that bit is cleared again in the lanes whose f16 was one
+/// (exponent all ones, quiet bit 0x200 clear, rest of the mantissa nonzero).
+bool f16(const uint8_t* src, float* dst, int64_t elements) {
+  const __m256i exp_quiet = _mm256_set1_epi32(0x7E00), signalling_exp = _mm256_set1_epi32(0x7C00);
+  const __m256i payload = _mm256_set1_epi32(0x01FF), zero = _mm256_setzero_si256();
+  const __m256i f32_quiet = _mm256_set1_epi32(0x00400000);
+  int64_t i = 0;
+  for (; i + 8 <= elements; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
+    const __m256i f = _mm256_castps_si256(_mm256_cvtph_ps(h));
+    const __m256i h32 = _mm256_cvtepu16_epi32(h);
+    const __m256i snan = _mm256_andnot_si256(_mm256_cmpeq_epi32(_mm256_and_si256(h32, payload), zero),
+                                             _mm256_cmpeq_epi32(_mm256_and_si256(h32, exp_quiet), signalling_exp));
+    const __m256i fixed = _mm256_andnot_si256(_mm256_and_si256(snan, f32_quiet), f);
+    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(fixed));
+  }
+  for (; i < elements; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, src + 2 * i, 2);
+    dst[i] = f16_to_f32(bits);
+  }
+  return true;
+}
+
 template <void (*Fn)(const uint8_t*, float*)>
 bool run(GgmlType type, const uint8_t* src, float* dst, int64_t elements) {
   const GgmlTypeTraits t = ggml_traits(type);
@@ -130,6 +161,7 @@ bool run(GgmlType type, const uint8_t* src, float* dst, int64_t elements) {
 
 bool dequantize_row_avx2(GgmlType type, const uint8_t* src, float* dst, int64_t elements) {
   switch (type) {
+    case GgmlType::kF16: return f16(src, dst, elements);
     case GgmlType::kQ8_0: return run<q8_0>(type, src, dst, elements);
     case GgmlType::kQ4_0: return run<q4_0>(type, src, dst, elements);
     case GgmlType::kQ4_K: return run<q4_k>(type, src, dst, elements);

@@ -16,14 +16,20 @@ struct ScaleMin {
   uint8_t scale;
   uint8_t min;
 };
-ScaleMin get_scale_min_k4(int j, const uint8_t* q);
+/// (Inline so the AVX2 kernels need no call per sub-block; defined before their target
+/// pragma, so it is never compiled for AVX2.)
+inline ScaleMin get_scale_min_k4(int j, const uint8_t* q) {
+  if (j < 4) return {static_cast<uint8_t>(q[j] & 63), static_cast<uint8_t>(q[j + 4] & 63)};
+  return {static_cast<uint8_t>((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4)),
+          static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4))};
+}
 
 /// dequantize_row's plain C++ path: the reference semantics (the AVX2 one matches it).
 /// Requires elements % block_elements == 0.
 void dequantize_row_portable(GgmlType type, const void* src, float* dst, int64_t elements);
 
-/// dequantize_row with AVX2 + F16C for the types that have a kernel (Q8_0, Q4_0, Q4_K,
-/// Q6_K): returns false, writing nothing, for any other type. Same bits as the portable
+/// dequantize_row with AVX2 + F16C for the types that have a kernel (F16, Q8_0, Q4_0,
+/// Q4_K, Q6_K): returns false, writing nothing, for any other type. Same bits as the portable
 /// path. Requires cpu_supports_avx2() and whole blocks.
 bool dequantize_row_avx2(GgmlType type, const uint8_t* src, float* dst, int64_t elements);
 
