@@ -40,7 +40,6 @@ namespace charm {
 namespace {
 
 constexpr int kQK = 32;    // elements of a 32-element block (QK4_0 .. QK8_0, QK_MXFP4)
-constexpr int kQKK = 256;  // elements of a K-quant super-block (QK_K)
 
 float load_f16(const uint8_t* p) {
   uint16_t bits;
