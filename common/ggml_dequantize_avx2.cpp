@@ -1,6 +1,6 @@
 // AVX2 kernels of dequantize_row (common/ggml_dequantize_detail.h) for the types models
-// ship most: Q8_0, Q4_0, Q4_K, Q6_K, and F16. Same bits as the portable functions of
-// common/ggml_dequantize.cpp: the quants are widened to i32 and converted to f32 exactly,
+// ship most: F16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, MXFP4. Same bits as the portable
+// functions of common/ggml_dequantize.cpp: the quants are widened to i32 and converted to f32 exactly,
 // and each value is the same rounded multiply (and subtract) of the same f32 operands in
 // the same order, eight lanes at a time. The per-block and per-sub-block scales are the
 // same scalar f32 products as there. f16 scales are widened with F16C, which is exact for
@@ -10,6 +10,7 @@
 
 #include <immintrin.h>
 
+#include <bit>
 #include <cstring>
 
 #include "common/dtype.h"
@@ -94,6 +95,43 @@ void q4_k(const uint8_t* b, float* y) {
   }
 }
 
+/// Q5_K: as Q4_K with a fifth bit, bit s of qh[l] for element 32 s + l.
+void q5_k(const uint8_t* b, float* y) {
+  const float d = f16_scale(b);
+  const float dmin = f16_scale(b + 2);
+  const uint8_t* scales = b + 4;
+  const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+  const uint8_t* qs = b + 48;
+  const __m256i mask = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+  for (int s = 0; s < 8; ++s) {
+    const ScaleMin sm = get_scale_min_k4(s, scales);
+    const __m256 d1 = _mm256_set1_ps(d * static_cast<float>(sm.scale));
+    const __m256 m1 = _mm256_set1_ps(dmin * static_cast<float>(sm.min));
+    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * (s / 2)));
+    const __m256i low = _mm256_and_si256(_mm256_srl_epi16(bytes, _mm_cvtsi32_si128(4 * (s % 2))), mask);
+    const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(s)), one);
+    // bit <= 1, so shifting 16-bit lanes left by 4 keeps every byte to itself.
+    const Widened q = widen_i8(_mm256_or_si256(low, _mm256_slli_epi16(bit, 4)));
+    for (int k = 0; k < 4; ++k) {
+      _mm256_storeu_ps(y + 32 * s + 8 * k, _mm256_sub_ps(_mm256_mul_ps(d1, q.f[k]), m1));
+    }
+  }
+}
+
+/// MXFP4: y = kvalues[nibble] * d (the portable path's order), d = 2^(e - 128) as there;
+/// the nibbles are looked up in the 16-entry table with pshufb.
+void mxfp4(const uint8_t* b, float* y) {
+  const uint32_t e = b[0];
+  const __m256 d = _mm256_set1_ps(std::bit_cast<float>(e < 2 ? 0x00200000u << e : (e - 1) << 23));
+  const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+  const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 1));
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  const __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(qs, mask));
+  const __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(qs, 4), mask));
+  const Widened q = widen_i8(_mm256_set_m128i(hi, lo));
+  for (int k = 0; k < 4; ++k) _mm256_storeu_ps(y + 8 * k, _mm256_mul_ps(q.f[k], d));
+}
+
 /// Q6_K: y = (d * sc[e / 16]) * (q - 32). For half h and chunk c < 4 of 32 values:
 /// low 4 bits = nibble c / 2 of ql[64 h + 32 (c % 2) + l], high 2 bits = bits 2c..2c+1 of
 /// qh[32 h + l].
@@ -165,7 +203,9 @@ bool dequantize_row_avx2(GgmlType type, const uint8_t* src, float* dst, int64_t 
     case GgmlType::kQ8_0: return run<q8_0>(type, src, dst, elements);
     case GgmlType::kQ4_0: return run<q4_0>(type, src, dst, elements);
     case GgmlType::kQ4_K: return run<q4_k>(type, src, dst, elements);
+    case GgmlType::kQ5_K: return run<q5_k>(type, src, dst, elements);
     case GgmlType::kQ6_K: return run<q6_k>(type, src, dst, elements);
+    case GgmlType::kMXFP4: return run<mxfp4>(type, src, dst, elements);
     default: return false;  // the portable path serves the rest
   }
 }
