@@ -1,5 +1,5 @@
 // AVX2 kernels of dequantize_row (common/ggml_dequantize_detail.h) for the types models
-// ship most: F16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, MXFP4. Same bits as the portable
+// ship most: F16, Q8_0, Q4_0, the K-quants Q2_K .. Q6_K, MXFP4. Same bits as the portable
 // functions of common/ggml_dequantize.cpp: the quants are widened to i32 and converted to f32 exactly,
 // and each value is the same rounded multiply (and subtract) of the same f32 operands in
 // the same order, eight lanes at a time. The per-block and per-sub-block scales are the
@@ -66,6 +66,60 @@ void q4_0(const uint8_t* b, float* y) {
   const __m128i hi = _mm_and_si128(_mm_srli_epi16(qs, 4), mask);
   const __m256i q = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
   store_scaled(y, d, widen_i8(q));
+}
+
+/// Q2_K: y = (d * sc) * q - (dmin * m) per sub-block of 16; elements 128 h + 32 k + l
+/// are bits 2k..2k+1 of qs[32 h + l] (sub-blocks 8 h + 2 k and 8 h + 2 k + 1).
+void q2_k(const uint8_t* b, float* y) {
+  const uint8_t* scales = b;
+  const float d = f16_scale(b + 80);
+  const float dmin = f16_scale(b + 82);
+  float dl[16], ml[16];  // the same scalar products as the portable path
+  for (int s = 0; s < 16; ++s) {
+    dl[s] = d * static_cast<float>(scales[s] & 0x0F);
+    ml[s] = dmin * static_cast<float>(scales[s] >> 4);
+  }
+  const __m256i mask = _mm256_set1_epi8(0x03);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * h));
+    for (int k = 0; k < 4; ++k) {
+      const Widened q = widen_i8(_mm256_and_si256(_mm256_srl_epi16(bytes, _mm_cvtsi32_si128(2 * k)), mask));
+      const int s = 8 * h + 2 * k;
+      float* out = y + 128 * h + 32 * k;
+      for (int v = 0; v < 4; ++v) {
+        const __m256 d1 = _mm256_set1_ps(dl[s + v / 2]), m1 = _mm256_set1_ps(ml[s + v / 2]);
+        _mm256_storeu_ps(out + 8 * v, _mm256_sub_ps(_mm256_mul_ps(d1, q.f[v]), m1));
+      }
+    }
+  }
+}
+
+/// Q3_K: y = (d * (sc - 32)) * q per sub-block of 16, q = the 2 bits of Q2_K's place
+/// minus 4 where bit 4 h + k of hmask[l] is clear.
+void q3_k(const uint8_t* b, float* y) {
+  const uint8_t* scales = b + 96;
+  const float d = f16_scale(b + 108);
+  float dl[16];  // the same scalar products as the portable path
+  for (int s = 0; s < 16; ++s) {
+    const int low = (scales[s % 8] >> (4 * (s / 8))) & 0x0F;
+    const int high = (scales[8 + s % 4] >> (2 * (s / 4))) & 3;
+    dl[s] = d * static_cast<float>((low | (high << 4)) - 32);
+  }
+  const __m256i hmask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+  const __m256i mask = _mm256_set1_epi8(0x03), one = _mm256_set1_epi8(1);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32 + 32 * h));
+    for (int k = 0; k < 4; ++k) {
+      const __m256i q2 = _mm256_and_si256(_mm256_srl_epi16(bytes, _mm_cvtsi32_si128(2 * k)), mask);
+      const __m256i hbit = _mm256_and_si256(_mm256_srl_epi16(hmask, _mm_cvtsi32_si128(4 * h + k)), one);
+      // 4 where the bit is clear: (hbit ^ 1) << 2 <= 4, so 16-bit shifts keep bytes apart.
+      const __m256i offset = _mm256_slli_epi16(_mm256_xor_si256(hbit, one), 2);
+      const Widened q = widen_i8(_mm256_sub_epi8(q2, offset));
+      const int s = 8 * h + 2 * k;
+      float* out = y + 128 * h + 32 * k;
+      for (int v = 0; v < 4; ++v) _mm256_storeu_ps(out + 8 * v, _mm256_mul_ps(_mm256_set1_ps(dl[s + v / 2]), q.f[v]));
+    }
+  }
 }
 
 /// Q4_K: y = (d * sc) * q - (dmin * m) per sub-block of 32; sub-blocks 2p and 2p + 1 are
@@ -202,6 +256,8 @@ bool dequantize_row_avx2(GgmlType type, const uint8_t* src, float* dst, int64_t 
     case GgmlType::kF16: return f16(src, dst, elements);
     case GgmlType::kQ8_0: return run<q8_0>(type, src, dst, elements);
     case GgmlType::kQ4_0: return run<q4_0>(type, src, dst, elements);
+    case GgmlType::kQ2_K: return run<q2_k>(type, src, dst, elements);
+    case GgmlType::kQ3_K: return run<q3_k>(type, src, dst, elements);
     case GgmlType::kQ4_K: return run<q4_k>(type, src, dst, elements);
     case GgmlType::kQ5_K: return run<q5_k>(type, src, dst, elements);
     case GgmlType::kQ6_K: return run<q6_k>(type, src, dst, elements);

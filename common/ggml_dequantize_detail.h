@@ -29,7 +29,7 @@ inline ScaleMin get_scale_min_k4(int j, const uint8_t* q) {
 void dequantize_row_portable(GgmlType type, const void* src, float* dst, int64_t elements);
 
 /// dequantize_row with AVX2 + F16C for the types that have a kernel (F16, Q8_0, Q4_0,
-/// Q4_K, Q5_K, Q6_K, MXFP4): returns false, writing nothing, for any other type. Same
+/// Q2_K .. Q6_K, MXFP4): returns false, writing nothing, for any other type. Same
 /// bits as the portable path. Requires cpu_supports_avx2() and whole blocks.
 bool dequantize_row_avx2(GgmlType type, const uint8_t* src, float* dst, int64_t elements);
 

@@ -162,10 +162,12 @@ TEST_CASE("the AVX2 path equals the portable one when a scale is Inf or NaN (not
     return;
   }
   PathGuard guard;
-  // Byte offsets of the f16 scales (ggml-common.h): Q8_0/Q4_0 d; Q4_K/Q5_K d, dmin; Q6_K d.
+  // Byte offsets of the f16 scales (ggml-common.h): Q8_0/Q4_0 d; Q2_K d, dmin; Q3_K d;
+  // Q4_K/Q5_K d, dmin; Q6_K d.
   // (MXFP4's e8m0 scale has no Inf/NaN code in ggml's reading; F16 elements are in the
   // fixtures, NaNs included.)
   const std::pair<GgmlType, std::vector<int>> fields[] = {{GgmlType::kQ8_0, {0}},    {GgmlType::kQ4_0, {0}},
+                                                          {GgmlType::kQ2_K, {80, 82}}, {GgmlType::kQ3_K, {108}},
                                                           {GgmlType::kQ4_K, {0, 2}}, {GgmlType::kQ5_K, {0, 2}},
                                                           {GgmlType::kQ6_K, {208}}};
   for (const auto& [type, offsets] : fields) {
