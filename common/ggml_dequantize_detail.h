@@ -1,0 +1,36 @@
+// Internal to common/ggml_dequantize.cpp and common/ggml_dequantize_avx2.cpp: the
+// K-quant scale unpacking both share, and the AVX2 entry point.
+#pragma once
+
+#include <cstdint>
+
+#include "common/ggml_type.h"
+
+namespace charm {
+
+/// The 6-bit scale and min of sub-block j (< 8) of a Q4_K / Q5_K super-block, unpacked
+/// from its 12 scale bytes `q` (ggml-quants.c get_scale_min_k4; gguf-py Q4_K.get_scale_min):
+/// j < 4: scale = q[j] & 63, min = q[j + 4] & 63; j >= 4: the low 4 bits from nibbles of
+/// q[j + 4], the high 2 from the top bits of q[j - 4] (scale) and q[j] (min).
+struct ScaleMin {
+  uint8_t scale;
+  uint8_t min;
+};
+/// (Inline so the AVX2 kernels need no call per sub-block; defined before their target
+/// pragma, so it is never compiled for AVX2.)
+inline ScaleMin get_scale_min_k4(int j, const uint8_t* q) {
+  if (j < 4) return {static_cast<uint8_t>(q[j] & 63), static_cast<uint8_t>(q[j + 4] & 63)};
+  return {static_cast<uint8_t>((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4)),
+          static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4))};
+}
+
+/// dequantize_row's plain C++ path: the reference semantics (the AVX2 one matches it).
+/// Requires elements % block_elements == 0.
+void dequantize_row_portable(GgmlType type, const void* src, float* dst, int64_t elements);
+
+/// dequantize_row with AVX2 + F16C for the types that have a kernel (F16, Q8_0, Q4_0,
+/// Q2_K .. Q6_K, MXFP4): returns false, writing nothing, for any other type. Same
+/// bits as the portable path. Requires cpu_supports_avx2() and whole blocks.
+bool dequantize_row_avx2(GgmlType type, const uint8_t* src, float* dst, int64_t elements);
+
+}  // namespace charm
