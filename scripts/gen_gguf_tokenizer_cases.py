@@ -11,9 +11,11 @@ gguf-py's GGUFReader reads them, plus "_source" saying where the file came from.
 - qwen2.json: llama.cpp's `convert_hf_to_gguf.py --vocab-only` run on a copy of
   tests/fixtures/models/qwen3-moe-tiny (config.json + the Qwen3 tokenizer.json and
   tokenizer_config.json), i.e. what a real conversion of a Qwen3 MoE checkpoint writes.
-- gpt-2.json: the metadata of llama.cpp's models/ggml-vocab-gpt-2.gguf (converted by
-  llama.cpp from openai-community/gpt2), to test a second pre-tokenizer; its
-  ggml-vocab-gpt-2.gguf.inp/.out test pairs (ids from HF tokenizers) are copied beside it.
+- gpt-2.json, deepseek-coder.json: the metadata of llama.cpp's
+  models/ggml-vocab-{gpt-2,deepseek-coder}.gguf (converted by llama.cpp from
+  openai-community/gpt2 and deepseek-ai/deepseek-coder-6.7b-base), to test other
+  pre-tokenizers; their .gguf.inp/.out test pairs (ids from HF tokenizers) are copied
+  beside them.
 
 `--dump GGUF OUT` dumps any GGUF file's tokenizer metadata the same way (e.g. a real
 model file, to check it outside ctest: see tests/fixtures/gguf_tokenizer/README.md).
@@ -36,6 +38,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_LLAMA_CPP = Path("/work/bench/src/llama_cpp_python-0.3.36/vendor/llama.cpp")
+# llama.cpp's own vocab-only files for other pre-tokenizers, the small ones: GPT-2's
+# built-in ByteLevel regex and DeepSeek Coder's sequence of five Splits.
+VOCAB_FILES = ["gpt-2", "deepseek-coder"]
 MODEL_FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"]
 
 
@@ -109,7 +114,8 @@ def main() -> None:
         write_json(meta, args.dump[1])
         return
     convert_fixture_model(args.llama_cpp, args.out)
-    copy_vocab_file(args.llama_cpp, args.out, "gpt-2")
+    for name in VOCAB_FILES:
+        copy_vocab_file(args.llama_cpp, args.out, name)
 
 
 if __name__ == "__main__":

@@ -140,24 +140,29 @@ void check_special_ids(const GgufTokenizerMetadata& meta, const std::string& whe
   check_id(meta.unknown_token_id, "unknown_token_id", n, where);
 }
 
-/// model.merges; each side and the merged token must be in `vocab`.
-json merges_json(const GgufTokenizerMetadata& meta, const json& vocab, const std::string& where) {
-  json merges = json::array();
+/// Normal token string -> id (the BPE vocabulary); views into meta.tokens.
+using NormalIds = std::unordered_map<std::string_view, size_t>;
+
+/// Checks that each merge is "left right" and that left, right and left+right are normal
+/// tokens (tokenizers requires all three in model.vocab).
+void check_merges(const GgufTokenizerMetadata& meta, const NormalIds& normal,
+                  const std::string& where) {
+  std::string merged;
   for (size_t rank = 0; rank < meta.merges.size(); ++rank) {
-    const std::string& m = meta.merges[rank];
-    const std::string key = "tokenizer.ggml.merges[" + std::to_string(rank) + "]";
+    const std::string_view m = meta.merges[rank];
+    const auto key = [&] { return "tokenizer.ggml.merges[" + std::to_string(rank) + "]"; };
     const size_t space = m.find(' ');
     if (space == std::string::npos || space == 0 || space + 1 == m.size() ||
         m.find(' ', space + 1) != std::string::npos)
-      fail_invalid(where + ": " + key + " \"" + m + "\" is not two tokens \"left right\"");
-    const std::string left = m.substr(0, space), right = m.substr(space + 1);
-    for (const std::string& token : {left, right, left + right})
-      if (!vocab.contains(token))
-        fail_invalid(where + ": " + key + " names \"" + token +
+      fail_invalid(where + ": " + key() + " \"" + std::string(m) +
+                   "\" is not two tokens \"left right\"");
+    const std::string_view left = m.substr(0, space), right = m.substr(space + 1);
+    merged.assign(left).append(right);
+    for (std::string_view token : {left, right, std::string_view(merged)})
+      if (!normal.contains(token))
+        fail_invalid(where + ": " + key() + " names \"" + std::string(token) +
                      "\", which is not a normal token of tokenizer.ggml.tokens");
-    merges.push_back(m);
   }
-  return merges;
 }
 
 }  // namespace
@@ -188,7 +193,8 @@ json tokenizer_json_from_gguf(const GgufTokenizerMetadata& meta, std::string_vie
   const std::vector<int32_t> types = checked_types(meta, where);
   check_special_ids(meta, where);
 
-  json vocab = json::object();
+  NormalIds normal;
+  normal.reserve(meta.tokens.size());
   json added = json::array();
   std::unordered_set<std::string_view> added_contents;
   for (size_t id = 0; id < meta.tokens.size(); ++id) {
@@ -208,12 +214,14 @@ json tokenizer_json_from_gguf(const GgufTokenizerMetadata& meta, std::string_vie
                        {"special", type == GgufTokenType::kControl}});
       continue;
     }
-    if (vocab.contains(token))
+    const auto [it, fresh] = normal.emplace(token, id);
+    if (!fresh)
       fail_invalid(where + ": tokenizer.ggml.tokens[" + std::to_string(id) + "] \"" + token +
-                   "\" repeats token " + std::to_string(vocab[token].get<int64_t>()));
-    vocab[token] = id;
+                   "\" repeats token " + std::to_string(it->second));
   }
-  json merges = merges_json(meta, vocab, where);
+  check_merges(meta, normal, where);
+  json vocab = json::object();
+  for (const auto& [token, id] : normal) vocab[std::string(token)] = id;
 
   json root = {{"version", "1.0"},
                {"truncation", nullptr},
@@ -236,7 +244,7 @@ json tokenizer_json_from_gguf(const GgufTokenizerMetadata& meta, std::string_vie
                    {"byte_fallback", false},
                    {"ignore_merges", pre->ignore_merges},
                    {"vocab", std::move(vocab)},
-                   {"merges", std::move(merges)}};
+                   {"merges", meta.merges}};
   return root;
 }
 

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -221,18 +222,24 @@ TEST_CASE("Qwen3 GGUF metadata: chat template, special ids, stop ids") {
                             {"stop.gguf", "eot_token_id", "151936"});
 }
 
-TEST_CASE("GPT-2 GGUF (ByteLevel's own regex) matches llama.cpp's HF-made test pairs") {
-  const GgufTokenizerMetadata meta = load_dump(kGguf / "gpt-2.json");
-  CHECK(meta.pre == "gpt-2");
-  const auto tok = build(meta, "gpt-2.json");
-  CHECK(tok->vocab_size() == 50257);
-  CHECK(tok->is_special(50256));
-  const auto pairs = load_pairs(kGguf / "gpt-2.inp", kGguf / "gpt-2.out");
-  CHECK(pairs.size() >= 40);
-  for (const auto& [text, ids] : pairs) {
-    CHECK_MESSAGE(tok->encode(text) == ids, json(text).dump());
-    CHECK(tok->decode(ids) == text);
+TEST_CASE("GPT-2 and DeepSeek Coder GGUFs match llama.cpp's HF-made test pairs") {
+  // gpt-2: ByteLevel's own regex; deepseek-coder: five Splits before ByteLevel.
+  for (const std::string name : {"gpt-2", "deepseek-coder"}) {
+    CAPTURE(name);
+    const GgufTokenizerMetadata meta = load_dump(kGguf / (name + ".json"));
+    CHECK(meta.pre == name);
+    const auto tok = build(meta, name + ".json");
+    CHECK(tok->vocab_size() == static_cast<int32_t>(meta.tokens.size()));
+    const auto pairs = load_pairs(kGguf / (name + ".inp"), kGguf / (name + ".out"));
+    CHECK(pairs.size() >= 40);
+    for (const auto& [text, ids] : pairs) {
+      CHECK_MESSAGE(tok->encode(text) == ids, json(text).dump());
+      CHECK(tok->decode(ids) == text);
+    }
   }
+  const auto gpt2 = build(load_dump(kGguf / "gpt-2.json"), "gpt-2.json");
+  CHECK(gpt2->vocab_size() == 50257);
+  CHECK(gpt2->is_special(50256));
 }
 
 TEST_CASE("every known pre-tokenizer builds a tokenizer whose regexes PCRE2 accepts") {
@@ -342,6 +349,20 @@ TEST_CASE("malformed tokenizer metadata is refused, naming the key") {
   }
 }
 
+TEST_CASE("Tokenizer::from_json names the origin in its errors") {
+  GgufTokenizerMetadata m = tiny();
+  m.tokens[1] = "<|end|>";  // a normal token spelled like the control token 3
+  m.merges.clear();
+  const json j = charm::tokenizer_json_from_gguf(m, "clash.gguf");
+  charm::test::expect_error([&] { Tokenizer::from_json(j, "clash.gguf"); },
+                            charm::ErrorCategory::kInvalidInput,
+                            {"clash.gguf", "\"<|end|>\" has id 3 but model.vocab gives it 1"});
+  json wrong_type = charm::tokenizer_json_from_gguf(tiny(), "t");
+  wrong_type["model"]["merges"] = 7;
+  charm::test::expect_error([&] { Tokenizer::from_json(wrong_type, "typed.gguf"); },
+                            charm::ErrorCategory::kInvalidInput, {"typed.gguf", "model.merges"});
+}
+
 TEST_CASE("over-long token and merge arrays are refused before any work") {
   using C = charm::ErrorCategory;
   GgufTokenizerMetadata m = tiny();
@@ -364,8 +385,17 @@ TEST_CASE("over-long token and merge arrays are refused before any work") {
 TEST_CASE("a dumped GGUF's tokenizer (manual)" * doctest::skip()) {
   const char* dump = std::getenv("CHARM_GGUF_TOKENIZER_DUMP");
   REQUIRE_MESSAGE(dump != nullptr, "set CHARM_GGUF_TOKENIZER_DUMP");
+  using Clock = std::chrono::steady_clock;  // reported, never asserted
+  const auto t0 = Clock::now();
   const GgufTokenizerMetadata meta = load_dump(dump);
-  const auto tok = build(meta, dump);
+  const auto t1 = Clock::now();
+  const json tokenizer_json = charm::tokenizer_json_from_gguf(meta, dump);
+  const auto t2 = Clock::now();
+  const auto tok = Tokenizer::from_json(tokenizer_json, dump);
+  const auto t3 = Clock::now();
+  const auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  MESSAGE("read dump " << ms(t1 - t0) << " ms, tokenizer_json_from_gguf " << ms(t2 - t1)
+                       << " ms, Tokenizer::from_json " << ms(t3 - t2) << " ms");
   MESSAGE("pre " << meta.pre << ", " << meta.tokens.size() << " tokens, vocab_size "
                  << tok->vocab_size() << ", eos " << meta.eos_token_id.value_or(-1) << ", eot "
                  << meta.eot_token_id.value_or(-1));
