@@ -121,7 +121,7 @@ struct Segment {
 
 class BpeTokenizer final : public Tokenizer {
  public:
-  explicit BpeTokenizer(const std::filesystem::path& file) : file_(file.string()) {}
+  explicit BpeTokenizer(std::string origin) : file_(std::move(origin)) {}
 
   void load(const json& root);
 
@@ -159,7 +159,7 @@ class BpeTokenizer final : public Tokenizer {
   void encode_word(std::string_view word, std::vector<int32_t>& out) const;
   std::vector<int32_t> bpe(std::string_view word) const;
 
-  std::string file_;
+  std::string file_;  // where the tokenizer came from, for error messages
   std::unordered_map<std::string, int32_t> vocab_;                    // vocabulary string -> id
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // pair -> rank, new id
   std::array<int32_t, 256> byte_ids_{};  // id of each byte's stand-in char
@@ -561,12 +561,15 @@ json read_json(const std::filesystem::path& path) {
 }  // namespace
 
 std::unique_ptr<Tokenizer> Tokenizer::load(const std::filesystem::path& tokenizer_json) {
-  const json root = read_json(tokenizer_json);
-  auto tokenizer = std::make_unique<BpeTokenizer>(tokenizer_json);
+  return from_json(read_json(tokenizer_json), tokenizer_json.string());
+}
+
+std::unique_ptr<Tokenizer> Tokenizer::from_json(const json& root, std::string origin) {
+  auto tokenizer = std::make_unique<BpeTokenizer>(origin);
   try {
     tokenizer->load(root);
   } catch (const json::exception& e) {  // a field of the wrong JSON type
-    fail_invalid(tokenizer_json.string() + ": unexpected field type: " + e.what());
+    fail_invalid(origin + ": unexpected field type: " + e.what());
   }
   return tokenizer;
 }

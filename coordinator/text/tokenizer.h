@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <span>
 #include <string>
 #include <string_view>
@@ -23,6 +24,11 @@ class Tokenizer {
   /// tokens, a pre-tokenizer regex PCRE2 rejects, or added tokens with bad ids;
   /// Error(kUnsupported) for normalizers/pre-tokenizers charm does not implement.
   static std::unique_ptr<Tokenizer> load(const std::filesystem::path& tokenizer_json);
+
+  /// Builds a tokenizer from an already parsed tokenizer.json object (e.g. the one
+  /// tokenizer_json_from_gguf makes, coordinator/text/gguf_tokenizer.h). Same checks and
+  /// errors as load(); their messages name `origin` where load() names the file.
+  static std::unique_ptr<Tokenizer> from_json(const nlohmann::json& root, std::string origin);
   virtual ~Tokenizer() = default;
 
   /// Token ids of `text` (UTF-8; invalid bytes are encoded as tokenizers does, via the
