@@ -175,7 +175,7 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const UserPath& dir) {
     fail_invalid("checkpoint directory " + dir.describe() + " does not exist" +
                  (ec && ec != std::errc::no_such_file_or_directory ? " or cannot be reached: " + ec.message() : ""));
   }
-  const bool gguf = std::filesystem::is_regular_file(status) && dir.path().extension() == ".gguf";
+  const bool gguf = std::filesystem::is_regular_file(status) && dir.extension() == ".gguf";
   if (!gguf && !std::filesystem::is_directory(status)) {
     fail_invalid(dir.describe() + " is neither a checkpoint directory (a folder holding config.json and "
                  "*.safetensors) nor a .gguf file");

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/gguf.h"
+#include "common/gguf_split.h"
 
 namespace charm {
 

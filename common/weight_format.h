@@ -39,13 +39,6 @@ std::optional<WeightFormat> parse_weight_format(std::string_view name);
 WeightFormat weight_format_of(DType dtype);
 /// True for int8 / int4 (they carry group scales).
 bool is_quantized(WeightFormat format);
-/// A matrix's element form by one name: weight_format_name's, or for kGgml the block
-/// type's ggml name ("Q4_K"). For containers' indexes and messages.
-std::string matrix_dtype_name(const MatrixShape& shape);
-/// The inverse of matrix_dtype_name: `shape` with format (and ggml_type) set, or false
-/// for a name neither spells.
-bool parse_matrix_dtype(std::string_view name, MatrixShape& shape);
-
 /// True for the forms that carry f32 scales (int8, int4, block-scaled fp8).
 bool has_scales(WeightFormat format);
 
@@ -67,6 +60,13 @@ struct MatrixShape {
   /// block_rows), ceil(cols / block_cols)] for block-scaled fp8, else 0.
   uint64_t scale_bytes() const;
 };
+
+/// A matrix's element form by one name: weight_format_name's, or for kGgml the block
+/// type's ggml name ("Q4_K"). For containers' indexes and messages.
+std::string matrix_dtype_name(const MatrixShape& shape);
+/// The inverse of matrix_dtype_name: `shape` with format (and ggml_type) set, or false
+/// for a name neither spells.
+bool parse_matrix_dtype(std::string_view name, MatrixShape& shape);
 
 /// A stored matrix in memory: `data` holds data_bytes(), `scales` scale_bytes() (null
 /// unless quantised). Non-owning. f32 data must be 4-byte aligned.

@@ -25,6 +25,8 @@
 namespace {
 
 using namespace charm;
+using charm::test::TempDir;
+using charm::test::expect_error;
 
 const std::filesystem::path kModels = std::filesystem::path(CHARM_SOURCE_DIR) / "tests/fixtures/models";
 const std::filesystem::path kGguf = std::filesystem::path(CHARM_BINARY_DIR) / "gguf-fixtures";
