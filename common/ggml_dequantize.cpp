@@ -68,7 +68,7 @@ void q4_1(const uint8_t* b, float* y) {
   }
 }
 
-/// The fifth bit of element j of a Q5 block: bit j of the little-endian u32 qh.
+/// The little-endian u32 at `p` (a Q5 block's qh: bit j is the fifth bit of element j).
 uint32_t load_u32(const uint8_t* p) {
   uint32_t v;
   std::memcpy(&v, p, 4);
@@ -237,12 +237,10 @@ void q6_k(const uint8_t* b, float* y) {
   }
 }
 
-using BlockFn = void (*)(const uint8_t*, float*);
-
-/// Runs `fn` over every block of a row.
-void blocks(BlockFn fn, const uint8_t* src, float* dst, int64_t elements, int64_t block_elements,
-            int64_t block_bytes) {
-  for (int64_t i = 0; i < elements / block_elements; ++i) fn(src + i * block_bytes, dst + i * block_elements);
+/// Runs `Fn` over every block of a row (a template, so each block function inlines).
+template <void (*Fn)(const uint8_t*, float*)>
+void blocks(const uint8_t* src, float* dst, int64_t elements, const GgmlTypeTraits& t) {
+  for (int64_t i = 0; i < elements / t.block_elements; ++i) Fn(src + i * t.block_bytes, dst + i * t.block_elements);
 }
 
 }  // namespace
@@ -260,17 +258,17 @@ void dequantize_row_portable(GgmlType type, const void* src, float* dst, int64_t
     case GgmlType::kBF16:
       convert_to_f32(DType::kBF16, src, dst, static_cast<size_t>(elements));
       return;
-    case GgmlType::kQ4_0: return blocks(q4_0, s, dst, elements, t.block_elements, t.block_bytes);
-    case GgmlType::kQ4_1: return blocks(q4_1, s, dst, elements, t.block_elements, t.block_bytes);
-    case GgmlType::kQ5_0: return blocks(q5_0, s, dst, elements, t.block_elements, t.block_bytes);
-    case GgmlType::kQ5_1: return blocks(q5_1, s, dst, elements, t.block_elements, t.block_bytes);
-    case GgmlType::kQ8_0: return blocks(q8_0, s, dst, elements, t.block_elements, t.block_bytes);
-    case GgmlType::kQ2_K: return blocks(q2_k, s, dst, elements, t.block_elements, t.block_bytes);
-    case GgmlType::kQ3_K: return blocks(q3_k, s, dst, elements, t.block_elements, t.block_bytes);
-    case GgmlType::kQ4_K: return blocks(q4_k, s, dst, elements, t.block_elements, t.block_bytes);
-    case GgmlType::kQ5_K: return blocks(q5_k, s, dst, elements, t.block_elements, t.block_bytes);
-    case GgmlType::kQ6_K: return blocks(q6_k, s, dst, elements, t.block_elements, t.block_bytes);
-    case GgmlType::kMXFP4: return blocks(mxfp4, s, dst, elements, t.block_elements, t.block_bytes);
+    case GgmlType::kQ4_0: return blocks<q4_0>(s, dst, elements, t);
+    case GgmlType::kQ4_1: return blocks<q4_1>(s, dst, elements, t);
+    case GgmlType::kQ5_0: return blocks<q5_0>(s, dst, elements, t);
+    case GgmlType::kQ5_1: return blocks<q5_1>(s, dst, elements, t);
+    case GgmlType::kQ8_0: return blocks<q8_0>(s, dst, elements, t);
+    case GgmlType::kQ2_K: return blocks<q2_k>(s, dst, elements, t);
+    case GgmlType::kQ3_K: return blocks<q3_k>(s, dst, elements, t);
+    case GgmlType::kQ4_K: return blocks<q4_k>(s, dst, elements, t);
+    case GgmlType::kQ5_K: return blocks<q5_k>(s, dst, elements, t);
+    case GgmlType::kQ6_K: return blocks<q6_k>(s, dst, elements, t);
+    case GgmlType::kMXFP4: return blocks<mxfp4>(s, dst, elements, t);
   }
   throw Error(ErrorCategory::kInternal, "dequantize_row: unhandled GGML type " + std::string(t.name));
 }

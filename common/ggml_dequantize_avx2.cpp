@@ -1,11 +1,12 @@
 // AVX2 kernels of dequantize_row (common/ggml_dequantize_detail.h) for the types models
-// ship most: F16, Q8_0, Q4_0, the K-quants Q2_K .. Q6_K, MXFP4. Same bits as the portable
-// functions of common/ggml_dequantize.cpp: the quants are widened to i32 and converted to f32 exactly,
-// and each value is the same rounded multiply (and subtract) of the same f32 operands in
-// the same order, eight lanes at a time. The per-block and per-sub-block scales are the
-// same scalar f32 products as there. f16 scales are widened with F16C, which is exact for
-// every finite and infinite f16; for a NaN scale the product is a quiet NaN of the same
-// payload on both paths (tests/unit/test_ggml_dequantize.cpp checks one).
+// ship most: F16, Q8_0, Q4_0, the K-quants Q2_K .. Q6_K, MXFP4. Same bits as the
+// portable functions of common/ggml_dequantize.cpp: the quants are widened to i32 and
+// converted to f32 exactly, and each value is the same rounded multiply (and subtract) of
+// the same f32 operands in the same order, eight lanes at a time; the per-block and
+// per-sub-block scales are the same scalar f32 products as there. f16 scales are widened
+// with F16C, exact for every finite and infinite f16; for a NaN scale the product is the
+// same quiet NaN on both paths (tests/unit/test_ggml_dequantize.cpp checks Inf and NaN
+// scales of every type here that has f16 scales).
 #include "common/ggml_dequantize_detail.h"
 
 #include <immintrin.h>
@@ -43,8 +44,10 @@ struct Widened {
 inline Widened widen_i8(__m256i v) {
   const __m128i lo = _mm256_castsi256_si128(v);
   const __m128i hi = _mm256_extracti128_si256(v, 1);
-  return {{_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))),
-           _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)))}};
+  return {{_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)),
+           _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))),
+           _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)),
+           _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)))}};
 }
 
 /// y[0..32) = d * q (Q8_0's order: gguf-py's x * d, the same product).

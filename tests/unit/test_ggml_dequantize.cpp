@@ -175,14 +175,17 @@ TEST_CASE("the AVX2 path equals the portable one when a scale is Inf or NaN (not
     for (uint16_t special : {0x7C00, 0xFC00, 0x7C01, 0xFE00, 0x7FFF}) {
       for (int off : offsets) {
         std::vector<uint8_t> blocks = c.blocks;
-        for (int64_t i = 0; i < c.block_count(); ++i) std::memcpy(blocks.data() + i * c.traits.block_bytes + off, &special, 2);
+        for (int64_t i = 0; i < c.block_count(); ++i) {
+          std::memcpy(blocks.data() + i * c.traits.block_bytes + off, &special, 2);
+        }
         std::vector<float> portable(c.expected.size()), avx2(c.expected.size());
         set_kernel_path(KernelPath::kPortable);
         dequantize_row(type, blocks.data(), portable.data(), static_cast<int64_t>(portable.size()));
         set_kernel_path(KernelPath::kAvx2);
         dequantize_row(type, blocks.data(), avx2.data(), static_cast<int64_t>(avx2.size()));
         std::ostringstream what;
-        what << c.traits.name << " with the f16 at byte " << off << " = 0x" << std::hex << special << ", AVX2 vs portable";
+        what << c.traits.name << " with the f16 at byte " << off << " = 0x" << std::hex << special
+             << ", AVX2 vs portable";
         check_same_bits(avx2.data(), portable.data(), avx2.size(), what.str());
       }
     }
