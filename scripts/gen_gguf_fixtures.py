@@ -24,7 +24,7 @@ the gguf package (numpy only):
 The real converter's output is compared with this script's on the demo model (which
 llama.cpp can convert) in docs/models.md ("GGUF").
 
-Usage: gen_gguf_fixtures.py --out DIR [--outtype bf16|f16|f32] [NAME ...]
+Usage: gen_gguf_fixtures.py --out DIR [--outtype bf16|f16|f32|q8_0|q4_0|q4_1|q5_0|q5_1|mxfp4] [NAME ...]
 (default: every fixture llama.cpp has an architecture for; needs numpy and gguf)
 """
 from __future__ import annotations
@@ -85,8 +85,21 @@ def to_f32(dtype: str, array: np.ndarray) -> np.ndarray:
     return array.astype(np.float32)
 
 
+QUANT_TYPES = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
+               "q4_1": gguf.GGMLQuantizationType.Q4_1, "q5_0": gguf.GGMLQuantizationType.Q5_0,
+               "q5_1": gguf.GGMLQuantizationType.Q5_1, "mxfp4": gguf.GGMLQuantizationType.MXFP4}
+
+
 def stored(dtype: str, array: np.ndarray, outtype: str):
-    """(array, raw ggml type) for a matrix written at `outtype` from `dtype`."""
+    """(array, raw ggml type) for a matrix written at `outtype` from `dtype`. A quantised
+    outtype uses gguf-py's own quantiser (as convert_hf_to_gguf.py --outtype q8_0 does) and
+    falls back to F16 for a matrix whose rows are not whole blocks, as the converter does."""
+    if outtype in QUANT_TYPES:
+        qtype = QUANT_TYPES[outtype]
+        try:
+            return gguf.quants.quantize(to_f32(dtype, array), qtype), qtype
+        except gguf.QuantError:
+            return to_f32(dtype, array).astype(np.float16), gguf.GGMLQuantizationType.F16
     if outtype == "bf16" and dtype == "BF16":
         return array, gguf.GGMLQuantizationType.BF16
     values = to_f32(dtype, array)
@@ -232,15 +245,11 @@ def convert(name: str, out_dir: Path, outtype: str) -> Path:
     if config.get("tie_word_embeddings"):
         tensors.pop("lm_head.weight", None)
 
-    out = out_dir / f"{name}.{outtype}.gguf"
-    writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[arch])
-    writer.add_name(name)
-    write_hparams(writer, arch, config)
-    write_tokenizer(writer, model_dir, config["vocab_size"], config)
     names = gguf.get_tensor_name_map(arch, n_layers)
     # Dense layers inside a MoE stack (mlp_only_layers): llama.cpp's QWEN2MOE / QWEN3MOE lists
     # lack ffn_gate/up/down, so their names come from the generic (LLAMA) list.
     generic = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, n_layers)
+    written = []  # (GGUF name, array, ggml type), in name order
     for hf_name in sorted(tensors):
         dtype, array = tensors[hf_name]
         pieces = [(hf_name, array)]
@@ -266,23 +275,42 @@ def convert(name: str, out_dir: Path, outtype: str) -> Path:
                 values, qtype = to_f32(dtype, data), gguf.GGMLQuantizationType.F32
             else:
                 values, qtype = stored(dtype, data, outtype)
-            writer.add_tensor(gguf_name, np.ascontiguousarray(values), raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+            written.append((gguf_name, np.ascontiguousarray(values), qtype))
+
+    def write(path: Path, tensors) -> Path:
+        writer = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
+        writer.add_name(name)
+        write_hparams(writer, arch, config)
+        write_tokenizer(writer, model_dir, config["vocab_size"], config)
+        for gguf_name, values, qtype in tensors:
+            writer.add_tensor(gguf_name, values, raw_dtype=qtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        return path
+
+    out = [write(out_dir / f"{name}.{outtype}.gguf", written)]
+    if outtype in QUANT_TYPES:
+        # The oracle of the quantised file: every tensor as gguf-py dequantises it, in F32.
+        dequantised = [(n, gguf.quants.dequantize(v, q) if q in QUANT_TYPES.values() else v.astype(np.float32)
+                        if q != gguf.GGMLQuantizationType.BF16 else to_f32("BF16", v), gguf.GGMLQuantizationType.F32)
+                       for n, v, q in written]
+        out.append(write(out_dir / f"{name}.{outtype}-dequantised.f32.gguf", dequantised))
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--outtype", choices=["bf16", "f16", "f32"], default="bf16")
+    parser.add_argument("--outtype", choices=["bf16", "f16", "f32", *QUANT_TYPES], default="bf16",
+                        help="a quantised type also writes <name>.<type>-dequantised.f32.gguf (gguf-py's values)")
     parser.add_argument("names", nargs="*", default=DEFAULT_FIXTURES)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.names:
-        print(convert(name, args.out, args.outtype))
+        for path in convert(name, args.out, args.outtype):
+            print(path)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ namespace charm::test {
 
 namespace fs = std::filesystem;
 
-/// Writes a topology YAML for the fixture model with the given expert split, one worker
+/// Writes a topology YAML for the fixture model (a fixture's name, or an absolute path) with the given expert split, one worker
 /// per entry on a free loopback port. An empty split means single-node mode. `tiers`
 /// (e.g. "ram_gb: 0.001, container: /x") goes into every worker entry, or into `store:`
 /// in single-node mode; `serving` (e.g. "max_batch_tokens: 7") is the `serving:` section.
@@ -25,7 +25,10 @@ inline fs::path write_topology(const fs::path& dir, const std::string& model, co
   fs::create_directories(dir);
   const fs::path path = dir / ("topology-" + std::to_string(split.size()) + (prefetch ? "-prefetch" : "") + ".yaml");
   std::ofstream out(path);
-  out << "model: " << (fs::path(CHARM_SOURCE_DIR) / "tests/fixtures/models" / model).string() << "\n";
+  // A fixture's name, or an absolute path (e.g. a GGUF file the tests wrote).
+  const fs::path model_path = fs::path(model).is_absolute() ? fs::path(model)
+                                                             : fs::path(CHARM_SOURCE_DIR) / "tests/fixtures/models" / model;
+  out << "model: " << model_path.string() << "\n";
   out << "prefetch: " << (prefetch ? "true" : "false") << "\n";
   out << "mode: " << (split.empty() ? "single-node" : "cluster") << "\n";
   if (split.empty() && !tiers.empty()) out << "store: {" << tiers << "}\n";

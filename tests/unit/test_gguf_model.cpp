@@ -5,6 +5,8 @@
 // alike; the GGUF tokenizer must encode as tokenizer.json does.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 
@@ -106,6 +108,38 @@ TEST_CASE("a BF16 GGUF of every fixture gives the safetensors logits bit for bit
 
 TEST_CASE("an F32 GGUF (weights widened) gives the same logits too") {
   for (const char* name : {"qwen3-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny"}) check_same_logits(name, "f32");
+}
+
+/// A quantised GGUF against gguf-py's dequantisation of it (the same tensors in F32): the
+/// GGML blocks stay in block form and are widened row by row in the kernels, so the
+/// logits must be the same bits. Also reports how far quantisation moved them from bf16.
+void check_quantised(const std::string& name, const std::string& type) {
+  CAPTURE(name);
+  CAPTURE(type);
+  const auto quantised = kGguf / (name + "." + type + ".gguf");
+  const auto dequantised = kGguf / (name + "." + type + "-dequantised.f32.gguf");
+  REQUIRE_MESSAGE(std::filesystem::exists(quantised), "run the ctest fixture gguf_fixtures_quantised");
+  const auto ckpt = Checkpoint::open(quantised);
+  bool any_block = false;
+  for (const auto& tensor : ckpt->tensor_names()) any_block |= ckpt->find(tensor)->block_type.has_value();
+  CHECK(any_block);
+  for (const auto& prompt : prompts_of(name)) {
+    const auto a = first_logits(quantised, prompt);
+    const auto b = first_logits(dequantised, prompt);
+    REQUIRE(a.size() == b.size());
+    CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+    const auto bf16 = first_logits(kModels / name, prompt);
+    float diff = 0;
+    for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::fabs(a[i] - bf16[i]));
+    MESSAGE(name << " " << type << ": max |logit - bf16 logit| = " << diff);
+  }
+}
+
+TEST_CASE("quantised GGUFs compute exactly what their dequantised weights do") {
+  for (const char* type : {"q8_0", "q4_0", "q5_1", "mxfp4"}) {
+    check_quantised("qwen3-moe-tiny", type);
+  }
+  check_quantised("deepseek-v3-tiny", "q8_0");
 }
 
 TEST_CASE("the GGUF's tokenizer encodes as the fixture's tokenizer.json, and its template is the same") {

@@ -1,0 +1,83 @@
+// A GGUF model served across `charm worker` processes: workers read their experts
+// straight out of the GGUF (GGML blocks as stored), and greedy decoding through two
+// workers gives the single-node tokens and first-step logits bit for bit; a BF16 GGUF
+// decodes the safetensors fixture's tokens. The GGUFs are the ctest fixture
+// gguf_fixtures' (scripts/gen_gguf_fixtures.py).
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/topology.h"
+#include "coordinator/engine.h"
+#include "tests/support/child_process.h"
+#include "tests/support/fixture_topology.h"
+#include "tests/support/temp_dir.h"
+
+namespace {
+
+using namespace charm;
+namespace fs = std::filesystem;
+
+const std::string kCharm = std::string(CHARM_BINARY_DIR) + "/charm";
+const fs::path kGguf = fs::path(CHARM_BINARY_DIR) / "gguf-fixtures";
+
+struct Decoded {
+  std::vector<float> first_logits;
+  std::vector<int32_t> tokens;
+};
+
+/// Greedy continuations of the fixture's reference prompts on `model`, single node
+/// (empty split) or through the split's worker processes.
+std::vector<Decoded> decode(const std::string& model, const std::vector<std::string>& split) {
+  test::TempDir dir{"charm-gguf"};
+  std::vector<std::pair<std::string, uint16_t>> ports;
+  const fs::path yaml = test::write_topology(dir.path(), model, split, ports);
+  std::vector<std::unique_ptr<test::ChildProcess>> workers;
+  for (const auto& [name, port] : ports) {
+    workers.push_back(std::make_unique<test::ChildProcess>(
+        std::vector<std::string>{kCharm, "worker", "--config", yaml.string(), "--name", name}));
+  }
+  for (const auto& [name, port] : ports) REQUIRE(test::wait_for_port(port, std::chrono::seconds(60)));
+  auto engine = Engine::create(Topology::load(yaml));
+  std::ifstream in(fs::path(CHARM_SOURCE_DIR) / "tests/fixtures/models/qwen3-moe-tiny/reference.json");
+  const auto reference = nlohmann::json::parse(in);
+  std::vector<Decoded> out;
+  for (const auto& p : reference["prompts"]) {
+    SamplingParams params;
+    params.temperature = 0;
+    params.max_tokens = static_cast<int>(p["new_ids"].size());
+    Decoded d;
+    d.tokens = engine->start(p["prompt_ids"].get<std::vector<int32_t>>(), params, &d.first_logits)->wait({}).tokens;
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+void check_same(const std::vector<Decoded>& a, const std::vector<Decoded>& b) {
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    CAPTURE(i);
+    CHECK(a[i].tokens == b[i].tokens);
+    REQUIRE(a[i].first_logits.size() == b[i].first_logits.size());
+    CHECK(std::memcmp(a[i].first_logits.data(), b[i].first_logits.data(), a[i].first_logits.size() * 4) == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a BF16 GGUF decodes the safetensors tokens, single node and through two workers") {
+  const std::string gguf = (kGguf / "qwen3-moe-tiny.bf16.gguf").string();
+  REQUIRE_MESSAGE(fs::exists(gguf), "run the ctest fixture gguf_fixtures");
+  const auto safetensors = decode("qwen3-moe-tiny", {});
+  check_same(safetensors, decode(gguf, {}));
+  check_same(safetensors, decode(gguf, {"\"0-7\"", "\"8-15\""}));
+}
+
+TEST_CASE("a Q8_0 GGUF through two workers gives its single-node tokens and logits bit for bit") {
+  const std::string gguf = (kGguf / "qwen3-moe-tiny.q8_0.gguf").string();
+  REQUIRE_MESSAGE(fs::exists(gguf), "run the ctest fixture gguf_fixtures_q8_0");
+  check_same(decode(gguf, {}), decode(gguf, {"\"0-7\"", "\"8-15\""}));
+}
