@@ -300,14 +300,43 @@ def convert(name: str, out_dir: Path, outtype: str) -> Path:
     return out
 
 
+def dequantise(path: Path, out_dir: Path) -> Path:
+    """`path` with every tensor as gguf-py dequantises it, in F32, and the same metadata:
+    the oracle of a quantised file (e.g. the committed K-quant fixtures)."""
+    reader = gguf.GGUFReader(str(path))
+    out = out_dir / (path.name.removesuffix(".gguf") + "-dequantised.f32.gguf")
+    writer = gguf.GGUFWriter(str(out), reader.get_field("general.architecture").contents())
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(name, field.contents(), vtype, sub_type=sub)
+    for t in reader.tensors:
+        values = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        writer.add_tensor(t.name, values.reshape([int(d) for d in reversed(t.shape)]),
+                          raw_dtype=gguf.GGMLQuantizationType.F32)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--outtype", choices=["bf16", "f16", "f32", *QUANT_TYPES], default="bf16",
                         help="a quantised type also writes <name>.<type>-dequantised.f32.gguf (gguf-py's values)")
+    parser.add_argument("--dequantise", type=Path, nargs="+", metavar="GGUF",
+                        help="instead: write each GGUF's dequantised F32 twin into --out")
     parser.add_argument("names", nargs="*", default=DEFAULT_FIXTURES)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.dequantise:
+        for path in args.dequantise:
+            print(dequantise(path, args.out))
+        return
     for name in args.names:
         for path in convert(name, args.out, args.outtype):
             print(path)

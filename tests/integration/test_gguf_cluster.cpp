@@ -29,9 +29,10 @@ struct Decoded {
   std::vector<int32_t> tokens;
 };
 
-/// Greedy continuations of the fixture's reference prompts on `model`, single node
-/// (empty split) or through the split's worker processes.
-std::vector<Decoded> decode(const std::string& model, const std::vector<std::string>& split) {
+/// Greedy continuations of `prompts` (max_tokens each) on `model`, single node (empty
+/// split) or through the split's worker processes.
+std::vector<Decoded> decode_prompts(const std::string& model, const std::vector<std::string>& split,
+                                    const std::vector<std::pair<std::vector<int32_t>, int>>& prompts) {
   test::TempDir dir{"charm-gguf"};
   std::vector<std::pair<std::string, uint16_t>> ports;
   const fs::path yaml = test::write_topology(dir.path(), model, split, ports);
@@ -42,18 +43,32 @@ std::vector<Decoded> decode(const std::string& model, const std::vector<std::str
   }
   for (const auto& [name, port] : ports) REQUIRE(test::wait_for_port(port, std::chrono::seconds(60)));
   auto engine = Engine::create(Topology::load(yaml));
-  std::ifstream in(fs::path(CHARM_SOURCE_DIR) / "tests/fixtures/models/qwen3-moe-tiny/reference.json");
-  const auto reference = nlohmann::json::parse(in);
   std::vector<Decoded> out;
-  for (const auto& p : reference["prompts"]) {
+  for (const auto& [prompt, max_tokens] : prompts) {
     SamplingParams params;
     params.temperature = 0;
-    params.max_tokens = static_cast<int>(p["new_ids"].size());
+    params.max_tokens = max_tokens;
     Decoded d;
-    d.tokens = engine->start(p["prompt_ids"].get<std::vector<int32_t>>(), params, &d.first_logits)->wait({}).tokens;
+    d.tokens = engine->start(prompt, params, &d.first_logits)->wait({}).tokens;
     out.push_back(std::move(d));
   }
   return out;
+}
+
+/// decode_prompts over qwen3-moe-tiny's reference prompts, as many tokens as the reference.
+std::vector<Decoded> decode(const std::string& model, const std::vector<std::string>& split) {
+  std::ifstream in(fs::path(CHARM_SOURCE_DIR) / "tests/fixtures/models/qwen3-moe-tiny/reference.json");
+  const auto reference = nlohmann::json::parse(in);
+  std::vector<std::pair<std::vector<int32_t>, int>> prompts;
+  for (const auto& p : reference["prompts"]) {
+    prompts.emplace_back(p["prompt_ids"].get<std::vector<int32_t>>(), static_cast<int>(p["new_ids"].size()));
+  }
+  return decode_prompts(model, split, prompts);
+}
+
+/// decode_prompts over a few prompts of ids < 512 (the K-quant fixture's vocabulary).
+std::vector<Decoded> decode_ids(const std::string& model, const std::vector<std::string>& split) {
+  return decode_prompts(model, split, {{{1, 5, 17, 300, 42}, 12}, {{7, 7, 7}, 8}, {{511, 0, 256, 3, 9, 100}, 10}});
 }
 
 void check_same(const std::vector<Decoded>& a, const std::vector<Decoded>& b) {
@@ -80,4 +95,10 @@ TEST_CASE("a Q8_0 GGUF through two workers gives its single-node tokens and logi
   const std::string gguf = (kGguf / "qwen3-moe-tiny.q8_0.gguf").string();
   REQUIRE_MESSAGE(fs::exists(gguf), "run the ctest fixture gguf_fixtures_q8_0");
   check_same(decode(gguf, {}), decode(gguf, {"\"0-7\"", "\"8-15\""}));
+}
+
+TEST_CASE("llama-quantize's Q4_K_M file through two workers gives its single-node tokens and logits") {
+  const std::string gguf =
+      (fs::path(CHARM_SOURCE_DIR) / "tests/fixtures/gguf_models/qwen3moe-k256.q4_k_m.gguf").string();
+  check_same(decode_ids(gguf, {}), decode_ids(gguf, {"\"0-3\"", "\"4-7\""}));
 }

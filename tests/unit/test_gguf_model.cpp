@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -140,6 +141,30 @@ TEST_CASE("quantised GGUFs compute exactly what their dequantised weights do") {
     check_quantised("qwen3-moe-tiny", type);
   }
   check_quantised("deepseek-v3-tiny", "q8_0");
+}
+
+TEST_CASE("llama-quantize's Q4_K_M and Q5_K_M files compute exactly what their dequantised weights do") {
+  // tests/fixtures/gguf_models (scripts/gen_gguf_kquant_fixture.py): Q4_K, Q5_K, Q6_K and
+  // Q8_0 tensors as llama.cpp's quantiser mixes them.
+  const std::vector<int32_t> prompt{1, 5, 17, 300, 42, 7, 511, 0, 256};
+  for (const char* kind : {"q4_k_m", "q5_k_m"}) {
+    CAPTURE(kind);
+    const std::string stem = std::string("qwen3moe-k256.") + kind;
+    const auto quantised = std::filesystem::path(CHARM_SOURCE_DIR) / "tests/fixtures/gguf_models" / (stem + ".gguf");
+    const auto dequantised = kGguf / (stem + "-dequantised.f32.gguf");
+    REQUIRE_MESSAGE(std::filesystem::exists(dequantised), "run the ctest fixture gguf_fixtures_kquant");
+    const auto ckpt = Checkpoint::open(quantised);
+    std::set<std::string> types;
+    for (const auto& name : ckpt->tensor_names()) {
+      if (const auto& t = ckpt->find(name)->block_type) types.insert(ggml_traits(*t).name);
+    }
+    CHECK(types.contains(std::string(kind) == "q4_k_m" ? "Q4_K" : "Q5_K"));
+    CHECK(types.contains("Q6_K"));
+    const auto a = first_logits(quantised, prompt);
+    const auto b = first_logits(dequantised, prompt);
+    REQUIRE(a.size() == b.size());
+    CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  }
 }
 
 TEST_CASE("the GGUF's tokenizer encodes as the fixture's tokenizer.json, and its template is the same") {
