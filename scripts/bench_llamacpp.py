@@ -66,8 +66,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 from bench_util import comma_choices, fmt_spread, log, machine, sh  # noqa: E402
 
-# charm precision -> (llama.cpp type, charm convert --quant)
-PAIRS = {"bf16": ("BF16", None), "int8": ("Q8_0", "int8"), "int4": ("Q4_0", "int4")}
+# charm precision -> (llama.cpp type, charm convert --quant, or "gguf": charm serves the
+# very GGUF file llama.cpp runs, its GGML blocks as stored)
+PAIRS = {"bf16": ("BF16", None), "int8": ("Q8_0", "int8"), "int4": ("Q4_0", "int4"),
+         "gguf-bf16": ("BF16", "gguf"), "gguf-q8_0": ("Q8_0", "gguf"), "gguf-q4_k_m": ("Q4_K_M", "gguf")}
 QUANT_BITS = {"int8": 8, "int4": 4}
 GROUP_SIZE = 32
 VENV_PACKAGES = ["torch", "transformers", "sentencepiece", "protobuf<5", "safetensors", "numpy"]
@@ -92,10 +94,11 @@ def check(r: subprocess.CompletedProcess, what: str) -> subprocess.CompletedProc
 
 # ---------------------------------------------------------------------------- inputs
 
-def ensure_checkpoint(work: Path) -> Path:
-    ck = work / "synthetic-olmoe"
+def ensure_checkpoint(work: Path, layers: int) -> Path:
+    ck = work / ("synthetic-olmoe" if layers == 16 else f"synthetic-olmoe-{layers}l")
     if not (ck / "model.safetensors.index.json").exists():
-        check(sh([sys.executable, REPO / "scripts/make_synthetic_olmoe.py", "--out", ck], 3600), "make_synthetic_olmoe")
+        check(sh([sys.executable, REPO / "scripts/make_synthetic_olmoe.py", "--out", ck, "--layers", layers], 3600),
+              "make_synthetic_olmoe")
     return ck
 
 
@@ -153,7 +156,7 @@ def llama_version(llama_src: Path) -> dict:
 
 
 def ensure_gguf(work: Path, py: Path, llama_src: Path, bin_dir: Path, ck: Path, qtype: str, threads: int) -> Path:
-    folder = work / "gguf"
+    folder = work / ("gguf" if ck.name == "synthetic-olmoe" else f"gguf-{ck.name}")
     folder.mkdir(exist_ok=True)
     out = folder / f"olmoe-{qtype}.gguf"
     if out.exists():
@@ -246,7 +249,8 @@ def run_llama(bin_dir: Path, gguf: Path, args, log_prefix: Path) -> dict:
 
 
 def write_topology(folder: Path, ck: Path, container: Path | None, threads: int, name: str) -> Path:
-    """Single node, every expert resident (no ram_gb), no pins or usage file."""
+    """Single node, every expert resident (no ram_gb), no pins or usage file. `ck` may be
+    the GGUF file itself (the gguf-* pairs)."""
     store = "pin: none, usage_file: none" + (f", container: {container}" if container else "")
     path = folder / f"charm-{name}.yaml"
     path.write_text(f"model: {ck}\nmodel_name: synthetic-olmoe\nmode: single-node\nthreads: {threads}\n"
@@ -358,7 +362,10 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2, help="alternating llama.cpp/charm runs per precision")
     ap.add_argument("--pp", type=int, default=128, help="prompt tokens")
     ap.add_argument("--tg", type=int, default=64, help="generated tokens")
-    ap.add_argument("--pairs", default="bf16,int8,int4")
+    ap.add_argument("--pairs", default="bf16,int8,int4",
+                    help="of " + ",".join(PAIRS) + " (gguf-*: charm serves the same GGUF file llama.cpp runs)")
+    ap.add_argument("--layers", type=int, default=16, help="layers of the synthetic checkpoint (OLMoE-1B-7B has 16)")
+    ap.add_argument("--prepare-only", action="store_true", help="build and convert everything, measure nothing")
     ap.add_argument("--jobs", type=int, default=2, help="parallel compile jobs for llama.cpp")
     ap.add_argument("--llama-cpp-python", dest="lcp_version", help="sdist version (default: the newest)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per engine run")
@@ -380,14 +387,18 @@ def main() -> int:
     results_dir.mkdir(exist_ok=True)
     out_path = args.out or results_dir / "bench_llamacpp.json"
 
-    ck = ensure_checkpoint(args.work)
+    ck = ensure_checkpoint(args.work, args.layers)
     cfg = json.loads((ck / "config.json").read_text())
     py = ensure_venv(args.work)
     llama_src = ensure_llama_source(args.work, py, args.lcp_version)
     bin_dir = ensure_llama_build(args.work, llama_src, args.jobs)
     ggufs = {p: ensure_gguf(args.work, py, llama_src, bin_dir, ck, PAIRS[p][0], args.threads) for p in pairs}
-    containers = {p: ensure_container(args.work, args.charm, ck, PAIRS[p][1]) if PAIRS[p][1] else None for p in pairs}
+    containers = {p: ensure_container(args.work, args.charm, ck, PAIRS[p][1])
+                  if PAIRS[p][1] not in (None, "gguf") else None for p in pairs}
     prompt = make_prompt(args.work, py, ck, args.pp, cfg["vocab_size"])
+    if args.prepare_only:
+        log("prepared: " + ", ".join(str(g) for g in ggufs.values()))
+        return 0
 
     res = {"machine": machine(args.work), "threads": args.threads, "pp": args.pp, "tg": args.tg,
            "llama": llama_version(llama_src), "commands": [], "pairs": {}}
@@ -398,9 +409,11 @@ def main() -> int:
     for p in pairs:
         qtype, quant = PAIRS[p]
         tensors = gguf_tensors(py, llama_src, ggufs[p])
-        topo = write_topology(results_dir, ck, containers[p], args.threads, p)
+        same_file = quant == "gguf"
+        topo = write_topology(results_dir, ggufs[p] if same_file else ck, containers[p], args.threads, p)
         entry = {"llama_type": qtype, "gguf": str(ggufs[p]), "gguf_types": type_census(tensors),
-                 "charm_bytes_per_token": charm_active_bytes(ck, cfg, quant),
+                 "charm_bytes_per_token": llama_active_bytes(tensors, cfg) if same_file
+                 else charm_active_bytes(ck, cfg, quant),
                  "llama_bytes_per_token": llama_active_bytes(tensors, cfg),
                  "topology": topo.read_text(), "llama": [], "charm": [], "errors": []}
         res["pairs"][p] = entry

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Runs llama.cpp's own convert_hf_to_gguf.py on the synthetic OLMoE checkpoint, with ONE
-change: the tokenizer's vocabulary is cut to the model's vocab_size.
+change: the tokenizer's vocabulary is cut to the model's vocab_size (and its merges to
+those among the kept tokens).
 
 Why: scripts/make_synthetic_olmoe.py gives its checkpoint vocab_size 50304 (OLMoE's) but
 the repository's Qwen2 fixture tokenizer, whose ids reach 151 k. The converter asserts
@@ -42,6 +43,25 @@ class CutVocabTokenizer:
         return self.vocab
 
 
+def keep_consistent_merges(vocab_size: int, model_dir: Path) -> None:
+    """Writes only the merges whose two parts and result are all kept tokens (ids <
+    vocab_size): the others would name tokens the cut vocabulary lacks, and a reader that
+    checks merges against the vocabulary (charm, tokenizers) would refuse the file."""
+    import gguf
+
+    tokenizer = json.loads((model_dir / "tokenizer.json").read_text())
+    kept = {t for t, i in tokenizer["model"]["vocab"].items() if i < vocab_size}
+    add_to_gguf = gguf.SpecialVocab.add_to_gguf
+
+    def filtered(self, gw, quiet: bool = False):
+        pairs = [m.split(" ", 1) if isinstance(m, str) else m for m in self.merges]
+        self.merges = [" ".join(p) for p in pairs if len(p) == 2 and p[0] in kept and p[1] in kept
+                       and p[0] + p[1] in kept]
+        return add_to_gguf(self, gw, quiet)
+
+    gguf.SpecialVocab.add_to_gguf = filtered
+
+
 def main() -> int:
     if len(sys.argv) < 3:
         print(__doc__, file=sys.stderr)
@@ -58,6 +78,7 @@ def main() -> int:
 
     transformers.AutoTokenizer.from_pretrained = from_pretrained
     sys.path.insert(0, str(llama_cpp / "gguf-py"))
+    keep_consistent_merges(vocab_size, model_dir)
     sys.path.insert(0, str(llama_cpp))
     sys.argv = [str(llama_cpp / "convert_hf_to_gguf.py")] + sys.argv[2:]
     runpy.run_path(sys.argv[0], run_name="__main__")
