@@ -355,7 +355,14 @@ uint64_t GgufTensorInfo::rows() const {
   return n;
 }
 
-uint64_t GgufTensorInfo::row_bytes() const { return *ggml_row_bytes(type, ne.front()); }
+uint64_t GgufTensorInfo::row_bytes() const {
+  const auto bytes = ggml_row_bytes(type, row_elements());
+  if (!bytes) {
+    fail_invalid("tensor '" + name + "': ne[0] = " + std::to_string(row_elements()) + " is not whole blocks of " +
+                 ggml_traits(type).name);
+  }
+  return *bytes;
+}
 
 // ---- parsing ------------------------------------------------------------------
 

@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -97,8 +96,8 @@ class GgufValue {
   int64_t index_ = -1;  ///< position in its parent array, or -1 for a top-level value
 };
 
-/// Metadata keys in file order are not kept: keys are unique (a repeated one is an error),
-/// so a map is the whole truth. std::less<> allows lookups by string_view.
+/// A file's metadata by key. Keys are unique (a repeated one is refused at open), so the
+/// map loses nothing but the file order; std::less<> allows lookups by string_view.
 using GgufMetadata = std::map<std::string, GgufValue, std::less<>>;
 
 /// One tensor's entry in a GGUF file.
@@ -117,10 +116,11 @@ struct GgufTensorInfo {
   /// Product of ne.
   uint64_t numel() const;
   /// Values per row: ne[0].
-  int64_t row_elements() const { return ne.front(); }
+  int64_t row_elements() const { return ne.empty() ? 0 : ne.front(); }
   /// numel() / ne[0] (the product of ne[1..]).
   uint64_t rows() const;
-  /// Bytes of one row (whole blocks of `type`).
+  /// Bytes of one row (whole blocks of `type`). Throws Error(kInvalidInput) for an info
+  /// not from a GgufFile whose ne[0] is not whole blocks.
   uint64_t row_bytes() const;
 };
 
