@@ -556,10 +556,11 @@ TEST_CASE("the file gguf-py's GGUFWriter wrote reads as gguf-py reads it") {
   CHECK(f->version() == want["version"].get<uint32_t>());
   CHECK(f->alignment() == want["alignment"].get<uint32_t>());
   CHECK(f->metadata().size() == want["metadata"].size());
-  for (const auto& [key, value] : want["metadata"].items()) {
+  for (const auto& item : want["metadata"].items()) {
+    const std::string key = item.key();  // a plain variable: clang's doctest lambdas cannot capture bindings
     const GgufValue* v = f->find(key);
     REQUIRE_MESSAGE(v != nullptr, key);
-    check_value(*v, value);
+    check_value(*v, item.value());
   }
   REQUIRE(f->tensors().size() == want["tensors"].size());
   for (size_t i = 0; i < f->tensors().size(); ++i) {
