@@ -355,7 +355,14 @@ uint64_t GgufTensorInfo::rows() const {
   return n;
 }
 
-uint64_t GgufTensorInfo::row_bytes() const { return *ggml_row_bytes(type, ne.front()); }
+uint64_t GgufTensorInfo::row_bytes() const {
+  const auto bytes = ggml_row_bytes(type, row_elements());
+  if (!bytes) {
+    fail_invalid("tensor '" + name + "': ne[0] = " + std::to_string(row_elements()) + " is not whole blocks of " +
+                 ggml_traits(type).name);
+  }
+  return *bytes;
+}
 
 // ---- parsing ------------------------------------------------------------------
 
@@ -399,6 +406,14 @@ class GgufParser {
     // A key-value pair takes at least 8 + 1 + 4 + 1 bytes, a tensor info 8 + 1 + 4 + 8 + 4 + 8:
     // a count past what the rest of the file could hold is refused before any parsing.
     constexpr uint64_t kMinKvBytes = 14, kMinTensorBytes = 33;
+    if (kv_count_ > GgufFile::kMaxKeyValues) {
+      fail_invalid(file_ + ": kv_count " + std::to_string(kv_count_) + " is over charm's limit of " +
+                   std::to_string(GgufFile::kMaxKeyValues) + " key-value pairs");
+    }
+    if (tensor_count_ > GgufFile::kMaxTensors) {
+      fail_invalid(file_ + ": tensor_count " + std::to_string(tensor_count_) + " is over charm's limit of " +
+                   std::to_string(GgufFile::kMaxTensors) + " tensors");
+    }
     const uint64_t left = in_.left();
     if (kv_count_ > left / kMinKvBytes) {
       fail_invalid(file_ + ": kv_count " + std::to_string(kv_count_) + " is larger than the file could hold (" +
@@ -467,6 +482,11 @@ class GgufParser {
         a->strings.push_back(in_.read_string(what + " element " + std::to_string(j), GgufFile::kMaxStringBytes));
       }
     } else if (a->element_type == GgufValueType::kArray) {
+      inner_arrays_ += a->count;  // cannot overflow: count <= left() / 12
+      if (inner_arrays_ > GgufFile::kMaxInnerArrays) {
+        fail_invalid(file_ + ": " + what + " brings the file's inner arrays to " + std::to_string(inner_arrays_) +
+                     ", over charm's limit of " + std::to_string(GgufFile::kMaxInnerArrays));
+      }
       a->arrays.reserve(a->count);
       for (uint64_t j = 0; j < a->count; ++j) {
         a->arrays.push_back(parse_array(origin, static_cast<int64_t>(j), depth + 1));
@@ -589,6 +609,7 @@ class GgufParser {
   Cursor in_;
   uint64_t kv_count_ = 0;
   uint64_t tensor_count_ = 0;
+  uint64_t inner_arrays_ = 0;  ///< elements of all arrays of arrays so far
 };
 
 // ---- GgufFile -----------------------------------------------------------------

@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -97,8 +96,8 @@ class GgufValue {
   int64_t index_ = -1;  ///< position in its parent array, or -1 for a top-level value
 };
 
-/// Metadata keys in file order are not kept: keys are unique (a repeated one is an error),
-/// so a map is the whole truth. std::less<> allows lookups by string_view.
+/// A file's metadata by key. Keys are unique (a repeated one is refused at open), so the
+/// map loses nothing but the file order; std::less<> allows lookups by string_view.
 using GgufMetadata = std::map<std::string, GgufValue, std::less<>>;
 
 /// One tensor's entry in a GGUF file.
@@ -117,10 +116,11 @@ struct GgufTensorInfo {
   /// Product of ne.
   uint64_t numel() const;
   /// Values per row: ne[0].
-  int64_t row_elements() const { return ne.front(); }
+  int64_t row_elements() const { return ne.empty() ? 0 : ne.front(); }
   /// numel() / ne[0] (the product of ne[1..]).
   uint64_t rows() const;
-  /// Bytes of one row (whole blocks of `type`).
+  /// Bytes of one row (whole blocks of `type`). Throws Error(kInvalidInput) for an info
+  /// not from a GgufFile whose ne[0] is not whole blocks.
   uint64_t row_bytes() const;
 };
 
@@ -128,7 +128,8 @@ struct GgufTensorInfo {
 /// checked completely at open, so every offset and size in them can be trusted; the file
 /// is memory-mapped read-only (resident tensors cost no copy) and `read` uses pread (an
 /// on-demand expert read does not fault in the mapping). Memory held: the metadata and
-/// tensor infos, at most about 10 times their bytes in the file.
+/// tensor infos, within the caps below at most about 10 times their bytes in the file
+/// (an array of empty strings: 4x; tensor infos: 8x).
 /// Thread-safety: const methods may be called from any thread concurrently. The file
 /// must not be truncated while open (the mapping would fault, as for any mmap reader).
 class GgufFile {
@@ -139,6 +140,13 @@ class GgufFile {
   static constexpr uint64_t kMaxNameBytes = 64 * 1024;
   /// Deepest array nesting accepted: an array of arrays of scalars is 2.
   static constexpr int kMaxArrayDepth = 2;
+  /// Most key-value pairs, inner arrays (all arrays of arrays together) and tensors one
+  /// file may hold. Real models have a few dozen keys, no or few inner arrays and a few
+  /// thousand tensors; the caps bound the memory a hostile file's many tiny entries cost
+  /// (each is ~10-20 times its bytes in the file as a map node or object).
+  static constexpr uint64_t kMaxKeyValues = 65536;
+  static constexpr uint64_t kMaxInnerArrays = 65536;
+  static constexpr uint64_t kMaxTensors = 1 << 20;
   static constexpr uint32_t kDefaultAlignment = 32;
 
   /// Opens and validates `path`. Throws Error(kInvalidInput) naming the file and the key
@@ -146,7 +154,8 @@ class GgufFile {
   /// length and count is checked against the bytes left before anything is allocated),
   /// a magic other than "GGUF", a version other than 2 or 3 (a big-endian file, whose
   /// version reads byte-swapped, is named as such), kv_count or tensor_count larger than
-  /// the file could hold, an empty key or one given twice, a key over 64 KiB, a string
+  /// the file could hold or than kMaxKeyValues / kMaxTensors, more than kMaxInnerArrays
+  /// inner arrays, an empty key or one given twice, a key over 64 KiB, a string
   /// over 64 MiB, an unknown value type, a bool other than 0 or 1, arrays nested deeper
   /// than 2, a general.alignment that is not a u32 power of two, an empty tensor name,
   /// a name over 64 KiB or given twice, n_dims outside 1..4, a dim negative as int64 or

@@ -355,11 +355,15 @@ TEST_CASE("header errors: short file, magic, version, big-endian, counts the fil
   b.version = 0x03000000;  // 3 written big-endian
   expect_bad(dir, b, {"big-endian", "byte-swapped 3"});
   b = small_model();
+  b.kv_count = 60000;  // under the cap, but 60000 pairs take at least 840000 bytes
+  expect_bad(dir, b, {"kv_count 60000", "larger than the file could hold"});
   b.kv_count = uint64_t{1} << 40;
-  expect_bad(dir, b, {"kv_count 1099511627776", "larger than the file could hold"});
+  expect_bad(dir, b, {"kv_count 1099511627776", "over charm's limit of 65536"});
   b = small_model();
+  b.tensor_count = 60000;
+  expect_bad(dir, b, {"tensor_count 60000", "larger than the file could hold"});
   b.tensor_count = UINT64_MAX;
-  expect_bad(dir, b, {"tensor_count 18446744073709551615", "larger than the file could hold"});
+  expect_bad(dir, b, {"tensor_count 18446744073709551615", "over charm's limit of 1048576"});
   b = small_model();
   b.kv_count = 4;  // one more than written: the next "key" is the first tensor info
   const auto path = dir / "bad.gguf";
@@ -411,6 +415,16 @@ TEST_CASE("value errors: unknown type, bad bool, strings over 64 MiB or past the
   b = small_model();
   b.kv("k", g::array(9, {g::array(9, {})}));  // an empty array of arrays at depth 2 declares depth 3
   expect_bad(dir, b, {"'k'", "nests arrays 3 deep"});
+  // Inner arrays are capped per file (each costs an object): 65536 in all is fine, one more is not.
+  std::string empties;
+  for (int i = 0; i < 32768; ++i) empties += g::le<uint32_t>(0) + g::le<uint64_t>(0);
+  b = small_model();
+  b.kv("k1", g::array_raw(9, 32768, empties)).kv("k2", g::array_raw(9, 32768, empties));
+  const auto many = dir / "many.gguf";
+  b.write(many);
+  CHECK(GgufFile::open(many)->get("k2").as_array_array().size() == 32768);
+  b.kv("k3", g::array(9, {g::array(0, {})}));
+  expect_bad(dir, b, {"'k3'", "inner arrays to 65537", "limit of 65536"});
   b = small_model();
   b.kv("k", g::array_raw(4, uint64_t{1} << 40, "abcd"));
   expect_bad(dir, b, {"truncated", "'k'", "1099511627776 u32 elements"});
@@ -542,10 +556,11 @@ TEST_CASE("the file gguf-py's GGUFWriter wrote reads as gguf-py reads it") {
   CHECK(f->version() == want["version"].get<uint32_t>());
   CHECK(f->alignment() == want["alignment"].get<uint32_t>());
   CHECK(f->metadata().size() == want["metadata"].size());
-  for (const auto& [key, value] : want["metadata"].items()) {
+  for (const auto& item : want["metadata"].items()) {
+    const std::string key = item.key();  // a plain variable: clang's doctest lambdas cannot capture bindings
     const GgufValue* v = f->find(key);
     REQUIRE_MESSAGE(v != nullptr, key);
-    check_value(*v, value);
+    check_value(*v, item.value());
   }
   REQUIRE(f->tensors().size() == want["tensors"].size());
   for (size_t i = 0; i < f->tensors().size(); ++i) {
