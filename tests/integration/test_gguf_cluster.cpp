@@ -6,7 +6,9 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <cstdlib>
 #include <fstream>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -48,6 +50,24 @@ std::vector<Decoded> decode_prompts(const std::string& model, const std::vector<
     SamplingParams params;
     params.temperature = 0;
     params.max_tokens = max_tokens;
+    Decoded d;
+    d.tokens = engine->start(prompt, params, &d.first_logits)->wait({}).tokens;
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+/// Greedy decoding of decode_ids' prompts on `model`, single node, with store `tiers`.
+std::vector<Decoded> decode_ids_with_store(const std::string& model, const std::string& tiers) {
+  test::TempDir dir{"charm-gguf-store"};
+  std::vector<std::pair<std::string, uint16_t>> unused;
+  const fs::path yaml = test::write_topology(dir.path(), model, {}, unused, tiers);
+  auto engine = Engine::create(Topology::load(yaml));
+  std::vector<Decoded> out;
+  for (const auto& prompt : std::vector<std::vector<int32_t>>{{1, 5, 17, 300, 42}, {511, 0, 256, 3}}) {
+    SamplingParams params;
+    params.temperature = 0;
+    params.max_tokens = 10;
     Decoded d;
     d.tokens = engine->start(prompt, params, &d.first_logits)->wait({}).tokens;
     out.push_back(std::move(d));
@@ -101,4 +121,26 @@ TEST_CASE("llama-quantize's Q4_K_M file through two workers gives its single-nod
   const std::string gguf =
       (fs::path(CHARM_SOURCE_DIR) / "tests/fixtures/gguf_models/qwen3moe-k256.q4_k_m.gguf").string();
   check_same(decode_ids(gguf, {}), decode_ids(gguf, {"\"0-3\"", "\"4-7\""}));
+}
+
+TEST_CASE("charm convert of a Q4_K_M GGUF keeps its blocks, and serving the container changes no bit") {
+  const std::string gguf =
+      (fs::path(CHARM_SOURCE_DIR) / "tests/fixtures/gguf_models/qwen3moe-k256.q4_k_m.gguf").string();
+  test::TempDir tmp{"charm-gguf-convert"};
+  const std::string container = (tmp.path() / "experts").string();
+  REQUIRE(std::system((kCharm + " convert --checkpoint " + gguf + " --out " + container + " 2>/dev/null").c_str()) == 0);
+  std::ifstream in(fs::path(container) / "index.json");
+  const auto index = nlohmann::json::parse(in);
+  std::set<std::string> dtypes;
+  for (const auto& e : index["experts"]) {
+    for (const char* m : {"gate", "up", "down"}) dtypes.insert(e[m]["dtype"].get<std::string>());
+  }
+  CHECK(dtypes.contains("Q4_K"));  // as stored, not widened
+  // 16 experts of 3 x [256, 256] Q4_K/Q6_K: about a quarter of bf16's 6 MiB.
+  CHECK(index["data_bytes"].get<uint64_t>() < 16 * 3 * 256 * 256 * 2 / 2);
+  // One expert slot per layer (128 KiB slots, 2 layers): every other expert is read from
+  // the container on demand.
+  const std::string one_slot = "ram_gb: 0.000245, pin: none, usage_file: none";
+  check_same(decode_ids_with_store(gguf, ""), decode_ids_with_store(gguf, one_slot + ", container: " + container));
+  check_same(decode_ids_with_store(gguf, ""), decode_ids_with_store(gguf, one_slot));
 }
