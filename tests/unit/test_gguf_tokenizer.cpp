@@ -379,7 +379,8 @@ TEST_CASE("over-long token and merge arrays are refused before any work") {
 // `scripts/gen_gguf_tokenizer_cases.py --dump FILE.gguf OUT.json`), checked by hand:
 //   CHARM_GGUF_TOKENIZER_DUMP=OUT.json [CHARM_GGUF_TOKENIZER_PAIRS=prefix]
 //     build/tests/test_gguf_tokenizer --no-skip -tc='*dumped*'
-// With PAIRS, prefix.inp/prefix.out are llama.cpp test pairs for it; without, it must
+// CHARM_GGUF_TOKENIZER_JSON_OUT=FILE also writes the tokenizer.json made from it (to run
+// HF tokenizers on). With PAIRS, prefix.inp/prefix.out are test pairs for it; without, it must
 // encode the Qwen cases as the Qwen3 tokenizer.json does (texts with Qwen3-only tokens
 // left out). Skipped in ctest: the file is not part of the tree.
 TEST_CASE("a dumped GGUF's tokenizer (manual)" * doctest::skip()) {
@@ -392,6 +393,8 @@ TEST_CASE("a dumped GGUF's tokenizer (manual)" * doctest::skip()) {
   const json tokenizer_json = charm::tokenizer_json_from_gguf(meta, dump);
   const auto t2 = Clock::now();
   const auto tok = Tokenizer::from_json(tokenizer_json, dump);
+  if (const char* out = std::getenv("CHARM_GGUF_TOKENIZER_JSON_OUT"))  // for HF tokenizers
+    std::ofstream(out) << tokenizer_json.dump();
   const auto t3 = Clock::now();
   const auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
   MESSAGE("read dump " << ms(t1 - t0) << " ms, tokenizer_json_from_gguf " << ms(t2 - t1)
