@@ -45,8 +45,9 @@ class CutVocabTokenizer:
 
 def keep_consistent_merges(vocab_size: int, model_dir: Path) -> None:
     """Writes only the merges whose two parts and result are all kept tokens (ids <
-    vocab_size): the others would name tokens the cut vocabulary lacks, and a reader that
-    checks merges against the vocabulary (charm, tokenizers) would refuse the file."""
+    vocab_size), and only the special ids among them: the others would name tokens the cut
+    vocabulary lacks, and a reader that checks them against the vocabulary (charm,
+    tokenizers) would refuse the file."""
     import gguf
 
     tokenizer = json.loads((model_dir / "tokenizer.json").read_text())
@@ -57,6 +58,8 @@ def keep_consistent_merges(vocab_size: int, model_dir: Path) -> None:
         pairs = [m.split(" ", 1) if isinstance(m, str) else m for m in self.merges]
         self.merges = [" ".join(p) for p in pairs if len(p) == 2 and p[0] in kept and p[1] in kept
                        and p[0] + p[1] in kept]
+        # Special ids past the cut (Qwen2's <|im_end|> is 151645) would name no token.
+        self.special_token_ids = {k: v for k, v in self.special_token_ids.items() if v < vocab_size}
         return add_to_gguf(self, gw, quiet)
 
     gguf.SpecialVocab.add_to_gguf = filtered

@@ -59,7 +59,7 @@ expect 2 "--out" -- convert --checkpoint "$tmp"
 expect 2 "quant" -- convert --checkpoint "$tmp" --out "$tmp/c" --quant fp8
 expect 2 "--worker needs --config" -- convert --checkpoint "$tmp" --out "$tmp/c" --worker w0
 expect 2 "checkpoint directory $tmp/absent does not exist" -- convert --checkpoint "$tmp/absent" --out "$tmp/c"
-expect 2 "$tmp/bad.yaml is not a checkpoint directory" -- convert --checkpoint "$tmp/bad.yaml" --out "$tmp/c"
+expect 2 "$tmp/bad.yaml is neither a checkpoint directory" -- convert --checkpoint "$tmp/bad.yaml" --out "$tmp/c"
 
 # Paths in errors (issue 12, item 11): every path a user gives is printed as resolved and,
 # when written relative, with what it was resolved against: the YAML's folder for YAML

@@ -640,7 +640,7 @@ TEST_CASE("a checkpoint path that is absent, not a directory, or lacks a file is
                 ") does not exist"});
   charm::testing::write_bytes(dir / "file", "x");
   expect_error([&] { Checkpoint::open(UserPath::resolve("file", dir.path())); }, ErrorCategory::kInvalidInput,
-               {(dir / "file").string() + " (resolved from 'file' against " + base + ") is not a checkpoint directory"});
+               {(dir / "file").string() + " (resolved from 'file' against " + base + ") is neither a checkpoint directory"});
   std::filesystem::create_directories(dir / "empty");
   expect_error([&] { Checkpoint::open(UserPath::resolve("./empty/", dir.path())); }, ErrorCategory::kInvalidInput,
                {(dir / "empty/config.json").string() + ": missing or unreadable (in " + (dir / "empty/").string() +
