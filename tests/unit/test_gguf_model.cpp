@@ -200,6 +200,21 @@ TEST_CASE("a GGUF of an architecture charm does not serve is refused by name") {
   expect_error([&] { Checkpoint::open(path); }, ErrorCategory::kUnsupported, {"gemma3x_", "not supported", "qwen3moe"});
 }
 
+TEST_CASE("a truncated GGUF and a missing tensor are refused naming the file") {
+  TempDir tmp;
+  const auto src = kGguf / "qwen3-moe-tiny.bf16.gguf";
+  const auto cut = tmp.path() / "cut.gguf";
+  std::filesystem::copy_file(src, cut);
+  std::filesystem::resize_file(cut, std::filesystem::file_size(src) - 1000);
+  expect_error([&] { Checkpoint::open(cut); }, ErrorCategory::kInvalidInput, {cut.string()});
+  // A layer whose router is there but whose q projection is not: the family names it.
+  const auto ckpt = Checkpoint::open(src);
+  expect_error([&] { ckpt->load_matrix("model.layers.0.self_attn.q_proj.weight", 64, 63); },
+               ErrorCategory::kInvalidInput, {"q_proj", "[64, 64]", "[64, 63]"});
+  expect_error([&] { ckpt->load_f32("model.layers.9.self_attn.q_proj.weight", {64, 64}); },
+               ErrorCategory::kInvalidInput, {"model.layers.9.self_attn.q_proj.weight", "not found"});
+}
+
 TEST_CASE("f32 metadata reads back as the decimal it was written from") {
   CHECK(gguf_f32_as_decimal(1e-6f) == 1e-6);
   CHECK(gguf_f32_as_decimal(1e-5f) == 1e-5);
