@@ -6,10 +6,6 @@
 // limits on lengths and counts (hostile files must not make us allocate).
 #include "common/gguf.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
@@ -43,7 +39,6 @@ struct GgufArray {
 
 namespace {
 
-std::string errno_text() { return std::strerror(errno); }
 
 /// Bytes of one scalar of `type`, 0 for string and array (variable).
 uint64_t scalar_bytes(GgufValueType type) {
@@ -369,7 +364,7 @@ uint64_t GgufTensorInfo::row_bytes() const {
 /// Parses the mapped bytes of one file into a GgufFile's fields.
 class GgufParser {
  public:
-  GgufParser(GgufFile& out, const std::string& file) : out_(out), file_(file), in_(out.map_, out.size_, file) {}
+  GgufParser(GgufFile& out, const std::string& file) : out_(out), file_(file), in_(out.file_.data(), out.file_.size(), file) {}
 
   void parse() {
     parse_header();
@@ -381,7 +376,7 @@ class GgufParser {
 
  private:
   void parse_header() {
-    if (out_.size_ < 4 || std::memcmp(out_.map_, "GGUF", 4) != 0) {
+    if (out_.size() < 4 || std::memcmp(out_.file_.data(), "GGUF", 4) != 0) {
       fail_invalid(file_ + ": not a GGUF file (the first 4 bytes are not \"GGUF\")");
     }
     in_.take(4, "magic");
@@ -579,11 +574,11 @@ class GgufParser {
     out_.data_offset_ = (in_.pos() + a - 1) / a * a;  // pos < 2^63 (a file size), a <= 2^31
     for (GgufTensorInfo& t : out_.tensors_) {
       const std::string where = file_ + ": tensor '" + t.name + "'";
-      if (__builtin_add_overflow(out_.data_offset_, t.offset, &t.data_begin) || t.data_begin > out_.size_ ||
-          t.nbytes > out_.size_ - t.data_begin) {
+      if (__builtin_add_overflow(out_.data_offset_, t.offset, &t.data_begin) || t.data_begin > out_.size() ||
+          t.nbytes > out_.size() - t.data_begin) {
         fail_invalid(where + ": its " + std::to_string(t.nbytes) + " bytes at data offset " +
                      std::to_string(t.offset) + " (file byte " + std::to_string(out_.data_offset_) + " + offset) run past the end of the file (" +
-                     std::to_string(out_.size_) + " bytes)");
+                     std::to_string(out_.size()) + " bytes)");
       }
     }
     check_no_overlap();
@@ -614,58 +609,23 @@ class GgufParser {
 
 // ---- GgufFile -----------------------------------------------------------------
 
-namespace {
-
-/// Reads exactly `count` bytes at `offset` of `fd`, looping over short reads.
-/// Throws Error(kIo) naming `what` on failure or end of file.
-void pread_all(int fd, uint64_t offset, uint64_t count, void* dst, const std::string& what) {
-  auto* out = static_cast<uint8_t*>(dst);
-  while (count > 0) {
-    const ssize_t got = ::pread(fd, out, count, static_cast<off_t>(offset));
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      fail_io(what + ": read failed at byte " + std::to_string(offset) + ": " + errno_text());
-    }
-    if (got == 0) {
-      fail_io(what + ": unexpected end of file at byte " + std::to_string(offset) + " (" + std::to_string(count) +
-              " bytes still to read)");
-    }
-    out += got;
-    offset += static_cast<uint64_t>(got);
-    count -= static_cast<uint64_t>(got);
-  }
-}
-
-}  // namespace
 
 std::unique_ptr<GgufFile> GgufFile::open(const std::filesystem::path& path) {
   std::unique_ptr<GgufFile> self(new GgufFile());  // RAII: unmaps and closes on throw
   self->path_ = path;
   const std::string file = path.string();
 
-  self->fd_ = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (self->fd_ < 0) fail_io(file + ": cannot open: " + errno_text());
-  struct stat st {};
-  if (::fstat(self->fd_, &st) != 0) fail_io(file + ": cannot stat: " + errno_text());
-  if (!S_ISREG(st.st_mode)) fail_io(file + ": not a regular file");
-  self->size_ = static_cast<uint64_t>(st.st_size);
+  self->file_ = MappedFile::open(path);
   constexpr uint64_t kHeaderBytes = 4 + 4 + 8 + 8;
-  if (self->size_ < kHeaderBytes) {
-    fail_invalid(file + ": file is " + std::to_string(self->size_) + " bytes, shorter than the " +
+  if (self->size() < kHeaderBytes) {
+    fail_invalid(file + ": file is " + std::to_string(self->size()) + " bytes, shorter than the " +
                  std::to_string(kHeaderBytes) + "-byte GGUF header");
   }
-  void* map = ::mmap(nullptr, self->size_, PROT_READ, MAP_PRIVATE, self->fd_, 0);
-  if (map == MAP_FAILED) fail_io(file + ": cannot mmap: " + errno_text());
-  self->map_ = static_cast<const uint8_t*>(map);
-
   GgufParser(*self, file).parse();
   return self;
 }
 
-GgufFile::~GgufFile() {
-  if (map_ != nullptr) ::munmap(const_cast<uint8_t*>(map_), size_);
-  if (fd_ >= 0) ::close(fd_);
-}
+GgufFile::~GgufFile() = default;
 
 const GgufValue* GgufFile::find(std::string_view key) const {
   const auto it = metadata_.find(key);
@@ -684,22 +644,11 @@ const GgufTensorInfo* GgufFile::find_tensor(std::string_view name) const {
 }
 
 const uint8_t* GgufFile::mapped(const GgufTensorInfo& info) const {
-  if (info.data_begin > size_ || info.nbytes > size_ - info.data_begin) {
-    fail_invalid(path_.string() + ": tensor '" + info.name + "' is not inside this file");
-  }
-  return map_ + info.data_begin;
+  return file_.region(info.data_begin, info.nbytes, path_.string() + ": tensor '" + info.name + "'");
 }
 
 void GgufFile::read(const GgufTensorInfo& info, uint64_t offset, uint64_t count, void* dst) const {
-  if (offset > info.nbytes || count > info.nbytes - offset) {
-    fail_invalid(path_.string() + ": tensor '" + info.name + "': read of " + std::to_string(count) +
-                 " bytes at offset " + std::to_string(offset) + " is outside its " + std::to_string(info.nbytes) +
-                 " bytes");
-  }
-  if (info.data_begin > size_ || info.nbytes > size_ - info.data_begin) {
-    fail_invalid(path_.string() + ": tensor '" + info.name + "' is not inside this file");
-  }
-  pread_all(fd_, info.data_begin + offset, count, dst, path_.string() + ": tensor '" + info.name + "'");
+  file_.read_region(info.data_begin, info.nbytes, offset, count, dst, path_.string() + ": tensor '" + info.name + "'");
 }
 
 }  // namespace charm

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/ggml_type.h"
+#include "common/mapped_file.h"
 
 namespace charm {
 
@@ -177,7 +178,7 @@ class GgufFile {
   /// Absolute offset of the tensor data section.
   uint64_t data_offset() const { return data_offset_; }
   /// File size in bytes.
-  uint64_t size() const { return size_; }
+  uint64_t size() const { return file_.size(); }
 
   const GgufMetadata& metadata() const { return metadata_; }
   /// The value of `key`, or nullptr when absent.
@@ -203,9 +204,7 @@ class GgufFile {
   friend class GgufModelFiles;  // sets each tensor's `split` (common/gguf_split.h)
   GgufFile() = default;
   std::filesystem::path path_;
-  int fd_ = -1;
-  const uint8_t* map_ = nullptr;
-  uint64_t size_ = 0;
+  MappedFile file_;
   uint32_t version_ = 0;
   uint32_t alignment_ = kDefaultAlignment;
   uint64_t data_offset_ = 0;

@@ -3,10 +3,6 @@
 // Format: https://github.com/huggingface/safetensors (README, "Format").
 #include "common/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -25,27 +21,7 @@ namespace {
 // corrupt (or hostile) file, not a real header.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
-std::string errno_text() { return std::strerror(errno); }
 
-/// Reads exactly `count` bytes at `offset` of `fd`, looping over short reads.
-/// Throws Error(kIo) naming `what` on failure or end of file.
-void pread_all(int fd, uint64_t offset, uint64_t count, void* dst, const std::string& what) {
-  auto* out = static_cast<uint8_t*>(dst);
-  while (count > 0) {
-    const ssize_t got = ::pread(fd, out, count, static_cast<off_t>(offset));
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      fail_io(what + ": read failed at byte " + std::to_string(offset) + ": " + errno_text());
-    }
-    if (got == 0) {
-      fail_io(what + ": unexpected end of file at byte " + std::to_string(offset) + " (" +
-              std::to_string(count) + " bytes still to read)");
-    }
-    out += got;
-    offset += static_cast<uint64_t>(got);
-    count -= static_cast<uint64_t>(got);
-  }
-}
 
 /// Parses one tensor entry of the header; `data_size` is the byte buffer's length and
 /// `data_start` its absolute offset. Throws Error(kInvalidInput) naming file and tensor.
@@ -146,30 +122,26 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::pa
   self->path_ = path;
   const std::string file = path.string();
 
-  self->fd_ = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (self->fd_ < 0) fail_io(file + ": cannot open: " + errno_text());
-  struct stat st {};
-  if (::fstat(self->fd_, &st) != 0) fail_io(file + ": cannot stat: " + errno_text());
-  if (!S_ISREG(st.st_mode)) fail_io(file + ": not a regular file");
-  self->size_ = static_cast<uint64_t>(st.st_size);
+  self->file_ = MappedFile::open(path);
+  const uint64_t size = self->file_.size();
 
-  if (self->size_ < 8) {
-    fail_invalid(file + ": file is " + std::to_string(self->size_) + " bytes, shorter than the 8-byte header length");
+  if (size < 8) {
+    fail_invalid(file + ": file is " + std::to_string(size) + " bytes, shorter than the 8-byte header length");
   }
   uint8_t len_bytes[8];
-  pread_all(self->fd_, 0, 8, len_bytes, file);
+  self->file_.pread(0, 8, len_bytes, file);
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];  // little-endian
   if (header_len > kMaxHeaderBytes) {
     fail_invalid(file + ": header length " + std::to_string(header_len) + " is over the 100 MB limit");
   }
-  if (header_len > self->size_ - 8) {
+  if (header_len > size - 8) {
     fail_invalid(file + ": header length " + std::to_string(header_len) + " runs past the end of the file (" +
-                 std::to_string(self->size_) + " bytes)");
+                 std::to_string(size) + " bytes)");
   }
 
   std::string header(header_len, '\0');
-  pread_all(self->fd_, 8, header_len, header.data(), file);
+  self->file_.pread(8, header_len, header.data(), file);
   nlohmann::json json;
   try {
     json = parse_json(header, file + ": header", kSafetensorsHeaderLimits);
@@ -184,7 +156,7 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::pa
   if (!json.is_object()) fail_invalid(file + ": header JSON is not an object");
 
   const uint64_t data_start = 8 + header_len;
-  const uint64_t data_size = self->size_ - data_start;
+  const uint64_t data_size = size - data_start;
   for (const auto& [name, entry] : json.items()) {
     if (name == "__metadata__") {
       self->metadata_ = parse_metadata(file, entry);
@@ -196,34 +168,17 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::pa
   }
   check_no_overlap(file, self->tensors_);
 
-  void* map = ::mmap(nullptr, self->size_, PROT_READ, MAP_PRIVATE, self->fd_, 0);
-  if (map == MAP_FAILED) fail_io(file + ": cannot mmap: " + errno_text());
-  self->map_ = static_cast<const uint8_t*>(map);
   return self;
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (map_ != nullptr) ::munmap(const_cast<uint8_t*>(map_), size_);
-  if (fd_ >= 0) ::close(fd_);
-}
+SafetensorsFile::~SafetensorsFile() = default;
 
 const uint8_t* SafetensorsFile::mapped(const TensorInfo& info) const {
-  if (info.data_begin > size_ || info.nbytes > size_ - info.data_begin) {
-    fail_invalid(path_.string() + ": tensor '" + info.name + "' is not inside this file");
-  }
-  return map_ + info.data_begin;
+  return file_.region(info.data_begin, info.nbytes, path_.string() + ": tensor '" + info.name + "'");
 }
 
 void SafetensorsFile::read(const TensorInfo& info, uint64_t offset, uint64_t count, void* dst) const {
-  if (offset > info.nbytes || count > info.nbytes - offset) {
-    fail_invalid(path_.string() + ": tensor '" + info.name + "': read of " + std::to_string(count) +
-                 " bytes at offset " + std::to_string(offset) + " is outside its " +
-                 std::to_string(info.nbytes) + " bytes");
-  }
-  if (info.data_begin > size_ || info.nbytes > size_ - info.data_begin) {
-    fail_invalid(path_.string() + ": tensor '" + info.name + "' is not inside this file");
-  }
-  pread_all(fd_, info.data_begin + offset, count, dst, path_.string() + ": tensor '" + info.name + "'");
+  file_.read_region(info.data_begin, info.nbytes, offset, count, dst, path_.string() + ": tensor '" + info.name + "'");
 }
 
 }  // namespace charm

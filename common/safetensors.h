@@ -14,6 +14,7 @@
 
 #include "common/dtype.h"
 #include "common/ggml_type.h"
+#include "common/mapped_file.h"
 
 namespace charm {
 
@@ -67,9 +68,7 @@ class SafetensorsFile {
  private:
   SafetensorsFile() = default;
   std::filesystem::path path_;
-  int fd_ = -1;
-  const uint8_t* map_ = nullptr;
-  uint64_t size_ = 0;
+  MappedFile file_;
   std::map<std::string, TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;
 };
