@@ -61,14 +61,13 @@ bool f16(const uint8_t* src, float* dst, int64_t elements) {
   return true;
 }
 
-/// Widens every block of a row with `decode` (common/ggml_decode_avx2.h, shared with the
-/// fused GEMV of common/matmul_avx2.cpp) into dst.
-template <void (*Decode)(const uint8_t*, StoreSink&)>
-bool run(GgmlType type, const uint8_t* src, float* dst, int64_t elements) {
-  const GgmlTypeTraits t = ggml_traits(type);
-  for (int64_t i = 0; i < elements / t.block_elements; ++i) {
-    StoreSink sink{dst + i * t.block_elements};
-    Decode(src + i * t.block_bytes, sink);
+/// Widens every block of a row with block type T's decoder (common/ggml_decode_avx2.h,
+/// shared with the fused GEMV of common/matmul_avx2.cpp) into dst.
+template <class T>
+bool run(const uint8_t* src, float* dst, int64_t elements) {
+  for (int64_t i = 0; i < elements / T::kElements; ++i) {
+    StoreSink sink{dst + i * T::kElements};
+    ggml_avx2::decode_block<T>(src + i * T::kBytes, sink);
   }
   return true;
 }
@@ -78,14 +77,14 @@ bool run(GgmlType type, const uint8_t* src, float* dst, int64_t elements) {
 bool dequantize_row_avx2(GgmlType type, const uint8_t* src, float* dst, int64_t elements) {
   switch (type) {
     case GgmlType::kF16: return f16(src, dst, elements);
-    case GgmlType::kQ8_0: return run<ggml_avx2::decode_q8_0<StoreSink>>(type, src, dst, elements);
-    case GgmlType::kQ4_0: return run<ggml_avx2::decode_q4_0<StoreSink>>(type, src, dst, elements);
-    case GgmlType::kQ2_K: return run<ggml_avx2::decode_q2_k<StoreSink>>(type, src, dst, elements);
-    case GgmlType::kQ3_K: return run<ggml_avx2::decode_q3_k<StoreSink>>(type, src, dst, elements);
-    case GgmlType::kQ4_K: return run<ggml_avx2::decode_q4_k<StoreSink>>(type, src, dst, elements);
-    case GgmlType::kQ5_K: return run<ggml_avx2::decode_q5_k<StoreSink>>(type, src, dst, elements);
-    case GgmlType::kQ6_K: return run<ggml_avx2::decode_q6_k<StoreSink>>(type, src, dst, elements);
-    case GgmlType::kMXFP4: return run<ggml_avx2::decode_mxfp4<StoreSink>>(type, src, dst, elements);
+    case GgmlType::kQ8_0: return run<ggml_avx2::Q8_0>(src, dst, elements);
+    case GgmlType::kQ4_0: return run<ggml_avx2::Q4_0>(src, dst, elements);
+    case GgmlType::kQ2_K: return run<ggml_avx2::Q2_K>(src, dst, elements);
+    case GgmlType::kQ3_K: return run<ggml_avx2::Q3_K>(src, dst, elements);
+    case GgmlType::kQ4_K: return run<ggml_avx2::Q4_K>(src, dst, elements);
+    case GgmlType::kQ5_K: return run<ggml_avx2::Q5_K>(src, dst, elements);
+    case GgmlType::kQ6_K: return run<ggml_avx2::Q6_K>(src, dst, elements);
+    case GgmlType::kMXFP4: return run<ggml_avx2::MXFP4>(src, dst, elements);
     default: return false;  // the portable path serves the rest
   }
 }

@@ -197,20 +197,12 @@ struct DotSink {
   void operator()(int j, __m256 v) { acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(x + 8 * j), v)); }
 };
 
-/// One GGML block type as the fused GEMV reads it: its decoder (common/ggml_decode_avx2.h,
-/// the one dequantize_row's AVX2 path stores with) and its geometry.
-template <void (*Decode)(const uint8_t*, DotSink&), int64_t Elements, int64_t Bytes>
-struct GgmlBlock {
-  static constexpr int64_t kElements = Elements;
-  static constexpr int64_t kBytes = Bytes;
-  static void decode(const uint8_t* b, DotSink& sink) { Decode(b, sink); }
-};
-
-/// GEMV of GGML blocks, decode: y[o + k] for k < N. Each block of N rows is widened in
-/// registers (the same instructions as dequantize_row's AVX2 path, so the same bits as
-/// matrix_row_to_f32) and multiply-added into each row's 8 lane accumulators in column
-/// order: dot's order, as gemv_rows. A row is whole blocks, so there is no tail; dot
-/// still adds its zero tail, and so does finish.
+/// GEMV of GGML blocks, decode: y[o + k] for k < N. Each block is widened in registers
+/// by type B's decoder (common/ggml_decode_avx2.h: the instructions of dequantize_row's
+/// AVX2 path, so the values of matrix_row_to_f32) and multiply-added into each row's 8
+/// lane accumulators in column order: dot's order, as gemv_rows. The N rows advance one
+/// 32-element chunk at a time, so that their N independent add chains overlap. A row is
+/// whole blocks, so there is no tail; dot still adds its zero tail, and so does finish.
 template <class B, int N>
 void gemv_ggml_rows(const Source& s, const float* x, const float* bias, float* y, int64_t o) {
   const uint8_t* row[N];
@@ -229,9 +221,16 @@ void gemv_ggml_rows(const Source& s, const float* x, const float* bias, float* y
     for (; line < at + B::kBytes; line += 64) {
       for (int k = 0; k < N; ++k) _mm_prefetch(reinterpret_cast<const char*>(row[k] + ahead + line), _MM_HINT_T0);
     }
+    typename B::Prep prep[N];
+#pragma GCC unroll 4
     for (int k = 0; k < N; ++k) {
       sink[k].x = x + b * B::kElements;
-      B::decode(row[k] + at, sink[k]);
+      B::prepare(row[k] + at, prep[k]);
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < B::kChunks; ++c) {
+#pragma GCC unroll 4
+      for (int k = 0; k < N; ++k) B::chunk(row[k] + at, prep[k], c, sink[k]);
     }
   }
   for (int k = 0; k < N; ++k) y[o + k] = finish(sink[k].acc, 0.0f, bias, o + k);
@@ -251,14 +250,14 @@ bool gemv_ggml_fused(GgmlType type, const Source& s, const float* x, const float
                      int64_t o1) {
   namespace g = ggml_avx2;
   switch (type) {
-    case GgmlType::kQ8_0: gemv_ggml<GgmlBlock<g::decode_q8_0<DotSink>, 32, 34>>(s, x, bias, y, o0, o1); return true;
-    case GgmlType::kQ4_0: gemv_ggml<GgmlBlock<g::decode_q4_0<DotSink>, 32, 18>>(s, x, bias, y, o0, o1); return true;
-    case GgmlType::kMXFP4: gemv_ggml<GgmlBlock<g::decode_mxfp4<DotSink>, 32, 17>>(s, x, bias, y, o0, o1); return true;
-    case GgmlType::kQ2_K: gemv_ggml<GgmlBlock<g::decode_q2_k<DotSink>, 256, 84>>(s, x, bias, y, o0, o1); return true;
-    case GgmlType::kQ3_K: gemv_ggml<GgmlBlock<g::decode_q3_k<DotSink>, 256, 110>>(s, x, bias, y, o0, o1); return true;
-    case GgmlType::kQ4_K: gemv_ggml<GgmlBlock<g::decode_q4_k<DotSink>, 256, 144>>(s, x, bias, y, o0, o1); return true;
-    case GgmlType::kQ5_K: gemv_ggml<GgmlBlock<g::decode_q5_k<DotSink>, 256, 176>>(s, x, bias, y, o0, o1); return true;
-    case GgmlType::kQ6_K: gemv_ggml<GgmlBlock<g::decode_q6_k<DotSink>, 256, 210>>(s, x, bias, y, o0, o1); return true;
+    case GgmlType::kQ8_0: gemv_ggml<g::Q8_0>(s, x, bias, y, o0, o1); return true;
+    case GgmlType::kQ4_0: gemv_ggml<g::Q4_0>(s, x, bias, y, o0, o1); return true;
+    case GgmlType::kMXFP4: gemv_ggml<g::MXFP4>(s, x, bias, y, o0, o1); return true;
+    case GgmlType::kQ2_K: gemv_ggml<g::Q2_K>(s, x, bias, y, o0, o1); return true;
+    case GgmlType::kQ3_K: gemv_ggml<g::Q3_K>(s, x, bias, y, o0, o1); return true;
+    case GgmlType::kQ4_K: gemv_ggml<g::Q4_K>(s, x, bias, y, o0, o1); return true;
+    case GgmlType::kQ5_K: gemv_ggml<g::Q5_K>(s, x, bias, y, o0, o1); return true;
+    case GgmlType::kQ6_K: gemv_ggml<g::Q6_K>(s, x, bias, y, o0, o1); return true;
     default: return false;
   }
 }
