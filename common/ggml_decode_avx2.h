@@ -22,7 +22,6 @@
 #include <cstdint>
 #include <cstring>
 
-
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
 #else
@@ -147,10 +146,10 @@ struct MXFP4 {
     const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
     const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 1));
     const __m128i mask = _mm_set1_epi8(0x0F);
-    const __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(qs, mask));
-    const __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(qs, 4), mask));
-    const Widened q = widen_i8(_mm256_set_m128i(hi, lo));
-    for (int k = 0; k < 4; ++k) sink(k, _mm256_mul_ps(q.f[k], p.d));
+    const __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(qs, mask));  // elements 0..15
+    const __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(qs, 4), mask));  // 16..31
+    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int k = 0; k < 4; ++k) sink(k, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k])), p.d));
   }
 };
 
