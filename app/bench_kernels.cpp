@@ -125,28 +125,36 @@ std::vector<KernelPath> available_paths() {
 }
 
 /// GEMV of GGML block matrices (the decode case of a GGUF model): GB/s of block bytes
-/// from RAM (distinct matrices, kStreamBytes in all) and from cache (one [64 x kHidden]
-/// matrix), and each as a share of `copy_gbps` when given.
+/// from RAM (distinct matrices, kStreamBytes in all) and from cache (one [kCacheRows x
+/// kHidden] matrix), and each as a share of `copy_gbps` when given.
 void bench_ggml(double seconds, double copy_gbps) {
+  // 0.1-0.6 MB: in L2 / L3, and large enough (16 tiles) that waking a second thread does
+  // not dominate the call.
+  constexpr int64_t kCacheRows = 256;
   const GgmlType types[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kMXFP4, GgmlType::kQ4_K,
                             GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ2_K, GgmlType::kQ3_K};
-  std::printf("\nGGML block GEMV, W [%lld x %lld]: from RAM (%llu MiB of distinct matrices), from cache ([64 x %lld])",
+  std::printf("\nGGML block GEMV, W [%lld x %lld]: from RAM (%llu MiB of distinct matrices), from cache ([%lld x %lld])",
               static_cast<long long>(kInter), static_cast<long long>(kHidden),
-              static_cast<unsigned long long>(kStreamBytes >> 20), static_cast<long long>(kHidden));
+              static_cast<unsigned long long>(kStreamBytes >> 20), static_cast<long long>(kCacheRows),
+              static_cast<long long>(kHidden));
   if (copy_gbps > 0) std::printf("; %% of copy %.2f GB/s", copy_gbps);
   std::printf("\n%-6s %-9s %12s %8s %14s %8s\n", "type", "path", "RAM GB/s", "% copy", "cache GB/s", "% copy");
-  auto share = [&](double gbps) { return copy_gbps > 0 ? 100.0 * gbps / copy_gbps : 0.0; };
+  auto share = [&](double gbps) {  // "-" without --copy-gbps
+    char text[16] = "-";
+    if (copy_gbps > 0) std::snprintf(text, sizeof text, "%.0f", 100.0 * gbps / copy_gbps);
+    return std::string(text);
+  };
   for (GgmlType type : types) {
     const uint64_t one = *ggml_row_bytes(type, kHidden) * kInter;
     const std::vector<StoredMatrix> ram =
         make_ggml_matrices(type, kInter, kHidden, static_cast<size_t>((kStreamBytes + one - 1) / one));
-    const std::vector<StoredMatrix> cache = make_ggml_matrices(type, 64, kHidden, 1);
+    const std::vector<StoredMatrix> cache = make_ggml_matrices(type, kCacheRows, kHidden, 1);
     for (KernelPath path : available_paths()) {
       set_kernel_path(path);
       const double from_ram = gemv_gbps(ram, seconds);
       const double from_cache = gemv_gbps(cache, seconds);
-      std::printf("%-6s %-9s %12.2f %8.0f %14.2f %8.0f\n", ggml_traits(type).name, kernel_path_name(path), from_ram,
-                  share(from_ram), from_cache, share(from_cache));
+      std::printf("%-6s %-9s %12.2f %8s %14.2f %8s\n", ggml_traits(type).name, kernel_path_name(path), from_ram,
+                  share(from_ram).c_str(), from_cache, share(from_cache).c_str());
       std::fflush(stdout);
     }
   }
