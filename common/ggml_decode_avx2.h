@@ -159,15 +159,17 @@ struct Q2_K {
   static constexpr int64_t kElements = 256, kBytes = 84;
   static constexpr int kChunks = 8;
   struct Prep {
-    alignas(32) float dl[16];  // the same scalar products as the portable path
+    alignas(32) float dl[16];  // the same rounded products as the portable path
     alignas(32) float ml[16];
   };
-  static void prepare(const uint8_t* b, Prep& p) {
-    const float d = f16_scale(b + 80);
-    const float dmin = f16_scale(b + 82);
-    for (int s = 0; s < 16; ++s) {
-      p.dl[s] = d * static_cast<float>(b[s] & 0x0F);
-      p.ml[s] = dmin * static_cast<float>(b[s] >> 4);
+  static void prepare(const uint8_t* b, Prep& p) {  // d * lo(scales[s]), dmin * hi(scales[s])
+    const __m256 d = _mm256_set1_ps(f16_scale(b + 80));
+    const __m256 dmin = _mm256_set1_ps(f16_scale(b + 82));
+    const __m256i mask = _mm256_set1_epi32(0x0F);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i sc = load8_zx(b + 8 * h);
+      _mm256_store_ps(p.dl + 8 * h, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(sc, mask))));
+      _mm256_store_ps(p.ml + 8 * h, _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_srli_epi32(sc, 4))));
     }
   }
   template <class Sink>
@@ -192,13 +194,23 @@ struct Q3_K {
   struct Prep {
     alignas(32) float dl[16];  // the same scalar products as the portable path
   };
+  // Sub-block s's 6-bit scale: low 4 bits = nibble s / 8 of scales[s % 8], high 2 bits =
+  // bits 2 (s / 4)..+1 of scales[8 + s % 4]; eight sub-blocks at a time.
   static void prepare(const uint8_t* b, Prep& p) {
     const uint8_t* scales = b + 96;
-    const float d = f16_scale(b + 108);
-    for (int s = 0; s < 16; ++s) {
-      const int low = (scales[s % 8] >> (4 * (s / 8))) & 0x0F;
-      const int high = (scales[8 + s % 4] >> (2 * (s / 4))) & 3;
-      p.dl[s] = d * static_cast<float>((low | (high << 4)) - 32);
+    const __m256 d = _mm256_set1_ps(f16_scale(b + 108));
+    uint32_t top;
+    std::memcpy(&top, scales + 8, 4);
+    const uint64_t twice = static_cast<uint64_t>(top) << 32 | top;  // scales[8 + s % 4] for s < 8
+    const __m256i high_bytes = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(twice)));
+    const __m256i low_bytes = load8_zx(scales);
+    const __m256i mask4 = _mm256_set1_epi32(0x0F), mask2 = _mm256_set1_epi32(3), bias = _mm256_set1_epi32(32);
+    for (int h = 0; h < 2; ++h) {  // s = 8 h + lane
+      const __m256i low = _mm256_and_si256(_mm256_srli_epi32(low_bytes, 4 * h), mask4);
+      const __m256i shifts = _mm256_setr_epi32(4 * h, 4 * h, 4 * h, 4 * h, 4 * h + 2, 4 * h + 2, 4 * h + 2, 4 * h + 2);
+      const __m256i high = _mm256_and_si256(_mm256_srlv_epi32(high_bytes, shifts), mask2);
+      const __m256i sc = _mm256_sub_epi32(_mm256_or_si256(low, _mm256_slli_epi32(high, 4)), bias);
+      _mm256_store_ps(p.dl + 8 * h, _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc)));
     }
   }
   template <class Sink>
