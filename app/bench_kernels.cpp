@@ -133,7 +133,8 @@ void bench_ggml(double seconds, double copy_gbps) {
   constexpr int64_t kCacheRows = 256;
   const GgmlType types[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kMXFP4, GgmlType::kQ4_K,
                             GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ2_K, GgmlType::kQ3_K};
-  std::printf("\nGGML block GEMV, W [%lld x %lld]: from RAM (%llu MiB of distinct matrices), from cache ([%lld x %lld])",
+  std::printf("\nGGML block GEMV, W [%lld x %lld]: from RAM (%llu MiB of distinct matrices), "
+              "from cache ([%lld x %lld])",
               static_cast<long long>(kInter), static_cast<long long>(kHidden),
               static_cast<unsigned long long>(kStreamBytes >> 20), static_cast<long long>(kCacheRows),
               static_cast<long long>(kHidden));

@@ -58,8 +58,9 @@ inline __m256i load256(const uint8_t* p) { return _mm256_loadu_si256(reinterpret
 /// The 8 bytes at `p` as eight i32 lanes, unsigned (zx) or signed (sx). A load that the
 /// compiler folds into vpmovzxbd / vpmovsxbd: one shuffle per 8 values, where widening a
 /// register of 32 bytes (widen_i8) takes 7 shuffles per 32.
-inline __m256i load8_zx(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
-inline __m256i load8_sx(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+inline __m128i load64(const uint8_t* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); }
+inline __m256i load8_zx(const uint8_t* p) { return _mm256_cvtepu8_epi32(load64(p)); }
+inline __m256i load8_sx(const uint8_t* p) { return _mm256_cvtepi8_epi32(load64(p)); }
 
 /// The 8 sub-block scales and 8 mins of a Q4_K / Q5_K super-block (12 bytes at `q`) as
 /// bytes: sc[0..8) then m[0..8), each equal to get_scale_min_k4's (llama.cpp's
@@ -91,12 +92,13 @@ inline void scales_mins_k4(const uint8_t* b, ScalesMins& out) {
   _mm256_store_ps(out.m, _mm256_mul_ps(_mm256_set1_ps(f16_scale(b + 2)), mn));
 }
 
-// Each block type is a struct: prepare(block, prep) computes the block's scales once,
-// chunk(block, prep, c, sink) emits chunk c's 8-column vectors (kElements / kChunks / 8
-// of them: 32 elements, or 64 for Q4_K), for c < kChunks in ascending order. The split lets the GEMV interleave the chunks of
-// several rows: one row's accumulation is a chain of dependent adds, and a 256-element
-// block of one row (32 adds) is longer than the out-of-order window can overlap with the
-// next row's.
+// Each block type is a struct: kElements / kBytes (ggml-common.h's block sizes; a wrong
+// one fails tests/unit/test_matmul.cpp), prepare(block, prep) computes the block's
+// scales once, chunk(block, prep, c, sink) emits chunk c's 8-column vectors (32
+// elements, or 64 for Q4_K), for c < kChunks in ascending order. The split lets the GEMV
+// interleave the chunks of several rows: one row's accumulation is a chain of dependent
+// adds, and a 256-element block of one row (32 adds) is longer than the out-of-order
+// window can overlap with the next row's.
 
 /// Q8_0 {f16 d; i8 qs[32]}: d * q (gguf-py's x * d, the same product).
 struct Q8_0 {
@@ -176,7 +178,8 @@ struct Q2_K {
   static void chunk(const uint8_t* b, const Prep& p, int c, Sink& sink) {
     const int h = c / 4, k = c % 4;
     const __m256i bytes = load256(b + 16 + 32 * h);
-    const Widened q = widen_i8(_mm256_and_si256(_mm256_srl_epi16(bytes, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3)));
+    const __m256i q2 = _mm256_and_si256(_mm256_srl_epi16(bytes, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3));
+    const Widened q = widen_i8(q2);
     const int s = 8 * h + 2 * k;
     for (int v = 0; v < 4; ++v) {
       const __m256 d1 = _mm256_broadcast_ss(&p.dl[s + v / 2]), m1 = _mm256_broadcast_ss(&p.ml[s + v / 2]);
@@ -294,8 +297,9 @@ struct Q6_K {
     const int h = c / 4, cc = c % 4;
     const __m256i low_bytes = load256(b + 64 * h + 32 * (cc % 2));
     const __m256i high_bytes = load256(b + 128 + 32 * h);
-    const __m256i low = _mm256_and_si256(_mm256_srl_epi16(low_bytes, _mm_cvtsi32_si128(4 * (cc / 2))), _mm256_set1_epi8(0x0F));
-    const __m256i high = _mm256_and_si256(_mm256_srl_epi16(high_bytes, _mm_cvtsi32_si128(2 * cc)), _mm256_set1_epi8(0x03));
+    const __m256i mask4 = _mm256_set1_epi8(0x0F), mask2 = _mm256_set1_epi8(0x03);
+    const __m256i low = _mm256_and_si256(_mm256_srl_epi16(low_bytes, _mm_cvtsi32_si128(4 * (cc / 2))), mask4);
+    const __m256i high = _mm256_and_si256(_mm256_srl_epi16(high_bytes, _mm_cvtsi32_si128(2 * cc)), mask2);
     // high <= 3, so shifting 16-bit lanes left by 4 keeps every byte to itself.
     const __m256i q = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), _mm256_set1_epi8(32));
     const Widened w = widen_i8(q);

@@ -375,7 +375,8 @@ TEST_CASE("GGML blocks: matmul equals dot over the portable dequantize_row bit f
           const StoredMatrix m = make_ggml_matrix(type, out, in, static_cast<uint32_t>(out * 100 + in));
           const std::vector<float> bias = random_vector(static_cast<size_t>(out), 17);
           for (size_t rows = 1; rows <= 9; ++rows) {
-            const std::vector<float> x = random_vector(rows * static_cast<size_t>(in), static_cast<uint32_t>(rows + 40));
+            const auto seed = static_cast<uint32_t>(rows + 40);
+            const std::vector<float> x = random_vector(rows * static_cast<size_t>(in), seed);
             for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
               CAPTURE(std::string(kernel_path_name(path)));
               CAPTURE(std::string(ggml_traits(type).name));
