@@ -13,6 +13,7 @@
 #include "common/cpu_threads.h"
 #include "common/dtype.h"
 #include "common/error.h"
+#include "common/ggml_type.h"
 #include "common/kernels.h"
 #include "common/matmul.h"
 #include "worker/experts/swiglu_batch.h"
@@ -29,7 +30,8 @@ constexpr uint64_t kStreamBytes = uint64_t{256} << 20;
 struct BenchArgs {
   std::optional<int> threads;
   double seconds = 1.0;
-  std::string part = "all";  ///< all, matmul or batch-union
+  std::string part = "all";  ///< all, matmul, ggml or batch-union
+  double copy_gbps = 0;      ///< `charm bench memory`'s copy rate: the GGML table's 100 %
 };
 
 struct FormSpec {
@@ -63,9 +65,46 @@ std::vector<StoredMatrix> make_matrices(const FormSpec& form, int64_t rows, int6
 
 uint64_t stored_bytes(const StoredMatrix& m) { return m.shape.data_bytes() + m.shape.scale_bytes(); }
 
+/// Byte offsets of a block's f16 scales (ggml-common.h), or of MXFP4's e8m0 byte.
+std::vector<int> ggml_scale_offsets(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K: return {0, 2};
+    case GgmlType::kQ2_K: return {80, 82};
+    case GgmlType::kQ3_K: return {108};
+    case GgmlType::kQ6_K: return {208};
+    default: return {0};  // Q4_0, Q5_0, Q8_0: d; MXFP4: e
+  }
+}
+
+/// `count` distinct copies of one [rows, cols] matrix of GGML `type` blocks: random
+/// quants, every scale about 1e-3 (MXFP4: 2^-8), so that the sums stay normal floats.
+std::vector<StoredMatrix> make_ggml_matrices(GgmlType type, int64_t rows, int64_t cols, size_t count) {
+  std::mt19937 rng(1);
+  StoredMatrix base;
+  base.shape = MatrixShape{WeightFormat::kGgml, rows, cols, 0};
+  base.shape.ggml_type = type;
+  base.data.resize(base.shape.data_bytes());
+  for (uint8_t& b : base.data) b = static_cast<uint8_t>(rng());
+  const GgmlTypeTraits t = ggml_traits(type);
+  constexpr uint16_t kScale = 0x1419;  // f16 1.0e-3
+  for (size_t at = 0; at < base.data.size(); at += static_cast<size_t>(t.block_bytes)) {
+    for (int off : ggml_scale_offsets(type)) {
+      if (type == GgmlType::kMXFP4) {
+        base.data[at + static_cast<size_t>(off)] = 120;
+      } else {
+        std::memcpy(base.data.data() + at + off, &kScale, 2);
+      }
+    }
+  }
+  return std::vector<StoredMatrix>(count, base);
+}
+
 /// GEMV GB/s of weight bytes, streaming distinct matrices from RAM.
 double gemv_gbps(const std::vector<StoredMatrix>& ms, double seconds) {
-  std::vector<float> x(kHidden, 0.01f), y(kInter);
+  std::vector<float> x(static_cast<size_t>(ms[0].shape.cols), 0.01f), y(static_cast<size_t>(ms[0].shape.rows));
   const double secs =
       median_call_seconds(seconds, [&](uint64_t i) { matmul(ms[i % ms.size()].view(), x.data(), 1, nullptr, y.data()); });
   return static_cast<double>(stored_bytes(ms[0])) / secs / 1e9;
@@ -83,6 +122,43 @@ std::vector<KernelPath> available_paths() {
   if (cpu_supports_avx2()) return {KernelPath::kPortable, KernelPath::kAvx2};
   std::printf("(this CPU lacks avx2/f16c: only the portable path is measured)\n");
   return {KernelPath::kPortable};
+}
+
+/// GEMV of GGML block matrices (the decode case of a GGUF model): GB/s of block bytes
+/// from RAM (distinct matrices, kStreamBytes in all) and from cache (one [kCacheRows x
+/// kHidden] matrix), and each as a share of `copy_gbps` when given.
+void bench_ggml(double seconds, double copy_gbps) {
+  // 0.1-0.6 MB: in L2 / L3, and large enough (16 tiles) that waking a second thread does
+  // not dominate the call.
+  constexpr int64_t kCacheRows = 256;
+  const GgmlType types[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kMXFP4, GgmlType::kQ4_K,
+                            GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ2_K, GgmlType::kQ3_K};
+  std::printf("\nGGML block GEMV, W [%lld x %lld]: from RAM (%llu MiB of distinct matrices), "
+              "from cache ([%lld x %lld])",
+              static_cast<long long>(kInter), static_cast<long long>(kHidden),
+              static_cast<unsigned long long>(kStreamBytes >> 20), static_cast<long long>(kCacheRows),
+              static_cast<long long>(kHidden));
+  if (copy_gbps > 0) std::printf("; %% of copy %.2f GB/s", copy_gbps);
+  std::printf("\n%-6s %-9s %12s %8s %14s %8s\n", "type", "path", "RAM GB/s", "% copy", "cache GB/s", "% copy");
+  auto share = [&](double gbps) {  // "-" without --copy-gbps
+    char text[16] = "-";
+    if (copy_gbps > 0) std::snprintf(text, sizeof text, "%.0f", 100.0 * gbps / copy_gbps);
+    return std::string(text);
+  };
+  for (GgmlType type : types) {
+    const uint64_t one = *ggml_row_bytes(type, kHidden) * kInter;
+    const std::vector<StoredMatrix> ram =
+        make_ggml_matrices(type, kInter, kHidden, static_cast<size_t>((kStreamBytes + one - 1) / one));
+    const std::vector<StoredMatrix> cache = make_ggml_matrices(type, kCacheRows, kHidden, 1);
+    for (KernelPath path : available_paths()) {
+      set_kernel_path(path);
+      const double from_ram = gemv_gbps(ram, seconds);
+      const double from_cache = gemv_gbps(cache, seconds);
+      std::printf("%-6s %-9s %12.2f %8s %14.2f %8s\n", ggml_traits(type).name, kernel_path_name(path), from_ram,
+                  share(from_ram).c_str(), from_cache, share(from_cache).c_str());
+      std::fflush(stdout);
+    }
+  }
 }
 
 void bench_matmul(double seconds) {
@@ -187,8 +263,9 @@ int bench_kernels(const BenchArgs& args) {
   const KernelPath saved = active_kernel_path();
   std::printf("charm bench kernels: %d thread(s) (physical cores: %d), default kernel path %s, %.1f s per number (median call)\n",
               threads, physical_core_count(), kernel_path_name(saved), args.seconds);
-  if (args.part != "batch-union") bench_matmul(args.seconds);
-  if (args.part != "matmul") bench_batch_union(args.seconds);
+  if (args.part == "all" || args.part == "matmul") bench_matmul(args.seconds);
+  if (args.part == "all" || args.part == "ggml") bench_ggml(args.seconds, args.copy_gbps);
+  if (args.part == "all" || args.part == "batch-union") bench_batch_union(args.seconds);
   set_kernel_path(saved);
   return 0;
 }
@@ -201,8 +278,11 @@ void add_bench_kernels(CLI::App& bench) {
   cmd->add_option("--threads", args->threads, "OpenMP threads (default: OMP_NUM_THREADS, else physical cores)")
       ->check(CLI::Range(1, kMaxThreads));
   cmd->add_option("--seconds", args->seconds, "Time per measurement")->check(CLI::Range(0.01, 3600.0));
-  cmd->add_option("--part", args->part, "Which tables: all, matmul or batch-union")
-      ->check(CLI::IsMember({"all", "matmul", "batch-union"}));
+  cmd->add_option("--part", args->part, "Which tables: all, matmul, ggml or batch-union")
+      ->check(CLI::IsMember({"all", "matmul", "ggml", "batch-union"}));
+  cmd->add_option("--copy-gbps", args->copy_gbps,
+                  "Copy GB/s of `charm bench memory` at the same --threads: the GGML table's 100 %")
+      ->check(CLI::Range(0.0, 1e6));
   cmd->callback([args] { bench_kernels(*args); });
 }
 

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/dtype.h"
+#include "common/ggml_decode_avx2.h"
 
 // Everything from here on is compiled for AVX2 + F16C; matmul.cpp calls it only after
 // cpuid said yes. FMA is left out on purpose: the bit contract is a rounded multiply
@@ -24,7 +25,8 @@ namespace charm {
 namespace {
 
 /// The element forms the kernels widen in registers; kRowWise (block-scaled fp8, GGML
-/// blocks) widens whole rows through matrix_row_to_f32 into the GEMM panel.
+/// blocks) widens whole rows through matrix_row_to_f32 into the GEMM panel (GGML blocks
+/// with a decoder in common/ggml_decode_avx2.h have a fused GEMV of their own, gemv_ggml).
 enum class Form { kF32, kF16, kBF16, kI8, kI4, kRowWise };
 /// Where a full chunk of 8 columns finds its scales: none (not quantised), one scale
 /// for the chunk (group_size % 8 == 0), or one per lane (any other group_size: gather).
@@ -187,6 +189,80 @@ void gemv(const Source& s, const float* x, const float* bias, float* y, int64_t 
   for (; o < o1; ++o) gemv_rows<F, S, 1>(s, x, bias, y, o);
 }
 
+/// The sink of a fused GGML GEMV: acc += x[8 j, 8 j + 8) * v, dot's rounded multiply
+/// then rounded add, lane by lane. `x` points at the block's first column.
+struct DotSink {
+  const float* x;
+  __m256 acc;
+  void operator()(int j, __m256 v) { acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(x + 8 * j), v)); }
+};
+
+/// GEMV of GGML blocks, decode: y[o + k] for k < N. Each block is widened in registers
+/// by type B's decoder (common/ggml_decode_avx2.h: the instructions of dequantize_row's
+/// AVX2 path, so the values of matrix_row_to_f32) and multiply-added into each row's 8
+/// lane accumulators in column order: dot's order, as gemv_rows. The N rows advance one
+/// chunk (32 or 64 elements) at a time, so that their N independent add chains overlap:
+/// with a whole 256-element block per row, Q4_K ran at about 2/3 of this speed. A row is whole
+/// blocks, so there is no tail; dot still adds its zero tail, and so does finish.
+template <class B, int N>
+void gemv_ggml_rows(const Source& s, const float* x, const float* bias, float* y, int64_t o) {
+  const uint8_t* row[N];
+  DotSink sink[N];
+  for (int k = 0; k < N; ++k) {
+    row[k] = s.row(o + k);
+    sink[k] = DotSink{x, _mm256_setzero_ps()};
+  }
+  const int64_t blocks = s.cols / B::kElements;
+  // Software prefetch of the next N rows, a line at a time as this block reaches it (as
+  // gemv_rows; blocks are not line-aligned, hence the running line offset).
+  const uint64_t ahead = N * s.row_bytes;
+  uint64_t line = 0;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint64_t at = static_cast<uint64_t>(b) * B::kBytes;
+    for (; line < at + B::kBytes; line += 64) {
+      for (int k = 0; k < N; ++k) _mm_prefetch(reinterpret_cast<const char*>(row[k] + ahead + line), _MM_HINT_T0);
+    }
+    typename B::Prep prep[N];
+#pragma GCC unroll 4
+    for (int k = 0; k < N; ++k) {
+      sink[k].x = x + b * B::kElements;
+      B::prepare(row[k] + at, prep[k]);
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < B::kChunks; ++c) {
+#pragma GCC unroll 4
+      for (int k = 0; k < N; ++k) B::chunk(row[k] + at, prep[k], c, sink[k]);
+    }
+  }
+  for (int k = 0; k < N; ++k) y[o + k] = finish(sink[k].acc, 0.0f, bias, o + k);
+}
+
+template <class B>
+void gemv_ggml(const Source& s, const float* x, const float* bias, float* y, int64_t o0, int64_t o1) {
+  int64_t o = o0;
+  for (; o + 4 <= o1; o += 4) gemv_ggml_rows<B, 4>(s, x, bias, y, o);
+  for (; o < o1; ++o) gemv_ggml_rows<B, 1>(s, x, bias, y, o);
+}
+
+/// The fused GEMV for `type`'s blocks; false (nothing written) for a type without a
+/// decoder in common/ggml_decode_avx2.h (F32 / F16 / BF16 / Q4_1 / Q5_0 / Q5_1 as GGML
+/// blocks take the row-wise path).
+bool gemv_ggml_fused(GgmlType type, const Source& s, const float* x, const float* bias, float* y, int64_t o0,
+                     int64_t o1) {
+  namespace g = ggml_avx2;
+  switch (type) {
+    case GgmlType::kQ8_0: gemv_ggml<g::Q8_0>(s, x, bias, y, o0, o1); return true;
+    case GgmlType::kQ4_0: gemv_ggml<g::Q4_0>(s, x, bias, y, o0, o1); return true;
+    case GgmlType::kMXFP4: gemv_ggml<g::MXFP4>(s, x, bias, y, o0, o1); return true;
+    case GgmlType::kQ2_K: gemv_ggml<g::Q2_K>(s, x, bias, y, o0, o1); return true;
+    case GgmlType::kQ3_K: gemv_ggml<g::Q3_K>(s, x, bias, y, o0, o1); return true;
+    case GgmlType::kQ4_K: gemv_ggml<g::Q4_K>(s, x, bias, y, o0, o1); return true;
+    case GgmlType::kQ5_K: gemv_ggml<g::Q5_K>(s, x, bias, y, o0, o1); return true;
+    case GgmlType::kQ6_K: gemv_ggml<g::Q6_K>(s, x, bias, y, o0, o1); return true;
+    default: return false;
+  }
+}
+
 /// Stored rows [o, o + n) widened to f32 into panel [n, cols].
 template <Form F, Scale S>
 void widen_rows(const Source& s, int64_t o, int64_t n, float* panel) {
@@ -309,6 +385,14 @@ void run_quantised(const Source& s, const float* x, size_t rows, const float* bi
   }
 }
 
+/// GGML blocks: the fused GEMV where the type has one, else the panel path, whose
+/// widening (matrix_row_to_f32 -> dequantize_row) takes dequantize_row's AVX2 kernels.
+void run_ggml(const Source& s, const float* x, size_t rows, const float* bias, float* y, int64_t o0, int64_t o1,
+              float* panel) {
+  if (rows == 1 && gemv_ggml_fused(s.view.shape.ggml_type, s, x, bias, y, o0, o1)) return;
+  gemm<Form::kRowWise, Scale::kNone>(s, x, rows, bias, y, o0, o1, panel);
+}
+
 uint64_t stored_row_bytes(const MatrixShape& shape) { return shape.rows > 0 ? shape.data_bytes() / shape.rows : 0; }
 
 }  // namespace
@@ -330,8 +414,8 @@ void matmul_tile_avx2(const MatrixView& w, const float* x, size_t rows, const fl
     case WeightFormat::kBF16: return run<Form::kBF16, Scale::kNone>(s, x, rows, bias, y, o0, o1, panel);
     case WeightFormat::kInt8: return run_quantised<Form::kI8>(s, x, rows, bias, y, o0, o1, panel);
     case WeightFormat::kInt4: return run_quantised<Form::kI4>(s, x, rows, bias, y, o0, o1, panel);
-    case WeightFormat::kF8E4M3Block:
-    case WeightFormat::kGgml: return run<Form::kRowWise, Scale::kNone>(s, x, rows, bias, y, o0, o1, panel);
+    case WeightFormat::kF8E4M3Block: return run<Form::kRowWise, Scale::kNone>(s, x, rows, bias, y, o0, o1, panel);
+    case WeightFormat::kGgml: return run_ggml(s, x, rows, bias, y, o0, o1, panel);
   }
 }
 

@@ -1,18 +1,23 @@
 // common/matmul.h's bit contract: y[r][o] has exactly the bits of
 // dot(x_r, matrix_row_to_f32(w, o)) (+ bias[o]), for every stored form and shape, on the
-// portable and the AVX2 path, whatever the batch and the thread count.
+// portable and the AVX2 path, whatever the batch and the thread count; GGML blocks (the
+// fused AVX2 GEMV of common/matmul_avx2.cpp included) against the portable dequantiser.
 #include <doctest/doctest.h>
 #include <omp.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "common/dtype.h"
 #include "common/error.h"
+#include "common/ggml_type.h"
 #include "common/kernels.h"
 #include "common/matmul.h"
 #include "tests/support/expect_error.h"
@@ -58,6 +63,7 @@ StoredMatrix make_matrix(WeightFormat format, int64_t rows, int64_t cols, int64_
       m.scales.resize(m.shape.scale_bytes() / 4);
       for (float& s : m.scales) s = 0.001f + std::fabs(uniform(rng));
       break;
+    case WeightFormat::kGgml: FAIL("GGML blocks: make_ggml_matrix"); break;
   }
   return m;
 }
@@ -284,4 +290,170 @@ TEST_CASE("matmul rejects views it cannot read") {
   CHECK_THROWS_AS(matmul_serial(f8, &x, 1, nullptr, &y), Error);
   MatrixView ok{MatrixShape{WeightFormat::kF32, 1, 1, 0}, reinterpret_cast<const uint8_t*>(&x), nullptr};
   CHECK_THROWS_AS(matmul_tile(ok, &x, 1, nullptr, &y, 0, 2), Error);
+}
+
+namespace {
+
+const GgmlType kGgmlTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ4_0, GgmlType::kQ4_1,
+                               GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K,
+                               GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kMXFP4};
+
+/// Byte offsets of a block's f16 scales (ggml-common.h); MXFP4's e8m0 byte is at 0.
+std::vector<int> f16_scale_offsets(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ8_0: return {0};
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K: return {0, 2};
+    case GgmlType::kQ2_K: return {80, 82};
+    case GgmlType::kQ3_K: return {108};
+    case GgmlType::kQ6_K: return {208};
+    default: return {};
+  }
+}
+
+/// A [rows, cols] matrix of GGML `type` blocks: random bytes, with every f16 (scale or
+/// element) finite and MXFP4's exponent at most 2^71, so that no sum overflows; cols is
+/// whole blocks.
+StoredMatrix make_ggml_matrix(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  StoredMatrix m;
+  m.shape = MatrixShape{WeightFormat::kGgml, rows, cols, 0};
+  m.shape.ggml_type = type;
+  m.data.resize(m.shape.data_bytes());
+  for (uint8_t& b : m.data) b = static_cast<uint8_t>(rng());
+  auto finite_f16 = [](uint8_t* p) {
+    uint16_t bits;
+    std::memcpy(&bits, p, 2);
+    if ((bits & 0x7c00) == 0x7c00) bits &= 0xbfff;
+    std::memcpy(p, &bits, 2);
+  };
+  const GgmlTypeTraits t = ggml_traits(type);
+  for (size_t at = 0; at < m.data.size(); at += static_cast<size_t>(t.block_bytes)) {
+    uint8_t* block = m.data.data() + at;
+    if (type == GgmlType::kF32) {
+      const float v = std::uniform_real_distribution<float>(-2.0f, 2.0f)(rng);
+      std::memcpy(block, &v, 4);
+    } else if (type == GgmlType::kF16) {
+      finite_f16(block);
+    } else if (type == GgmlType::kBF16) {
+      const uint16_t bits = f32_to_bf16(std::uniform_real_distribution<float>(-2.0f, 2.0f)(rng));
+      std::memcpy(block, &bits, 2);
+    } else if (type == GgmlType::kMXFP4) {
+      block[0] = static_cast<uint8_t>(block[0] % 200);  // 2^-128 (subnormal) .. 2^71
+    }
+    for (int off : f16_scale_offsets(type)) finite_f16(block + off);
+  }
+  return m;
+}
+
+/// The contract on the portable path: dot over dequantize_row's portable row.
+std::vector<float> portable_reference(const MatrixView& w, const std::vector<float>& x, size_t rows,
+                                      const float* bias) {
+  const KernelPath saved = active_kernel_path();
+  set_kernel_path(KernelPath::kPortable);
+  std::vector<float> y = reference(w, x, rows, bias);
+  set_kernel_path(saved);
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("GGML blocks: matmul equals dot over the portable dequantize_row bit for bit, every type, rows 1..9") {
+  PathGuard guard;
+  for (KernelPath path : paths_to_check()) {
+    for (GgmlType type : kGgmlTypes) {
+      const int64_t block = ggml_traits(type).block_elements;
+      const int64_t unit = block == 1 ? 32 : block;
+      for (int64_t blocks : {1, 2, 3, 9}) {
+        const int64_t in = unit * blocks;
+        if (block == 256 && blocks == 9) continue;  // three 256-blocks are enough
+        for (int64_t out : {1, 3, 4, 5, 9}) {
+          const StoredMatrix m = make_ggml_matrix(type, out, in, static_cast<uint32_t>(out * 100 + in));
+          const std::vector<float> bias = random_vector(static_cast<size_t>(out), 17);
+          for (size_t rows = 1; rows <= 9; ++rows) {
+            const auto seed = static_cast<uint32_t>(rows + 40);
+            const std::vector<float> x = random_vector(rows * static_cast<size_t>(in), seed);
+            for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
+              CAPTURE(std::string(kernel_path_name(path)));
+              CAPTURE(std::string(ggml_traits(type).name));
+              CAPTURE(out);
+              CAPTURE(in);
+              CAPTURE(rows);
+              CAPTURE(b != nullptr);
+              const std::vector<float> want = portable_reference(m.view(), x, rows, b);
+              set_kernel_path(path);
+              CHECK(same_bits(run_matmul(m.view(), x, rows, b), want));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("GGML blocks: 1 and 2 threads, matmul_serial and matmul_tile give the portable bits") {
+  PathGuard guard;
+  const int saved_threads = omp_get_max_threads();
+  for (KernelPath path : paths_to_check()) {
+    for (GgmlType type : kGgmlTypes) {
+      const int64_t out = 300, in = 512;  // several tiles, the parallel branch; whole blocks of 32 and 256
+      const StoredMatrix m = make_ggml_matrix(type, out, in, 5);
+      for (size_t rows : {1, 5}) {
+        CAPTURE(std::string(kernel_path_name(path)));
+        CAPTURE(std::string(ggml_traits(type).name));
+        CAPTURE(rows);
+        const std::vector<float> x = random_vector(rows * static_cast<size_t>(in), 8);
+        const std::vector<float> want = portable_reference(m.view(), x, rows, nullptr);
+        set_kernel_path(path);
+        omp_set_num_threads(1);
+        CHECK(same_bits(run_matmul(m.view(), x, rows, nullptr), want));
+        omp_set_num_threads(2);
+        CHECK(same_bits(run_matmul(m.view(), x, rows, nullptr), want));
+        std::vector<float> serial(want.size()), tiles(want.size());
+        matmul_serial(m.view(), x.data(), rows, nullptr, serial.data());
+        CHECK(same_bits(serial, want));
+        for (int64_t o0 = 0; o0 < out; o0 += 13) {  // odd tile edges: 4-row groups and the single rows
+          matmul_tile(m.view(), x.data(), rows, nullptr, tiles.data(), o0, std::min(out, o0 + 13));
+        }
+        CHECK(same_bits(tiles, want));
+      }
+    }
+  }
+  omp_set_num_threads(saved_threads);
+}
+
+TEST_CASE("GGML blocks: gguf-py's fixture blocks (edge scales: zero, subnormal, max) as matrix rows") {
+  PathGuard guard;
+  for (KernelPath path : paths_to_check()) {
+    for (GgmlType type : kGgmlTypes) {
+      const GgmlTypeTraits t = ggml_traits(type);
+      const auto file = std::filesystem::path(CHARM_SOURCE_DIR) / "tests/fixtures/ggml_quants" /
+                        (std::string(t.name) + ".blocks");
+      std::ifstream f(file, std::ios::binary);
+      REQUIRE_MESSAGE(f.good(), "cannot open " << file.string());
+      const std::vector<uint8_t> bytes{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+      // Rows of 8 elements' worth of blocks for the unquantised types, else of one block.
+      const int64_t per_row = t.block_elements == 1 ? 32 : 1;
+      StoredMatrix m;
+      m.shape = MatrixShape{WeightFormat::kGgml, 0, t.block_elements * per_row, 0};
+      m.shape.ggml_type = type;
+      m.shape.rows = static_cast<int64_t>(bytes.size()) / (t.block_bytes * per_row);
+      REQUIRE(m.shape.rows > 0);
+      m.data.assign(bytes.begin(), bytes.begin() + static_cast<long>(m.shape.data_bytes()));
+      for (size_t rows : {1, 3}) {
+        CAPTURE(std::string(kernel_path_name(path)));
+        CAPTURE(std::string(t.name));
+        CAPTURE(rows);
+        const std::vector<float> x = random_vector(rows * static_cast<size_t>(m.shape.cols), 21);
+        const std::vector<float> want = portable_reference(m.view(), x, rows, nullptr);
+        set_kernel_path(path);
+        // Edge blocks overflow to Inf, and Inf - Inf to NaN: only there may payloads differ.
+        CHECK(same_bits_or_both_nan(run_matmul(m.view(), x, rows, nullptr), want));
+      }
+    }
+  }
 }
