@@ -20,10 +20,14 @@
 #include "common/ggml_type.h"
 #include "common/matmul.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/kernel_paths.h"
 
 using namespace charm;
 
 namespace {
+
+using charm::test::PathGuard;
+using charm::test::paths_to_check;
 
 const GgmlType kTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ4_0, GgmlType::kQ4_1,
                            GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K,
@@ -74,18 +78,6 @@ void check_same_bits(const float* got, const float* want, size_t count, const st
     }
   }
 }
-
-std::vector<KernelPath> paths_to_check() {
-  if (cpu_supports_avx2()) return {KernelPath::kPortable, KernelPath::kAvx2};
-  MESSAGE("this CPU lacks avx2/f16c: the AVX2 path was NOT checked");
-  return {KernelPath::kPortable};
-}
-
-/// Restores the process's kernel path when a test case ends.
-struct PathGuard {
-  KernelPath saved = active_kernel_path();
-  ~PathGuard() { set_kernel_path(saved); }
-};
 
 }  // namespace
 

@@ -21,10 +21,14 @@
 #include "common/kernels.h"
 #include "common/matmul.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/kernel_paths.h"
 
 using namespace charm;
 
 namespace {
+
+using charm::test::PathGuard;
+using charm::test::paths_to_check;
 
 /// A stored matrix of one form with pseudo-random contents (all finite).
 StoredMatrix make_matrix(WeightFormat format, int64_t rows, int64_t cols, int64_t group, uint32_t seed) {
@@ -126,19 +130,6 @@ const FormCase kForms[] = {
     {"I4G gs32", WeightFormat::kInt4, 32}, {"I4G gs5", WeightFormat::kInt4, 5},
     {"I4G gs8", WeightFormat::kInt4, 8},
     {"F8_E4M3B 3x5", WeightFormat::kF8E4M3Block, 0},
-};
-
-/// The paths this CPU can run; says so when the AVX2 one cannot be checked here.
-std::vector<KernelPath> paths_to_check() {
-  if (cpu_supports_avx2()) return {KernelPath::kPortable, KernelPath::kAvx2};
-  MESSAGE("this CPU lacks avx2/f16c: the AVX2 path was NOT checked");
-  return {KernelPath::kPortable};
-}
-
-/// Restores the process's kernel path when a test case ends.
-struct PathGuard {
-  KernelPath saved = active_kernel_path();
-  ~PathGuard() { set_kernel_path(saved); }
 };
 
 }  // namespace
