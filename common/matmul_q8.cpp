@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
 #include "common/dtype.h"
 #include "common/error.h"
 #include "common/ggml_dequantize_detail.h"
@@ -278,6 +280,16 @@ ActivationMode parse_activation_mode(std::string_view value, std::string_view wh
 ActivationMode active_activation_mode() { return static_cast<ActivationMode>(g_mode.load(std::memory_order_relaxed)); }
 
 void set_activation_mode(ActivationMode mode) { g_mode.store(static_cast<int>(mode), std::memory_order_relaxed); }
+
+void start_activation_mode(ActivationMode mode, std::string_view who) {
+  set_activation_mode(mode);
+  if (mode == ActivationMode::kQ8) {
+    spdlog::warn("{}: activations: q8 is lossy: Q8_0, Q4_0, Q4_K, Q5_K and Q6_K weights multiply activations "
+                 "rounded to 8 bits (llama.cpp's Q8_0 / Q8_K), so logits differ from the exact default "
+                 "(activations: f32); other weights keep the exact path",
+                 who);
+  }
+}
 
 bool has_q8_kernel(GgmlType type) { return portable_dot(type) != nullptr; }
 

@@ -51,6 +51,11 @@ ActivationMode active_activation_mode();
 /// worker apply their topology's `activations`). Thread-safe.
 void set_activation_mode(ActivationMode mode);
 
+/// set_activation_mode(mode) at a process's start, logging (spdlog) a warning naming
+/// `who` when mode is the lossy kQ8. The coordinator's engine and every worker call it
+/// with their topology's `activations`.
+void start_activation_mode(ActivationMode mode, std::string_view who);
+
 /// True when GGML type `type` has q8 kernels: Q8_0, Q4_0 (Q8_0 activations), Q4_K, Q5_K,
 /// Q6_K (Q8_K activations). Other types keep the exact f32 path under kQ8.
 bool has_q8_kernel(GgmlType type);
