@@ -309,6 +309,23 @@ bool matmul_q8_tile(KernelPath path, const MatrixView& w, const float* x, size_t
   cache.prepare(kind, x, rows, w.shape.cols);
   const uint64_t row_bytes = *ggml_row_bytes(type, w.shape.cols);
   const auto out = static_cast<size_t>(w.shape.rows);
+  Q8RowsDot rows_dot = nullptr;
+#if defined(__x86_64__) || defined(__i386__)
+  if (path == KernelPath::kAvx2 && rows > 1) rows_dot = q8_rows_dot_avx2(type);
+#endif
+  if (rows_dot) {  // a GEMM: each weight block unpacked once for up to kQ8MaxRows rows
+    Q8Row a[kQ8MaxRows];
+    float v[kQ8MaxRows];
+    for (size_t r0 = 0; r0 < rows; r0 += kQ8MaxRows) {
+      const size_t n = rows - r0 < kQ8MaxRows ? rows - r0 : kQ8MaxRows;
+      for (size_t r = 0; r < n; ++r) a[r] = cache.row(r0 + r);
+      for (int64_t o = o0; o < o1; ++o) {
+        rows_dot(w.data + static_cast<uint64_t>(o) * row_bytes, a, n, v);
+        for (size_t r = 0; r < n; ++r) y[(r0 + r) * out + static_cast<size_t>(o)] = bias ? v[r] + bias[o] : v[r];
+      }
+    }
+    return true;
+  }
   for (int64_t o = o0; o < o1; ++o) {
     const uint8_t* wo = w.data + static_cast<uint64_t>(o) * row_bytes;
     for (size_t r = 0; r < rows; ++r) {

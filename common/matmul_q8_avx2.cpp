@@ -197,7 +197,118 @@ float dot_q6_k(const uint8_t* w, const Q8Row& a) {
   });
 }
 
+/// One K-quant super-block unpacked: quants 0..63 as bytes, a scale per 16 elements, and
+/// for Q4_K / Q5_K the 8 sub-block mins.
+struct UnpackedK {
+  alignas(32) uint8_t q[256];
+  int16_t sc[16];
+  int32_t mins[8];
+  float d, dmin;
+};
+
+template <GgmlType T>
+void unpack_k(const uint8_t* wb, UnpackedK& u) {
+  if constexpr (T == GgmlType::kQ6_K) {
+    const auto* scales = reinterpret_cast<const int8_t*>(wb + 192);
+    for (int g = 0; g < 16; ++g) u.sc[g] = scales[g];
+    const __m256i mask4 = _mm256_set1_epi8(0x0F), mask2 = _mm256_set1_epi8(0x03);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i qh = load32(wb + 128 + 32 * h);
+      for (int c = 0; c < 4; ++c) {
+        const __m256i ql = load32(wb + 64 * h + 32 * (c % 2));
+        const __m256i low = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (c / 2)), mask4);
+        const __m256i high = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), mask2), 4);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(u.q + 128 * h + 32 * c), _mm256_or_si256(low, high));
+      }
+    }
+    u.d = f16_scale(wb + 208);
+  } else {
+    constexpr bool kFifthBit = T == GgmlType::kQ5_K;
+    const uint8_t* scales = wb + 4;
+    const uint8_t* qs = wb + (kFifthBit ? 48 : 16);
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    __m256i qh;
+    if constexpr (kFifthBit) qh = load32(wb + 16);
+    for (int k = 0; k < 4; ++k) {
+      const __m256i raw = load32(qs + 32 * k);
+      __m256i lo = _mm256_and_si256(raw, mask);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+      if constexpr (kFifthBit) {
+        const __m256i b0 = _mm256_set1_epi8(static_cast<char>(1 << (2 * k)));
+        const __m256i b1 = _mm256_set1_epi8(static_cast<char>(1 << (2 * k + 1)));
+        const __m256i sixteen = _mm256_set1_epi8(16);
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b0), b0), sixteen));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1), sixteen));
+      }
+      _mm256_store_si256(reinterpret_cast<__m256i*>(u.q + 64 * k), lo);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(u.q + 64 * k + 32), hi);
+    }
+    for (int s = 0; s < 8; ++s) {
+      const ScaleMin sm = get_scale_min_k4(s, scales);
+      u.sc[2 * s] = u.sc[2 * s + 1] = sm.scale;
+      u.mins[s] = sm.min;
+    }
+    u.d = f16_scale(wb);
+    u.dmin = f16_scale(wb + 2);
+  }
+}
+
+/// Block b's c_b (common/matmul_q8.h) for one activation row, from the unpacked weights:
+/// the same integers and the same f32 operations as the row dots above.
+template <GgmlType T>
+float block_k(const UnpackedK& u, const Q8Row& a, int64_t b) {
+  const int8_t* ab = a.qs + b * 256;
+  const int32_t* bsums = a.sums + b * 16;
+  __m256i acc = _mm256_setzero_si256();
+  for (int j = 0; j < 8; ++j) {
+    const __m256i p = _mm256_maddubs_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(u.q + 32 * j)),
+                                           load32(ab + 32 * j));
+    const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(u.sc[2 * j + 1]), _mm_set1_epi16(u.sc[2 * j]));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
+  }
+  int32_t isum = hsum_i32(acc);
+  if constexpr (T == GgmlType::kQ6_K) {
+    int32_t corr = 0;
+    for (int g = 0; g < 16; ++g) corr += u.sc[g] * bsums[g];
+    isum -= 32 * corr;
+    return (u.d * a.d[b]) * static_cast<float>(isum);
+  } else {
+    int32_t msum = 0;
+    for (int s = 0; s < 8; ++s) msum += u.mins[s] * (bsums[2 * s] + bsums[2 * s + 1]);
+    const float d = u.d * a.d[b];
+    const float dmin = u.dmin * a.d[b];
+    return d * static_cast<float>(isum) - dmin * static_cast<float>(msum);
+  }
+}
+
+template <GgmlType T>
+void rows_dot_k(const uint8_t* w, const Q8Row* a, size_t n, float* out) {
+  constexpr int64_t kBytes = T == GgmlType::kQ4_K ? 144 : (T == GgmlType::kQ5_K ? 176 : 210);
+  const int64_t blocks = a[0].blocks;
+  const int64_t full = blocks / 8 * 8;
+  float lanes[kQ8MaxRows][8] = {};
+  UnpackedK u;
+  for (int64_t b = 0; b < full; ++b) {
+    unpack_k<T>(w + b * kBytes, u);
+    for (size_t r = 0; r < n; ++r) lanes[r][b % 8] += block_k<T>(u, a[r], b);
+  }
+  for (size_t r = 0; r < n; ++r) out[r] = reduce_lanes(lanes[r]);
+  for (int64_t b = full; b < blocks; ++b) {
+    unpack_k<T>(w + b * kBytes, u);
+    for (size_t r = 0; r < n; ++r) out[r] += block_k<T>(u, a[r], b);
+  }
+}
+
 }  // namespace
+
+Q8RowsDot q8_rows_dot_avx2(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_K: return rows_dot_k<GgmlType::kQ4_K>;
+    case GgmlType::kQ5_K: return rows_dot_k<GgmlType::kQ5_K>;
+    case GgmlType::kQ6_K: return rows_dot_k<GgmlType::kQ6_K>;
+    default: return nullptr;
+  }
+}
 
 Q8RowDot q8_row_dot_avx2(GgmlType type) {
   switch (type) {

@@ -2,6 +2,7 @@
 // activation row, the lane sum both paths share, and the AVX2 entry point.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "common/ggml_type.h"
@@ -35,6 +36,14 @@ inline float lane_sum(int64_t blocks, BlockFn&& c) {
   for (int64_t b = full; b < blocks; ++b) s += c(b);
   return s;
 }
+
+/// out[r] = the row dot of `w` with a[r] for r < n (1 <= n <= kQ8MaxRows): the same bits
+/// as n calls of the type's Q8RowDot, with the weight row unpacked once per block.
+using Q8RowsDot = void (*)(const uint8_t* w, const Q8Row* a, size_t n, float* out);
+constexpr size_t kQ8MaxRows = 8;
+
+/// The AVX2 multi-row dot of `type` (the K-quants), or null where the row dot is used.
+Q8RowsDot q8_rows_dot_avx2(GgmlType type);
 
 /// The AVX2 row dot of `type` (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K), or null for a type without
 /// one. Same bits as the portable dot. Call only when cpu_supports_avx2().
