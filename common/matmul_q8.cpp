@@ -70,8 +70,10 @@ void quantize_q8_0(const float* x, int64_t cols, int8_t* qs, float* d, int32_t* 
       continue;
     }
     const float dd = amax / 127.0f;
-    const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
     d[b] = f16_to_f32(f32_to_f16(dd));  // the block stores d as f16; the dot reads it back
+    // A d that rounds to f16 zero makes the block's products zero whatever its quants, and
+    // 1 / dd may overflow there (amax below 2^-120): quants 0, not an Inf cast to int8.
+    const float id = d[b] != 0.0f ? 1.0f / dd : 0.0f;
     int32_t sum = 0;
     for (int j = 0; j < kQ80; ++j) {
       const auto q = static_cast<int8_t>(std::round(xb[j] * id));
@@ -101,7 +103,9 @@ void quantize_q8_k(const float* x, int64_t cols, int8_t* qs, float* d, int32_t* 
       poison(q, d + b, sums + b * 16, kQK, 16);
       continue;
     }
-    if (amax == 0.0f) {
+    // -127 / max overflows for a max below 2^-119 (ggml's nearest_int would then read an
+    // Inf): such a block is taken as zeros.
+    if (amax == 0.0f || !std::isfinite(-127.0f / max)) {
       d[b] = 0.0f;
       std::memset(q, 0, kQK);
       for (int j = 0; j < 16; ++j) sums[b * 16 + j] = 0;

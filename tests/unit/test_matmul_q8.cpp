@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -310,6 +311,10 @@ TEST_CASE("q8: types without a q8 kernel keep the exact f32 path; non-finite act
     std::vector<float> x = random_x(256, 10);
     x[3] = std::numeric_limits<float>::infinity();
     for (float v : q8_tile(KernelPath::kPortable, w.view(), x.data(), 1, nullptr)) CHECK(std::isnan(v));
+    // A block of subnormal activations (its scale would overflow 1 / d): zero, not UB.
+    std::vector<float> tiny(256, 1e-39f);
+    tiny[7] = -3e-39f;
+    for (float v : q8_tile(KernelPath::kPortable, w.view(), tiny.data(), 1, nullptr)) CHECK(v == 0.0f);
   }
 }
 
