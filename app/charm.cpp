@@ -43,6 +43,7 @@
 #include "common/checkpoint.h"
 #include "common/cpu_threads.h"
 #include "common/matmul.h"
+#include "common/matmul_q8.h"
 #include "common/model_config.h"
 #include "worker/experts/expert_convert.h"
 #include "worker/worker_main.h"
@@ -62,9 +63,13 @@ void configure_compute(std::optional<int> threads, const Topology& topology) {
 }
 
 /// Loads the topology of a command that computes (serve, worker, run) and applies its
-/// process-wide settings: threads (`--threads` given as `threads`) and the kernel path.
-Topology load_compute_config(const std::string& path, std::optional<int> threads) {
+/// process-wide settings: threads (`--threads` given as `threads`) and the kernel path;
+/// `--activations` (given as `activations`) overrides the YAML's (applied by the engine and
+/// the worker at start).
+Topology load_compute_config(const std::string& path, std::optional<int> threads,
+                             const std::optional<std::string>& activations) {
   Topology topology = Topology::load(UserPath::from_command_line(path));
+  if (activations) topology.activations = parse_activation_mode(*activations, "--activations");
   configure_compute(threads, topology);
   return topology;
 }
@@ -144,10 +149,11 @@ struct ServeArgs {
   std::optional<bool> prefetch;
   ServingFlags serving;
   std::optional<int> threads;
+  std::optional<std::string> activations;
 };
 
 int serve(const ServeArgs& args) {
-  Topology topology = load_compute_config(args.config, args.threads);
+  Topology topology = load_compute_config(args.config, args.threads, args.activations);
   if (args.ram_gb && !topology.single_node) {
     fail_invalid("--ram-gb applies to the in-process experts of mode: single-node; set ram_gb on each worker entry, "
                  "or pass --ram-gb to charm worker");
@@ -183,8 +189,8 @@ int serve(const ServeArgs& args) {
 }
 
 int worker(const std::string& config, const std::string& name, const std::optional<double>& ram_gb,
-           std::optional<int> threads, int64_t debug_delay_ms) {
-  Topology topology = load_compute_config(config, threads);
+           std::optional<int> threads, const std::optional<std::string>& activations, int64_t debug_delay_ms) {
+  Topology topology = load_compute_config(config, threads, activations);
   topology.worker(name);  // an unknown name fails here, naming the known ones
   for (WorkerSpec& w : topology.workers) {
     if (w.name == name) override_ram(w.store, ram_gb);
@@ -256,6 +262,7 @@ struct RunArgs {
   std::string ids_out;     // {"prompt_ids": [...], "new_ids": [...]} as JSON
   ServingFlags serving;
   std::optional<int> threads;
+  std::optional<std::string> activations;
 };
 
 /// The prefetch counters of one layer (or all) as JSON.
@@ -352,7 +359,7 @@ int run(const RunArgs& args) {
   const UserPath stats_json = output_path(args.stats_json, "--stats-json");
   const UserPath logits_out = output_path(args.logits_out, "--logits-out");
   const UserPath ids_out = output_path(args.ids_out, "--ids-out");
-  Topology topology = load_compute_config(args.config, args.threads);
+  Topology topology = load_compute_config(args.config, args.threads, args.activations);
   apply_prefetch_flag(topology, args.prefetch);
   args.serving.apply(topology.serving);
   EngineOptions options;
@@ -428,6 +435,9 @@ int run_cli(int argc, char** argv) {
   CLI::App app{"charm: serves mixture-of-experts models over a cluster of expert workers"};
   app.require_subcommand(1);
 
+  const char* activations_help =
+      "f32 (exact, default) or q8 (LOSSY, llama.cpp's int8 activations for Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weights); "
+      "overrides the config's activations";
   const char* threads_help = "Compute threads (0 or absent: the config's threads, else OMP_NUM_THREADS, else one per physical core)";
   ServeArgs serve_args;
   CLI::App* serve_cmd = app.add_subcommand("serve", "Run the coordinator and the OpenAI-compatible HTTP API");
@@ -437,6 +447,7 @@ int run_cli(int argc, char** argv) {
   CLI::Option* serve_prefetch = serve_cmd->add_flag("--prefetch,!--no-prefetch", serve_args.prefetch,
                                                     "Send prefetch hints (overrides the config's prefetch key)");
   serve_cmd->add_option("--threads", serve_args.threads, threads_help)->check(CLI::Range(0, kMaxThreads));
+  serve_cmd->add_option("--activations", serve_args.activations, activations_help)->check(CLI::IsMember({"f32", "q8"}));
   serve_args.serving.add_to(*serve_cmd);
   serve_cmd->add_option("--ram-gb", serve_args.ram_gb, "Single-node: GiB of RAM for expert slots (default: every expert resident)")
       ->check(CLI::PositiveNumber);
@@ -448,6 +459,8 @@ int run_cli(int argc, char** argv) {
   std::optional<double> worker_ram_gb;
   std::optional<int> worker_threads;
   worker_cmd->add_option("--threads", worker_threads, threads_help)->check(CLI::Range(0, kMaxThreads));
+  std::optional<std::string> worker_activations;
+  worker_cmd->add_option("--activations", worker_activations, activations_help)->check(CLI::IsMember({"f32", "q8"}));
   worker_cmd->add_option("--ram-gb", worker_ram_gb, "GiB of RAM for expert slots (overrides the worker's ram_gb)")
       ->check(CLI::PositiveNumber);
   int64_t worker_delay_ms = 0;
@@ -490,6 +503,7 @@ int run_cli(int argc, char** argv) {
                       "Also write the logits after the prompt (raw little-endian f32, [vocab_size])");
   run_cmd->add_option("--ids-out", run_args.ids_out, "Also write the prompt and generated token ids (JSON)");
   run_cmd->add_option("--threads", run_args.threads, threads_help)->check(CLI::Range(0, kMaxThreads));
+  run_cmd->add_option("--activations", run_args.activations, activations_help)->check(CLI::IsMember({"f32", "q8"}));
   run_args.serving.add_to(*run_cmd);
   run_cmd->add_option("prompt", run_args.prompt, "Prompt text")->required();
 
@@ -524,7 +538,7 @@ int run_cli(int argc, char** argv) {
   if (serve_prefetch->count() == 0) serve_args.prefetch.reset();
   if (run_prefetch->count() == 0) run_args.prefetch.reset();
   if (*serve_cmd) return serve(serve_args);
-  if (*worker_cmd) return worker(worker_config, worker_name, worker_ram_gb, worker_threads, worker_delay_ms);
+  if (*worker_cmd) return worker(worker_config, worker_name, worker_ram_gb, worker_threads, worker_activations, worker_delay_ms);
   if (*convert_cmd) return convert(convert_args);
   if (*status_cmd) return status(status_config, status_timeout_ms, status_layers);
   if (*workers_cmd) return list_workers(workers_config);

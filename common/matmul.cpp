@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/kernels.h"
 #include "common/matmul_avx2.h"
+#include "common/matmul_q8.h"
 
 namespace charm {
 namespace {
@@ -65,6 +66,11 @@ Avx2Scratch avx2_scratch(const MatrixView& w) {
 void tile_on(KernelPath path, const MatrixView& w, const float* x, size_t rows, const float* bias, float* y,
              int64_t o0, int64_t o1) {
   if (rows == 0 || o0 >= o1) return;
+  // `activations: q8` (lossy, opt-in): GGML weights with a q8 kernel take it instead.
+  if (w.shape.format == WeightFormat::kGgml && active_activation_mode() == ActivationMode::kQ8 &&
+      matmul_q8_tile(path, w, x, rows, bias, y, o0, o1)) {
+    return;
+  }
   if (path == KernelPath::kAvx2) {
     matmul_tile_avx2(w, x, rows, bias, y, o0, o1, avx2_scratch(w));
   } else {

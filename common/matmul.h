@@ -10,6 +10,9 @@
 // several NaNs meet in one sum, which NaN's payload survives follows the compiler's
 // operand order, which IEEE 754 leaves open; the result is NaN on every path.)
 // Without a bias nothing is added (not even +0, which would turn -0 into +0).
+// The one exception, opt-in: under `activations: q8` (common/matmul_q8.h) GGML-block
+// weights with a q8 kernel compute llama.cpp's int8-activation products instead (lossy;
+// still independent of the batch, the thread count and the instruction set).
 #pragma once
 
 #include <cstddef>

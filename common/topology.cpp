@@ -291,7 +291,7 @@ Topology Topology::parse(const std::string& yaml, const std::filesystem::path& p
   const YAML::Node root = parse_yaml(yaml, path);
   r.check_keys(root, "",
                {"model", "model_name", "mode", "api", "threads", "timeouts", "store", "workers", "cluster", "prefetch",
-                "serving"});
+                "serving", "activations"});
 
   Topology t;
   t.source = path;
@@ -327,6 +327,11 @@ Topology Topology::parse(const std::string& yaml, const std::filesystem::path& p
   }
   if (root["threads"]) t.threads = r.int_value(root["threads"], "threads", 0, kMaxThreads);
   if (root["prefetch"]) t.prefetch = r.bool_value(root["prefetch"], "prefetch");
+  if (root["activations"]) {
+    const std::string mode = r.string_value(root["activations"], "activations");
+    if (mode != "f32" && mode != "q8") r.fail("activations", "expected 'f32' or 'q8', got '" + mode + "'");
+    t.activations = parse_activation_mode(mode, "activations");
+  }
   if (const auto serving = root["serving"]) t.serving = parse_serving(r, serving);
   if (const auto timeouts = root["timeouts"]) {
     r.check_keys(timeouts, "timeouts",

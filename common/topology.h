@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/matmul_q8.h"
 #include "common/secret.h"
 #include "common/user_path.h"
 
@@ -105,6 +106,9 @@ struct Topology {
   bool api_insecure = false;
   bool prefetch = false;             ///< send prefetch hints (next layer's router applied to
                                      ///< this layer's state) to the expert store / workers
+  /// `activations: f32 | q8`: how GGML-block weights meet activations (common/matmul_q8.h);
+  /// q8 is lossy and opt-in. `--activations` on serve / run / worker overrides it.
+  ActivationMode activations = ActivationMode::kF32;
   StoreSpec store;                   ///< single-node mode: the in-process worker's tiers (`store:`)
   ServingSpec serving;               ///< batching limits and the KV cache size (`serving:`)
 

@@ -13,6 +13,7 @@
 
 #include "common/checkpoint.h"
 #include "common/error.h"
+#include "common/matmul_q8.h"
 #include "common/stop_signals.h"
 #include "common/model_config.h"
 #include "coordinator/dispatch/dispatcher_factory.h"
@@ -136,6 +137,7 @@ class JobHandle final : public Generation {
 class EngineImpl final : public Engine {
  public:
   EngineImpl(const Topology& topology, const EngineOptions& options) : metrics_(options.metrics) {
+    start_activation_mode(topology.activations, "coordinator");
     checkpoint_ = Checkpoint::open(topology.model);
     config_ = ModelConfig::parse(checkpoint_->config_json(), checkpoint_->config_origin(),
                                  checkpoint_families());

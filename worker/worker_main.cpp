@@ -7,6 +7,7 @@
 
 #include "common/checkpoint.h"
 #include "common/error.h"
+#include "common/matmul_q8.h"
 #include "common/fingerprint.h"
 #include "common/listen_check.h"
 #include "common/stop_signals.h"
@@ -65,6 +66,7 @@ int run_worker(const Topology& topology, const std::string& worker_name, Checkpo
   const sigset_t signals = block_stop_signals();  // before any thread starts
   const WorkerSpec& spec = topology.worker(worker_name);
   check_worker_listen(topology, spec);  // before minutes of loading, not after
+  start_activation_mode(topology.activations, "worker " + worker_name);
   std::unique_ptr<Checkpoint> checkpoint = Checkpoint::open(topology.model);
   const ModelConfig config =
       ModelConfig::parse(checkpoint->config_json(), checkpoint->config_origin(), families);

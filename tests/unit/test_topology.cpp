@@ -204,6 +204,16 @@ TEST_CASE("prefetch is off unless the key says true") {
   CHECK_FALSE(load_text(dir, kModel + "mode: single-node\nprefetch: false\n").prefetch);
 }
 
+TEST_CASE("activations: f32 unless the key says q8; any other value is refused naming the key") {
+  TempDir dir("topo");
+  CHECK(load_text(dir, kModel + "mode: single-node\n").activations == ActivationMode::kF32);
+  CHECK(load_text(dir, kModel + "mode: single-node\nactivations: q8\n").activations == ActivationMode::kQ8);
+  CHECK(load_text(dir, kModel + "mode: single-node\nactivations: f32\n").activations == ActivationMode::kF32);
+  const std::string single = kModel + "mode: single-node\n";
+  expect_invalid(single + "activations: int8\n", "activations", "expected 'f32' or 'q8', got 'int8'");
+  expect_invalid(single + "activations: [q8]\n", "activations", "expected a non-empty string");
+}
+
 TEST_CASE("insecure: off unless api / cluster say true, and never beside the secret it waives") {
   TempDir dir("topo");
   const Topology plain = load_text(dir, kTwoWorkers);

@@ -1,0 +1,343 @@
+// matmul_q8_tile of common/matmul_q8.h: the activation quantisers (Q8_0, Q8_K), the
+// portable row dots (the reference semantics), and the tile loop both paths share.
+#include "common/matmul_q8.h"
+
+#include <atomic>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "common/dtype.h"
+#include "common/error.h"
+#include "common/ggml_dequantize_detail.h"
+#include "common/matmul_q8_detail.h"
+
+namespace charm {
+namespace {
+
+std::atomic<int> g_mode{static_cast<int>(ActivationMode::kF32)};
+
+constexpr int64_t kQ80 = 32;   // Q8_0 / Q4_0 block
+constexpr int64_t kQK = 256;   // K-quant super-block
+
+float load_f16(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return f16_to_f32(bits);
+}
+
+/// f32 -> f16 bits, round to nearest even (ggml's GGML_FP32_TO_FP16, F16C's
+/// _cvtss_sh(x, 0)). Only ever given a finite d >= 0 or a NaN / Inf from bad input.
+uint16_t f32_to_f16(float f) {
+  const uint32_t bits = std::bit_cast<uint32_t>(f);
+  const auto sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t x = bits & 0x7FFFFFFFu;
+  if (x > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u);  // NaN
+  if (x >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // >= 65520: Inf
+  if (x < 0x38800000u) {  // below 2^-14: an f16 subnormal, q * 2^-24 (exact scaling)
+    const float q = std::nearbyint(std::bit_cast<float>(x) * 16777216.0f);
+    return static_cast<uint16_t>(sign | static_cast<uint16_t>(q));
+  }
+  const uint32_t rounded = x + 0xFFFu + ((x >> 13) & 1u);
+  return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
+}
+
+/// A block holding a NaN or Inf: quants and sums 0, scale NaN, so that every product
+/// with it is NaN (the exact path gives NaN or Inf there; a quant cannot hold either).
+void poison(int8_t* qs, float* d, int32_t* sums, int64_t elements, int nsums) {
+  std::memset(qs, 0, static_cast<size_t>(elements));
+  *d = std::numeric_limits<float>::quiet_NaN();
+  for (int j = 0; j < nsums; ++j) sums[j] = 0;
+}
+
+/// One row as Q8_0 blocks (quantize_row_q8_0_ref), plus each block's sum of quants.
+void quantize_q8_0(const float* x, int64_t cols, int8_t* qs, float* d, int32_t* sums) {
+  for (int64_t b = 0; b < cols / kQ80; ++b) {
+    const float* xb = x + b * kQ80;
+    float amax = 0.0f;
+    bool finite = true;
+    for (int j = 0; j < kQ80; ++j) {
+      amax = std::fmax(amax, std::fabs(xb[j]));
+      finite = finite && std::isfinite(xb[j]);
+    }
+    if (!finite) {  // a NaN / Inf activation: the block's products are NaN, as in f32
+      poison(qs + b * kQ80, d + b, sums + b, kQ80, 1);
+      continue;
+    }
+    const float dd = amax / 127.0f;
+    d[b] = f16_to_f32(f32_to_f16(dd));  // the block stores d as f16; the dot reads it back
+    // A d that rounds to f16 zero makes the block's products zero whatever its quants, and
+    // 1 / dd may overflow there (amax below 2^-120): quants 0, not an Inf cast to int8.
+    const float id = d[b] != 0.0f ? 1.0f / dd : 0.0f;
+    int32_t sum = 0;
+    for (int j = 0; j < kQ80; ++j) {
+      const auto q = static_cast<int8_t>(std::round(xb[j] * id));
+      qs[b * kQ80 + j] = q;
+      sum += q;
+    }
+    sums[b] = sum;
+  }
+}
+
+/// One row as Q8_K blocks (quantize_row_q8_K_ref): bsums per 16 into `sums`.
+void quantize_q8_k(const float* x, int64_t cols, int8_t* qs, float* d, int32_t* sums) {
+  for (int64_t b = 0; b < cols / kQK; ++b) {
+    const float* xb = x + b * kQK;
+    int8_t* q = qs + b * kQK;
+    float amax = 0.0f, max = 0.0f;
+    bool finite = true;
+    for (int j = 0; j < kQK; ++j) {
+      const float ax = std::fabs(xb[j]);
+      finite = finite && std::isfinite(xb[j]);
+      if (ax > amax) {
+        amax = ax;
+        max = xb[j];
+      }
+    }
+    if (!finite) {
+      poison(q, d + b, sums + b * 16, kQK, 16);
+      continue;
+    }
+    // -127 / max overflows for a max below 2^-119 (ggml's nearest_int would then read an
+    // Inf): such a block is taken as zeros.
+    if (amax == 0.0f || !std::isfinite(-127.0f / max)) {
+      d[b] = 0.0f;
+      std::memset(q, 0, kQK);
+      for (int j = 0; j < 16; ++j) sums[b * 16 + j] = 0;
+      continue;
+    }
+    const float iscale = -127.0f / max;
+    for (int j = 0; j < kQK; ++j) {
+      const float v = std::nearbyint(iscale * xb[j]);  // ggml's nearest_int: half to even
+      q[j] = static_cast<int8_t>(v < 127.0f ? v : 127.0f);
+    }
+    for (int j = 0; j < 16; ++j) {
+      int32_t sum = 0;
+      for (int l = 0; l < 16; ++l) sum += q[16 * j + l];
+      sums[b * 16 + j] = sum;
+    }
+    d[b] = 1.0f / iscale;
+  }
+}
+
+// --- portable row dots (the reference semantics) ---------------------------------------
+
+/// Q8_0 {f16 d; i8 qs[32]}.
+float dot_q8_0(const uint8_t* w, const Q8Row& a) {
+  return lane_sum(a.blocks, [&](int64_t b) {
+    const uint8_t* wb = w + b * 34;
+    const int8_t* ab = a.qs + b * kQ80;
+    int32_t isum = 0;
+    for (int j = 0; j < kQ80; ++j) isum += static_cast<int8_t>(wb[2 + j]) * ab[j];
+    return (load_f16(wb) * a.d[b]) * static_cast<float>(isum);
+  });
+}
+
+/// Q4_0 {f16 d; u8 qs[16]}: element j is lo(qs[j]) - 8, j + 16 is hi(qs[j]) - 8.
+float dot_q4_0(const uint8_t* w, const Q8Row& a) {
+  return lane_sum(a.blocks, [&](int64_t b) {
+    const uint8_t* wb = w + b * 18;
+    const int8_t* ab = a.qs + b * kQ80;
+    int32_t isum = 0;
+    for (int j = 0; j < 16; ++j) isum += (wb[2 + j] & 0x0F) * ab[j] + (wb[2 + j] >> 4) * ab[j + 16];
+    isum -= 8 * a.sums[b];
+    return (load_f16(wb) * a.d[b]) * static_cast<float>(isum);
+  });
+}
+
+/// Q4_K / Q5_K (kFifthBit): d, dmin, scales[12], [qh[32],] qs[128]; element 32 s + l of
+/// sub-block s has quant (nibble s % 2 of qs[32 (s / 2) + l]) | bit s of qh[l] << 4.
+template <bool kFifthBit>
+float dot_q45_k(const uint8_t* w, const Q8Row& a) {
+  constexpr int64_t kBytes = kFifthBit ? 176 : 144;
+  return lane_sum(a.blocks, [&](int64_t b) {
+    const uint8_t* wb = w + b * kBytes;
+    const uint8_t* scales = wb + 4;
+    const uint8_t* qh = wb + 16;
+    const uint8_t* qs = wb + (kFifthBit ? 48 : 16);
+    const int8_t* ab = a.qs + b * kQK;
+    const int32_t* bsums = a.sums + b * 16;
+    int32_t isum = 0, msum = 0;
+    for (int s = 0; s < 8; ++s) {
+      const ScaleMin sm = get_scale_min_k4(s, scales);
+      int32_t sub = 0;
+      for (int l = 0; l < 32; ++l) {
+        int q = (qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 0x0F;
+        if constexpr (kFifthBit) q |= ((qh[l] >> s) & 1) << 4;
+        sub += q * ab[32 * s + l];
+      }
+      isum += sm.scale * sub;
+      msum += sm.min * (bsums[2 * s] + bsums[2 * s + 1]);
+    }
+    const float d = load_f16(wb) * a.d[b];
+    const float dmin = load_f16(wb + 2) * a.d[b];
+    return d * static_cast<float>(isum) - dmin * static_cast<float>(msum);
+  });
+}
+
+/// Q6_K {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}: element 128 h + 32 c + 16 half + l
+/// has quant (nibble c / 2 of ql[64 h + 32 (c % 2) + 16 half + l]) | (bits 2c of
+/// qh[32 h + 16 half + l]) << 4, minus 32, and scale scales[8 h + 2 c + half].
+float dot_q6_k(const uint8_t* w, const Q8Row& a) {
+  return lane_sum(a.blocks, [&](int64_t b) {
+    const uint8_t* wb = w + b * 210;
+    const auto* scales = reinterpret_cast<const int8_t*>(wb + 192);
+    const int8_t* ab = a.qs + b * kQK;
+    const int32_t* bsums = a.sums + b * 16;
+    int32_t isum = 0;
+    for (int h = 0; h < 2; ++h) {
+      for (int c = 0; c < 4; ++c) {
+        for (int half = 0; half < 2; ++half) {
+          const uint8_t* lo = wb + 64 * h + 32 * (c % 2) + 16 * half;
+          const uint8_t* hi = wb + 128 + 32 * h + 16 * half;
+          const int8_t* as = ab + 128 * h + 32 * c + 16 * half;
+          int32_t sub = 0;
+          for (int l = 0; l < 16; ++l) sub += (((lo[l] >> (4 * (c / 2))) & 0x0F) | (((hi[l] >> (2 * c)) & 3) << 4)) * as[l];
+          const int sb = 8 * h + 2 * c + half;
+          isum += scales[sb] * (sub - 32 * bsums[sb]);
+        }
+      }
+    }
+    return (load_f16(wb + 208) * a.d[b]) * static_cast<float>(isum);
+  });
+}
+
+/// Which activation blocks a weight type takes.
+enum class Q8Kind { kQ8_0, kQ8_K };
+
+Q8RowDot portable_dot(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ8_0: return dot_q8_0;
+    case GgmlType::kQ4_0: return dot_q4_0;
+    case GgmlType::kQ4_K: return dot_q45_k<false>;
+    case GgmlType::kQ5_K: return dot_q45_k<true>;
+    case GgmlType::kQ6_K: return dot_q6_k;
+    default: return nullptr;
+  }
+}
+
+/// This thread's quantised activation rows, with a copy of the f32 rows they came from:
+/// a later tile of the same product (same bits in x) reuses them instead of quantising
+/// again. Comparing the bits, not the pointer, keeps a reused buffer from ever meeting a
+/// stale quantisation.
+struct ActivationCache {
+  bool valid = false;
+  Q8Kind kind = Q8Kind::kQ8_0;
+  int64_t cols = 0;
+  size_t rows = 0;
+  std::vector<float> x;
+  std::vector<int8_t> qs;
+  std::vector<float> d;
+  std::vector<int32_t> sums;
+
+  /// The quantised rows of x [rows, cols] (quantising them unless cached).
+  void prepare(Q8Kind k, const float* src, size_t n, int64_t c) {
+    const size_t elements = n * static_cast<size_t>(c);
+    if (valid && kind == k && cols == c && rows == n && std::memcmp(x.data(), src, elements * 4) == 0) return;
+    valid = false;
+    const int64_t block = k == Q8Kind::kQ8_0 ? kQ80 : kQK;
+    const size_t blocks = elements / static_cast<size_t>(block);
+    x.assign(src, src + elements);
+    qs.resize(elements);
+    d.resize(blocks);
+    sums.resize(k == Q8Kind::kQ8_0 ? blocks : blocks * 16);
+    const size_t per_row = static_cast<size_t>(c / block);
+    for (size_t r = 0; r < n; ++r) {
+      const float* xr = src + r * static_cast<size_t>(c);
+      int8_t* q = qs.data() + r * static_cast<size_t>(c);
+      if (k == Q8Kind::kQ8_0) {
+        quantize_q8_0(xr, c, q, d.data() + r * per_row, sums.data() + r * per_row);
+      } else {
+        quantize_q8_k(xr, c, q, d.data() + r * per_row, sums.data() + r * per_row * 16);
+      }
+    }
+    kind = k;
+    cols = c;
+    rows = n;
+    valid = true;
+  }
+
+  Q8Row row(size_t r) const {
+    const int64_t block = kind == Q8Kind::kQ8_0 ? kQ80 : kQK;
+    const auto per_row = static_cast<size_t>(cols / block);
+    const size_t sums_per_row = kind == Q8Kind::kQ8_0 ? per_row : per_row * 16;
+    return Q8Row{qs.data() + r * static_cast<size_t>(cols), d.data() + r * per_row, sums.data() + r * sums_per_row,
+                 static_cast<int64_t>(per_row)};
+  }
+};
+
+}  // namespace
+
+const char* activation_mode_name(ActivationMode mode) { return mode == ActivationMode::kQ8 ? "q8" : "f32"; }
+
+ActivationMode parse_activation_mode(std::string_view value, std::string_view what) {
+  if (value == "f32") return ActivationMode::kF32;
+  if (value == "q8") return ActivationMode::kQ8;
+  fail_invalid(std::string(what) + ": expected 'f32' or 'q8', got '" + std::string(value) + "'");
+}
+
+ActivationMode active_activation_mode() { return static_cast<ActivationMode>(g_mode.load(std::memory_order_relaxed)); }
+
+void set_activation_mode(ActivationMode mode) { g_mode.store(static_cast<int>(mode), std::memory_order_relaxed); }
+
+void start_activation_mode(ActivationMode mode, std::string_view who) {
+  set_activation_mode(mode);
+  if (mode == ActivationMode::kQ8) {
+    spdlog::warn("{}: activations: q8 is lossy: Q8_0, Q4_0, Q4_K, Q5_K and Q6_K weights multiply activations "
+                 "rounded to 8 bits (llama.cpp's Q8_0 / Q8_K), so logits differ from the exact default "
+                 "(activations: f32); other weights keep the exact path",
+                 who);
+  }
+}
+
+bool has_q8_kernel(GgmlType type) { return portable_dot(type) != nullptr; }
+
+bool matmul_q8_tile(KernelPath path, const MatrixView& w, const float* x, size_t rows, const float* bias, float* y,
+                    int64_t o0, int64_t o1) {
+  if (w.shape.format != WeightFormat::kGgml) return false;
+  const GgmlType type = w.shape.ggml_type;
+  Q8RowDot dot = portable_dot(type);
+  if (!dot) return false;
+#if defined(__x86_64__) || defined(__i386__)
+  if (path == KernelPath::kAvx2) dot = q8_row_dot_avx2(type);
+#endif
+  if (!dot) throw Error(ErrorCategory::kInternal, std::string("matmul_q8: no AVX2 kernel for ") + ggml_traits(type).name);
+  if (rows == 0 || o0 >= o1) return true;
+  const Q8Kind kind = type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0 ? Q8Kind::kQ8_0 : Q8Kind::kQ8_K;
+  thread_local ActivationCache cache;
+  cache.prepare(kind, x, rows, w.shape.cols);
+  const uint64_t row_bytes = *ggml_row_bytes(type, w.shape.cols);
+  const auto out = static_cast<size_t>(w.shape.rows);
+  Q8RowsDot rows_dot = nullptr;
+#if defined(__x86_64__) || defined(__i386__)
+  if (path == KernelPath::kAvx2 && rows > 1) rows_dot = q8_rows_dot_avx2(type);
+#endif
+  if (rows_dot) {  // a GEMM: each weight block unpacked once for up to kQ8MaxRows rows
+    Q8Row a[kQ8MaxRows];
+    float v[kQ8MaxRows];
+    for (size_t r0 = 0; r0 < rows; r0 += kQ8MaxRows) {
+      const size_t n = rows - r0 < kQ8MaxRows ? rows - r0 : kQ8MaxRows;
+      for (size_t r = 0; r < n; ++r) a[r] = cache.row(r0 + r);
+      for (int64_t o = o0; o < o1; ++o) {
+        rows_dot(w.data + static_cast<uint64_t>(o) * row_bytes, a, n, v);
+        for (size_t r = 0; r < n; ++r) y[(r0 + r) * out + static_cast<size_t>(o)] = bias ? v[r] + bias[o] : v[r];
+      }
+    }
+    return true;
+  }
+  for (int64_t o = o0; o < o1; ++o) {
+    const uint8_t* wo = w.data + static_cast<uint64_t>(o) * row_bytes;
+    for (size_t r = 0; r < rows; ++r) {
+      const float v = dot(wo, cache.row(r));
+      y[r * out + static_cast<size_t>(o)] = bias ? v + bias[o] : v;
+    }
+  }
+  return true;
+}
+
+}  // namespace charm

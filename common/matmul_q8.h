@@ -1,0 +1,72 @@
+// The opt-in int8-activation matmul (`activations: q8`, docs/configuration.md): GGML
+// block weights times activations quantised on the fly, as llama.cpp's CPU backend
+// computes them. LOSSY: the default (kF32) widens weights to f32 and takes an exact f32
+// dot (common/matmul.h); kQ8 rounds every activation to 8 bits first.
+//
+// What kQ8 computes (the semantics both the portable and the AVX2 kernels give bit for
+// bit, for any thread count and any batch; sources: llama.cpp's ggml/src/ggml-quants.c
+// quantize_row_q8_0_ref / quantize_row_q8_K_ref and ggml-cpu/quants.c
+// ggml_vec_dot_*_q8_*_generic):
+//  - Each activation row is quantised on its own (so a row's result never depends on the
+//    other rows of the batch). For Q8_0 / Q4_0 weights: blocks of 32 as Q8_0, d = amax /
+//    127 rounded to f16, q = round-half-away(x * (1 / d)). For Q4_K / Q5_K / Q6_K
+//    weights: blocks of 256 as Q8_K, with `max` the first value of largest |x|, iscale =
+//    -127 / max, q = min(127, round-half-even(iscale * x)), d = 1 / iscale (f32), and the
+//    sums of q over each 16.
+//  - Per weight block b, an exact integer dot isum_b of the weight's quants and the
+//    activation's (for Q4_K / Q5_K also msum_b, the sub-block mins times the activation's
+//    sums), then c_b = (d_w * d_a) * float(isum_b) [- (dmin_w * d_a) * float(msum_b)],
+//    each a rounded f32 operation.
+//  - y = sum of c_b in f32: blocks b < 8 * floor(nb / 8) into eight lanes (lane b % 8,
+//    in order), the lanes added as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)),
+//    then the remaining blocks one by one; then + bias[o] when there is a bias.
+// For up to 7 blocks this is ggml's generic sequential sum exactly (tests check it on
+// hand-made Q8_0 blocks); with more, only the order of the f32 additions differs.
+// Measured error against the exact f32 path: tests/unit/test_matmul_q8.cpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "common/matmul.h"
+#include "common/weight_format.h"
+
+namespace charm {
+
+/// How GGML-block weights meet activations (the `activations:` key).
+enum class ActivationMode : uint8_t {
+  kF32,  ///< exact: weights widened to f32, f32 dot (the default; common/matmul.h)
+  kQ8,   ///< lossy: activations quantised to Q8_0 / Q8_K, integer dots (llama.cpp's way)
+};
+
+/// "f32" or "q8".
+const char* activation_mode_name(ActivationMode mode);
+/// The mode spelled "f32" or "q8"; throws Error(kInvalidInput) naming `what` (the key or
+/// flag the value came from) for any other value.
+ActivationMode parse_activation_mode(std::string_view value, std::string_view what);
+/// The mode matmul uses for GGML weights now (kF32 until set). Thread-safe.
+ActivationMode active_activation_mode();
+/// Sets the process-wide mode (at start, before any matmul; the coordinator and every
+/// worker apply their topology's `activations`). Thread-safe.
+void set_activation_mode(ActivationMode mode);
+
+/// set_activation_mode(mode) at a process's start, logging (spdlog) a warning naming
+/// `who` when mode is the lossy kQ8. The coordinator's engine and every worker call it
+/// with their topology's `activations`.
+void start_activation_mode(ActivationMode mode, std::string_view who);
+
+/// True when GGML type `type` has q8 kernels: Q8_0, Q4_0 (Q8_0 activations), Q4_K, Q5_K,
+/// Q6_K (Q8_K activations). Other types keep the exact f32 path under kQ8.
+bool has_q8_kernel(GgmlType type);
+
+/// Outputs [o0, o1) of y [rows, w.shape.rows] = x [rows, w.shape.cols] W^T (+ bias) with
+/// q8 activations (the semantics above), single-threaded, on `path`'s kernels (kAvx2
+/// requires cpu_supports_avx2()). Returns false, writing nothing, when `w` is not kGgml
+/// or its type has no q8 kernel. Requires a view matmul's checks accept (whole blocks)
+/// and 0 <= o0 <= o1 <= w.shape.rows. Thread-safe (per-thread scratch: each x row is
+/// quantised once and reused by later calls of this thread on bit-identical rows).
+bool matmul_q8_tile(KernelPath path, const MatrixView& w, const float* x, size_t rows, const float* bias, float* y,
+                    int64_t o0, int64_t o1);
+
+}  // namespace charm

@@ -1,0 +1,52 @@
+// Internal to common/matmul_q8.cpp and common/matmul_q8_avx2.cpp: one quantised
+// activation row, the lane sum both paths share, and the AVX2 entry point.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/ggml_type.h"
+
+namespace charm {
+
+/// One activation row quantised to Q8_0 (blocks of 32) or Q8_K (blocks of 256).
+struct Q8Row {
+  const int8_t* qs = nullptr;    ///< [cols] the quants
+  const float* d = nullptr;      ///< [blocks] the block scales (Q8_0: the f16 value, widened)
+  const int32_t* sums = nullptr; ///< Q8_0: [blocks] sum of each block's qs; Q8_K: [blocks * 16]
+                                 ///< sum of each 16 (ggml's bsums)
+  int64_t blocks = 0;
+};
+
+/// The dot of one weight row (whole blocks of its type) with one quantised activation
+/// row, as common/matmul_q8.h defines it.
+using Q8RowDot = float (*)(const uint8_t* w, const Q8Row& a);
+
+/// The eight lanes' sum, in the order common/matmul_q8.h states. (Inline, defined before
+/// the AVX2 file's target pragma, so both paths run this same code.)
+inline float reduce_lanes(const float* l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); }
+
+/// Sums c(b) for b < blocks in common/matmul_q8.h's order (eight lanes, then the tail).
+template <typename BlockFn>
+inline float lane_sum(int64_t blocks, BlockFn&& c) {
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const int64_t full = blocks / 8 * 8;
+  for (int64_t b = 0; b < full; ++b) lanes[b % 8] += c(b);
+  float s = reduce_lanes(lanes);
+  for (int64_t b = full; b < blocks; ++b) s += c(b);
+  return s;
+}
+
+/// out[r] = the row dot of `w` with a[r] for r < n (1 <= n <= kQ8MaxRows): the same bits
+/// as n calls of the type's Q8RowDot, with the weight row unpacked once per block.
+using Q8RowsDot = void (*)(const uint8_t* w, const Q8Row* a, size_t n, float* out);
+constexpr size_t kQ8MaxRows = 8;
+
+/// The AVX2 multi-row dot of `type` (the K-quants), or null where the row dot is used.
+Q8RowsDot q8_rows_dot_avx2(GgmlType type);
+
+/// The AVX2 row dot of `type` (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K), or null for a type without
+/// one. Same bits as the portable dot. Call only when cpu_supports_avx2().
+Q8RowDot q8_row_dot_avx2(GgmlType type);
+
+}  // namespace charm

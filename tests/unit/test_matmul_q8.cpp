@@ -1,0 +1,374 @@
+// common/matmul_q8.h (`activations: q8`): the portable and AVX2 kernels give the same
+// bits for every supported type, a row's result does not depend on the rest of the batch
+// or the thread count, the error against the exact f32 path stays within the measured
+// bound, hand-made Q8_0 blocks give llama.cpp's own arithmetic, and the types without a
+// q8 kernel keep the exact path.
+#include <doctest/doctest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/ggml_type.h"
+#include "common/matmul.h"
+#include "common/matmul_q8.h"
+#include "common/topology.h"
+#include "coordinator/engine.h"
+#include "tests/support/expect_error.h"
+
+using namespace charm;
+
+namespace {
+
+const GgmlType kQ8Types[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+
+uint16_t f16_bits(float v) {  // exact for the values used here (small powers of two)
+  for (uint32_t b = 0; b < 0x7C00; ++b) {
+    if (f16_to_f32(static_cast<uint16_t>(b)) == std::fabs(v)) return static_cast<uint16_t>(b | (v < 0 ? 0x8000 : 0));
+  }
+  FAIL("no f16 for " << v);
+  return 0;
+}
+
+/// Byte offsets of a block's f16 scale fields (d, and dmin where the type has one).
+std::vector<int> f16_fields(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ8_0:
+    case GgmlType::kQ4_0: return {0};
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K: return {0, 2};
+    case GgmlType::kQ6_K: return {208};
+    default: FAIL("no layout for the test"); return {};
+  }
+}
+
+/// A [rows, cols] GGML matrix of random blocks whose f16 scales are finite, between
+/// 2^-10 and 2^-4 in magnitude (weights of a usual size); every other byte random.
+StoredMatrix random_ggml(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  StoredMatrix m;
+  m.shape.format = WeightFormat::kGgml;
+  m.shape.ggml_type = type;
+  m.shape.rows = rows;
+  m.shape.cols = cols;
+  m.data.resize(m.shape.data_bytes());
+  for (uint8_t& b : m.data) b = static_cast<uint8_t>(rng());
+  const GgmlTypeTraits t = ggml_traits(type);
+  for (size_t off = 0; off < m.data.size(); off += static_cast<size_t>(t.block_bytes)) {
+    for (int field : f16_fields(type)) {
+      // exponent 5..11 (2^-10 .. 2^-4), random mantissa and sign
+      const auto bits = static_cast<uint16_t>(((5 + rng() % 7) << 10) | (rng() & 0x3FF) | ((rng() & 1) << 15));
+      std::memcpy(&m.data[off + static_cast<size_t>(field)], &bits, 2);
+    }
+  }
+  return m;
+}
+
+/// Activations: uniform in [-1, 1], with an outlier of 8 now and then (as real hidden
+/// states have), so that blocks have different scales.
+std::vector<float> random_x(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<float> x(n);
+  for (float& v : x) {
+    v = static_cast<float>(static_cast<int32_t>(rng() % 2000001) - 1000000) * 1e-6f;
+    if (rng() % 97 == 0) v *= 8.0f;
+  }
+  return x;
+}
+
+std::vector<float> q8_tile(KernelPath path, const MatrixView& w, const float* x, size_t rows, const float* bias) {
+  std::vector<float> y(rows * static_cast<size_t>(w.shape.rows), -7.0f);
+  REQUIRE(matmul_q8_tile(path, w, x, rows, bias, y.data(), 0, w.shape.rows));
+  return y;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+/// Columns for a type: 19 blocks of 32 (two groups of eight lanes and a tail of 3) or 11
+/// super-blocks of 256 (one group, a tail of 3).
+int64_t cols_for(GgmlType type) { return ggml_traits(type).block_elements == 32 ? 32 * 19 : 256 * 11; }
+
+/// Sets the activation mode for a scope.
+struct ModeScope {
+  explicit ModeScope(ActivationMode m) { set_activation_mode(m); }
+  ~ModeScope() { set_activation_mode(ActivationMode::kF32); }
+};
+
+}  // namespace
+
+TEST_CASE("q8: the AVX2 kernels give the portable kernels' bits, every type, rows 1..9") {
+  if (!cpu_supports_avx2()) {
+    MESSAGE("this CPU lacks avx2/f16c: the AVX2 path was NOT checked");
+    return;
+  }
+  uint32_t seed = 1;
+  for (GgmlType type : kQ8Types) {
+    CAPTURE(std::string(ggml_traits(type).name));
+    REQUIRE(has_q8_kernel(type));
+    const int64_t cols = cols_for(type);
+    const StoredMatrix w = random_ggml(type, 5, cols, seed++);
+    std::vector<float> bias = random_x(5, seed++);
+    for (size_t rows = 1; rows <= 9; ++rows) {
+      CAPTURE(rows);
+      const std::vector<float> x = random_x(rows * static_cast<size_t>(cols), seed++);
+      const float* b = rows % 2 ? bias.data() : nullptr;
+      const auto portable = q8_tile(KernelPath::kPortable, w.view(), x.data(), rows, b);
+      const auto avx2 = q8_tile(KernelPath::kAvx2, w.view(), x.data(), rows, b);
+      CHECK(same_bits(portable, avx2));
+      for (float v : portable) CHECK(std::isfinite(v));
+    }
+  }
+}
+
+TEST_CASE("q8: a row's result does not depend on the other rows, the tiling or the thread count") {
+  const int saved_threads = omp_get_max_threads();
+  const ModeScope mode(ActivationMode::kQ8);
+  std::vector<KernelPath> paths = {KernelPath::kPortable};
+  if (cpu_supports_avx2()) paths.push_back(KernelPath::kAvx2);
+  const KernelPath saved_path = active_kernel_path();
+  uint32_t seed = 100;
+  for (GgmlType type : kQ8Types) {
+    CAPTURE(std::string(ggml_traits(type).name));
+    const int64_t cols = 512;
+    const int64_t out = 160;  // several tiles of panel_rows(512) = 64: matmul goes parallel
+    const StoredMatrix w = random_ggml(type, out, cols, seed++);
+    const size_t rows = 7;
+    const std::vector<float> x = random_x(rows * static_cast<size_t>(cols), seed++);
+    for (KernelPath path : paths) {
+      set_kernel_path(path);
+      omp_set_num_threads(1);
+      std::vector<float> batch(rows * static_cast<size_t>(out));
+      matmul(w.view(), x.data(), rows, nullptr, batch.data());
+      omp_set_num_threads(3);
+      std::vector<float> threaded(batch.size());
+      matmul(w.view(), x.data(), rows, nullptr, threaded.data());
+      CHECK(same_bits(batch, threaded));
+      for (size_t r = 0; r < rows; ++r) {
+        // alone, and beside other rows (the same row among different neighbours)
+        std::vector<float> alone(static_cast<size_t>(out));
+        matmul(w.view(), x.data() + r * static_cast<size_t>(cols), 1, nullptr, alone.data());
+        std::vector<float> mixed = random_x(3 * static_cast<size_t>(cols), seed++);
+        std::copy(x.begin() + static_cast<ptrdiff_t>(r * static_cast<size_t>(cols)),
+                  x.begin() + static_cast<ptrdiff_t>((r + 1) * static_cast<size_t>(cols)),
+                  mixed.begin() + cols);
+        std::vector<float> among(3 * static_cast<size_t>(out));
+        matmul_tile(w.view(), mixed.data(), 3, nullptr, among.data(), 0, out);
+        CHECK(std::memcmp(alone.data(), batch.data() + r * static_cast<size_t>(out), alone.size() * 4) == 0);
+        CHECK(std::memcmp(alone.data(), among.data() + static_cast<size_t>(out), alone.size() * 4) == 0);
+      }
+    }
+  }
+  set_kernel_path(saved_path);
+  omp_set_num_threads(saved_threads);
+}
+
+// The error bound. With e = y_q8 - y_f32 (the exact f32 path on the same weights) and
+// rel = max |e| / (||x|| * ||w_o||) over every output of 40 random [16, 1024] matrices
+// per type (x as random_x: uniform in [-1, 1] with 1-in-97 outliers x8), measured on this
+// code: Q8_0 8.3e-4, Q4_0 1.04e-3, Q4_K 1.94e-3, Q5_K 2.16e-3, Q6_K 2.14e-3 (Q8_K's
+// blocks of 256 meet an outlier more often, so their step amax / 127 is larger). Bounds
+// checked: 1.5e-3 for the Q8_0-activation types, 3e-3 for the Q8_K ones. Checked once by
+// hand-editing common/matmul_q8.cpp: dropping the activation scale (d = 1) gives rel 7..11
+// and rounding toward zero instead of to nearest 2.1e-3 / 3.7e-3..4.5e-3; both fail here.
+TEST_CASE("q8: error against the exact f32 path within the measured bound") {
+  uint32_t seed = 1000;
+  for (GgmlType type : kQ8Types) {
+    CAPTURE(std::string(ggml_traits(type).name));
+    const double bound = ggml_traits(type).block_elements == 32 ? 1.5e-3 : 3e-3;
+    const int64_t cols = 1024;
+    const int64_t out = 16;
+    double worst = 0;
+    for (int trial = 0; trial < 40; ++trial) {
+      const StoredMatrix w = random_ggml(type, out, cols, seed++);
+      const std::vector<float> x = random_x(static_cast<size_t>(cols), seed++);
+      std::vector<float> exact(static_cast<size_t>(out)), q8(static_cast<size_t>(out));
+      {
+        const ModeScope mode(ActivationMode::kF32);
+        matmul(w.view(), x.data(), 1, nullptr, exact.data());
+      }
+      {
+        const ModeScope mode(ActivationMode::kQ8);
+        matmul(w.view(), x.data(), 1, nullptr, q8.data());
+      }
+      double xn = 0;
+      for (float v : x) xn += static_cast<double>(v) * v;
+      std::vector<float> row(static_cast<size_t>(cols));
+      for (int64_t o = 0; o < out; ++o) {
+        matrix_row_to_f32(w.view(), o, row.data());
+        double wn = 0;
+        for (float v : row) wn += static_cast<double>(v) * v;
+        const double rel = std::fabs(static_cast<double>(q8[static_cast<size_t>(o)]) - exact[static_cast<size_t>(o)]) /
+                           std::sqrt(xn * wn);
+        worst = std::max(worst, rel);
+      }
+    }
+    MESSAGE(std::string(ggml_traits(type).name) << ": max |y_q8 - y_f32| / (||x|| ||w_o||) = " << worst);
+    CHECK(worst < bound);
+    CHECK(worst > 0);  // it is the lossy path: something rounded
+  }
+}
+
+// llama.cpp's arithmetic on hand-made blocks (ggml_vec_dot_q8_0_q8_0_generic after
+// quantize_row_q8_0_ref): y = sum over blocks of isum * (d_w * d_x), d_x = amax / 127
+// (to f16), q_x = roundf(x / d_x), half away from zero. Four blocks (all in the tail:
+// summed in order, as ggml does), every value exact:
+//  block 0: w d 0.5,  qs all 1;        x 127, -27, 0...   d_x 1, isum 100      -> 50
+//  block 1: w d 0.25, qs[j] = j - 16;  x 2..., x[31] 127   isum 2 * (-16) + 15 * 125 = 1843 -> 460.75
+//  block 2: w d 1,    qs 0, 1, 2, 0..; x 127, 2.5, -2.5    q 127, 3, -3 (half away: not 2, -2)
+//                                                          isum 3 - 6 = -3     -> -3
+//  block 3: w d 0.5,  qs 1, 3, 0...;   x 254, -10          d_x 2, q 127, -5, isum 112 -> 112
+// Sum 619.75 (half-to-even rounding would give 620.75; dropping block 3's d_x, 563.75).
+TEST_CASE("q8: Q8_0 x Q8_0 on hand-made blocks gives llama.cpp's value") {
+  StoredMatrix w;
+  w.shape.format = WeightFormat::kGgml;
+  w.shape.ggml_type = GgmlType::kQ8_0;
+  w.shape.rows = 1;
+  w.shape.cols = 128;
+  w.data.assign(4 * 34, 0);
+  auto set_d = [&](int b, float d) {
+    const uint16_t bits = f16_bits(d);
+    std::memcpy(&w.data[static_cast<size_t>(b) * 34], &bits, 2);
+  };
+  auto q = [&](int b, int j) -> uint8_t& { return w.data[static_cast<size_t>(b) * 34 + 2 + static_cast<size_t>(j)]; };
+  std::vector<float> x(128, 0.0f);
+  set_d(0, 0.5f);
+  for (int j = 0; j < 32; ++j) q(0, j) = 1;
+  x[0] = 127;
+  x[1] = -27;
+  set_d(1, 0.25f);
+  for (int j = 0; j < 32; ++j) q(1, j) = static_cast<uint8_t>(static_cast<int8_t>(j - 16));
+  for (int j = 0; j < 32; ++j) x[32 + j] = 2;
+  x[63] = 127;
+  set_d(2, 1.0f);
+  q(2, 1) = 1;
+  q(2, 2) = 2;
+  x[64] = 127;
+  x[65] = 2.5f;
+  x[66] = -2.5f;
+  set_d(3, 0.5f);
+  q(3, 0) = 1;
+  q(3, 1) = 3;
+  x[96] = 254;
+  x[97] = -10;
+  std::vector<KernelPath> paths = {KernelPath::kPortable};
+  if (cpu_supports_avx2()) paths.push_back(KernelPath::kAvx2);
+  for (KernelPath path : paths) {
+    CAPTURE(kernel_path_name(path));
+    CHECK(q8_tile(path, w.view(), x.data(), 1, nullptr)[0] == 619.75f);
+    const float bias = 0.25f;
+    CHECK(q8_tile(path, w.view(), x.data(), 1, &bias)[0] == 620.0f);
+  }
+}
+
+TEST_CASE("q8: a tile reuses a quantised row only for the same bits, not the same address") {
+  const GgmlType type = GgmlType::kQ4_K;
+  const int64_t cols = 512;
+  const StoredMatrix w = random_ggml(type, 4, cols, 77);
+  std::vector<float> original = random_x(static_cast<size_t>(cols), 78);
+  std::vector<float> changed = original;
+  changed[5] += 0.5f;
+  const auto want = q8_tile(KernelPath::kPortable, w.view(), changed.data(), 1, nullptr);
+  std::vector<float> buffer = original;
+  const auto before = q8_tile(KernelPath::kPortable, w.view(), buffer.data(), 1, nullptr);
+  buffer = changed;  // same address, new contents
+  const auto after = q8_tile(KernelPath::kPortable, w.view(), buffer.data(), 1, nullptr);
+  CHECK(same_bits(after, want));
+  CHECK_FALSE(same_bits(before, want));
+}
+
+TEST_CASE("q8: types without a q8 kernel keep the exact f32 path; non-finite activations give NaN") {
+  for (GgmlType type : {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ2_K, GgmlType::kQ3_K,
+                        GgmlType::kMXFP4}) {
+    CAPTURE(std::string(ggml_traits(type).name));
+    CHECK_FALSE(has_q8_kernel(type));
+    StoredMatrix w;
+    w.shape.format = WeightFormat::kGgml;
+    w.shape.ggml_type = type;
+    w.shape.rows = 3;
+    w.shape.cols = 256;
+    w.data.assign(w.shape.data_bytes(), 0x11);
+    const std::vector<float> x = random_x(256, 5);
+    std::vector<float> exact(3), q8(3, -1.0f);
+    matmul(w.view(), x.data(), 1, nullptr, exact.data());
+    CHECK_FALSE(matmul_q8_tile(KernelPath::kPortable, w.view(), x.data(), 1, nullptr, q8.data(), 0, 3));
+    CHECK(q8[0] == -1.0f);  // wrote nothing
+    const ModeScope mode(ActivationMode::kQ8);
+    matmul(w.view(), x.data(), 1, nullptr, q8.data());
+    CHECK(same_bits(exact, q8));
+  }
+  for (GgmlType type : kQ8Types) {
+    CAPTURE(std::string(ggml_traits(type).name));
+    const StoredMatrix w = random_ggml(type, 2, 256, 9);
+    std::vector<float> x = random_x(256, 10);
+    x[3] = std::numeric_limits<float>::infinity();
+    for (float v : q8_tile(KernelPath::kPortable, w.view(), x.data(), 1, nullptr)) CHECK(std::isnan(v));
+    // A block of subnormal activations (its scale would overflow 1 / d): zero, not UB.
+    std::vector<float> tiny(256, 1e-39f);
+    tiny[7] = -3e-39f;
+    for (float v : q8_tile(KernelPath::kPortable, w.view(), tiny.data(), 1, nullptr)) CHECK(v == 0.0f);
+  }
+}
+
+TEST_CASE("q8: activation mode names parse, others are refused naming the key") {
+  CHECK(parse_activation_mode("f32", "activations") == ActivationMode::kF32);
+  CHECK(parse_activation_mode("q8", "activations") == ActivationMode::kQ8);
+  CHECK(std::string(activation_mode_name(ActivationMode::kQ8)) == "q8");
+  CHECK(std::string(activation_mode_name(ActivationMode::kF32)) == "f32");
+  test::expect_error([] { parse_activation_mode("int8", "--activations"); }, ErrorCategory::kInvalidInput,
+                     {"--activations", "int8", "f32", "q8"});
+  CHECK(active_activation_mode() == ActivationMode::kF32);  // the default
+}
+
+namespace {
+
+/// The greedy first-step logits and 4 tokens of `prompt` on the Q4_K_M fixture (Q4_K,
+/// Q6_K and Q8_0 tensors), single node, with `activations` set in the topology.
+std::pair<std::vector<float>, std::vector<int32_t>> engine_run(const std::string& activations) {
+  const auto model = std::filesystem::path(CHARM_SOURCE_DIR) / "tests/fixtures/gguf_models/qwen3moe-k256.q4_k_m.gguf";
+  const Topology topology = Topology::parse(
+      "model: " + model.string() + "\nmode: single-node\nactivations: " + activations + "\n", "/tmp/q8.yaml");
+  auto engine = Engine::create(topology);
+  SamplingParams params;
+  params.temperature = 0;
+  params.max_tokens = 4;
+  std::vector<float> logits;
+  const std::vector<int32_t> prompt{1, 5, 17, 300, 42, 7, 511, 0, 256};
+  std::vector<int32_t> tokens = engine->start(prompt, params, &logits)->wait({}).tokens;
+  return {logits, tokens};
+}
+
+}  // namespace
+
+// End to end: the engine applies the topology's key (and puts f32 back), and q8 logits
+// are close to the exact ones. Measured on this fixture: max |l_q8 - l_f32| / max |l_f32|
+// = 0.026 (a 2-layer model of random weights, whose logits are nearly flat); bound 0.06.
+TEST_CASE("q8: the engine applies activations: q8 from the topology, and f32 again after it") {
+  const auto exact = engine_run("f32");
+  CHECK(active_activation_mode() == ActivationMode::kF32);
+  const auto q8 = engine_run("q8");
+  CHECK(active_activation_mode() == ActivationMode::kQ8);
+  const auto again = engine_run("f32");
+  CHECK(active_activation_mode() == ActivationMode::kF32);
+  REQUIRE(exact.first.size() == q8.first.size());
+  REQUIRE(!exact.first.empty());
+  CHECK(same_bits(exact.first, again.first));  // the default never changes the model
+  CHECK(exact.second == again.second);
+  CHECK_FALSE(same_bits(exact.first, q8.first));  // the q8 kernels ran
+  double diff = 0, peak = 0;
+  for (size_t i = 0; i < exact.first.size(); ++i) {
+    diff = std::max(diff, std::fabs(static_cast<double>(q8.first[i]) - exact.first[i]));
+    peak = std::max(peak, std::fabs(static_cast<double>(exact.first[i])));
+  }
+  MESSAGE("max |l_q8 - l_f32| / max |l_f32| = " << diff / peak << "; greedy tokens "
+                                                   << std::string(q8.second == exact.second ? "equal" : "differ"));
+  CHECK(diff / peak < 0.06);
+}
