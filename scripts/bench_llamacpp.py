@@ -262,6 +262,7 @@ def run_charm(charm: Path, cfg: Path, prompt: str, args, log_prefix: Path, vocab
     stats, ids = log_prefix.with_suffix(".stats.json"), log_prefix.with_suffix(".ids.json")
     # Sampled with a fixed seed: greedy decoding of a random model repeats one token (one routing).
     r = run_measured([charm, "run", "--config", cfg, "--max-tokens", args.tg, "--temperature", "1", "--seed", "7",
+                      "--activations", args.charm_activations,
                       "--stats-json", stats, "--ids-out", ids, prompt], args.timeout, log_prefix)
     s = json.loads(stats.read_text())
     prompt_ids = json.loads(ids.read_text())["prompt_ids"]
@@ -366,6 +367,8 @@ def main() -> int:
                     help="of " + ",".join(PAIRS) + " (gguf-*: charm serves the same GGUF file llama.cpp runs)")
     ap.add_argument("--layers", type=int, default=16, help="layers of the synthetic checkpoint (OLMoE-1B-7B has 16)")
     ap.add_argument("--prepare-only", action="store_true", help="build and convert everything, measure nothing")
+    ap.add_argument("--charm-activations", choices=["f32", "q8"], default="f32",
+                    help="charm's activations (q8: int8 activations in GGML-block matmuls, lossy, as llama.cpp)")
     ap.add_argument("--jobs", type=int, default=2, help="parallel compile jobs for llama.cpp")
     ap.add_argument("--llama-cpp-python", dest="lcp_version", help="sdist version (default: the newest)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per engine run")
@@ -401,6 +404,7 @@ def main() -> int:
         return 0
 
     res = {"machine": machine(args.work), "threads": args.threads, "pp": args.pp, "tg": args.tg,
+           "charm_activations": args.charm_activations,
            "llama": llama_version(llama_src), "commands": [], "pairs": {}}
     res["machine"]["lscpu"] = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     res["charm_commit"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
