@@ -442,6 +442,13 @@ def main() -> int:
     return 0
 
 
+def charm_label(pair: str, activations: str) -> str:
+    """'charm int8 gs32', or for the same-file pairs 'charm, same GGUF (f32 activations)'."""
+    if PAIRS[pair][1] == "gguf":
+        return f"charm, same GGUF ({activations} activations)"
+    return f"charm {pair}" + (f" gs{GROUP_SIZE}" if pair != "bf16" else "")
+
+
 def print_report(res: dict) -> None:
     copy = max(m["kernels"]["copy"]["best_gb_per_s"] for m in res["memory"])
     m = res["machine"]
@@ -459,7 +466,7 @@ def print_report(res: dict) -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for p, e in res["pairs"].items():
         for engine, label, key in (("llama", f"llama.cpp {e['llama_type']}", "llama_bytes_per_token"),
-                                   ("charm", f"charm {p}" + (f" gs{GROUP_SIZE}" if p != "bf16" else ""),
+                                   ("charm", charm_label(p, res.get("charm_activations", "f32")),
                                     "charm_bytes_per_token")):
             runs = e[engine]
             gb = e[key] / 1e9
