@@ -68,8 +68,4 @@ void attend_avx2(const Query* queries, size_t n, const KvRows& kv, size_t head, 
 
 }  // namespace charm
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "common/avx2_target_end.inc"

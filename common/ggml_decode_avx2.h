@@ -22,12 +22,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,f16c")
-#endif
+#include "common/avx2_target_begin.inc"
 
 namespace charm {
 namespace {
@@ -329,8 +324,4 @@ struct StoreSink {
 }  // namespace
 }  // namespace charm
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "common/avx2_target_end.inc"

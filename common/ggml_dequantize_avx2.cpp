@@ -23,12 +23,7 @@
 // follows); dequantize_row calls it only when active_kernel_path() is kAvx2, which needs
 // cpu_supports_avx2(). The standard headers above are parsed before the pragma, so none
 // of their inline functions is compiled for AVX2.
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,f16c")
-#endif
+#include "common/avx2_target_begin.inc"
 
 namespace charm {
 namespace {
@@ -91,8 +86,4 @@ bool dequantize_row_avx2(GgmlType type, const uint8_t* src, float* dst, int64_t 
 
 }  // namespace charm
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "common/avx2_target_end.inc"

@@ -14,12 +14,7 @@
 // vaddps issue to separate pipes, so this costs no throughput there.
 // The standard headers above are parsed before the pragma, so none of their inline
 // functions is compiled for AVX2 and picked by the linker for a CPU without it.
-#if defined(__clang__)  // clang ignores GCC's target pragma; this is its equivalent
-#pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,f16c")
-#endif
+#include "common/avx2_target_begin.inc"
 
 namespace charm {
 namespace {
@@ -421,8 +416,4 @@ void matmul_tile_avx2(const MatrixView& w, const float* x, size_t rows, const fl
 
 }  // namespace charm
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "common/avx2_target_end.inc"

@@ -17,12 +17,7 @@
 // sums must round as the portable code's do); matmul_q8_tile calls it only on
 // KernelPath::kAvx2, which needs cpu_supports_avx2(). The headers above are parsed
 // before the pragma, so none of their inline functions is compiled for AVX2.
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,f16c")
-#endif
+#include "common/avx2_target_begin.inc"
 
 namespace charm {
 namespace {
@@ -323,8 +318,4 @@ Q8RowDot q8_row_dot_avx2(GgmlType type) {
 
 }  // namespace charm
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "common/avx2_target_end.inc"
