@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <set>
 
 #include "common/error.h"
@@ -57,6 +58,24 @@ void require_fp8_scales(const TensorInfo& scale, const float* values, uint64_t c
                (finite ? std::to_string(values[i]) + ", which overflows f32 times an F8_E4M3 value up to 448,"
                        : non_finite_name(values[i])) +
                " at " + index_text(scale.shape, i) + "; charm refuses non-finite weights");
+}
+
+/// True when `path` starts with the 4 bytes "GGUF".
+bool has_gguf_magic(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
+}
+
+/// For a folder without config.json that holds GGUF files: which one to name instead.
+std::string gguf_hint(const std::filesystem::path& dir) {
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->path().extension() == ".gguf") {
+      return "; the folder holds GGUF files: point model: at one of them, e.g. " + it->path().string();
+    }
+  }
+  return "";
 }
 
 /// Parses a JSON file within `limits`; throws Error(kInvalidInput) naming it if it is
@@ -172,13 +191,15 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const UserPath& dir) {
   std::error_code ec;
   const auto status = std::filesystem::status(dir, ec);
   if (!std::filesystem::exists(status)) {
-    fail_invalid("checkpoint directory " + dir.describe() + " does not exist" +
+    fail_invalid(std::string(dir.extension() == ".gguf" ? "GGUF file " : "checkpoint directory ") + dir.describe() +
+                 " does not exist" +
                  (ec && ec != std::errc::no_such_file_or_directory ? " or cannot be reached: " + ec.message() : ""));
   }
-  const bool gguf = std::filesystem::is_regular_file(status) && dir.extension() == ".gguf";
+  // A GGUF by name or by its magic (Ollama keeps its GGUFs as extension-less blobs).
+  const bool gguf = std::filesystem::is_regular_file(status) && (dir.extension() == ".gguf" || has_gguf_magic(dir));
   if (!gguf && !std::filesystem::is_directory(status)) {
     fail_invalid(dir.describe() + " is neither a checkpoint directory (a folder holding config.json and "
-                 "*.safetensors) nor a .gguf file");
+                 "*.safetensors) nor a GGUF file");
   }
   try {
     return gguf ? open_gguf(dir) : open_directory(dir);
@@ -190,6 +211,11 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const UserPath& dir) {
 std::unique_ptr<Checkpoint> Checkpoint::open_directory(const std::filesystem::path& dir) {
   std::unique_ptr<Checkpoint> self(new Checkpoint());
   self->dir_ = dir;
+  if (!std::filesystem::exists(dir / "config.json")) {
+    if (const std::string hint = gguf_hint(dir); !hint.empty()) {
+      fail_invalid((dir / "config.json").string() + ": missing" + hint);
+    }
+  }
   self->config_ = read_json(dir / "config.json", kConfigJsonLimits);
   self->fp8_block_ = read_fp8_block(self->config_, (dir / "config.json").string());
   const auto gen_path = dir / "generation_config.json";
@@ -242,8 +268,10 @@ std::unique_ptr<Checkpoint> Checkpoint::open_gguf(const std::filesystem::path& f
   self->config_ = std::move(model.config);
   self->generation_config_ = std::move(model.generation_config);
   for (const GgufHfTensor& t : model.tensors) {
+    // Messages name the tensor as the user's file does (blk.0.attn_q.weight); the index
+    // finds it by its Hugging Face name.
     auto info = std::make_unique<TensorInfo>(
-        tensor_info_of(*t.gguf, t.hf_name, self->gguf_->file_of(*t.gguf).path()));
+        tensor_info_of(*t.gguf, t.gguf->name, self->gguf_->file_of(*t.gguf).path()));
     info->shape = t.shape;
     if (!self->index_.emplace(t.hf_name, info.get()).second) {
       fail_invalid(file.string() + ": two GGUF tensors map to '" + t.hf_name + "' (the second is " + t.gguf->name + ")");
@@ -306,8 +334,8 @@ std::vector<float> Checkpoint::load_f32(const std::string& name, const std::vect
   }
   const TensorInfo* info = find(name);
   if (info == nullptr) fail_invalid(dir_.string() + ": tensor '" + name + "' not found");
-  if (info->shape != shape) {
-    fail_invalid(info->file.string() + ": tensor '" + name + "' has shape " + shape_text(info->shape) +
+  if (info->shape != shape) {  // info->name: the file's own name (a GGUF's blk.N...)
+    fail_invalid(info->file.string() + ": tensor '" + info->name + "' has shape " + shape_text(info->shape) +
                  ", expected " + shape_text(shape));
   }
   std::vector<float> out(info->numel());
@@ -332,7 +360,7 @@ StoredMatrix Checkpoint::load_matrix(const std::string& name, int64_t rows, int6
     return StoredMatrix::from_f32(load_f32(name, {rows, cols}), rows, cols);
   }
   if (info->shape != std::vector<int64_t>{rows, cols}) {
-    fail_invalid(info->file.string() + ": tensor '" + name + "' has shape " + shape_text(info->shape) +
+    fail_invalid(info->file.string() + ": tensor '" + info->name + "' has shape " + shape_text(info->shape) +
                  ", expected " + shape_text({rows, cols}));
   }
   const auto* bytes = mapped(*info);
@@ -341,7 +369,7 @@ StoredMatrix Checkpoint::load_matrix(const std::string& name, int64_t rows, int6
     m.shape.ggml_type = *info->block_type;
     m.data.assign(bytes, bytes + info->nbytes);
     if (const auto bad = find_non_finite(m.view())) {
-      fail_invalid(info->file.string() + ": tensor '" + name + "' dequantises to " + bad->describe(m.shape) +
+      fail_invalid(info->file.string() + ": tensor '" + info->name + "' dequantises to " + bad->describe(m.shape) +
                    "; charm refuses non-finite weights");
     }
   } else {

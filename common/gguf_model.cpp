@@ -213,7 +213,7 @@ void read_common_config(const Meta& m, const GgufModelFiles& files, json& c) {
   const GgufTensorInfo& embed = files.tensor("token_embd.weight");
   c["vocab_size"] = m.integer("vocab_size").value_or(embed.shape().front());
   c["tie_word_embeddings"] = files.find_tensor("output.weight") == nullptr;
-  c["num_experts_per_tok"] = m.required("expert_used_count");
+  c["num_experts_per_tok"] = m.integer("expert_used_count").value_or(0);  // checked with expert_count
   if (const auto ff = m.integer("expert_feed_forward_length")) c["moe_intermediate_size"] = *ff;
   c["attention_bias"] = files.find_tensor("blk.0.attn_q.bias") != nullptr;
 }
@@ -279,12 +279,13 @@ json read_config(const Meta& m, const ArchSpec& spec, const GgufModelFiles& file
   json c = json::object();
   c["architectures"] = json::array({spec.hf_architecture});
   c["model_type"] = spec.model_type;
-  read_common_config(m, files, c);
   const int64_t experts = m.integer("expert_count").value_or(0);
   if (experts <= 0) {
     fail_unsupported(m.where() + ": architecture '" + m.arch() + "' without experts (" + m.arch() +
                      ".expert_count) is a dense model; charm serves mixture-of-experts models");
   }
+  m.required("expert_used_count");
+  read_common_config(m, files, c);
   c["num_experts"] = experts;
   c["norm_topk_prob"] = m.boolean("expert_weights_norm").value_or(spec.default_norm_topk);
   if (const auto head_dim = m.integer("attention.key_length"); head_dim && m.arch() != "deepseek2") {

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <regex>
 #include <set>
 #include <tuple>
 
@@ -17,6 +18,16 @@
 
 namespace charm {
 namespace {
+
+/// The API's model name when the YAML gives none: the folder's name, or a GGUF file's
+/// without ".gguf" and without a gguf-split suffix ("m-00001-of-00003.gguf" -> "m").
+std::string default_model_name(const std::filesystem::path& model) {
+  std::string name = model.filename().string();
+  if (model.extension() != ".gguf") return name;
+  name = model.stem().string();
+  static const std::regex split_suffix("-[0-9]{5}-of-[0-9]{5}$");
+  return std::regex_replace(name, split_suffix, "");
+}
 
 // Ids larger than this are surely typos; the cap also bounds what a range "0-N" allocates.
 constexpr int64_t kMaxId = (1 << 20) - 1;
@@ -305,7 +316,7 @@ Topology Topology::parse(const std::string& yaml, const std::filesystem::path& p
   } else {
     const std::filesystem::path& model = t.model;
     const auto trimmed = model.has_filename() ? model : model.parent_path();  // "dir/" -> "dir"
-    t.model_name = trimmed.filename().string();
+    t.model_name = default_model_name(trimmed);
   }
 
   if (root["mode"]) {

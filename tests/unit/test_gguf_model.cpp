@@ -23,6 +23,7 @@
 #include "coordinator/models/families.h"
 #include "coordinator/text/model_text.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/gguf_writer.h"
 #include "tests/support/temp_dir.h"
 
 namespace {
@@ -209,10 +210,34 @@ TEST_CASE("a truncated GGUF and a missing tensor are refused naming the file") {
   expect_error([&] { Checkpoint::open(cut); }, ErrorCategory::kInvalidInput, {cut.string()});
   // A layer whose router is there but whose q projection is not: the family names it.
   const auto ckpt = Checkpoint::open(src);
+  // Messages name the tensor as the file does.
   expect_error([&] { ckpt->load_matrix("model.layers.0.self_attn.q_proj.weight", 64, 63); },
-               ErrorCategory::kInvalidInput, {"q_proj", "[64, 64]", "[64, 63]"});
+               ErrorCategory::kInvalidInput, {"blk.0.attn_q.weight", "[64, 64]", "[64, 63]"});
   expect_error([&] { ckpt->load_f32("model.layers.9.self_attn.q_proj.weight", {64, 64}); },
                ErrorCategory::kInvalidInput, {"model.layers.9.self_attn.q_proj.weight", "not found"});
+}
+
+TEST_CASE("a dense llama GGUF is refused as dense; a GGUF is known by its magic whatever its name") {
+  TempDir tmp;
+  charm::testing::GgufBuilder dense;  // a Llama-3-like file: no expert_count
+  dense.kv("general.architecture", charm::testing::gguf::str("llama"))
+      .kv("llama.block_count", charm::testing::gguf::u32(1))
+      .kv("llama.embedding_length", charm::testing::gguf::u32(32))
+      .kv("llama.attention.head_count", charm::testing::gguf::u32(4));
+  dense.write(tmp.path() / "dense.gguf");
+  expect_error([&] { Checkpoint::open(tmp.path() / "dense.gguf"); }, ErrorCategory::kUnsupported,
+               {"dense.gguf", "without experts", "dense model"});
+  // Ollama's blobs have no extension: the magic decides.
+  const auto blob = tmp.path() / "sha256-0123abcd";
+  std::filesystem::copy_file(kGguf / "qwen3-moe-tiny.bf16.gguf", blob);
+  CHECK(Checkpoint::open(blob)->gguf() != nullptr);
+  expect_error([&] { Checkpoint::open(tmp.path() / "missing.gguf"); }, ErrorCategory::kInvalidInput,
+               {"GGUF file", "missing.gguf", "does not exist"});
+  // A folder of GGUF files (as LM Studio keeps them) says which file to name.
+  std::filesystem::create_directories(tmp.path() / "folder");
+  std::filesystem::copy_file(kGguf / "qwen3-moe-tiny.bf16.gguf", tmp.path() / "folder" / "m.gguf");
+  expect_error([&] { Checkpoint::open(tmp.path() / "folder"); }, ErrorCategory::kInvalidInput,
+               {"config.json", "point model: at one of them", "m.gguf"});
 }
 
 TEST_CASE("f32 metadata reads back as the decimal it was written from") {

@@ -132,6 +132,8 @@ TEST_CASE("defaults, relative model paths and the full set of keys") {
 
   // The default name comes from the folder even with a trailing slash.
   CHECK(load_text(dir, "model: /abs/models/big/\nmode: single-node\n").model_name == "big");
+  CHECK(load_text(dir, "model: /abs/models/big-Q4_K_M.gguf\nmode: single-node\n").model_name == "big-Q4_K_M");
+  CHECK(load_text(dir, "model: /abs/m-00001-of-00003.gguf\nmode: single-node\n").model_name == "m");
   CHECK(load_text(dir, "model: m\nmode: single-node\n").model == (dir / "m").lexically_normal());
 }
 
