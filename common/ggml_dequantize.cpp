@@ -176,29 +176,15 @@ void q3_k(const uint8_t* b, float* y) {
 
 /// Q4_K: d, dmin (f16), scales[12], qs[128]. y = (d * sc) * q - (dmin * m) for sub-block
 /// s = e / 32 of 8; q is the low nibble of qs[32 (s / 2) + l] for even s, the high for odd.
-void q4_k(const uint8_t* b, float* y) {
-  const float d = load_f16(b);
-  const float dmin = load_f16(b + 2);
-  const uint8_t* scales = b + 4;
-  const uint8_t* qs = b + 16;
-  for (int s = 0; s < 8; ++s) {
-    const ScaleMin sm = get_scale_min_k4(s, scales);
-    const float d1 = d * static_cast<float>(sm.scale);
-    const float m1 = dmin * static_cast<float>(sm.min);
-    const uint8_t* q = qs + 32 * (s / 2);
-    const int shift = 4 * (s % 2);
-    for (int l = 0; l < 32; ++l) y[32 * s + l] = d1 * static_cast<float>((q[l] >> shift) & 0x0F) - m1;
-  }
-}
-
-/// Q5_K: d, dmin (f16), scales[12], qh[32], qs[128]. As Q4_K with a fifth bit: bit s of
-/// qh[l] for element 32 s + l.
-void q5_k(const uint8_t* b, float* y) {
+/// Q5_K (kFifthBit): d, dmin, scales[12], qh[32], qs[128]; the same with a fifth bit: bit s
+/// of qh[l] for element 32 s + l.
+template <bool kFifthBit>
+void q45_k(const uint8_t* b, float* y) {
   const float d = load_f16(b);
   const float dmin = load_f16(b + 2);
   const uint8_t* scales = b + 4;
   const uint8_t* qh = b + 16;
-  const uint8_t* qs = b + 48;
+  const uint8_t* qs = b + (kFifthBit ? 48 : 16);
   for (int s = 0; s < 8; ++s) {
     const ScaleMin sm = get_scale_min_k4(s, scales);
     const float d1 = d * static_cast<float>(sm.scale);
@@ -206,7 +192,8 @@ void q5_k(const uint8_t* b, float* y) {
     const uint8_t* q = qs + 32 * (s / 2);
     const int shift = 4 * (s % 2);
     for (int l = 0; l < 32; ++l) {
-      const int v = ((q[l] >> shift) & 0x0F) | (((qh[l] >> s) & 1) << 4);
+      int v = (q[l] >> shift) & 0x0F;
+      if constexpr (kFifthBit) v |= ((qh[l] >> s) & 1) << 4;
       y[32 * s + l] = d1 * static_cast<float>(v) - m1;
     }
   }
@@ -265,8 +252,8 @@ void dequantize_row_portable(GgmlType type, const void* src, float* dst, int64_t
     case GgmlType::kQ8_0: return blocks<q8_0>(s, dst, elements, t);
     case GgmlType::kQ2_K: return blocks<q2_k>(s, dst, elements, t);
     case GgmlType::kQ3_K: return blocks<q3_k>(s, dst, elements, t);
-    case GgmlType::kQ4_K: return blocks<q4_k>(s, dst, elements, t);
-    case GgmlType::kQ5_K: return blocks<q5_k>(s, dst, elements, t);
+    case GgmlType::kQ4_K: return blocks<q45_k<false>>(s, dst, elements, t);
+    case GgmlType::kQ5_K: return blocks<q45_k<true>>(s, dst, elements, t);
     case GgmlType::kQ6_K: return blocks<q6_k>(s, dst, elements, t);
     case GgmlType::kMXFP4: return blocks<mxfp4>(s, dst, elements, t);
   }
