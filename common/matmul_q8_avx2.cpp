@@ -30,6 +30,15 @@ float f16_scale(const uint8_t* p) {
 
 __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
+/// Quants 32 c .. 32 c + 31 of half h of a Q6_K block `wb` (ggml-common.h block_q6_K), 0..63:
+/// the low nibble from ql, the two high bits from `qh` (the half's qh bytes, loaded).
+__m256i q6k_quants(const uint8_t* wb, __m256i qh, int h, int c, __m256i mask4, __m256i mask2) {
+  const __m256i ql = load32(wb + 64 * h + 32 * (c % 2));
+  const __m256i low = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (c / 2)), mask4);
+  const __m256i high = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), mask2), 4);
+  return _mm256_or_si256(low, high);
+}
+
 /// The sum of the eight i32 lanes of v.
 int32_t hsum_i32(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -176,10 +185,7 @@ float dot_q6_k(const uint8_t* w, const Q8Row& a) {
     for (int h = 0; h < 2; ++h) {
       const __m256i qh = load32(wb + 128 + 32 * h);
       for (int c = 0; c < 4; ++c) {
-        const __m256i ql = load32(wb + 64 * h + 32 * (c % 2));
-        const __m256i low = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (c / 2)), mask4);
-        const __m256i high = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), mask2), 4);
-        const __m256i q = _mm256_or_si256(low, high);
+        const __m256i q = q6k_quants(wb, qh, h, c, mask4, mask2);
         const __m256i p = _mm256_maddubs_epi16(q, load32(ab + 128 * h + 32 * c));
         const int sb = 8 * h + 2 * c;
         const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(scales[sb + 1]), _mm_set1_epi16(scales[sb]));
@@ -210,10 +216,7 @@ void unpack_k(const uint8_t* wb, UnpackedK& u) {
     for (int h = 0; h < 2; ++h) {
       const __m256i qh = load32(wb + 128 + 32 * h);
       for (int c = 0; c < 4; ++c) {
-        const __m256i ql = load32(wb + 64 * h + 32 * (c % 2));
-        const __m256i low = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (c / 2)), mask4);
-        const __m256i high = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), mask2), 4);
-        _mm256_store_si256(reinterpret_cast<__m256i*>(u.q + 128 * h + 32 * c), _mm256_or_si256(low, high));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(u.q + 128 * h + 32 * c), q6k_quants(wb, qh, h, c, mask4, mask2));
       }
     }
     u.d = f16_scale(wb + 208);
