@@ -301,6 +301,24 @@ std::vector<std::string> Checkpoint::tensor_names() const {
   return names;  // std::map keeps them sorted
 }
 
+uint64_t Checkpoint::non_expert_bytes(const ExpertTensorNames& names) const {
+  const size_t hole = names.prefix.find("{}");
+  const std::string head = names.prefix.substr(0, hole);
+  const std::string tail = hole == std::string::npos ? "" : names.prefix.substr(hole + 2) + ".";
+  const auto is_expert = [&](const std::string& name) {
+    if (hole == std::string::npos || name.compare(0, head.size(), head) != 0) return false;
+    size_t i = head.size();
+    const size_t digits = i;
+    while (i < name.size() && name[i] >= '0' && name[i] <= '9') ++i;
+    return i > digits && name.compare(i, tail.size(), tail) == 0;
+  };
+  uint64_t bytes = 0;
+  for (const auto& [name, info] : index_) {
+    if (!is_expert(name)) bytes += info->nbytes;
+  }
+  return bytes;
+}
+
 const SafetensorsFile& Checkpoint::file_of(const TensorInfo& info) const {
   for (const auto& file : files_) {
     if (file->path() == info.file) return *file;
@@ -340,6 +358,7 @@ std::vector<float> Checkpoint::load_f32(const std::string& name, const std::vect
   }
   std::vector<float> out(info->numel());
   to_f32(*info, mapped(*info), out.data(), out.size());
+  if (progress_) progress_->add(info->nbytes);
   if (info->dtype == DType::kF8E4M3 && !info->block_type) dequantise_fp8(*info, out);
   require_finite(*info, DType::kF32, out.data(), out.size());  // after dequantisation: what is computed with
   if (!shape.empty()) {
@@ -364,6 +383,7 @@ StoredMatrix Checkpoint::load_matrix(const std::string& name, int64_t rows, int6
                  ", expected " + shape_text({rows, cols}));
   }
   const auto* bytes = mapped(*info);
+  if (progress_) progress_->add(info->nbytes);
   if (info->block_type) {  // GGML blocks stay as stored (a row is whole blocks, so rows permute)
     m.shape.format = WeightFormat::kGgml;
     m.shape.ggml_type = *info->block_type;

@@ -19,6 +19,7 @@
 
 #include "common/expert_tensor_names.h"
 #include "common/gguf_model.h"
+#include "common/load_progress.h"
 #include "common/safetensors.h"
 #include "common/user_path.h"
 #include "common/weight_format.h"
@@ -88,6 +89,13 @@ class Checkpoint {
   const TensorInfo* find(const std::string& name) const;
   /// All tensor names, sorted.
   std::vector<std::string> tensor_names() const;
+  /// Bytes (as stored) of every tensor that is not a routed expert's under `names` (a name
+  /// "<prefix with a layer number>.<anything>"): what the coordinator's load_matrix and
+  /// load_f32 calls read, for LoadProgress's total.
+  uint64_t non_expert_bytes(const ExpertTensorNames& names) const;
+  /// While set, every load_f32 / load_matrix adds its tensor's stored bytes to `progress`
+  /// (not owned; it must outlive the loads; nullptr stops it). Not thread-safe with loads.
+  void set_load_progress(LoadProgress* progress) { progress_ = progress; }
 
   /// Loads a whole tensor as f32 and checks its shape; an F8_E4M3 tensor is dequantised
   /// with its block scales. Throws Error(kInvalidInput) naming the tensor and both shapes
@@ -148,6 +156,7 @@ class Checkpoint {
   std::map<const TensorInfo*, const GgufTensorInfo*> gguf_source_;
   std::map<std::string, int64_t> unpermute_heads_;
   std::map<std::string, GgufKvB> kv_b_;
+  LoadProgress* progress_ = nullptr;  // see set_load_progress
   /// The tensor's bytes in its file's read-only mapping.
   const uint8_t* mapped(const TensorInfo& info) const;
   /// pread of `count` bytes from `offset` bytes into the tensor.

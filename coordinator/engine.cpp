@@ -13,6 +13,7 @@
 
 #include "common/checkpoint.h"
 #include "common/error.h"
+#include "common/load_progress.h"
 #include "common/matmul_q8.h"
 #include "common/stop_signals.h"
 #include "common/model_config.h"
@@ -167,7 +168,12 @@ class EngineImpl final : public Engine {
         RoutingObserverOptions{topology.prefetch, options.routing_trace});
     observer_ = observer.get();
     dispatcher_ = std::move(observer);
-    model_ = load_model(*checkpoint_, config_, *dispatcher_);
+    {
+      LoadProgress progress("coordinator: dense weights", checkpoint_->non_expert_bytes(config_.expert_tensors));
+      checkpoint_->set_load_progress(&progress);
+      model_ = load_model(*checkpoint_, config_, *dispatcher_);
+      checkpoint_->set_load_progress(nullptr);
+    }
     spdlog::info("loaded {} ({}, config dtype {}): {} layers, {} experts, top-{}, eos token ids [{}], KV cache {} bytes "
                  "per token", model_name_, config_.architecture, config_.dtype.empty() ? "unset" : config_.dtype,
                  config_.num_hidden_layers, config_.num_experts, config_.num_experts_per_tok,
