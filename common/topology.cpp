@@ -166,7 +166,8 @@ double number_value(const Reader& r, const YAML::Node& node, const std::string& 
   r.fail(path, "expected a positive number of GiB, got '" + (node.IsScalar() ? node.Scalar() : std::string("?")) + "'");
 }
 
-const std::vector<std::string> kStoreKeys = {"ram_gb", "pin", "container", "io", "io_threads", "usage_file"};
+const std::vector<std::string> kStoreKeys = {"ram_gb", "pin", "container", "io", "io_threads", "cache_policy",
+                                             "usage_file"};
 
 /// The `serving:` section.
 ServingSpec parse_serving(const Reader& r, const YAML::Node& node) {
@@ -204,6 +205,12 @@ StoreSpec parse_store(const Reader& r, const YAML::Node& node, const std::string
     if (s.io != "pread" && s.io != "odirect") r.fail(at("io"), "expected 'pread' or 'odirect', got '" + s.io + "'");
   }
   if (node["io_threads"]) s.io_threads = r.int_value(node["io_threads"], at("io_threads"), 1, 256);
+  if (node["cache_policy"]) {
+    s.cache_policy = r.string_value(node["cache_policy"], at("cache_policy"));
+    if (s.cache_policy != "lrfu" && s.cache_policy != "lru") {
+      r.fail(at("cache_policy"), "expected 'lrfu' or 'lru', got '" + s.cache_policy + "'");
+    }
+  }
   if (node["usage_file"]) {
     s.usage_file = UserPath(r.string_value(node["usage_file"], at("usage_file")));
     if (s.usage_file != "none") s.usage_file = resolve(s.usage_file.string());

@@ -26,6 +26,7 @@ struct StoreSpec {
   UserPath container;                 ///< expert container dir; empty = read the checkpoint
   std::string io = "pread";           ///< "pread" or "odirect" (containers only)
   int64_t io_threads = 4;             ///< bounded async read pool
+  std::string cache_policy = "lru";   ///< the LRU slots' eviction: "lru" or "lrfu"
   UserPath usage_file;                ///< "" = the default place, "none" = do not record, else a path
 };
 
@@ -53,7 +54,7 @@ struct WorkerSpec {
   /// `experts` are expert ids; an entry may be a range "a-b" in YAML.
   std::vector<int64_t> experts;
   std::vector<int64_t> layers;
-  StoreSpec store;  ///< ram_gb, pin, container, io, io_threads, usage_file
+  StoreSpec store;  ///< ram_gb, pin, container, io, io_threads, cache_policy, usage_file
 };
 
 /// placement[layer][expert] = indices into Topology::workers of every worker holding that

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Replays a routing trace against per-layer expert caches: LRU and Belady's optimum.
+"""Replays a routing trace against per-layer expert caches: LRU, LRFU (recency and
+frequency) and Belady's optimum.
 
 Input: the JSON-lines trace `charm run --routing-trace FILE` writes (one line per MoE
 layer call: {"step", "layer", "rows", "experts": [[e, ...] per row], "predicted"?}; see
@@ -15,12 +16,15 @@ id, each evicting one expert when the cache is full:
     computer", the MIN/OPT policy), at call granularity, evicts the expert whose next
     call is farthest in the future (never again counts as infinitely far). It knows the
     future, so it bounds what any demand-loading policy can hit; the unit tests check
-    hits(LRU) <= hits(Belady) on random traces.
+    hits(LRU) <= hits(Belady) on random traces;
+  * LRFU (simulate_calls_lrfu) evicts the expert with the lowest exponentially decayed use
+    count (--half-life calls of the layer), so a frequently used expert outlives a burst
+    of one-off ones that LRU would keep.
 Pins are not modelled (the benchmark runs `pin: none`); prefetch is not modelled.
 
 Usage:
   scripts/replay_routing.py TRACE [--slots 64,32,16,1] [--experts 64] [--decode-only]
-                            [--workers N] [--json]
+                            [--workers N] [--half-life CALLS] [--json]
 --slots takes counts, or percentages of --experts such as 100%,50%,25% (default: 100%,
 50%, 25% and 1 slot). --decode-only counts hits only on single-row calls (decode steps),
 after simulating every call so the cache state is the real one.
@@ -32,6 +36,9 @@ import json
 import sys
 from collections import OrderedDict, defaultdict
 from pathlib import Path
+
+
+DEFAULT_HALF_LIFE = 8.0  # LRFU's, in calls of a layer: worker/experts/expert_cache.h kLrfuHalfLifeCalls
 
 
 def read_trace(path: Path) -> list[dict]:
@@ -121,6 +128,38 @@ def simulate_calls_belady(unions: list[list[int]], slots: int) -> list[int]:
     return hits
 
 
+def simulate_calls_lrfu(unions: list[list[int]], slots: int, half_life: float) -> list[int]:
+    """Hits per call under LRFU (Lee et al. 2001, "LRFU: a spectrum of policies that
+    subsumes the least recently used and least frequently used policies"): every expert
+    has a score, each use adds 1 to it and the score halves every `half_life` calls; a
+    miss evicts the resident expert with the lowest score now (ties: the least recently
+    used, then the higher id). Scores survive eviction (the history of every expert, as a
+    worker's usage counts do). A short half-life tends to LRU, a long one to LFU."""
+    decay = 0.5 ** (1.0 / half_life)
+    score: dict[int, float] = {}
+    stamp: dict[int, int] = {}  # expert -> call of its last use (score as of then)
+    cache: set[int] = set()
+    hits = []
+
+    def now_score(e: int, i: int) -> float:
+        return score.get(e, 0.0) * decay ** (i - stamp.get(e, i))
+
+    for i, union in enumerate(unions):
+        hits.append(sum(e in cache for e in union))
+        for e in union:
+            if e not in cache:
+                if len(cache) >= slots:
+                    victim = min(cache - set(union), key=lambda x: (now_score(x, i), stamp.get(x, i), -x), default=None)
+                    if victim is None:  # the call alone needs more than every slot
+                        victim = min(cache, key=lambda x: (now_score(x, i), stamp.get(x, i), -x))
+                    cache.remove(victim)
+                cache.add(e)
+        for e in union:
+            score[e] = now_score(e, i) + 1.0
+            stamp[e] = i
+    return hits
+
+
 def simulate_lru(visits: list[int], slots: int) -> list[bool]:
     """Hit (True) or miss per visit under LRU, one expert per call."""
     return [h == 1 for h in simulate_calls_lru([[e] for e in visits], slots)]
@@ -146,35 +185,34 @@ def parse_slots(text: str, experts: int) -> list[int]:
 
 
 def replay(calls: list[dict], slots_list: list[int], decode_only: bool = False, partitions: int = 1,
-           experts: int | None = None) -> list[dict]:
+           experts: int | None = None, half_life: float = DEFAULT_HALF_LIFE) -> list[dict]:
     """One result per slot count (slots per layer per worker): hits, visits and hit rates
-    of LRU and Belady (all caches summed), with per-layer counts. `partitions` splits the
-    experts among that many workers (see layer_visits); `experts` defaults to the largest
-    id + 1."""
+    of LRU, LRFU (with `half_life`, in calls of the layer) and Belady (all caches summed),
+    with per-layer counts. `partitions` splits the experts among that many workers (see
+    layer_visits); `experts` defaults to the largest id + 1."""
     if experts is None:
         experts = 1 + max((e for c in calls for row in c["experts"] for e in row), default=0)
     counted_call = [(not decode_only) or c["rows"] == 1 for c in calls]
     per_cache = cache_calls(calls, partitions, experts)
     results = []
     for slots in slots_list:
-        r = {"slots": slots, "partitions": partitions, "visits": 0, "lru_hits": 0, "belady_hits": 0, "layers": {}}
+        r = {"slots": slots, "partitions": partitions, "visits": 0, "lru_hits": 0, "lrfu_hits": 0,
+             "belady_hits": 0, "layers": {}}
         for (layer, _), seq in sorted(per_cache.items()):
             unions = [u for u, _ in seq]
             mask = [counted_call[i] for _, i in seq]
-            lru = simulate_calls_lru(unions, slots)
-            opt = simulate_calls_belady(unions, slots)
+            counts = r["layers"].setdefault(layer, {"visits": 0, "lru_hits": 0, "lrfu_hits": 0, "belady_hits": 0})
             v = sum(len(u) for u, m in zip(unions, mask) if m)
-            lh = sum(h for h, m in zip(lru, mask) if m)
-            oh = sum(h for h, m in zip(opt, mask) if m)
-            counts = r["layers"].setdefault(layer, {"visits": 0, "lru_hits": 0, "belady_hits": 0})
             counts["visits"] += v
-            counts["lru_hits"] += lh
-            counts["belady_hits"] += oh
             r["visits"] += v
-            r["lru_hits"] += lh
-            r["belady_hits"] += oh
-        r["lru_hit_rate"] = r["lru_hits"] / r["visits"] if r["visits"] else 0.0
-        r["belady_hit_rate"] = r["belady_hits"] / r["visits"] if r["visits"] else 0.0
+            for key, hits in (("lru_hits", simulate_calls_lru(unions, slots)),
+                              ("lrfu_hits", simulate_calls_lrfu(unions, slots, half_life)),
+                              ("belady_hits", simulate_calls_belady(unions, slots))):
+                counted = sum(h for h, m in zip(hits, mask) if m)
+                counts[key] += counted
+                r[key] += counted
+        for policy in ("lru", "lrfu", "belady"):
+            r[f"{policy}_hit_rate"] = r[f"{policy}_hits"] / r["visits"] if r["visits"] else 0.0
         results.append(r)
     return results
 
@@ -187,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode-only", action="store_true")
     ap.add_argument("--workers", type=int, default=1,
                     help="split the experts into this many contiguous ranges, one cache per layer each")
+    ap.add_argument("--half-life", type=float, default=DEFAULT_HALF_LIFE,
+                    help=f"LRFU: calls of a layer over which an expert's score halves (default {DEFAULT_HALF_LIFE:g})")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = ap.parse_args(argv)
     try:
@@ -196,7 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"replay_routing: {e}", file=sys.stderr)
         return 2
-    results = replay(calls, slots, args.decode_only, args.workers, experts)
+    if not args.half_life > 0:
+        print(f"replay_routing: --half-life must be > 0, got {args.half_life:g}", file=sys.stderr)
+        return 2
+    results = replay(calls, slots, args.decode_only, args.workers, experts, args.half_life)
     if args.json:
         print(json.dumps(results))
         return 0
@@ -204,11 +247,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.trace}: {len(calls)} layer calls, {steps} steps, {experts} experts per layer"
           + (f", {args.workers} workers" if args.workers > 1 else "")
           + (", decode steps counted" if args.decode_only else ""))
-    print(f"{'slots/layer':>11} {'visits':>8} {'LRU hit':>8} {'Belady hit':>10} {'LRU/Belady':>10}")
+    print(f"{'slots/layer':>11} {'visits':>8} {'LRU hit':>8} {'LRFU hit':>8} {'Belady hit':>10} "
+          f"{'LRU/Belady':>10} {'LRFU/Belady':>11}")
     for r in results:
-        ratio = r["lru_hits"] / r["belady_hits"] if r["belady_hits"] else float("nan")
-        print(f"{r['slots']:>11} {r['visits']:>8} {100 * r['lru_hit_rate']:>7.1f}% "
-              f"{100 * r['belady_hit_rate']:>9.1f}% {ratio:>10.2f}")
+        def ratio(key):
+            return r[key] / r["belady_hits"] if r["belady_hits"] else float("nan")
+        print(f"{r['slots']:>11} {r['visits']:>8} {100 * r['lru_hit_rate']:>7.1f}% {100 * r['lrfu_hit_rate']:>7.1f}% "
+              f"{100 * r['belady_hit_rate']:>9.1f}% {ratio('lru_hits'):>10.2f} {ratio('lrfu_hits'):>11.2f}")
     return 0
 
 

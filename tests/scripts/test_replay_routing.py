@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""scripts/replay_routing.py on hand-made traces whose LRU and Belady counts are worked out
-by hand (unittest; registered with ctest as `replay_routing`)."""
+"""scripts/replay_routing.py on hand-made traces whose LRU, LRFU and Belady counts are worked
+out by hand (unittest; registered with ctest as `replay_routing`)."""
 import io
 import json
 import random
@@ -53,6 +53,26 @@ class SimulationTest(unittest.TestCase):
         for sim in (rr.simulate_lru, rr.simulate_belady):
             self.assertEqual(sum(not h for h in sim(seq, 3)), 3)
 
+    def test_lrfu_keeps_the_frequent_expert_lru_drops(self):
+        # 2 slots: 0 0 0 1 2 0. LRU: 2 evicts 0 (used before 1), so the last 0 misses: 2
+        # hits. LRFU: 0's score (~3) beats 1's (1), so 2 evicts 1 and the last 0 hits: 3.
+        seq = [[0], [0], [0], [1], [2], [0]]
+        self.assertEqual(rr.simulate_calls_lru(seq, 2), [0, 1, 1, 0, 0, 0])
+        self.assertEqual(rr.simulate_calls_lrfu(seq, 2, half_life=32), [0, 1, 1, 0, 0, 1])
+        # Scores decay: with a half-life of 0.5 calls 0's old uses are worth nothing by
+        # call 4, so LRFU evicts by recency there, as LRU does.
+        self.assertEqual(rr.simulate_calls_lrfu(seq, 2, half_life=0.5), [0, 1, 1, 0, 0, 0])
+
+    def test_lrfu_bounds(self):
+        rng = random.Random(11)
+        for _ in range(200):
+            seq = [[min(rng.randrange(12), rng.randrange(12))] for _ in range(rng.randrange(1, 60))]
+            for slots in (1, 2, 3, 5, 8):
+                lru, opt = rr.simulate_calls_lru(seq, slots), rr.simulate_calls_belady(seq, slots)
+                # A vanishing half-life is LRU exactly; no policy beats Belady.
+                self.assertEqual(rr.simulate_calls_lrfu(seq, slots, half_life=1e-3), lru)
+                self.assertLessEqual(sum(rr.simulate_calls_lrfu(seq, slots, half_life=16)), sum(opt))
+
     def test_belady_never_below_lru(self):
         rng = random.Random(7)
         for _ in range(200):
@@ -83,13 +103,15 @@ class ReplayTest(unittest.TestCase):
         #   Belady: M M M(evict 2: next use 6 > 1's 3) | H M(evict 3: never) | H M -> 2 hits
         # layer 5 visits: 7 | 7 | 7 -> 2 hits either way.
         [r] = rr.replay(calls, [2])
-        self.assertEqual(r["layers"][0], {"visits": 7, "lru_hits": 1, "belady_hits": 2})
-        self.assertEqual(r["layers"][5], {"visits": 3, "lru_hits": 2, "belady_hits": 2})
-        self.assertEqual((r["visits"], r["lru_hits"], r["belady_hits"]), (10, 3, 4))
+        #   LRFU:   M M M(evict 2: equal scores, higher id) | H M(evict 3, not in the call)
+        #           | H M -> 2 hits
+        self.assertEqual(r["layers"][0], {"visits": 7, "lru_hits": 1, "lrfu_hits": 2, "belady_hits": 2})
+        self.assertEqual(r["layers"][5], {"visits": 3, "lru_hits": 2, "lrfu_hits": 2, "belady_hits": 2})
+        self.assertEqual((r["visits"], r["lru_hits"], r["lrfu_hits"], r["belady_hits"]), (10, 3, 4, 4))
         # Decode only: the prefill's visits are simulated but not counted.
         [d] = rr.replay(calls, [2], decode_only=True)
-        self.assertEqual(d["layers"][0], {"visits": 4, "lru_hits": 1, "belady_hits": 2})
-        self.assertEqual(d["layers"][5], {"visits": 2, "lru_hits": 2, "belady_hits": 2})
+        self.assertEqual(d["layers"][0], {"visits": 4, "lru_hits": 1, "lrfu_hits": 2, "belady_hits": 2})
+        self.assertEqual(d["layers"][5], {"visits": 2, "lru_hits": 2, "lrfu_hits": 2, "belady_hits": 2})
 
     def test_workers_have_their_own_caches(self):
         # 4 experts, 2 workers: {0, 1} and {2, 3}. One slot per worker-layer.
@@ -101,7 +123,7 @@ class ReplayTest(unittest.TestCase):
         [shared] = rr.replay(calls, [1], experts=4)
         self.assertEqual((shared["visits"], shared["lru_hits"]), (8, 1))
         [split] = rr.replay(calls, [1], partitions=2, experts=4)
-        self.assertEqual(split["layers"][0], {"visits": 8, "lru_hits": 2, "belady_hits": 2})
+        self.assertEqual(split["layers"][0], {"visits": 8, "lru_hits": 2, "lrfu_hits": 2, "belady_hits": 2})
 
     def test_slots_as_percentages(self):
         self.assertEqual(rr.parse_slots("100%,50%,25%,1", 64), [64, 32, 16, 1])
@@ -131,8 +153,9 @@ class ReplayTest(unittest.TestCase):
             self.assertEqual(rr.main([str(path), "--slots", "1,2"]), 0)
         lines = out.getvalue().splitlines()
         self.assertIn("3 layer calls, 3 steps, 2 experts per layer", lines[0])
-        self.assertEqual(lines[2].split(), ["1", "3", "0.0%", "0.0%", "nan"])
-        self.assertEqual(lines[3].split(), ["2", "3", "33.3%", "33.3%", "1.00"])
+        self.assertEqual(lines[2].split(), ["1", "3", "0.0%", "0.0%", "0.0%", "nan", "nan"])
+        self.assertEqual(lines[3].split(), ["2", "3", "33.3%", "33.3%", "33.3%", "1.00", "1.00"])
+        self.assertEqual(rr.main([str(path), "--half-life", "0"]), 2)
 
 
 if __name__ == "__main__":

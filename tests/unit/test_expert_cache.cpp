@@ -1,4 +1,4 @@
-// worker/experts/expert_cache.h, worker/experts/expert_store.h (plan_slots) and worker/experts/usage_log.h: LRU
+// worker/experts/expert_cache.h, worker/experts/expert_store.h (plan_slots) and worker/experts/usage_log.h: LRU and LRFU
 // order, pinned experts never evicted, prefetch, read failures, budgets, usage merging.
 // The disk tier is a fake source whose reads are counted and can be held back.
 #include <doctest/doctest.h>
@@ -134,6 +134,38 @@ TEST_CASE("LRU: the least recently used unleased expert is evicted first") {
   const TierCounters layer = cache.stats().at(0);
   CHECK(layer.hits == 1);
   CHECK(layer.misses == 4);
+}
+
+TEST_CASE("LRFU keeps the frequently used expert that LRU evicts, as scripts/replay_routing.py counts") {
+  // 2 slots, fetches 0 0 0 1 2 0 (the replay test's sequence): LRU evicts 0 for 2 and
+  // misses the last 0; LRFU's count for 0 (~3) beats 1's (1), so 2 replaces 1.
+  const std::vector<uint32_t> sequence{0, 0, 0, 1, 2, 0};
+  for (const auto& [policy, expected] :
+       {std::pair{EvictionPolicy::kLru, std::vector<uint64_t>{0, 1, 1, 0, 0, 0}},
+        std::pair{EvictionPolicy::kLrfu, std::vector<uint64_t>{0, 1, 1, 0, 0, 1}}}) {
+    FakeSource source;
+    ExpertCache cache(source, {{0, plan_of({0, 1, 2, 3}, {}, 2)}}, 2, policy);
+    std::vector<uint64_t> hits;
+    for (uint32_t e : sequence) {
+      TierCounters s;
+      drain(cache, 0, {e}, &s);
+      hits.push_back(s.hits);
+    }
+    CHECK(hits == expected);
+  }
+}
+
+TEST_CASE("LRFU counts decay: an old burst of uses gives way to fewer recent ones") {
+  // 3 slots: 0 used 10 times, then 2 * kLrfuHalfLifeCalls fetches of 1 and 2 alternating
+  // (8 uses each). Plain counts (LFU) would keep 0 (10 > 8); decayed, 0's is ~1.6
+  // against ~4 for 1 and 2, so the miss of 3 evicts 0.
+  FakeSource source;
+  ExpertCache cache(source, {{0, plan_of({0, 1, 2, 3}, {}, 3)}}, 2, EvictionPolicy::kLrfu);
+  for (int i = 0; i < 10; ++i) drain(cache, 0, {0});
+  for (int i = 0; i < 2 * static_cast<int>(kLrfuHalfLifeCalls); ++i) drain(cache, 0, {static_cast<uint32_t>(1 + i % 2)});
+  CHECK(resident(cache, 0) == std::set<uint32_t>{0, 1, 2});
+  drain(cache, 0, {3});
+  CHECK(resident(cache, 0) == std::set<uint32_t>{1, 2, 3});
 }
 
 TEST_CASE("pinned experts are read once at start and never evicted") {

@@ -337,13 +337,14 @@ TEST_CASE("expert tier keys: defaults, values, paths resolved against the YAML f
                                         "workers:\n"
                                         "  - {name: a, port: 7701, experts: \"0-3\"}\n"
                                         "  - {name: b, port: 7702, experts: \"4-7\", ram_gb: 1.5, pin: hot.json,\n"
-                                        "     container: ../experts-b, io: odirect, io_threads: 2, usage_file: none}\n");
+                                        "     container: ../experts-b, io: odirect, io_threads: 2, cache_policy: lrfu, usage_file: none}\n");
   const StoreSpec& a = t.workers[0].store;
   CHECK_FALSE(a.ram_gb.has_value());
   CHECK(a.pin == "auto");
   CHECK(a.container.empty());
   CHECK(a.io == "pread");
   CHECK(a.io_threads == 4);
+  CHECK(a.cache_policy == "lru");
   CHECK(a.usage_file.empty());
   const StoreSpec& b = t.workers[1].store;
   CHECK(*b.ram_gb == 1.5);
@@ -351,6 +352,7 @@ TEST_CASE("expert tier keys: defaults, values, paths resolved against the YAML f
   CHECK(b.container == (dir.path() / "../experts-b").lexically_normal());
   CHECK(b.io == "odirect");
   CHECK(b.io_threads == 2);
+  CHECK(b.cache_policy == "lrfu");
   CHECK(b.usage_file == "none");
 
   const Topology single = load_text(dir, kModel + "mode: single-node\nstore: {ram_gb: 0.25, pin: none}\n");
@@ -364,6 +366,7 @@ TEST_CASE("expert tier keys: bad values are rejected naming the key") {
   expect_invalid(w + "ram_gb: lots}\n", "workers[0].ram_gb", "positive number of GiB");
   expect_invalid(w + "io: uring}\n", "workers[0].io", "expected 'pread' or 'odirect', got 'uring'");
   expect_invalid(w + "io_threads: 0}\n", "workers[0].io_threads", "expected an integer 1-256");
+  expect_invalid(w + "cache_policy: arc}\n", "workers[0].cache_policy", "expected 'lrfu' or 'lru', got 'arc'");
   expect_invalid(w + "ram: 4}\n", "workers[0].ram", "unknown key");
   expect_invalid(kModel + "store: {ram_gb: 1}\nworkers:\n  - {name: a, port: 7701, experts: 0}\n", "store",
                  "only with mode: single-node");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "common/error.h"
 
@@ -32,8 +33,9 @@ ExpertLease::~ExpertLease() {
 
 // --- ExpertCache ------------------------------------------------------------------------
 
-ExpertCache::ExpertCache(const ExpertSource& source, std::map<uint32_t, LayerPlan> plan, int io_threads)
-    : source_(source) {
+ExpertCache::ExpertCache(const ExpertSource& source, std::map<uint32_t, LayerPlan> plan, int io_threads,
+                         EvictionPolicy eviction, const std::string& progress_label)
+    : source_(source), eviction_(eviction) {
   for (const auto& [layer, p] : plan) {
     for (uint32_t e : p.owned) {
       const ExpertLayout* layout = source.layout({layer, e});
@@ -52,6 +54,13 @@ ExpertCache::ExpertCache(const ExpertSource& source, std::map<uint32_t, LayerPla
     layers_.emplace(layer, std::move(l));
   }
   pool_ = std::make_unique<IoPool>(io_threads);
+  if (!progress_label.empty()) {
+    uint64_t pinned_bytes = 0;
+    for (const auto& [layer, p] : plan) {
+      for (uint32_t e : p.pinned) pinned_bytes += source.layout({layer, e})->bytes;
+    }
+    startup_progress_ = std::make_unique<LoadProgress>(progress_label, pinned_bytes);
+  }
   // Pinned experts: read in parallel, wait for all; they stay for the worker's lifetime.
   for (const auto& [layer, p] : plan) {
     Layer& l = *layers_.at(layer);
@@ -69,6 +78,7 @@ ExpertCache::ExpertCache(const ExpertSource& source, std::map<uint32_t, LayerPla
     }
     l.stats = TierCounters{};  // start-up reads are not request traffic
   }
+  if (startup_progress_) startup_progress_->finish();  // later (LRU) reads only count
 }
 
 ExpertCache::~ExpertCache() { pool_.reset(); }
@@ -79,15 +89,42 @@ ExpertCache::Layer& ExpertCache::layer(uint32_t id) {
   return *it->second;
 }
 
-long ExpertCache::free_slot(Layer& l) {
+long ExpertCache::free_slot(Layer& l) const {
   long best = -1;
+  double best_score = 0;
   for (size_t i = 0; i < l.slots.size(); ++i) {
     const Slot& s = l.slots[i];
     if (s.pinned || s.refs > 0 || s.state == State::kLoading) continue;
     if (s.state != State::kReady) return static_cast<long>(i);  // empty or failed: free now
-    if (best < 0 || s.last_use < l.slots[static_cast<size_t>(best)].last_use) best = static_cast<long>(i);
+    const double score = eviction_ == EvictionPolicy::kLrfu ? lrfu_score(l, s.expert) : 0.0;
+    if (best >= 0) {
+      const Slot& b = l.slots[static_cast<size_t>(best)];
+      // Lower score first, then older use; LRFU then takes the higher id (the replay's
+      // order), LRU the first slot.
+      const bool worse = score != best_score     ? score > best_score
+                         : s.last_use != b.last_use ? s.last_use > b.last_use
+                                                    : eviction_ == EvictionPolicy::kLru || s.expert < b.expert;
+      if (worse) continue;
+    }
+    best = static_cast<long>(i);
+    best_score = score;
   }
   return best;
+}
+
+void ExpertCache::record_use(Layer& l, const std::vector<uint32_t>& experts) {
+  ++l.calls;
+  for (uint32_t e : experts) {
+    const double score = lrfu_score(l, e) + 1.0;
+    l.uses[e] = {score, l.calls};
+  }
+}
+
+double ExpertCache::lrfu_score(const Layer& l, uint32_t expert) {
+  const auto it = l.uses.find(expert);
+  if (it == l.uses.end()) return 0.0;
+  const double age = static_cast<double>(l.calls - it->second.call);
+  return it->second.score * std::exp2(-age / kLrfuHalfLifeCalls);
 }
 
 void ExpertCache::start_read(uint32_t layer_id, Layer& l, size_t slot, uint32_t expert, bool prefetch) {
@@ -111,6 +148,7 @@ void ExpertCache::start_read(uint32_t layer_id, Layer& l, size_t slot, uint32_t 
       error = e.what();
     }
     const uint64_t ns = ns_since(start);
+    if (startup_progress_) startup_progress_->add(bytes);
     std::lock_guard<std::mutex> lock(l.mutex);
     Slot& done = l.slots[slot];
     done.read_bytes = bytes;
@@ -210,6 +248,7 @@ ExpertFetch::ExpertFetch(ExpertCache& cache, uint32_t layer_id, const std::vecto
     : cache_(cache), layer_(layer_id) {
   ExpertCache::Layer& l = cache.layer(layer_id);
   std::lock_guard<std::mutex> lock(l.mutex);
+  ExpertCache::record_use(l, experts);
   for (uint32_t e : experts) {
     const auto it = l.where.find(e);
     if (it == l.where.end()) {
@@ -247,7 +286,7 @@ std::vector<ExpertLease> ExpertFetch::next() {
         to_load_.pop_back();
         continue;
       }
-      const long slot = ExpertCache::free_slot(l);
+      const long slot = cache_.free_slot(l);
       if (slot < 0) break;
       cache_.start_read(layer_, l, static_cast<size_t>(slot), e, false);
       ++l.slots[static_cast<size_t>(slot)].refs;

@@ -121,7 +121,8 @@ ExpertStore::ExpertStore(std::unique_ptr<ExpertSource> source, const std::vector
                owned_.size(), source_->describe(), pinned, lru, slot_bytes,
                static_cast<double>((pinned + lru) * slot_bytes) / (1 << 20));
   usage_ = std::make_unique<UsageLog>(options.usage_file, options.model_fingerprint);
-  cache_ = std::make_unique<ExpertCache>(*source_, std::move(plan), options.io_threads);
+  cache_ = std::make_unique<ExpertCache>(*source_, std::move(plan), options.io_threads, options.eviction,
+                                         "worker " + options.worker_name + ": pinned experts");
 }
 
 ExpertStore::ExpertStore(const Checkpoint& checkpoint, const ExpertTensorNames& names,

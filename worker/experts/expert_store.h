@@ -35,6 +35,7 @@ struct StoreOptions {
   std::filesystem::path usage_file;      ///< where usage is recorded; empty = not recorded
   std::string model_fingerprint;         ///< written into / checked against usage files
   int io_threads = 4;                    ///< bounded async read pool
+  EvictionPolicy eviction = EvictionPolicy::kLru;  ///< the LRU slots' replacement (`cache_policy`)
 };
 
 /// How a budget becomes slots: per layer, `pinned` + `lru_slots` (LayerPlan).
