@@ -278,7 +278,8 @@ GLM4_MOE_CONFIG = {
 # beta_slow 1, mscale 1, mscale_all_dim 1, original_max_position_embeddings 4096,
 # max_position_embeddings 131072 (= 32 * 4096), vocab_size 163840, untied lm_head,
 # rms_norm_eps 1e-6, attention_bias false, num_nextn_predict_layers 0, bos/eos fields.
-# Shrunk: n_routed_experts 384 -> 24, hidden_size 7168 -> 16, intermediate_size 18432 -> 48,
+# Shrunk: n_routed_experts 384 -> 24, hidden_size 7168 -> 8 (the two vocab x hidden
+# matrices are most of the fixture), intermediate_size 18432 -> 48,
 # moe_intermediate_size 2048 -> 16, num_hidden_layers 61 -> 3, num_attention_heads (and KV
 # heads) 64 -> 2, q_lora_rank 1536 -> 24, kv_lora_rank 512 -> 16, qk_nope_head_dim 128 -> 16,
 # v_head_dim 128 -> 16. Left out: quantization_config (Kimi K2 ships fp8 blocks of 128;
@@ -292,7 +293,7 @@ KIMI_K2_CONFIG = {
     "eos_token_id": 151645,
     "first_k_dense_replace": 1,
     "hidden_act": "silu",
-    "hidden_size": 16,
+    "hidden_size": 8,
     "initializer_range": 0.3,
     "intermediate_size": 48,
     "kv_lora_rank": 16,
