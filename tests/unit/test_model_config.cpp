@@ -278,8 +278,10 @@ json read_json_file(const fs::path& path) {
 
 /// Every config.json spelling scripts/gen_config_spellings.py saved for `fixture` with
 /// transformers 4.x and 5.x parses to the same ModelConfig as the fixture's own
-/// (hub-layout) config.json; both major versions must be there.
-void check_spellings(const std::string& fixture) {
+/// (hub-layout) config.json; both major versions must be there. `saved_model_type`, when
+/// set, is the model_type the saved copies carry instead of the hub's (Kimi K2's kimi_k2
+/// is saved by DeepseekV3Config as deepseek_v3); every other field must still agree.
+void check_spellings(const std::string& fixture, const std::string& saved_model_type = "") {
   const fs::path hub = kFixtures / "models" / fixture / "config.json";
   const ModelConfig want = ModelConfig::parse(read_json_file(hub), hub.string(), checkpoint_families());
   CHECK(want.dtype == "bfloat16");
@@ -308,6 +310,10 @@ void check_spellings(const std::string& fixture) {
     CHECK(got.max_position_embeddings == want.max_position_embeddings);
     CHECK(got.eos_token_ids == want.eos_token_ids);
     CHECK(got.bos_token_id == want.bos_token_id);
+    if (!saved_model_type.empty()) {
+      CHECK(got.model_type == saved_model_type);
+      got.model_type = want.model_type;
+    }
     CHECK(got == want);
   }
   CHECK_MESSAGE(majors.count('4'), "no transformers 4.x config for " << fixture);
@@ -330,6 +336,10 @@ TEST_CASE("Mixtral configs saved by transformers 4 and 5 parse to the hub config
 TEST_CASE("DeepSeek-V3 configs (bf16 and fp8) saved by transformers 4 and 5 parse to the hub config's model") {
   check_spellings("deepseek-v3-tiny");
   check_spellings("deepseek-v3-tiny-fp8");
+}
+TEST_CASE("GLM-4.5 and Kimi K2 configs saved by transformers 4 and 5 parse to the hub config's model") {
+  check_spellings("glm4-moe-tiny");
+  check_spellings("kimi-k2-tiny", "deepseek_v3");
 }
 
 TEST_CASE("two spellings of one field with different values are an error naming both keys") {
