@@ -122,4 +122,32 @@ void read_sparse_layers(const json& j, const std::string& source, ModelConfig& c
   c.mlp_only_layers = get_id_list(j, source, "mlp_only_layers");
 }
 
+void read_group_limited_moe(const json& j, const std::string& source, ModelConfig& c) {
+  c.n_shared_experts = get_int(j, source, "n_shared_experts", std::nullopt);
+  c.first_k_dense_replace = get_int(j, source, "first_k_dense_replace", std::nullopt);
+  c.n_group = get_int(j, source, "n_group", std::nullopt);
+  c.topk_group = get_int(j, source, "topk_group", std::nullopt);
+  if (!j.contains("routed_scaling_factor")) fail_invalid(source + ": missing required field 'routed_scaling_factor'");
+  c.routed_scaling_factor = get_number(j, source, "routed_scaling_factor", 1.0);
+  c.norm_topk_prob = get_bool(j, source, "norm_topk_prob", true);  // both config classes' default
+  require_positive(source, "n_group", c.n_group);
+  require_positive(source, "topk_group", c.topk_group);
+  if (c.n_shared_experts < 0) fail_invalid(source + ": field 'n_shared_experts' must not be negative");
+  if (c.first_k_dense_replace < 0 || c.first_k_dense_replace > c.num_hidden_layers) {
+    fail_invalid(source + ": field 'first_k_dense_replace' must be in [0, num_hidden_layers], got " +
+                 std::to_string(c.first_k_dense_replace));
+  }
+  if (c.routed_scaling_factor <= 0) fail_invalid(source + ": field 'routed_scaling_factor' must be positive");
+  // Group-limited top-k: groups of equal size, each scored by its top-2 experts.
+  if (c.num_experts % c.n_group != 0 || c.num_experts / c.n_group < 2) {
+    fail_invalid(source + ": n_routed_experts (" + std::to_string(c.num_experts) + ") must be n_group (" +
+                 std::to_string(c.n_group) + ") groups of at least 2 experts");
+  }
+  if (c.topk_group > c.n_group) fail_invalid(source + ": topk_group exceeds n_group");
+  if (c.num_experts_per_tok > c.topk_group * (c.num_experts / c.n_group)) {
+    fail_invalid(source + ": num_experts_per_tok (" + std::to_string(c.num_experts_per_tok) +
+                 ") exceeds the experts of topk_group groups");
+  }
+}
+
 }  // namespace charm::hf

@@ -71,4 +71,12 @@ void read_moe_intermediate_size(const nlohmann::json& j, const std::string& sour
 /// positive) and mlp_only_layers (default none). See ModelConfig::is_moe_layer.
 void read_sparse_layers(const nlohmann::json& j, const std::string& source, ModelConfig& c);
 
+/// The fields of the DeepSeek-V3-style MoE (DeepseekV3Config, Glm4MoeConfig): the
+/// shared experts (n_shared_experts), the dense first layers (first_k_dense_replace),
+/// the group-limited sigmoid router (n_group, topk_group, routed_scaling_factor, all
+/// required; norm_topk_prob, default true), checked for consistency with num_experts and
+/// num_experts_per_tok (equal groups of at least 2 experts, topk_group <= n_group, top-k
+/// within the kept groups). Throws Error(kInvalidInput) naming `source` and the field.
+void read_group_limited_moe(const nlohmann::json& j, const std::string& source, ModelConfig& c);
+
 }  // namespace charm::hf

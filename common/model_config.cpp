@@ -96,7 +96,8 @@ std::optional<YarnRopeScaling> parse_yarn(const json& j, const std::string& sour
 }
 
 /// Reads theta, type and partial_rotary_factor (each under any of its spellings) into
-/// `c`; only full-width RoPE is implemented, and scaled RoPE only YaRN for the families
+/// `c`; partial RoPE only for the families that implement it
+/// (CheckpointFamily::partial_rotary), and scaled RoPE only YaRN for the families
 /// that implement it (CheckpointFamily::yarn_rope): anything else would silently change
 /// the model, so it is refused by name.
 void parse_rope(const json& j, const std::string& source, const CheckpointFamily& family, ModelConfig& c) {
@@ -107,9 +108,16 @@ void parse_rope(const json& j, const std::string& source, const CheckpointFamily
   const Spelled partial =
       spelled(source, {{"partial_rotary_factor", member(j, "partial_rotary_factor")},
                        rope.candidate("partial_rotary_factor")});
-  if (number_of(partial, source, 1.0) != 1.0) {
+  c.partial_rotary_factor = number_of(partial, source, family.default_partial_rotary_factor);
+  if (!family.partial_rotary && c.partial_rotary_factor != 1.0) {
     fail_unsupported(source + ": " + partial.key + " " + partial.value->dump() +
                      " is not supported (RoPE over the whole head only)");
+  }
+  const bool bad_part = !(c.partial_rotary_factor > 0 && c.partial_rotary_factor <= 1) || c.rotary_dim() < 2 ||
+                        c.rotary_dim() % 2 != 0;
+  if (family.partial_rotary && bad_part) {
+    fail_invalid(source + ": " + partial.key + " " + std::to_string(c.partial_rotary_factor) +
+                 " must be in (0, 1] and rotate an even number of dims of head_dim " + std::to_string(c.head_dim));
   }
   const Spelled type_field = spelled(source, {rope.candidate("rope_type"), rope.candidate("type")});
   const std::string type = string_of(type_field, source, "default");

@@ -56,6 +56,9 @@ struct ModelConfig {
   std::vector<int64_t> mlp_only_layers;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
+  /// The share of each head that RoPE rotates: dims [0, rotary_dim()) (GLM-4.5: 0.5); 1
+  /// for the families without partial rotary (CheckpointFamily::partial_rotary).
+  double partial_rotary_factor = 1.0;
   int64_t max_position_embeddings = 4096;
   bool tie_word_embeddings = false;
   bool attention_bias = false;
@@ -87,6 +90,11 @@ struct ModelConfig {
   bool rope_interleave = false;        ///< RoPE pairs (2i, 2i+1) instead of (i, i + d/2)
   std::optional<YarnRopeScaling> yarn; ///< set when rope scaling type is "yarn"
 
+  // ---- GLM-4.5 (Glm4MoeConfig; coordinator/models/glm4_moe.cpp). It also reads the
+  // DeepSeek-V3 MoE fields above (n_shared_experts .. routed_scaling_factor) and
+  // partial_rotary_factor. ----
+  bool use_qk_norm = false;            ///< per-head RMSNorm of q and k before RoPE
+
   /// Where this checkpoint's routed experts are stored: its family's names
   /// (CheckpointFamily::expert_tensors), set by parse.
   ExpertTensorNames expert_tensors;
@@ -98,6 +106,10 @@ struct ModelConfig {
   /// not in mlp_only_layers, num_experts > 0, (layer + 1) % decoder_sparse_step == 0;
   /// DeepseekV3DecoderLayer's: layer >= first_k_dense_replace).
   bool is_moe_layer(int64_t layer) const;
+
+  /// The rotated dims of a head: int(head_dim * partial_rotary_factor), as transformers'
+  /// compute_default_rope_parameters truncates it.
+  int64_t rotary_dim() const { return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor); }
 
   /// The ids of every MoE layer, ascending.
   std::vector<int64_t> moe_layer_ids() const;
@@ -123,7 +135,8 @@ struct ModelConfig {
   /// naming the architecture and the supported ones when no family in `families` serves
   /// it, and naming the field (and value) for a feature charm does not implement: scaled
   /// RoPE (any but "yarn", and that only where the family implements it),
-  /// partial_rotary_factor other than 1, per-layer-type RoPE, a sliding window that would
+  /// partial_rotary_factor other than 1 (for a family without CheckpointFamily::partial_rotary;
+  /// where it has it, a factor outside (0, 1] or an odd rotary_dim() is invalid), per-layer-type RoPE, a sliding window that would
   /// bite, a layer type other than full_attention, and the family's own (DeepSeek-V3:
   /// scoring_func other than "sigmoid", topk_method other than "noaux_tc", moe_layer_freq
   /// other than 1).

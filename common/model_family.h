@@ -29,6 +29,11 @@ struct CheckpointFamily {
   double default_rope_theta = 1e4;
   /// True when the family implements YaRN rope scaling; else only unscaled RoPE is accepted.
   bool yarn_rope = false;
+  /// True when the family rotates only the first partial_rotary_factor of each head
+  /// (Glm4MoeConfig); else a factor other than 1 is refused. The config class's default
+  /// factor applies when the field is absent.
+  bool partial_rotary = false;
+  double default_partial_rotary_factor = 1.0;
   /// Reads the family's own fields of `config` (by their HF names) into `c`, after
   /// ModelConfig::parse has read the generic ones. Throws as ModelConfig::parse documents,
   /// naming `source` and the field.

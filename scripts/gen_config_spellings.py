@@ -33,7 +33,10 @@ ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "tests" / "fixtures" / "models"
 OUT = ROOT / "tests" / "fixtures" / "configs"
 FIXTURES = ["qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny",
-            "deepseek-v3-tiny-fp8"]
+            "deepseek-v3-tiny-fp8", "glm4-moe-tiny", "kimi-k2-tiny"]
+# model_types transformers does not know, read with the class their checkpoints' remote
+# code uses (Kimi K2's auto_map names DeepseekV3Config).
+CONFIG_TYPE = {"kimi_k2": "deepseek_v3"}
 VERSIONS = {"tf4": "transformers<5", "tf5": "transformers>=5,<6"}
 
 
@@ -44,7 +47,8 @@ def write_here():
 
     for name in FIXTURES:
         source = json.loads((MODELS / name / "config.json").read_text())
-        config_class = type(AutoConfig.for_model(source["model_type"]))
+        model_type = CONFIG_TYPE.get(source["model_type"], source["model_type"])
+        config_class = type(AutoConfig.for_model(model_type))
         config = config_class.from_dict(copy.deepcopy(source))
         with tempfile.TemporaryDirectory() as tmp:
             config.save_pretrained(tmp)

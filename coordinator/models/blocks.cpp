@@ -47,8 +47,9 @@ Rope::Rope(std::vector<float> inv_freq, float attention_factor, RopeLayout layou
     : head_dim_(2 * inv_freq.size()), inv_freq_(std::move(inv_freq)), attention_factor_(attention_factor),
       layout_(layout) {}
 
-void Rope::apply(float* x, size_t rows, size_t heads, size_t pos0) const {
+void Rope::apply(float* x, size_t rows, size_t heads, size_t pos0, size_t head_width) const {
   const size_t half = head_dim_ / 2;
+  const size_t stride = head_width == 0 ? head_dim_ : head_width;
   // The interleaved layout reads pair i from dims (2i, 2i+1) and writes it to (i, i+half).
   const bool interleaved = layout_ == RopeLayout::kInterleaved;
   std::vector<float> cos(half), sin(half), in(head_dim_);
@@ -60,7 +61,7 @@ void Rope::apply(float* x, size_t rows, size_t heads, size_t pos0) const {
       sin[i] = std::sin(angle) * attention_factor_;
     }
     for (size_t h = 0; h < heads; ++h) {
-      float* v = x + (r * heads + h) * head_dim_;
+      float* v = x + (r * heads + h) * stride;
       std::copy(v, v + head_dim_, in.begin());
       for (size_t i = 0; i < half; ++i) {
         const float a = interleaved ? in[2 * i] : in[i];
@@ -107,8 +108,8 @@ namespace {
 /// attends causally into attn [rows, num_heads * head_dim].
 void rope_attention(const Rope& rope, float* q, float* k, const float* v, const SequenceRows& seq, size_t layer,
                     size_t num_heads, size_t num_kv_heads, size_t head_dim, float* attn) {
-  rope.apply(q, seq.rows, num_heads, seq.pos0);
-  rope.apply(k, seq.rows, num_kv_heads, seq.pos0);
+  rope.apply(q, seq.rows, num_heads, seq.pos0, head_dim);
+  rope.apply(k, seq.rows, num_kv_heads, seq.pos0, head_dim);
   store_kv(*seq.cache, layer, seq.pos0, seq.rows, num_kv_heads * head_dim, k, v);
   causal_gqa_attention(q, seq.rows, seq.pos0, *seq.cache, layer, num_heads, num_kv_heads, head_dim, attn);
 }

@@ -60,21 +60,26 @@ enum class RopeLayout {
                  ///< (DeepSeek-V3's apply_rotary_pos_emb_interleave, rope_interleave = true)
 };
 
-/// Rotary position embedding: pair i turns by angle pos * inv_freq[i]; cos and sin are
-/// multiplied by attention_factor (1 for plain RoPE; YaRN's cos/sin scale, see
+/// Rotary position embedding over `dim` dims (head_dim, or its rotated part under partial
+/// rotary): pair i turns by angle pos * inv_freq[i]; cos and sin are multiplied by
+/// attention_factor (1 for plain RoPE; YaRN's cos/sin scale, see
 /// coordinator/models/rope_scaling.h).
 class Rope {
  public:
-  /// Plain RoPE: inv_freq = theta^(-2i/head_dim), computed in f32.
-  Rope(size_t head_dim, double theta, RopeLayout layout = RopeLayout::kHalves);
-  /// Given inverse frequencies [head_dim / 2], cos/sin scale and layout.
+  /// Plain RoPE: inv_freq = theta^(-2i/dim), computed in f32.
+  Rope(size_t dim, double theta, RopeLayout layout = RopeLayout::kHalves);
+  /// Given inverse frequencies [dim / 2], cos/sin scale and layout.
   Rope(std::vector<float> inv_freq, float attention_factor, RopeLayout layout);
-  /// Rotates x [rows, heads, head_dim] in place; row r is at position pos0 + r.
-  void apply(float* x, size_t rows, size_t heads, size_t pos0) const;
-  size_t head_dim() const { return head_dim_; }
+  /// Rotates x [rows, heads, head_width] in place; row r is at position pos0 + r. Only
+  /// dims [0, dim()) of each head turn (the layout pairs them among themselves), the rest
+  /// pass unchanged, as transformers' apply_rotary_pos_emb with partial_rotary_factor
+  /// does. head_width 0 means dim(). REQUIRES head_width == 0 or head_width >= dim().
+  void apply(float* x, size_t rows, size_t heads, size_t pos0, size_t head_width = 0) const;
+  /// The rotated dims per head.
+  size_t dim() const { return head_dim_; }
 
  private:
-  size_t head_dim_;
+  size_t head_dim_;  // the rotated dims
   std::vector<float> inv_freq_;
   float attention_factor_ = 1.0f;
   RopeLayout layout_ = RopeLayout::kHalves;

@@ -20,22 +20,6 @@
 namespace charm {
 namespace {
 
-/// DeepseekV3MoE: the group-limited router, the routed experts (remote or in-process)
-/// and, when n_shared_experts > 0, the shared experts as one dense MLP computed here.
-MoeBlock load_moe(const Checkpoint& ckpt, const std::string& prefix, const ModelConfig& c) {
-  const GroupLimitedTopk params{static_cast<size_t>(c.num_experts_per_tok), static_cast<size_t>(c.n_group),
-                                static_cast<size_t>(c.topk_group), c.norm_topk_prob,
-                                static_cast<float>(c.routed_scaling_factor)};
-  MoeBlock moe;
-  moe.router = std::make_unique<GroupLimitedRouter>(
-      GroupLimitedRouter::load(ckpt, prefix + ".gate", c.hidden_size, c.num_experts, params));
-  if (c.n_shared_experts > 0) {
-    moe.shared_expert =
-        DenseMlp::load(ckpt, prefix + ".shared_experts", c.hidden_size, c.n_shared_experts * c.moe_intermediate_size);
-  }
-  return moe;
-}
-
 struct DeepseekV3Layer {
   RmsNorm input_layernorm, post_attention_layernorm;
   MlaAttention self_attn;
@@ -56,7 +40,7 @@ class DeepseekV3 final : public LayerStack<DeepseekV3Layer> {
       layer.post_attention_layernorm = RmsNorm::load(ckpt, p + ".post_attention_layernorm", h, eps);
       layer.self_attn = MlaAttention::load(ckpt, p + ".self_attn", config);
       if (config.is_moe_layer(l)) {
-        layer.sparse_moe = load_moe(ckpt, p + ".mlp", config);
+        layer.sparse_moe = load_group_limited_moe(ckpt, p + ".mlp", config);
       } else {
         layer.mlp = DenseMlp::load(ckpt, p + ".mlp", h, config.intermediate_size);
       }
@@ -85,36 +69,13 @@ void read_deepseek_v3_fields(const json& j, const std::string& source, ModelConf
   c.qk_nope_head_dim = get_int(j, source, "qk_nope_head_dim", std::nullopt);
   c.qk_rope_head_dim = get_int(j, source, "qk_rope_head_dim", std::nullopt);
   c.v_head_dim = get_int(j, source, "v_head_dim", std::nullopt);
-  c.n_shared_experts = get_int(j, source, "n_shared_experts", std::nullopt);
-  c.first_k_dense_replace = get_int(j, source, "first_k_dense_replace", std::nullopt);
-  c.n_group = get_int(j, source, "n_group", std::nullopt);
-  c.topk_group = get_int(j, source, "topk_group", std::nullopt);
-  if (!j.contains("routed_scaling_factor")) fail_invalid(source + ": missing required field 'routed_scaling_factor'");
-  c.routed_scaling_factor = get_number(j, source, "routed_scaling_factor", 1.0);
-  c.norm_topk_prob = get_bool(j, source, "norm_topk_prob", true);  // DeepseekV3Config's default
+  read_group_limited_moe(j, source, c);
   c.rope_interleave = get_bool(j, source, "rope_interleave", true);
   for (auto [key, value] : {std::pair{"kv_lora_rank", c.kv_lora_rank}, {"qk_nope_head_dim", c.qk_nope_head_dim},
-                            {"qk_rope_head_dim", c.qk_rope_head_dim}, {"v_head_dim", c.v_head_dim},
-                            {"n_group", c.n_group}, {"topk_group", c.topk_group}}) {
+                            {"qk_rope_head_dim", c.qk_rope_head_dim}, {"v_head_dim", c.v_head_dim}}) {
     require_positive(source, key, value);
   }
   if (c.qk_rope_head_dim % 2 != 0) fail_invalid(source + ": field 'qk_rope_head_dim' must be even");
-  if (c.n_shared_experts < 0) fail_invalid(source + ": field 'n_shared_experts' must not be negative");
-  if (c.first_k_dense_replace < 0 || c.first_k_dense_replace > c.num_hidden_layers) {
-    fail_invalid(source + ": field 'first_k_dense_replace' must be in [0, num_hidden_layers], got " +
-                 std::to_string(c.first_k_dense_replace));
-  }
-  if (c.routed_scaling_factor <= 0) fail_invalid(source + ": field 'routed_scaling_factor' must be positive");
-  // Group-limited top-k: groups of equal size, each scored by its top-2 experts.
-  if (c.num_experts % c.n_group != 0 || c.num_experts / c.n_group < 2) {
-    fail_invalid(source + ": n_routed_experts (" + std::to_string(c.num_experts) + ") must be n_group (" +
-                 std::to_string(c.n_group) + ") groups of at least 2 experts");
-  }
-  if (c.topk_group > c.n_group) fail_invalid(source + ": topk_group exceeds n_group");
-  if (c.num_experts_per_tok > c.topk_group * (c.num_experts / c.n_group)) {
-    fail_invalid(source + ": num_experts_per_tok (" + std::to_string(c.num_experts_per_tok) +
-                 ") exceeds the experts of topk_group groups");
-  }
   // MLA expands the latent to one key/value per query head; transformers' repeat_kv
   // would break for any other num_key_value_heads.
   if (c.num_key_value_heads != c.num_attention_heads) {

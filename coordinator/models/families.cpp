@@ -12,6 +12,7 @@ const ModelFamily& olmoe_family();
 const ModelFamily& qwen2_moe_family();
 const ModelFamily& mixtral_family();
 const ModelFamily& deepseek_v3_family();
+const ModelFamily& glm4_moe_family();
 
 std::span<const ModelFamily* const> model_families() {
   // The table: one line per family. Built on first use, after every family's record.
@@ -21,6 +22,7 @@ std::span<const ModelFamily* const> model_families() {
       &qwen2_moe_family(),
       &mixtral_family(),
       &deepseek_v3_family(),
+      &glm4_moe_family(),
   };
   return table;
 }

@@ -68,8 +68,9 @@ double yarn_softmax_scale_factor(const ModelConfig& config) {
 
 Rope make_rope(const ModelConfig& config) {
   const RopeLayout layout = config.rope_interleave ? RopeLayout::kInterleaved : RopeLayout::kHalves;
-  if (!config.yarn) return Rope(config.head_dim, config.rope_theta, layout);
-  YarnFrequencies f = yarn_frequencies(config.head_dim, config.rope_theta, *config.yarn);
+  const auto dim = static_cast<size_t>(config.rotary_dim());
+  if (!config.yarn) return Rope(dim, config.rope_theta, layout);
+  YarnFrequencies f = yarn_frequencies(dim, config.rope_theta, *config.yarn);
   return Rope(std::move(f.inv_freq), static_cast<float>(f.attention_factor), layout);
 }
 

@@ -31,8 +31,9 @@ double yarn_get_mscale(double scale, double mscale);
 /// yarn_get_mscale(factor, mscale_all_dim)^2 under YaRN with mscale_all_dim != 0, else 1.
 double yarn_softmax_scale_factor(const ModelConfig& config);
 
-/// The Rope of `config`: dim head_dim, rope_theta, YaRN when config.yarn is set, the
-/// interleaved layout when config.rope_interleave.
+/// The Rope of `config`: dim rotary_dim() (head_dim unless partial_rotary_factor < 1),
+/// rope_theta, YaRN when config.yarn is set, the interleaved layout when
+/// config.rope_interleave.
 Rope make_rope(const ModelConfig& config);
 
 }  // namespace charm

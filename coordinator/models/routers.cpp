@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <numeric>
 
 namespace charm {
@@ -81,6 +82,20 @@ Routing GroupLimitedRouter::route(const float* x, size_t rows) const {
   std::vector<float> logits(rows * gate.out());
   gate(x, rows, logits.data());
   return sigmoid_group_topk(logits.data(), rows, gate.out(), e_score_correction_bias.data(), params);
+}
+
+MoeBlock load_group_limited_moe(const Checkpoint& ckpt, const std::string& prefix, const ModelConfig& c) {
+  const GroupLimitedTopk params{static_cast<size_t>(c.num_experts_per_tok), static_cast<size_t>(c.n_group),
+                                static_cast<size_t>(c.topk_group), c.norm_topk_prob,
+                                static_cast<float>(c.routed_scaling_factor)};
+  MoeBlock moe;
+  moe.router = std::make_unique<GroupLimitedRouter>(
+      GroupLimitedRouter::load(ckpt, prefix + ".gate", c.hidden_size, c.num_experts, params));
+  if (c.n_shared_experts > 0) {
+    moe.shared_expert =
+        DenseMlp::load(ckpt, prefix + ".shared_experts", c.hidden_size, c.n_shared_experts * c.moe_intermediate_size);
+  }
+  return moe;
 }
 
 }  // namespace charm

@@ -1,6 +1,7 @@
 // Routers other than the softmax top-k of coordinator/models/blocks.h: DeepSeek-V3's sigmoid
 // scores with a selection-only bias and group-limited top-k ("noaux_tc"), following
-// transformers' models/deepseek_v3/modeling_deepseek_v3.py: DeepseekV3TopkRouter.
+// transformers' models/deepseek_v3/modeling_deepseek_v3.py: DeepseekV3TopkRouter (GLM-4.5's
+// Glm4MoeTopkRouter is the same), and the MoE block both families build from it.
 #pragma once
 
 #include <cstddef>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "common/checkpoint.h"
+#include "common/model_config.h"
 #include "coordinator/models/blocks.h"
 
 namespace charm {
@@ -45,5 +47,13 @@ struct GroupLimitedRouter final : Router {
   Routing route(const float* x, size_t rows) const override;
   size_t hidden() const override { return gate.in(); }
 };
+
+/// The MoE block of DeepseekV3MoE and Glm4MoeMoE: the GroupLimitedRouter "<prefix>.gate"
+/// (config's num_experts_per_tok, n_group, topk_group, norm_topk_prob,
+/// routed_scaling_factor), the routed experts through the dispatcher and, when
+/// n_shared_experts > 0, the shared experts "<prefix>.shared_experts" as one DenseMlp of
+/// width n_shared_experts * moe_intermediate_size, run on the coordinator. Throws what
+/// Checkpoint::load_f32 / load_matrix throw for a missing or mis-shaped tensor.
+MoeBlock load_group_limited_moe(const Checkpoint& ckpt, const std::string& prefix, const ModelConfig& config);
 
 }  // namespace charm

@@ -43,8 +43,8 @@ struct Answer {
 /// A fixed, seeded mix: prompts cut from the reference prompts (1 to 60 tokens, several
 /// sharing a start, so the prefix cache is hit), greedy and seeded sampling with top-k,
 /// top-p and penalties, 4 to 30 new tokens, arrivals spread over 60 ms.
-std::vector<Request> request_mix() {
-  std::ifstream in(fs::path(CHARM_SOURCE_DIR) / "tests/fixtures/models" / kModel / "reference.json");
+std::vector<Request> request_mix(const std::string& model = kModel) {
+  std::ifstream in(fs::path(CHARM_SOURCE_DIR) / "tests/fixtures/models" / model / "reference.json");
   const auto reference = nlohmann::json::parse(in);
   std::vector<int32_t> text;  // every reference prompt back to back
   for (const auto& p : reference["prompts"]) {
@@ -133,9 +133,9 @@ struct Served {
   std::vector<std::unique_ptr<test::ChildProcess>> workers;
   std::unique_ptr<Engine> engine;
 
-  Served(const std::vector<std::string>& split, const std::string& serving) {
+  Served(const std::vector<std::string>& split, const std::string& serving, const std::string& model = kModel) {
     std::vector<std::pair<std::string, uint16_t>> ports;
-    const fs::path yaml = test::write_topology(dir.path(), kModel, split, ports, "", false, serving);
+    const fs::path yaml = test::write_topology(dir.path(), model, split, ports, "", false, serving);
     for (const auto& [name, port] : ports) {
       workers.push_back(std::make_unique<test::ChildProcess>(
           std::vector<std::string>{kCharm, "worker", "--config", yaml.string(), "--name", name}));
@@ -171,5 +171,39 @@ TEST_CASE("batch invariance: every request of a random concurrent mix equals the
     Served together({"\"0-7\"", "\"8-15\""}, "max_batch_tokens: 32");
     check_same(expected, run_together(*together.engine, mix));
     for (const WorkerStatus& w : together.engine->cluster_status()) CHECK(w.requests > 0);
+  }
+}
+
+// The families of issue 16 through the same mix: GLM-4.5 (GQA cache, partial rotary) and
+// Kimi K2 (the compressed MLA cache).
+TEST_CASE("batch invariance holds for glm4-moe-tiny and kimi-k2-tiny: chunked, preempted, two workers") {
+  struct Fixture {
+    std::string name;
+    std::vector<std::string> split;
+    size_t bytes_per_token;  // of the KV cache: 6 blocks of it force preemption
+  };
+  for (const Fixture& f : {Fixture{"glm4-moe-tiny", {"\"0-7\"", "\"8-15\""}, 4 * 2 * 2 * 16 * 4},
+                           Fixture{"kimi-k2-tiny", {"\"0-11\"", "\"12-23\""}, 3 * (16 + 64) * 4}}) {
+    CAPTURE(f.name);
+    const std::vector<Request> mix = request_mix(f.name);
+    Served alone({}, "", f.name);
+    const std::vector<Answer> expected = run_alone(*alone.engine, mix);
+    for (const Answer& a : expected) REQUIRE(!a.first_logits.empty());
+    {
+      Served together({}, "max_batch_tokens: 7, max_num_seqs: 6", f.name);
+      check_same(expected, run_together(*together.engine, mix));
+    }
+    {
+      const double gb = 6.0 * 16 * static_cast<double>(f.bytes_per_token) / (1u << 30);
+      Served together({}, "kv_cache_gb: " + std::to_string(gb) + ", max_num_seqs: 16", f.name);
+      REQUIRE(together.engine->load().kv_blocks_total == 6);
+      check_same(expected, run_together(*together.engine, mix));
+      CHECK(together.engine->load().preemptions > 0);
+    }
+    {
+      Served together(f.split, "max_batch_tokens: 32", f.name);
+      check_same(expected, run_together(*together.engine, mix));
+      for (const WorkerStatus& w : together.engine->cluster_status()) CHECK(w.requests > 0);
+    }
   }
 }

@@ -234,3 +234,25 @@ TEST_CASE("deepseek-v3-tiny-fp8 (workers dequantise fp8 experts): single node an
   const Outcome two = run_split("deepseek-v3-tiny-fp8", {"\"0-5\"", "\"6-15\""});
   check_identical(single, two);
 }
+
+// --- GLM-4.5 MoE and Kimi K2 (issue 16) -----------------------------------------------------
+
+TEST_CASE("glm4-moe-tiny (shared experts, MTP layer unread): single node and two workers give bit-identical logits") {
+  const Outcome single = run_split("glm4-moe-tiny", {});
+  const Outcome two = run_split("glm4-moe-tiny", {"\"0-7\"", "\"8-15\""});
+  check_identical(single, two);
+  REQUIRE(two.status.size() == 2);
+  CHECK(two.status[0].experts_held == 8 * 3);  // 3 MoE layers: first_k_dense_replace = 1, no MTP layer
+  CHECK(two.status[1].experts_held == 8 * 3);
+  for (const auto& w : two.status) CHECK(w.requests > 0);
+}
+
+TEST_CASE("kimi-k2-tiny (one expert group, 8 of 24 experts): single node and two workers give bit-identical logits") {
+  const Outcome single = run_split("kimi-k2-tiny", {});
+  const Outcome two = run_split("kimi-k2-tiny", {"\"0-11\"", "\"12-23\""});
+  check_identical(single, two);
+  REQUIRE(two.status.size() == 2);
+  CHECK(two.status[0].experts_held == 12 * 2);  // 2 MoE layers: first_k_dense_replace = 1
+  CHECK(two.status[1].experts_held == 12 * 2);
+  for (const auto& w : two.status) CHECK(w.requests > 0);
+}

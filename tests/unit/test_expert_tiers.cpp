@@ -111,7 +111,8 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }  // namespace
 
 TEST_CASE("expert outputs are bit-identical for every tier, budget and source") {
-  for (const char* name : {"qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny", "deepseek-v3-tiny-fp8"}) {
+  for (const char* name : {"qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny", "deepseek-v3-tiny-fp8",
+                           "glm4-moe-tiny", "kimi-k2-tiny"}) {
     INFO(name);
     const Case c(name);
     const std::vector<float> want = c.reference();

@@ -278,8 +278,10 @@ json read_json_file(const fs::path& path) {
 
 /// Every config.json spelling scripts/gen_config_spellings.py saved for `fixture` with
 /// transformers 4.x and 5.x parses to the same ModelConfig as the fixture's own
-/// (hub-layout) config.json; both major versions must be there.
-void check_spellings(const std::string& fixture) {
+/// (hub-layout) config.json; both major versions must be there. `saved_model_type`, when
+/// set, is the model_type the saved copies carry instead of the hub's (Kimi K2's kimi_k2
+/// is saved by DeepseekV3Config as deepseek_v3); every other field must still agree.
+void check_spellings(const std::string& fixture, const std::string& saved_model_type = "") {
   const fs::path hub = kFixtures / "models" / fixture / "config.json";
   const ModelConfig want = ModelConfig::parse(read_json_file(hub), hub.string(), checkpoint_families());
   CHECK(want.dtype == "bfloat16");
@@ -308,6 +310,10 @@ void check_spellings(const std::string& fixture) {
     CHECK(got.max_position_embeddings == want.max_position_embeddings);
     CHECK(got.eos_token_ids == want.eos_token_ids);
     CHECK(got.bos_token_id == want.bos_token_id);
+    if (!saved_model_type.empty()) {
+      CHECK(got.model_type == saved_model_type);
+      got.model_type = want.model_type;
+    }
     CHECK(got == want);
   }
   CHECK_MESSAGE(majors.count('4'), "no transformers 4.x config for " << fixture);
@@ -330,6 +336,10 @@ TEST_CASE("Mixtral configs saved by transformers 4 and 5 parse to the hub config
 TEST_CASE("DeepSeek-V3 configs (bf16 and fp8) saved by transformers 4 and 5 parse to the hub config's model") {
   check_spellings("deepseek-v3-tiny");
   check_spellings("deepseek-v3-tiny-fp8");
+}
+TEST_CASE("GLM-4.5 and Kimi K2 configs saved by transformers 4 and 5 parse to the hub config's model") {
+  check_spellings("glm4-moe-tiny");
+  check_spellings("kimi-k2-tiny", "deepseek_v3");
 }
 
 TEST_CASE("two spellings of one field with different values are an error naming both keys") {
@@ -460,4 +470,76 @@ TEST_CASE("absent generic fields take the family's config-class default") {
   CHECK(mix.rms_norm_eps == 1e-5);
   CHECK(mix.rope_theta == 1e6);
   CHECK(ModelConfig::parse(qwen2_moe(), "config.json", checkpoint_families()).rope_theta == 1e4);
+}
+
+// ---- GLM-4.5 MoE (issue 16) ------------------------------------------------------------------
+
+namespace {
+/// The hub config of zai-org/GLM-4.5 (config.json) as we know it, minus fields charm ignores.
+json glm4_moe() {
+  return json{{"architectures", {"Glm4MoeForCausalLM"}}, {"vocab_size", 151552}, {"hidden_size", 5120},
+              {"intermediate_size", 12288}, {"moe_intermediate_size", 1536}, {"num_hidden_layers", 92},
+              {"num_attention_heads", 96}, {"num_key_value_heads", 8}, {"head_dim", 128},
+              {"partial_rotary_factor", 0.5}, {"attention_bias", true}, {"use_qk_norm", true},
+              {"n_routed_experts", 160}, {"n_shared_experts", 1}, {"num_experts_per_tok", 8},
+              {"first_k_dense_replace", 3}, {"n_group", 1}, {"topk_group", 1}, {"routed_scaling_factor", 2.5},
+              {"norm_topk_prob", true}, {"num_nextn_predict_layers", 1}, {"max_position_embeddings", 131072},
+              {"rope_theta", 1000000}, {"rms_norm_eps", 1e-5}, {"eos_token_id", {151329, 151336, 151338}}};
+}
+}  // namespace
+
+TEST_CASE("a GLM-4.5 hub config parses: partial rotary, q/k norm, group-limited routing, dense first layers") {
+  const ModelConfig c = ModelConfig::parse(glm4_moe(), "config.json", checkpoint_families());
+  CHECK(c.num_experts == 160);
+  CHECK(c.head_dim == 128);
+  CHECK(c.partial_rotary_factor == 0.5);
+  CHECK(c.rotary_dim() == 64);
+  CHECK(c.use_qk_norm);
+  CHECK(c.attention_bias);
+  CHECK(c.n_shared_experts == 1);
+  CHECK(c.routed_scaling_factor == 2.5);
+  CHECK_FALSE(c.yarn.has_value());
+  CHECK_FALSE(c.is_moe_layer(2));
+  CHECK(c.is_moe_layer(3));
+  CHECK(c.moe_layer_ids().size() == 89);  // the MTP layer (index 92) is not among them
+  CHECK(c.eos_token_ids == std::vector<int64_t>{151329, 151336, 151338});
+}
+
+TEST_CASE("GLM-4.5: Glm4MoeConfig's defaults, transformers 5's rope_parameters spelling, bad values named") {
+  json j = glm4_moe();
+  j.erase("partial_rotary_factor");
+  j.erase("use_qk_norm");
+  j.erase("rms_norm_eps");
+  ModelConfig c = ModelConfig::parse(j, "config.json", checkpoint_families());
+  CHECK(c.partial_rotary_factor == 0.5);  // Glm4MoeConfig's default, not 1
+  CHECK_FALSE(c.use_qk_norm);
+  CHECK(c.rms_norm_eps == 1e-5);
+  j.erase("rope_theta");
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6}, {"partial_rotary_factor", 0.25}};
+  c = ModelConfig::parse(j, "config.json", checkpoint_families());
+  CHECK(c.rotary_dim() == 32);
+  CHECK(c.rope_theta == 1e6);
+  j["partial_rotary_factor"] = 0.5;  // disagrees with rope_parameters'
+  CHECK(error_of(j).find("disagree") != std::string::npos);
+  json bad = glm4_moe();
+  bad["partial_rotary_factor"] = 1.5;
+  CHECK(error_of(bad).find("partial_rotary_factor 1.500000 must be in (0, 1]") != std::string::npos);
+  bad["partial_rotary_factor"] = 0.01;  // int(128 * 0.01) = 1 dim: nothing to pair
+  CHECK(error_of(bad).find("rotate an even number of dims of head_dim 128") != std::string::npos);
+  for (const char* key : {"n_routed_experts", "n_shared_experts", "first_k_dense_replace", "n_group", "topk_group",
+                          "routed_scaling_factor", "moe_intermediate_size"}) {
+    CAPTURE(key);
+    json missing = glm4_moe();
+    missing.erase(key);
+    CHECK(error_of(missing).find(key) != std::string::npos);
+  }
+  json groups = glm4_moe();
+  groups["n_group"] = 3;
+  CHECK(error_of(groups).find("n_routed_experts (160) must be n_group (3) groups") != std::string::npos);
+  json scoring = glm4_moe();
+  scoring["scoring_func"] = "softmax";
+  CHECK(error_of(scoring).find("scoring_func 'softmax' is not supported") != std::string::npos);
+  json yarn = glm4_moe();
+  yarn["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
+  CHECK(error_of(yarn).find("'yarn' is not supported") != std::string::npos);
 }

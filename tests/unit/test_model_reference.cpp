@@ -122,11 +122,21 @@ TEST_CASE("deepseek-v3-tiny-fp8 (block-scaled float8_e4m3fn weights) matches tra
   check_fixture("deepseek-v3-tiny-fp8");
 }
 
+// --- GLM-4.5 MoE and Kimi K2 (issue 16) -----------------------------------------------------
+
+TEST_CASE("glm4-moe-tiny (partial rotary, q/k norm, group-limited sigmoid routing, shared experts) matches transformers") {
+  check_fixture("glm4-moe-tiny");
+}
+
+TEST_CASE("kimi-k2-tiny (DeepSeek-V3 with Kimi K2's config: one group, YaRN beta 1/1, untied lm_head) matches transformers") {
+  check_fixture("kimi-k2-tiny");
+}
+
 // --- Chunked prefill (issue 6) -------------------------------------------------------------
 
 TEST_CASE("chunked prefill gives the logits of one whole-prompt forward, bit for bit, for every family") {
   for (const std::string name : {"qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny",
-                                 "deepseek-v3-tiny-fp8"}) {
+                                 "deepseek-v3-tiny-fp8", "glm4-moe-tiny", "kimi-k2-tiny"}) {
     CAPTURE(name);
     Topology topology;
     topology.model = kModels / name;
@@ -196,7 +206,7 @@ class HintRecorder : public ExpertDispatcher {
 TEST_CASE("every family sends the next MoE layer's prefetch hint, and hints change no bit of the logits") {
   // The MoE block is shared, so a family that skipped the hint (DeepSeek-V3 did) fails here.
   for (const std::string name : {"qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny",
-                                 "deepseek-v3-tiny-fp8"}) {
+                                 "deepseek-v3-tiny-fp8", "glm4-moe-tiny", "kimi-k2-tiny"}) {
     CAPTURE(name);
     SingleNode node(name);
     const ModelConfig& config = node.config;

@@ -3,6 +3,7 @@
 // softmax-scale correction, and the interleaved layout against its definition.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -96,5 +97,50 @@ TEST_CASE("the interleaved layout rotates pairs (2i, 2i+1) and writes them de-in
     std::vector<float> b = {x[0], x[2], x[1], x[3]};
     halves.apply(b.data(), 1, 1, pos);
     CHECK(a == b);
+  }
+}
+
+// --- Kimi K2 and GLM-4.5 (issue 16) ------------------------------------------------------------
+
+// transformers 5.24: ROPE_INIT_FUNCTIONS["yarn"](DeepseekV3Config(...)) for Kimi K2's
+// rope_scaling (factor 32, original 4096, beta_fast = beta_slow = 1, mscale 1,
+// mscale_all_dim 1), rope_theta 50000, dim 64. With beta_fast == beta_slow the correction
+// range is one dim wide (floor / ceil of the same value): the ramp jumps from
+// extrapolation to interpolation between pairs 19 and 20.
+TEST_CASE("YaRN frequencies match transformers for Kimi K2's beta_fast = beta_slow = 1") {
+  const std::vector<float> want = {
+      1.0f, 0.713111103f, 0.508527458f, 0.362636536f, 0.258600146f, 0.184410617f, 0.131505266f, 0.0937778577f,
+      0.0668740347f, 0.0476886146f, 0.0340072773f, 0.0242509674f, 0.0172936339f, 0.0123322811f, 0.00879428629f,
+      0.00627130363f, 0.00447213603f, 0.00318912975f, 0.00227420381f, 0.00162175996f, 3.61404673e-05f,
+      2.57721676e-05f, 1.83784196e-05f, 1.31058541e-05f, 9.34593027e-06f, 6.66468623e-06f, 4.75266143e-06f,
+      3.38917562e-06f, 2.41685871e-06f, 1.72348882e-06f, 1.22903896e-06f, 8.76441277e-07f};
+  YarnRopeScaling yarn;
+  yarn.factor = 32;
+  yarn.original_max_position_embeddings = 4096;
+  yarn.beta_fast = 1;
+  yarn.beta_slow = 1;
+  yarn.mscale = 1;
+  yarn.mscale_all_dim = 1;
+  const YarnFrequencies f = yarn_frequencies(64, 50000, yarn);
+  check_close(f.inv_freq, want);
+  CHECK(f.attention_factor == 1.0);  // mscale / mscale_all_dim
+}
+
+TEST_CASE("partial rotary turns the first dim() dims of each head and passes the rest") {
+  // Heads of 8 dims, 4 rotated (GLM-4.5's partial_rotary_factor 0.5): the rotated part is
+  // what a Rope over 4-dim heads gives, the other 4 dims are untouched.
+  const Rope partial(4, 1e4);
+  const size_t rows = 3, heads = 2, width = 8, pos0 = 5;
+  std::vector<float> x(rows * heads * width), packed(rows * heads * 4);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i) + 0.1f);
+  for (size_t h = 0; h < rows * heads; ++h) std::copy_n(x.begin() + h * width, 4, packed.begin() + h * 4);
+  const std::vector<float> before = x;
+  partial.apply(x.data(), rows, heads, pos0, width);
+  partial.apply(packed.data(), rows, heads, pos0);
+  for (size_t h = 0; h < rows * heads; ++h) {
+    CAPTURE(h);
+    for (size_t d = 0; d < 4; ++d) CHECK(x[h * width + d] == packed[h * 4 + d]);
+    for (size_t d = 4; d < width; ++d) CHECK(x[h * width + d] == before[h * width + d]);
+    if (h >= heads) CHECK(x[h * width] != before[h * width]);  // positions > 0 really turn
   }
 }
