@@ -96,7 +96,10 @@ UsageCounts read_required_usage(const std::string& given, const std::string& fin
   }
   std::string warning;
   UsageCounts counts = read_usage_file(path, fingerprint, &warning);
-  if (!warning.empty()) fail_invalid("--usage: " + warning);
+  if (!warning.empty()) {
+    // The worker's wording ends "; ignored, it will be replaced": not so here.
+    fail_invalid("--usage: " + warning.substr(0, warning.find("; ignored")));
+  }
   return counts;
 }
 

@@ -6,6 +6,7 @@
 #include "app/plan.h"
 #include "app/plan_check.h"
 #include "app/status_report.h"
+#include "common/error.h"
 #include "common/user_path.h"
 
 namespace charm {
@@ -19,7 +20,11 @@ struct PlanArgs {
 };
 
 int run_plan(const PlanArgs& args) {
-  const Topology topology = Topology::load(UserPath::from_command_line(args.config));
+  const UserPath config = UserPath::from_command_line(args.config);
+  std::error_code ec;
+  // A plan is asked for before anything runs: a mistyped --config is the user's input to fix.
+  if (!std::filesystem::exists(config, ec)) fail_invalid("--config " + config.describe() + " does not exist");
+  const Topology topology = Topology::load(config);
   const PlanReport plan = build_plan(topology, args.options, real_probes(topology, args.options), probe_cache_file());
   if (!args.check) {
     const std::string out = args.json ? plan_json(plan).dump(1) + "\n" : format_plan(plan);

@@ -291,9 +291,10 @@ TEST_CASE("build_plan with a usage file: the routing mass follows the counts") {
   // 9-15 never. w0 holds 2 slots per layer: experts 0 and 1, all of its mass.
   const std::string fingerprint = model_fingerprint(*Checkpoint::open(kTiny));
   std::string counts;
-  for (size_t l = 0; l < probe.moe_layers; ++l) {
-    counts += std::string(counts.empty() ? "" : ",") + "[" + std::to_string(l) + ",0,30],[" + std::to_string(l) +
-              ",1,10],[" + std::to_string(l) + ",8,40]";
+  REQUIRE(probe.input.workers[0].layers.size() == probe.moe_layers);
+  for (const auto& [layer, experts] : probe.input.workers[0].layers) {  // the MoE layer ids (0, 2, 3)
+    const std::string l = std::to_string(layer);
+    counts += std::string(counts.empty() ? "" : ",") + "[" + l + ",0,30],[" + l + ",1,10],[" + l + ",8,40]";
   }
   charm::testing::write_bytes(dir / "usage.json", "{\"format\": \"charm-expert-usage\", \"version\": 1, "
                                                   "\"model_fingerprint\": \"" + fingerprint + "\", \"counts\": [" +
