@@ -269,6 +269,10 @@ Probes real_probes(const Topology& topology, const PlanOptions& options) {
                          max_hello_reply_bytes(kStatusFallbackMoeLayers, kStatusFallbackExperts));
       }
       conn->set_max_frame_bytes(max_health_reply_bytes(kStatusFallbackMoeLayers));
+      // One untimed round trip first: the first reply after the handshake is slower
+      // (the worker's thread wakes, caches are cold) and would skew a small median.
+      conn->send(encode_health_request(), timeout);
+      decode_as<HealthReplyMsg>(conn->receive(timeout), conn->max_frame_bytes());
       std::vector<double> ms;
       for (int i = 0; i < std::max(1, options.pings); ++i) {
         const auto start = Clock::now();

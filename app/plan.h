@@ -74,7 +74,7 @@ struct PlanOptions {
   std::string usage_file;       ///< --usage: routing mass for every worker ("" = as configured)
   bool reprobe = false;         ///< ignore the probe cache
   int timeout_ms = 2000;        ///< per worker connect + handshake + health
-  int pings = 5;                ///< health round trips per worker (median taken)
+  int pings = 7;                ///< timed health round trips per worker (median taken), after one untimed
   double link_gbps = 1.0;       ///< assumed link bandwidth, Gbit/s
   double default_rtt_ms = 1.0;  ///< assumed RTT of an unreachable worker
   std::string host_identity;    ///< the probe cache key ("" = this_host_identity())

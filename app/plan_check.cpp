@@ -227,7 +227,7 @@ std::string fetch_coordinator(const Topology& topology, const std::string& path,
     return !too_big;
   });
   if (too_big) fail_protocol(where + ": the body exceeds the cap of " + std::to_string(cap) + " bytes");
-  if (!res) fail_unavailable(where + ": " + httplib::to_string(res.error()) + " (is charm serve running?)");
+  if (!res) fail_unavailable(where + ": no answer (" + httplib::to_string(res.error()) + "); is charm serve running?");
   if (res->status != 200) fail_unavailable(where + " answered HTTP " + std::to_string(res->status));
   return body;
 }
