@@ -476,7 +476,10 @@ std::string format_plan(const PlanReport& r) {
   out += "predicted decode (one stream): " + fixed(p.tokens_per_s, 1) + " tok/s, expected hit rate " +
          fixed(100 * p.hit_rate, 1) + "%, bottleneck: " + p.bottleneck + "\n";
   for (const std::string& note : r.notes) out += note + "\n";
-  out += "note: link bandwidth is assumed, not measured (--link-gbps); RTT_MS ending in '?' is assumed (unreachable)\n";
+  const bool networked = std::any_of(r.workers.begin(), r.workers.end(), [](const WorkerReport& w) { return w.link.has_value(); });
+  if (networked) {
+    out += "note: link bandwidth is assumed, not measured (--link-gbps); RTT_MS ending in '?' is assumed (unreachable)\n";
+  }
   return out;
 }
 

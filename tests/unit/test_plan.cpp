@@ -308,6 +308,22 @@ TEST_CASE("build_plan with a usage file: the routing mass follows the counts") {
   CHECK(r.prediction.workers[0].experts_per_token == doctest::Approx(4 * 0.5 * r.moe_layers));
   CHECK(r.prediction.disk_s == doctest::Approx(0));
 
+  // Without --usage: the usage file the workers are configured with, for the mass and
+  // (pin: auto) the pins: of 2 slots per layer, 1 is pinned (a quarter stays LRU).
+  const std::string budget = gib_text(probe.workers[0].slot_bytes * owned / 4);
+  charm::testing::write_bytes(dir / "configured.yaml",
+                              "model: " + kTiny.string() + "\nworkers:\n"
+                              "  - {name: w0, port: 7701, experts: \"0-7\", ram_gb: " + budget + ", usage_file: " +
+                                  (dir / "usage.json").string() + "}\n"
+                              "  - {name: w1, port: 7702, experts: \"8-15\", ram_gb: " + budget + ", usage_file: " +
+                                  (dir / "usage.json").string() + "}\n");
+  PlanOptions configured = fixed_host();
+  const PlanReport c = build_plan(Topology::load(dir / "configured.yaml"), configured, fake.probes(), "");
+  CHECK(c.workers[0].usage_source == (dir / "usage.json").string());
+  CHECK(c.workers[0].pinned == c.moe_layers);
+  CHECK(c.prediction.workers[0].hit_rate == doctest::Approx(1.0));
+  CHECK(c.prediction.workers[0].experts_per_token == doctest::Approx(4 * 0.5 * c.moe_layers));
+
   options.usage_file = (dir / "missing.json").string();
   expect_error([&] { build_plan(topology, options, fake.probes(), ""); }, ErrorCategory::kInvalidInput,
                {"--usage", "missing.json", "does not exist"});
@@ -346,6 +362,33 @@ TEST_CASE("plan_json has the documented fields; format_plan one row per worker")
   CHECK(table.find("\nw1 ") != std::string::npos);
   CHECK(table.find("bottleneck: " + r.prediction.bottleneck) != std::string::npos);
   CHECK(table.find("worker 'w1' is unreachable (connection refused)") != std::string::npos);
+}
+
+TEST_CASE("build_plan: single-node has one in-process row without a network; replicas split an expert's mass") {
+  TempDir dir("plan-modes");
+  FakeProbes fake;
+  charm::testing::write_bytes(dir / "single.yaml", "model: " + kTiny.string() + "\nmode: single-node\nstore: {usage_file: none}\n");
+  const PlanReport single = build_plan(Topology::load(dir / "single.yaml"), fixed_host(), fake.probes(), "");
+  REQUIRE(single.workers.size() == 1);
+  CHECK(single.workers[0].name == "local");
+  CHECK(single.workers[0].address == "in-process");
+  CHECK_FALSE(single.workers[0].link);
+  CHECK(single.prediction.network_s == 0);
+  CHECK(single.workers[0].experts == 16 * single.moe_layers);
+  CHECK(single.prediction.workers[0].experts_per_token == doctest::Approx(4.0 * single.moe_layers));
+  CHECK(format_plan(single).find("link bandwidth") == std::string::npos);
+
+  // Experts 0-7 on both workers, 8-15 on w1 only: w0 gets half of 0-7's mass (a quarter
+  // of the layer), w1 the rest.
+  charm::testing::write_bytes(dir / "replicas.yaml", "model: " + kTiny.string() +
+                                                        "\nworkers:\n"
+                                                        "  - {name: w0, port: 7701, experts: \"0-7\", usage_file: none}\n"
+                                                        "  - {name: w1, port: 7702, experts: \"0-15\", usage_file: none}\n");
+  const PlanReport replicas = build_plan(Topology::load(dir / "replicas.yaml"), fixed_host(), fake.probes(), "");
+  const double layers = static_cast<double>(replicas.moe_layers);
+  CHECK(replicas.prediction.workers[0].experts_per_token == doctest::Approx(4 * 0.25 * layers));
+  CHECK(replicas.prediction.workers[1].experts_per_token == doctest::Approx(4 * 0.75 * layers));
+  CHECK(replicas.workers[1].experts == 16 * replicas.moe_layers);
 }
 
 TEST_CASE("parse_prometheus reads charm's samples and names a malformed line") {
