@@ -249,6 +249,60 @@ MachineReport worker_machine(const WorkerSpec* spec, const MachineReport& local,
   return m;
 }
 
+/// The (layer, expert) pairs worker `wi` holds, ascending; `replicas` gets each one's
+/// number of holders.
+std::vector<ExpertKey> owned_by(const Placement& placement, int wi, std::map<ExpertKey, int>& replicas) {
+  std::vector<ExpertKey> owned;
+  for (const auto& [layer, owners] : placement) {
+    for (size_t e = 0; e < owners.size(); ++e) {
+      if (std::find(owners[e].begin(), owners[e].end(), wi) == owners[e].end()) continue;
+      const ExpertKey key{static_cast<uint32_t>(layer), static_cast<uint32_t>(e)};
+      owned.push_back(key);
+      replicas[key] = static_cast<int>(owners[e].size());
+    }
+  }
+  return owned;
+}
+
+/// Per layer, the worker's experts with their mass and whether they are expected in RAM:
+/// its slots and pins as the worker will plan them (plan_slots over its pin or usage
+/// file; its errors), the LRU slots then filled by mass. Sets w.pinned and w.ram_slots.
+std::map<uint32_t, std::vector<PlanExpert>> resident_layers(const StoreSpec& store, const std::string& fingerprint,
+                                                            const std::vector<ExpertKey>& owned,
+                                                            const std::map<ExpertKey, int>& replicas,
+                                                            const std::map<ExpertKey, double>& mass, WorkerReport& w,
+                                                            std::vector<std::string>& notes) {
+  UsageCounts pin_usage;
+  const std::filesystem::path pins = pin_source(store, fingerprint);
+  std::string warning;
+  if (!pins.empty()) pin_usage = read_usage_file(pins, fingerprint, &warning);
+  if (!warning.empty()) notes.push_back("note: worker '" + w.name + "': " + warning);
+  std::map<uint32_t, std::vector<PlanExpert>> layers;
+  for (const auto& [layer, p] : plan_slots(owned, w.slot_bytes, w.ram_bytes, pin_usage, w.name)) {
+    std::vector<PlanExpert>& experts = layers[layer];
+    for (uint32_t e : p.owned) experts.push_back({e, mass.at({layer, e}) / replicas.at({layer, e}), false});
+    mark_resident(experts, p.pinned, p.lru_slots);
+    w.pinned += p.pinned.size();
+    w.ram_slots += p.pinned.size() + p.lru_slots;
+  }
+  return layers;
+}
+
+/// A probed link with the stated assumptions filled in: the bandwidth always, the RTT of
+/// an unreachable worker (and a note saying so).
+LinkReport with_assumptions(LinkReport link, const PlanOptions& options, const std::string& name,
+                            std::vector<std::string>& notes) {
+  link.rates.bandwidth_gb_per_s = options.link_gbps / 8;
+  link.bandwidth_source = "assumed (--link-gbps " + fixed(options.link_gbps, 3) + "): the protocol has no bulk echo to time";
+  if (!link.reachable) {
+    link.rates.rtt_ms = options.default_rtt_ms;
+    link.rtt_source = "assumed (--default-rtt-ms): unreachable";
+    notes.push_back("note: worker '" + name + "' is unreachable (" + link.error + "): RTT " +
+                    fixed(options.default_rtt_ms, 2) + " ms assumed");
+  }
+  return link;
+}
+
 }  // namespace
 
 Probes real_probes(const Topology& topology, const PlanOptions& options) {
@@ -361,16 +415,8 @@ PlanReport build_plan(const Topology& topology, const PlanOptions& options, cons
     WorkerReport w;
     w.name = s ? s->name : "local";
     w.address = s ? s->host + ":" + std::to_string(s->port) : "in-process";
-    std::vector<ExpertKey> owned;
-    std::map<ExpertKey, int> replicas;
-    for (const auto& [layer, owners] : placement) {
-      for (size_t e = 0; e < owners.size(); ++e) {
-        if (std::find(owners[e].begin(), owners[e].end(), static_cast<int>(wi)) == owners[e].end()) continue;
-        const ExpertKey key{static_cast<uint32_t>(layer), static_cast<uint32_t>(e)};
-        owned.push_back(key);
-        replicas[key] = static_cast<int>(owners[e].size());
-      }
-    }
+    std::map<ExpertKey, int> replicas;  // owned (layer, expert) -> how many workers hold it
+    const std::vector<ExpertKey> owned = owned_by(placement, static_cast<int>(wi), replicas);
     const auto bytes = worker_blob_bytes(store, m, owned, w.name, r.notes);
     for (const auto& [key, b] : bytes) {
       w.expert_bytes += b;
@@ -378,23 +424,10 @@ PlanReport build_plan(const Topology& topology, const PlanOptions& options, cons
     }
     w.experts = owned.size();
     if (store.ram_gb) w.ram_bytes = static_cast<uint64_t>(std::llround(*store.ram_gb * double(1ull << 30)));
-    // The pins as the worker will choose them (its pin file or usage file).
-    UsageCounts pin_usage;
-    const std::filesystem::path pins = pin_source(store, m.fingerprint);
-    std::string pin_warning;
-    if (!pins.empty()) pin_usage = read_usage_file(pins, m.fingerprint, &pin_warning);
-    if (!pin_warning.empty()) r.notes.push_back("note: worker '" + w.name + "': " + pin_warning);
-    const auto slots = plan_slots(owned, w.slot_bytes, w.ram_bytes, pin_usage, w.name);
     WorkerPlanInput in;
     in.name = w.name;
     in.expert_bytes = owned.empty() ? 0 : w.expert_bytes / owned.size();
-    for (const auto& [layer, p] : slots) {
-      std::vector<PlanExpert>& experts = in.layers[layer];
-      for (uint32_t e : p.owned) experts.push_back({e, mass.at({layer, e}) / replicas.at({layer, e}), false});
-      mark_resident(experts, p.pinned, p.lru_slots);
-      w.pinned += p.pinned.size();
-      w.ram_slots += p.pinned.size() + p.lru_slots;
-    }
+    in.layers = resident_layers(store, m.fingerprint, owned, replicas, mass, w, r.notes);
     w.usage_source = usage_source;
     // Disk tier: its container's data file when it has one here, else the checkpoint.
     w.machine = worker_machine(s, local, r.notes);
@@ -406,18 +439,8 @@ PlanReport build_plan(const Topology& topology, const PlanOptions& options, cons
     }
     in.machine = w.machine.rates;
     if (s) {
-      LinkReport link = links[link_index++].get();
-      link.rates.bandwidth_gb_per_s = options.link_gbps / 8;
-      link.bandwidth_source = "assumed (--link-gbps " + fixed(options.link_gbps, 3) +
-                              "): the protocol has no bulk echo to time";
-      if (!link.reachable) {
-        link.rates.rtt_ms = options.default_rtt_ms;
-        link.rtt_source = "assumed (--default-rtt-ms): unreachable";
-        r.notes.push_back("note: worker '" + w.name + "' is unreachable (" + link.error + "): RTT " +
-                          fixed(options.default_rtt_ms, 2) + " ms assumed");
-      }
-      in.link = link.rates;
-      w.link = link;
+      w.link = with_assumptions(links[link_index++].get(), options, w.name, r.notes);
+      in.link = w.link->rates;
     }
     r.input.workers.push_back(std::move(in));
     r.workers.push_back(std::move(w));
