@@ -119,10 +119,10 @@ struct KernelTimes {
   double sum_s = 0;
 };
 
-int bench_memory(const MemoryArgs& args) {
-  if (!(args.array_mib >= 1.0)) fail_invalid("--array-mib must be a number >= 1");  // CLI11's Range lets NaN through
-  if (args.threads > 0) omp_set_num_threads(args.threads);
-  const auto n = static_cast<int64_t>(args.array_mib * 1024 * 1024 / sizeof(double));
+/// The element count of arrays of `array_mib` MiB, refusing three of them beyond 80%
+/// of the available memory.
+int64_t checked_elements(double array_mib) {
+  const auto n = static_cast<int64_t>(array_mib * 1024 * 1024 / sizeof(double));
   const double total = 3.0 * static_cast<double>(n) * sizeof(double);
   const double available = available_bytes();
   if (total > 0.8 * available) {
@@ -130,9 +130,16 @@ int bench_memory(const MemoryArgs& args) {
     std::snprintf(message, sizeof message,
                   "bench memory: 3 arrays of %.0f MiB need %.1f GiB, more than 80%% of the %.1f GiB "
                   "available; lower --array-mib",
-                  args.array_mib, total / (1 << 30), available / (1 << 30));
+                  array_mib, total / (1 << 30), available / (1 << 30));
     fail_invalid(message);
   }
+  return n;
+}
+
+int bench_memory(const MemoryArgs& args) {
+  if (!(args.array_mib >= 1.0)) fail_invalid("--array-mib must be a number >= 1");  // CLI11's Range lets NaN through
+  if (args.threads > 0) omp_set_num_threads(args.threads);
+  const int64_t n = checked_elements(args.array_mib);
   Array a = allocate(n), b = allocate(n), c = allocate(n);
   double* pa = a.get();
   double* pb = b.get();
@@ -183,6 +190,28 @@ int bench_memory(const MemoryArgs& args) {
 }
 
 }  // namespace
+
+double stream_copy_gb_per_s(double array_mib, int repeat) {
+  if (!(array_mib >= 1.0) || repeat < 1) fail_invalid("bench memory: array_mib must be >= 1 and repeat >= 1");
+  const int64_t n = checked_elements(array_mib);
+  Array a = allocate(n), b = allocate(n), c = allocate(n);
+  double* pa = a.get();
+  double* pb = b.get();
+  double* pc = c.get();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    pa[i] = 2.0;
+    pb[i] = 2.0;
+    pc[i] = 0.0;
+  }
+  double best = std::numeric_limits<double>::infinity();
+  for (int pass = 0; pass < repeat + 1; ++pass) {
+    const double s = run_kernel(0, pa, pb, pc, n);
+    if (pass > 0) best = std::min(best, s);
+  }
+  if (pc[n / 2] != 2.0) fail_internal("bench memory: the copy kernel wrote a wrong value");
+  return static_cast<double>(kKernels[0].bytes_per_element) * static_cast<double>(n) / best / 1e9;
+}
 
 void add_bench_memory(CLI::App& bench) {
   auto args = std::make_shared<MemoryArgs>();

@@ -6,6 +6,7 @@
 //   convert write an expert container (one worker's shard or every expert) from a checkpoint
 //   bench   microbenchmarks of this machine (kernels: matmul per weight format; memory: STREAM-like bandwidth;
 //           wire: a layer request round trip on loopback)
+//   plan    before loading: placement, RAM fit, hit rate, rates, predicted decode tok/s (--check: vs measured)
 //   secret  `secret new FILE`: a random shared secret or API key, mode 0600
 // Exit status: 0 success, 1 failure, 2 invalid input (bad flags, config or prompt).
 #include <csignal>
@@ -29,6 +30,7 @@
 #include "app/bench_kernels.h"
 #include "app/bench_memory.h"
 #include "app/bench_wire.h"
+#include "app/plan.h"
 #include "common/error.h"
 #include "common/secret.h"
 #include "common/stop_signals.h"
@@ -525,6 +527,8 @@ int run_cli(int argc, char** argv) {
   add_bench_memory(*bench_cmd);
   add_bench_wire(*bench_cmd);
 
+  add_plan(app);  // `charm plan`: runs as a parse callback
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help
@@ -544,6 +548,7 @@ int run_cli(int argc, char** argv) {
   if (*workers_cmd) return list_workers(workers_config);
   if (*secret_new_cmd) return new_secret(secret_file);
   if (*bench_cmd) return 0;  // its subcommand ran as a parse callback
+  if (app.got_subcommand("plan")) return 0;
   return run(run_args);
 }
 

@@ -188,6 +188,38 @@ api_config 127.0.0.1 ""
 expect 2 "checkpoint directory /nonexistent/model does not exist" -- serve --config "$tmp/api.yaml"
 expect 2 "the HTTP API would listen on 0.0.0.0:9" -- serve --config "$tmp/api.yaml" --host 0.0.0.0 --port 9
 
+# charm plan on the committed two-worker fixture topology: a table and valid JSON (the
+# workers are not running: they show as unreachable with the assumed RTT). Probes run
+# for real (small: the fixture's shard); the cache goes to $tmp.
+plan_env=(env CHARM_CACHE="$tmp/plan-cache")
+configs=$(cd "$(dirname "$0")/../../configs" && pwd)
+if "${plan_env[@]}" timeout 120 "$charm" plan --config "$configs/local-cluster.yaml" --timeout-ms 200 >"$tmp/plan.txt" 2>"$tmp/err" &&
+   head -1 "$tmp/plan.txt" | grep -q "^WORKER " && grep -q "^w0 " "$tmp/plan.txt" && grep -q "^w1 " "$tmp/plan.txt" &&
+   grep -q "predicted decode (one stream): .* tok/s.*bottleneck: " "$tmp/plan.txt" &&
+   [[ -s "$tmp/plan-cache/plan-probes.json" ]]; then
+  echo "ok: charm plan prints a table"
+else
+  echo "FAIL: charm plan table:"; cat "$tmp/plan.txt" "$tmp/err"; failures=$((failures + 1))
+fi
+if "${plan_env[@]}" timeout 120 "$charm" plan --config "$configs/local-cluster.yaml" --timeout-ms 200 --json >"$tmp/plan.json" 2>"$tmp/err" &&
+   python3 -c 'import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["format"] == "charm-plan" and j["version"] == 1, j
+assert [w["name"] for w in j["workers"]] == ["w0", "w1"], j["workers"]
+assert j["prediction"]["tokens_per_s"] > 0 and j["prediction"]["bottleneck"] in ("compute", "memory", "disk", "network")
+assert j["coordinator"]["memory_source"] == "cached", j["coordinator"]  # the first run cached it
+' "$tmp/plan.json"; then
+  echo "ok: charm plan --json is valid JSON with its fields"
+else
+  echo "FAIL: charm plan --json:"; cat "$tmp/plan.json" "$tmp/err"; failures=$((failures + 1))
+fi
+printf '{"format": "charm-expert-usage", "counts": [[0, 1' >"$tmp/bad-usage.json"
+expect 2 "--config" -- plan
+expect 2 "no-such.yaml does not exist" -- plan --config "$tmp/no-such.yaml"
+expect 2 "charm: " -- plan --config "$tmp/bad.yaml"
+CHARM_CACHE="$tmp/plan-cache" expect 2 "--usage $tmp/nope.json does not exist" -- plan --config "$configs/local-cluster.yaml" --timeout-ms 200 --usage "$tmp/nope.json"
+CHARM_CACHE="$tmp/plan-cache" expect 2 "--usage: $tmp/bad-usage.json" -- plan --config "$configs/local-cluster.yaml" --timeout-ms 200 --usage "$tmp/bad-usage.json"
+
 # charm re-executes itself with OMP_WAIT_POLICY=passive; the process keeps the name
 # `charm` (it was `exe`, and `pgrep charm` found nothing while a cluster served).
 env -u OMP_WAIT_POLICY "$charm" bench memory --help >/dev/null 2>&1  # warms the page cache
