@@ -49,7 +49,7 @@ WorkerStatusRow query_worker(const WorkerSpec& spec, int timeout_ms, const std::
     }
     const auto start = Clock::now();
     conn->send(encode_health_request(), timeout);
-    conn->set_max_frame_bytes(max_health_reply_bytes(layers));
+    conn->set_max_frame_bytes(max_health_reply_bytes(layers, experts));
     row.health = decode_as<HealthReplyMsg>(conn->receive(timeout), conn->max_frame_bytes());
     row.ping_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     row.up = true;

@@ -54,6 +54,15 @@ struct TierCounters {
   bool operator==(const TierCounters&) const = default;
 };
 
+/// Where one layer's experts live on a worker right now (schema/charm.capnp
+/// `LayerResidency`): expert ids, ascending, disjoint. An owned expert in neither list is
+/// on disk only (read on a miss).
+struct LayerResidency {
+  std::vector<uint32_t> pinned;  ///< RAM, loaded at start and never evicted
+  std::vector<uint32_t> cached;  ///< RAM, in an LRU slot now (may be evicted)
+  bool operator==(const LayerResidency&) const = default;
+};
+
 /// What a worker measured while serving one request (schema/charm.capnp `LayerStats`):
 /// the tier counters of this request alone (the one counter type: what the store's fetch
 /// counted, not a narrowed copy; prefetch_issued is 0, hits + misses is experts_computed)

@@ -273,6 +273,47 @@ void set_tier(wire::TierCounters::Builder b, const TierCounters& t) {
   b.setPrefetchHits(t.prefetch_hits);
 }
 
+/// The bitmap of `ids` (LayerResidency: bit e of byte e / 8, least significant first),
+/// up to the byte of the largest id.
+std::vector<capnp::byte> bitmap_of(const std::vector<uint32_t>& ids) {
+  std::vector<capnp::byte> bits;
+  for (uint32_t e : ids) {
+    if (e / 8 >= bits.size()) bits.resize(e / 8 + 1, 0);
+    bits[e / 8] = static_cast<capnp::byte>(bits[e / 8] | (1u << (e % 8)));
+  }
+  return bits;
+}
+
+/// The ids of a bitmap's set bits, ascending (bitmap_of's inverse).
+std::vector<uint32_t> ids_of(capnp::Data::Reader bits) {
+  std::vector<uint32_t> ids;
+  for (uint32_t i = 0; i < bits.size(); ++i) {
+    for (uint32_t b = 0; b < 8; ++b)
+      if (bits[i] & (1u << b)) ids.push_back(i * 8 + b);
+  }
+  return ids;
+}
+
+/// healthReply.residency: layers ascending, each once, pinned and cached disjoint.
+std::map<uint32_t, LayerResidency> residency_of(capnp::List<wire::LayerResidency>::Reader list) {
+  std::map<uint32_t, LayerResidency> out;
+  for (uint32_t i = 0; i < list.size(); ++i) {
+    const std::string field = "healthReply.residency[" + std::to_string(i) + "]";
+    const uint32_t layer = list[i].getLayer();
+    if (!out.empty() && layer <= out.rbegin()->first) {
+      fail_protocol(field + ".layer " + std::to_string(layer) + " is not above the previous layer (ascending, once each)");
+    }
+    LayerResidency r{ids_of(list[i].getPinned()), ids_of(list[i].getCached())};
+    std::vector<uint32_t> both;
+    std::set_intersection(r.pinned.begin(), r.pinned.end(), r.cached.begin(), r.cached.end(), std::back_inserter(both));
+    if (!both.empty()) {
+      fail_protocol(field + ": expert " + std::to_string(both.front()) + " is both pinned and cached (disjoint sets)");
+    }
+    out[layer] = std::move(r);
+  }
+  return out;
+}
+
 HealthReplyMsg decode_health_reply(wire::HealthReply::Reader r) {
   HealthReplyMsg msg;
   msg.worker_name = text_of(r.getWorkerName(), "healthReply.workerName", kMaxWireNameBytes, true);
@@ -297,6 +338,7 @@ HealthReplyMsg decode_health_reply(wire::HealthReply::Reader r) {
   }
   msg.slot_bytes = r.getSlotBytes();
   msg.slots = r.getSlots();
+  msg.residency = residency_of(r.getResidency());
   return msg;
 }
 
@@ -383,11 +425,14 @@ uint64_t max_hello_reply_bytes(uint32_t num_moe_layers, uint32_t num_experts) {
   return (std::max({reply, challenge, error_frame_words()}) + kSegmentSlackWords) * kWordBytes;
 }
 
-uint64_t max_health_reply_bytes(uint32_t num_moe_layers) {
+uint64_t max_health_reply_bytes(uint32_t num_moe_layers, uint32_t num_experts) {
   const uint64_t layers =
       1 + uint64_t{num_moe_layers} * (struct_words<wire::LayerTierCounters>() + struct_words<wire::TierCounters>());
+  // residency: a composite list of LayerResidency, each with two bitmaps of num_experts bits.
+  const uint64_t residency =
+      1 + uint64_t{num_moe_layers} * (struct_words<wire::LayerResidency>() + 2 * data_words((uint64_t{num_experts} + 7) / 8));
   const uint64_t reply = kMessageWords + struct_words<wire::HealthReply>() + 2 * text_words(kMaxWireNameBytes) +
-                         text_words(kMaxWireFingerprintBytes) + struct_words<wire::TierCounters>() + layers;
+                         text_words(kMaxWireFingerprintBytes) + struct_words<wire::TierCounters>() + layers + residency;
   return (std::max(reply, error_frame_words()) + kSegmentSlackWords) * kWordBytes;
 }
 
@@ -521,6 +566,15 @@ Frame encode_health_reply(const HealthReplyMsg& reply) {
   }
   r.setSlotBytes(reply.slot_bytes);
   r.setSlots(reply.slots);
+  auto residency = r.initResidency(static_cast<unsigned>(reply.residency.size()));
+  i = 0;
+  for (const auto& [layer, res] : reply.residency) {
+    residency[i].setLayer(layer);
+    const std::vector<capnp::byte> pinned = bitmap_of(res.pinned), cached = bitmap_of(res.cached);
+    residency[i].setPinned(capnp::Data::Reader(pinned.data(), pinned.size()));
+    residency[i].setCached(capnp::Data::Reader(cached.data(), cached.size()));
+    ++i;
+  }
   return finish_frame(builder);
 }
 

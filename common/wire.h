@@ -76,10 +76,10 @@ constexpr size_t kAuthProofBytes = 32;
 uint64_t max_hello_reply_bytes(uint32_t num_moe_layers, uint32_t num_experts);
 
 /// The largest frame body a legitimate worker sends in answer to `healthRequest`, in
-/// bytes: a healthReply with tier counters for `num_moe_layers` layers and every text at
-/// its cap, or an `error` frame (whichever is larger), with the same room as
-/// max_hello_reply_bytes. Pure; never throws.
-uint64_t max_health_reply_bytes(uint32_t num_moe_layers);
+/// bytes: a healthReply with tier counters and residency bitmaps of `num_experts` experts
+/// for `num_moe_layers` layers and every text at its cap, or an `error` frame (whichever
+/// is larger), with the same room as max_hello_reply_bytes. Pure; never throws.
+uint64_t max_health_reply_bytes(uint32_t num_moe_layers, uint32_t num_experts);
 
 /// A whole encoded frame: 4-byte LE length prefix followed by the body.
 using Frame = std::vector<uint8_t>;
@@ -148,6 +148,9 @@ struct HealthReplyMsg {
   std::map<uint32_t, TierCounters> tier_layers;  ///< per MoE layer
   uint64_t slot_bytes = 0;        ///< bytes of one RAM expert slot
   uint64_t slots = 0;             ///< RAM expert slots (pinned + LRU)
+  /// Per MoE layer: which experts are in RAM as the reply was built (empty from a
+  /// worker that predates the field).
+  std::map<uint32_t, LayerResidency> residency;
 };
 
 /// `error`: the peer's last frame was rejected; the sender closes the connection after.

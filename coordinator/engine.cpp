@@ -31,6 +31,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+/// The model's MoE layer ids (RoutingObserver's rows of routing counts).
+std::vector<uint32_t> moe_layers(const ModelConfig& config) {
+  std::vector<uint32_t> out;
+  for (int64_t l : config.moe_layer_ids()) out.push_back(static_cast<uint32_t>(l));
+  return out;
+}
+
 /// EOS ids: config.json's plus generation_config.json's (int or list), deduplicated.
 std::vector<int32_t> eos_ids(const ModelConfig& config, const nlohmann::json& generation_config) {
   std::vector<int64_t> ids = config.eos_token_ids;
@@ -165,7 +172,8 @@ class EngineImpl final : public Engine {
     model_name_ = topology.model_name.empty() ? topology.model.filename().string() : topology.model_name;
     auto observer = std::make_unique<RoutingObserver>(
         make_dispatcher(topology, *checkpoint_, config_, experts_, options.metrics),
-        RoutingObserverOptions{topology.prefetch, options.routing_trace});
+        RoutingObserverOptions{topology.prefetch, options.routing_trace}, moe_layers(config_),
+        static_cast<uint32_t>(config_.num_experts));
     observer_ = observer.get();
     dispatcher_ = std::move(observer);
     {
@@ -232,6 +240,10 @@ class EngineImpl final : public Engine {
   std::map<uint32_t, PrefetchLayerStats> prefetch_stats() const override {
     std::lock_guard lock(model_mutex_);
     return observer_->prefetch_stats();
+  }
+
+  std::map<uint32_t, std::vector<uint64_t>> routing_counts() const override {
+    return observer_->routing_counts().snapshot();
   }
 
  private:

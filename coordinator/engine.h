@@ -144,6 +144,11 @@ class Engine {
   /// How well the prefetch hints predicted each MoE layer (empty unless prefetch is on or
   /// a routing trace is written). Call between generations.
   virtual std::map<uint32_t, PrefetchLayerStats> prefetch_stats() const { return {}; }
+
+  /// Per MoE layer, every routed expert's assignments since start, indexed by expert id
+  /// (RoutingCounts; every MoE layer present from the start). Thread-safe, never waits
+  /// for a step. Empty for an engine that does not count.
+  virtual std::map<uint32_t, std::vector<uint64_t>> routing_counts() const { return {}; }
 };
 
 }  // namespace charm

@@ -117,6 +117,15 @@ struct LayerTierCounters {
   counters @1 :TierCounters;
 }
 
+# Which of one layer's experts are in RAM now, as bitmaps over expert ids: bit e (byte
+# e / 8, bit e % 8, least significant first) stands for expert e; bytes past the last
+# set bit may be left out. An expert in neither map is read from disk when asked for.
+struct LayerResidency {
+  layer @0 :UInt32;             # decoder layer index
+  pinned @1 :Data;              # loaded at start, never evicted
+  cached @2 :Data;              # in an LRU slot now (may be evicted); disjoint from pinned
+}
+
 # Worker -> client, answer to `layerRequest`.
 struct LayerResponse {
   requestId @0 :UInt64;         # the request's requestId
@@ -147,6 +156,8 @@ struct HealthReply {
   tierLayers @10 :List(LayerTierCounters);  # per MoE layer, ascending, each layer once
   slotBytes @11 :UInt64;        # bytes of one RAM expert slot
   slots @12 :UInt64;            # RAM expert slots, pinned + LRU, over all layers
+  residency @13 :List(LayerResidency);  # per MoE layer, ascending, each layer once, as
+                                # the reply was built (empty from older workers)
 }
 
 # Client -> worker, fire-and-forget (no reply): the experts the client predicts a coming

@@ -17,6 +17,11 @@ DEBIAN_PACKAGES=(
   # scripts/fuzz.sh: clang with its libFuzzer and sanitizer runtimes
   clang libclang-rt-dev
 )
+# Needed by the tests only, so installed only when everything (the tests) is built: the
+# dashboard's browser test (tests/integration/test_dashboard.py) drives headless Chromium.
+# `scripts/setup.sh charm` (serve.sh) stays light.
+TEST_DEBIAN_PACKAGES=(chromium)
+if (($# == 0)); then DEBIAN_PACKAGES+=("${TEST_DEBIAN_PACKAGES[@]}"); fi
 # The integration tests drive the API with the official client and read YAML configs.
 # numpy: the moefy writer test (tests/unit/test_moefy_writer.py) and scripts/moefy.py build;
 # gguf: scripts/gen_gguf_fixtures.py (the GGUF copies of the model fixtures the tests read).

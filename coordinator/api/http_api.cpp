@@ -19,6 +19,8 @@
 #include "common/secret.h"
 #include "coordinator/api/api_errors.h"
 #include "coordinator/api/client_watch.h"
+#include "coordinator/api/dashboard_assets.h"
+#include "coordinator/api/dashboard_state.h"
 #include "coordinator/api/openai_request.h"
 #include "coordinator/api/openai_response.h"
 
@@ -34,15 +36,27 @@ constexpr size_t kMaxBodyBytes = 32u << 20;
 
 /// Methods each known path answers; other methods on these paths get 405.
 const std::map<std::string, std::set<std::string>>& known_paths() {
-  static const std::map<std::string, std::set<std::string>> paths = {
+  static const std::map<std::string, std::set<std::string>> paths = [] {
+    std::map<std::string, std::set<std::string>> p = {
       {"/health", {"GET", "HEAD"}},
       {"/v1/models", {"GET", "HEAD"}},
       {"/cluster/status", {"GET", "HEAD"}},
       {"/metrics", {"GET", "HEAD"}},
+      {"/", {"GET", "HEAD"}},
+      {"/dashboard/state", {"GET", "HEAD"}},
       {"/v1/completions", {"POST"}},
       {"/v1/chat/completions", {"POST"}},
-  };
+    };
+    for (const EmbeddedFile& f : dashboard_files()) p["/dashboard/" + std::string(f.name)] = {"GET", "HEAD"};
+    return p;
+  }();
   return paths;
+}
+
+/// The dashboard's static files: served without the API key (they hold no data; the page
+/// asks for the key and sends it on its fetches of /dashboard/state).
+bool is_dashboard_file(const std::string& path) {
+  return path == "/" || (path.rfind("/dashboard/", 0) == 0 && find_dashboard_file(path.substr(11)) != nullptr);
 }
 
 void send_error(httplib::Response& res, const ApiError& error) {
@@ -331,9 +345,10 @@ std::string endpoint_label(const std::string& path) {
 }
 
 /// With an API key, the 401 for a request that does not carry it; nullopt when it does
-/// (or the path is /health, which load balancers probe without credentials).
+/// (or the path is /health, which load balancers probe without credentials, or one of the
+/// dashboard's static files, which hold no data).
 std::optional<ApiError> check_api_key(const httplib::Request& req, const std::string& api_key) {
-  if (api_key.empty() || req.path == "/health") return std::nullopt;
+  if (api_key.empty() || req.path == "/health" || is_dashboard_file(req.path)) return std::nullopt;
   const std::string header = req.get_header_value("Authorization");
   const std::string scheme = "Bearer ";
   if (header.size() < scheme.size() || header.compare(0, scheme.size(), scheme) != 0) {
@@ -373,6 +388,36 @@ HttpApi::HttpApi(Engine& engine, std::string host, uint16_t port, Metrics* metri
 
 HttpApi::~HttpApi() { stop(); }
 
+template <class Read>
+void HttpApi::install_dashboard_routes(const Read& read) {
+  GuardedHttpServer& s = *server_;
+  for (const EmbeddedFile& f : dashboard_files()) {
+    const EmbeddedFile* file = &f;
+    auto serve = read([file](const httplib::Request&, httplib::Response& res) {
+      res.set_header("Cache-Control", "no-cache");
+      res.set_content(file->bytes.data(), file->bytes.size(), dashboard_content_type(file->name));
+    });
+    // Routes are regular expressions to httplib: the name's dots are literal.
+    std::string pattern = "/dashboard/";
+    for (char c : f.name) pattern += c == '.' ? std::string("\\.") : std::string(1, c);
+    s.Get(pattern, serve);
+    if (f.name == "index.html") s.Get("/", serve);
+  }
+  s.Get("/dashboard/state", read([this](const httplib::Request&, httplib::Response& res) {
+    guarded(res, new_request_id(), [&] {
+      DashboardInputs in;
+      in.model = engine_.model_name();
+      in.uptime_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_steady_).count();
+      in.workers = engine_.cluster_status();
+      in.load = engine_.load();
+      in.routing = engine_.routing_counts();
+      in.metrics = metrics_.summary();
+      res.set_header("Cache-Control", "no-store");
+      res.set_content(dump_json(dashboard_state(in)), kJson);
+    });
+  }));
+}
+
 void HttpApi::install_routes() {
   GuardedHttpServer& s = *server_;
   // A route's handler runs once its request, body included, has arrived: from then on
@@ -401,6 +446,7 @@ void HttpApi::install_routes() {
       res.set_content(metrics_.render(engine_.cluster_status(), &load), "text/plain; version=0.0.4; charset=utf-8");
     });
   }));
+  install_dashboard_routes(read);
   for (const auto& [path, endpoint] : {std::pair{"/v1/completions", RequestKind::kCompletion},
                                        std::pair{"/v1/chat/completions", RequestKind::kChat}}) {
     const RequestKind kind = endpoint;  // a structured binding cannot be captured (clang 14)
@@ -454,6 +500,7 @@ void HttpApi::start() {
   if (thread_.joinable()) fail_internal("HttpApi::start called twice");
   install_routes();
   started_at_ = unix_now();
+  started_steady_ = std::chrono::steady_clock::now();
   int port = port_;
   if (port_ == 0) {
     port = server_->bind_to_any_port(host_);

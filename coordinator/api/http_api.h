@@ -1,11 +1,14 @@
 // The OpenAI-compatible HTTP API over an Engine (cpp-httplib): /health, /v1/models,
 // /v1/completions, /v1/chat/completions (whole or streamed as Server-Sent Events, as the
-// OpenAI API sends them), /cluster/status and /metrics (Prometheus text). With an API
-// key every endpoint but /health needs `Authorization: Bearer <key>`. Endpoints, fields
-// and errors are documented in docs/api.md.
+// OpenAI API sends them), /cluster/status, /metrics (Prometheus text), and the live
+// dashboard: its page at / (static files compiled in) and the JSON it polls,
+// /dashboard/state. With an API key every endpoint but /health and the dashboard's static
+// files needs `Authorization: Bearer <key>`. Endpoints, fields and errors are documented
+// in docs/api.md.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -43,7 +46,8 @@ class HttpApi {
   /// Error(kInternal) when called twice.
   void start();
 
-  /// Requires `Authorization: Bearer <api_key>` on every endpoint but /health (401 with
+  /// Requires `Authorization: Bearer <api_key>` on every endpoint but /health and the
+  /// dashboard's static files (/, /dashboard/<file>; /dashboard/state needs it) (401 with
   /// an OpenAI-style error otherwise; compared in constant time). Empty: no key. Call
   /// before start().
   void set_api_key(std::string api_key) { api_key_ = std::move(api_key); }
@@ -58,6 +62,10 @@ class HttpApi {
 
  private:
   void install_routes();
+  /// / and /dashboard/<file> (the embedded files), /dashboard/state (the JSON); `read`
+  /// wraps a handler as install_routes does.
+  template <class Read>
+  void install_dashboard_routes(const Read& read);
 
   Engine& engine_;
   std::unique_ptr<Metrics> own_metrics_;  // when the caller gave none
@@ -67,6 +75,7 @@ class HttpApi {
   uint16_t port_;
   uint16_t bound_port_ = 0;
   int64_t started_at_ = 0;  ///< Unix seconds, reported as the model's "created"
+  std::chrono::steady_clock::time_point started_steady_;  ///< for /dashboard/state's uptime_s
   std::atomic<bool> stopping_{false};  ///< cancels generations in flight on stop()
   std::atomic<bool> listen_ended_{false};
   std::unique_ptr<GuardedHttpServer> server_;

@@ -117,6 +117,28 @@ void Metrics::generation(int64_t prompt_tokens, int64_t completion_tokens, doubl
   for (double s : token_latencies_s) observe(token_latency_, {}, s);
 }
 
+MetricsSummary Metrics::summary() const {
+  std::lock_guard lock(mutex_);
+  MetricsSummary m;
+  auto total = [](const CounterFamily& f) {
+    double sum = 0;
+    for (const auto& [labels, v] : f.values) sum += v;
+    return static_cast<uint64_t>(sum);
+  };
+  m.prompt_tokens = total(prompt_tokens_);
+  m.completion_tokens = total(completion_tokens_);
+  const HistogramData& ttft = ttft_.values.at({});
+  const HistogramData& token = token_latency_.values.at({});
+  const HistogramData& queue = queue_time_.values.at({});
+  m.ttft_count = ttft.count, m.ttft_sum_s = ttft.sum;
+  m.token_latency_count = token.count, m.token_latency_sum_s = token.sum;
+  m.queue_count = queue.count, m.queue_sum_s = queue.sum;
+  for (const auto& [labels, v] : expert_hits_.values) m.experts[labels.at(0)].hits = static_cast<uint64_t>(v);
+  for (const auto& [labels, v] : expert_misses_.values) m.experts[labels.at(0)].misses = static_cast<uint64_t>(v);
+  for (const auto& [labels, v] : expert_bytes_read_.values) m.experts[labels.at(0)].bytes_read = static_cast<uint64_t>(v);
+  return m;
+}
+
 void Metrics::queue_time(double seconds) {
   std::lock_guard lock(mutex_);
   observe(queue_time_, {}, seconds);

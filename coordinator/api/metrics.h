@@ -34,6 +34,27 @@ struct HistogramData {
   uint64_t count = 0;
 };
 
+/// Expert-tier totals one worker reported in its layer replies (Metrics::expert_stats).
+struct ExpertTotals {
+  uint64_t hits = 0;        ///< experts found in memory
+  uint64_t misses = 0;      ///< experts read from storage
+  uint64_t bytes_read = 0;  ///< bytes those reads fetched
+};
+
+/// The running totals behind /metrics as plain numbers (for GET /dashboard/state): what
+/// the counters and the histograms' sums and counts hold. Units: tokens, seconds, bytes.
+struct MetricsSummary {
+  uint64_t prompt_tokens = 0;
+  uint64_t completion_tokens = 0;
+  uint64_t ttft_count = 0;            ///< generations that produced a first token
+  double ttft_sum_s = 0;              ///< their times to first token, summed
+  uint64_t token_latency_count = 0;   ///< tokens after each generation's first
+  double token_latency_sum_s = 0;     ///< their inter-token times, summed
+  uint64_t queue_count = 0;           ///< requests scheduled
+  double queue_sum_s = 0;             ///< their times in the queue, summed
+  std::map<std::string, ExpertTotals> experts;  ///< per worker name
+};
+
 class Metrics {
  public:
   Metrics();
@@ -65,6 +86,9 @@ class Metrics {
   void queue_time(double seconds);
   /// One engine step ran `tokens` rows (decode tokens and prompt chunks together).
   void engine_step(size_t tokens);
+
+  /// The totals now, taken under the lock (one consistent look).
+  MetricsSummary summary() const;
 
   /// Failovers counted so far per worker (for /cluster/status and `charm status`).
   uint64_t failovers(const std::string& worker) const;

@@ -147,7 +147,8 @@ ClusterDispatcher::ClusterDispatcher(const Topology& topology, Placement placeme
   for (const auto& [layer, owners] : placement_) num_experts = std::max(num_experts, owners.size());
   max_hello_reply_bytes_ =
       max_hello_reply_bytes(static_cast<uint32_t>(placement_.size()), static_cast<uint32_t>(num_experts));
-  max_health_reply_bytes_ = max_health_reply_bytes(static_cast<uint32_t>(placement_.size()));
+  max_health_reply_bytes_ =
+      max_health_reply_bytes(static_cast<uint32_t>(placement_.size()), static_cast<uint32_t>(num_experts));
   for (size_t i = 0; i < topology.workers.size(); ++i) {
     auto worker = std::make_unique<Worker>();
     worker->spec = topology.workers[i];
@@ -327,6 +328,8 @@ void ClusterDispatcher::connect(Worker& worker) {
   worker.state = WorkerState::kUp;
   worker.experts_held = data.held;
   worker.ram_slots = probe.health.slots;
+  worker.tier_layers = probe.health.tier_layers;
+  worker.residency = probe.health.residency;
   worker.bytes_out += data.bytes_out + probe.bytes_out;
   worker.bytes_in += data.bytes_in + probe.bytes_in;
   worker.probe_rtt.add(data.health_ms);
@@ -783,6 +786,9 @@ std::vector<WorkerStatus> ClusterDispatcher::status() const {
     s.slow_reason = slow[i];
     s.last_error = w.last_error;
     if (w.ram_slots) s.experts_by_tier = split_by_tier(w.experts_held, *w.ram_slots);
+    s.tier_layers = w.tier_layers;
+    s.residency = w.residency;
+    if (w.last_probe_ok) s.residency_age_ms = std::chrono::duration<double, std::milli>(now - *w.last_probe_ok).count();
     out.push_back(std::move(s));
   }
   return out;

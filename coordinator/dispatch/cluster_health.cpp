@@ -164,12 +164,14 @@ void ClusterDispatcher::probe(Worker& worker, bool late_reply) {
     }
     if (!await_answer(worker, late_reply, sent, deadline)) return;
     const FrameBody body = worker.probe->receive(deadline);
-    const HealthReplyMsg health = decode_as<HealthReplyMsg>(body);
+    HealthReplyMsg health = decode_as<HealthReplyMsg>(body);
     const auto now = Clock::now();
     std::lock_guard<std::mutex> lock(stats_mutex_);
     worker.probe_rtt.add(std::chrono::duration<double, std::milli>(now - sent).count());
     worker.last_seen = worker.last_probe_ok = now;
     worker.ram_slots = health.slots;
+    worker.tier_layers = std::move(health.tier_layers);
+    worker.residency = std::move(health.residency);
     worker.bytes_in += body.bytes + 4;
     if (worker.state == WorkerState::kSuspect) worker.state = WorkerState::kUp;  // busy, not frozen
   } catch (const Error& e) {

@@ -77,6 +77,8 @@ struct ClusterDispatcher::Worker {
   std::optional<Clock::time_point> last_seen;      // last handshake, reply or probe answer
   std::optional<Clock::time_point> last_probe_ok;  // last probe answer (the worker lives)
   std::optional<uint64_t> ram_slots;  // HealthReply.slots of its last probe since connecting
+  std::map<uint32_t, TierCounters> tier_layers;     // HealthReply.tierLayers, likewise
+  std::map<uint32_t, LayerResidency> residency;     // HealthReply.residency, likewise
   Clock::time_point next_retry;
   std::chrono::milliseconds backoff{0};
   std::string down_reason;   // why it last went down

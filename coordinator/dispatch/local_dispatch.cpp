@@ -60,6 +60,8 @@ std::vector<WorkerStatus> LocalDispatcher::status() const {
   s.requests = requests_.load();
   s.experts_by_tier = split_by_tier(s.experts_held, executor_.store().cache().slot_count());
   s.tier_layers = executor_.store().layer_stats();
+  s.residency = executor_.store().cache().residency();
+  s.residency_age_ms = 0;
   return {s};
 }
 

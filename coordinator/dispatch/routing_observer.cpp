@@ -35,8 +35,9 @@ uint64_t count_common(const std::vector<uint32_t>& a, const std::vector<uint32_t
   return n;
 }
 
-RoutingObserver::RoutingObserver(std::unique_ptr<ExpertDispatcher> inner, RoutingObserverOptions options)
-    : inner_(std::move(inner)), options_(std::move(options)) {
+RoutingObserver::RoutingObserver(std::unique_ptr<ExpertDispatcher> inner, RoutingObserverOptions options,
+                                 const std::vector<uint32_t>& moe_layers, uint32_t num_experts)
+    : inner_(std::move(inner)), options_(std::move(options)), counts_(moe_layers, num_experts) {
   if (!options_.trace_path.empty()) {
     trace_.open(options_.trace_path, std::ios::out | std::ios::trunc);
     if (!trace_) fail_io("cannot create routing trace file " + options_.trace_path);
@@ -54,6 +55,7 @@ void RoutingObserver::begin_layer(uint32_t layer, const float* hidden, uint32_t 
     hints_.erase(it);
   }
   record(layer, num_rows, assignments, used, predicted);
+  counts_.add(layer, assignments);
   inner_->begin_layer(layer, hidden, num_rows, hidden_size, assignments, outputs);
 }
 

@@ -1,4 +1,5 @@
-// Watches the routing decisions on their way to the experts: counts how well prefetch
+// Watches the routing decisions on their way to the experts: counts every expert's
+// assignments (RoutingCounts, for the dashboard), counts how well prefetch
 // hints predicted each MoE layer's experts (recall), optionally writes every layer's
 // routing to a trace file for offline replay (scripts/replay_routing.py), and is the
 // prefetch switch: hints reach the real dispatcher only when prefetch is on.
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "coordinator/dispatch/expert_dispatch.h"
+#include "coordinator/dispatch/routing_counts.h"
 
 namespace charm {
 
@@ -49,8 +51,10 @@ struct RoutingObserverOptions {
 /// Thread-safety: as ExpertDispatcher (one layer at a time); stats() from that thread.
 class RoutingObserver final : public ExpertDispatcher {
  public:
-  /// Throws Error(kIo) naming the file when the trace cannot be created.
-  RoutingObserver(std::unique_ptr<ExpertDispatcher> inner, RoutingObserverOptions options);
+  /// `moe_layers` and `num_experts` (the model's shape) give routing_counts its rows
+  /// from the start. Throws Error(kIo) naming the file when the trace cannot be created.
+  RoutingObserver(std::unique_ptr<ExpertDispatcher> inner, RoutingObserverOptions options,
+                  const std::vector<uint32_t>& moe_layers = {}, uint32_t num_experts = 0);
 
   void begin_layer(uint32_t layer, const float* hidden, uint32_t num_rows, uint32_t hidden_size,
                    const std::vector<ExpertAssignment>& assignments, float* outputs) override;
@@ -66,6 +70,8 @@ class RoutingObserver final : public ExpertDispatcher {
   /// All layers summed.
   PrefetchLayerStats prefetch_total() const;
   bool prefetch_enabled() const { return options_.prefetch; }
+  /// Every expert's assignments since start; may be read from any thread.
+  const RoutingCounts& routing_counts() const { return counts_; }
 
  private:
   void record(uint32_t layer, uint32_t num_rows, const std::vector<ExpertAssignment>& assignments,
@@ -76,6 +82,7 @@ class RoutingObserver final : public ExpertDispatcher {
   std::ofstream trace_;
   std::map<uint32_t, std::vector<uint32_t>> hints_;  // layer -> latest prediction, ascending
   std::map<uint32_t, PrefetchLayerStats> stats_;
+  RoutingCounts counts_;
   int64_t step_ = -1;
   int64_t last_layer_ = -1;
 };

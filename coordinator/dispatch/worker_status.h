@@ -55,9 +55,16 @@ struct WorkerStatus {
   /// worker's tier counters (split_by_tier); empty while the coordinator has not had a
   /// health reply from this worker since it (re)connected.
   std::map<std::string, uint64_t> experts_by_tier;
-  /// In-process experts only: the store's tier counters per MoE layer (a remote worker
-  /// reports its own in healthReply).
+  /// The expert-tier counters per MoE layer: the in-process store's now, a remote
+  /// worker's from its last health reply (as residency_age_ms); empty before one.
   std::map<uint32_t, TierCounters> tier_layers;
+  /// Per MoE layer, which of its experts are in RAM (pinned, or in an LRU slot); an owned
+  /// expert in neither list is on disk. The in-process store's now, a remote worker's
+  /// from its last health reply; empty before one (or from a worker that predates it).
+  std::map<uint32_t, LayerResidency> residency;
+  /// How old tier_layers and residency are, ms: the time since the health reply they came
+  /// from (heartbeats come every timeouts.heartbeat_ms); 0 in-process; -1 none yet.
+  double residency_age_ms = -1;
 };
 
 /// Experts per tier from a worker's counts: `experts_held` (layer, expert) pairs and

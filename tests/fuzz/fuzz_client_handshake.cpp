@@ -113,7 +113,7 @@ void run(const uint8_t* data, size_t size) {
     }
   }
   // The health reply ClusterDispatcher::connect reads before marking the worker up.
-  const uint64_t health_cap = max_health_reply_bytes(kMoeLayers);
+  const uint64_t health_cap = max_health_reply_bytes(kMoeLayers, kExperts);
   if (std::optional<FrameBody> body = stream.next(health_cap)) decode_as<HealthReplyMsg>(*body, health_cap);
 }
 

@@ -141,7 +141,7 @@ TEST_CASE("charm status refuses a 1 GiB first frame, with and without a secret")
     REQUIRE(status.workers.size() == 1);
     const WorkerStatusRow& row = status.workers[0];
     CHECK_FALSE(row.up);
-    const uint64_t cap = secret.empty() ? max_health_reply_bytes(kStatusFallbackMoeLayers)
+    const uint64_t cap = secret.empty() ? max_health_reply_bytes(kStatusFallbackMoeLayers, kStatusFallbackExperts)
                                         : max_hello_reply_bytes(kStatusFallbackMoeLayers, kStatusFallbackExperts);
     CHECK_MESSAGE(row.error.find("frame length " + kGiB + " bytes from worker 'a' exceeds the cap of " +
                                  std::to_string(cap)) != std::string::npos,

@@ -1018,7 +1018,7 @@ TEST_CASE("an API key is required on every endpoint but /health") {
   REQUIRE(health);
   CHECK(health->status == 200);
 
-  for (const char* path : {"/v1/models", "/cluster/status", "/metrics", "/no/such/path"}) {
+  for (const char* path : {"/v1/models", "/cluster/status", "/metrics", "/dashboard/state", "/no/such/path"}) {
     INFO(path);
     check_unauthorized(s.client->Get(path));
   }

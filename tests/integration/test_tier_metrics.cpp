@@ -122,6 +122,49 @@ TEST_CASE("cluster: /metrics counts the hits, misses and bytes the workers repor
   CHECK(format_status(table).find("ram:2,disk:2") != std::string::npos);
 }
 
+TEST_CASE("cluster: each worker's RAM residency reaches the coordinator in its health replies") {
+  Cluster cluster;
+  cluster.a.server.reset();
+  cluster.a.store = one_slot_per_layer(cluster.model, {0, 2});
+  cluster.a.executor = std::make_unique<ExpertExecutor>(*cluster.a.store);
+  cluster.a.service = std::make_unique<ExecutorService>(*cluster.a.executor);
+  cluster.a.restart();
+  ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint, cluster.model.identities);
+  // From the health query right after the handshake: "a" had loaded nothing yet (one
+  // LRU slot per layer, no pins); the coordinator's copy is the worker's own.
+  std::vector<WorkerStatus> status = dispatcher.status();
+  for (uint32_t layer : kLayers) CHECK(status[0].residency.at(layer) == LayerResidency{});
+  CHECK(status[0].residency_age_ms >= 0);
+  CHECK(status[1].residency == cluster.b.server->health().residency);
+  CHECK(!status[1].residency.empty());
+
+  run_some_layers(dispatcher);
+  // "a" now holds one of its two experts per layer in its one LRU slot.
+  const std::map<uint32_t, LayerResidency> now = cluster.a.server->health().residency;
+  for (uint32_t layer : kLayers) {
+    CHECK(now.at(layer).pinned.empty());
+    CHECK(now.at(layer).cached.size() == 1);
+  }
+  // Heartbeats are off in this fixture, so the coordinator's view is still the connect's:
+  // as old as its last health reply says.
+  CHECK(dispatcher.status()[0].residency != now);
+}
+
+TEST_CASE("cluster: heartbeats refresh the residency the coordinator shows") {
+  Cluster cluster;
+  cluster.a.server.reset();
+  cluster.a.store = one_slot_per_layer(cluster.model, {0, 2});
+  cluster.a.executor = std::make_unique<ExpertExecutor>(*cluster.a.store);
+  cluster.a.service = std::make_unique<ExecutorService>(*cluster.a.executor);
+  cluster.a.restart();
+  cluster.topology.heartbeat_ms = 20;
+  ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint, cluster.model.identities);
+  run_some_layers(dispatcher);
+  const std::map<uint32_t, LayerResidency> now = cluster.a.server->health().residency;
+  CHECK(eventually([&] { return dispatcher.status()[0].residency == now; }));
+  CHECK(dispatcher.status()[0].tier_layers == cluster.a.server->health().tier_layers);
+}
+
 TEST_CASE("single node: the in-process store's counts reach /metrics as worker \"local\"") {
   TinyModel model;
   auto store = one_slot_per_layer(model, {0, 1, 2, 3});
@@ -138,5 +181,10 @@ TEST_CASE("single node: the in-process store's counts reach /metrics as worker \
   CHECK(sample(text, "charm_expert_hits_total{worker=\"local\"}") == static_cast<double>(total.hits));
   CHECK(sample(text, "charm_expert_misses_total{worker=\"local\"}") == static_cast<double>(total.misses));
   CHECK(sample(text, "charm_expert_bytes_read_total{worker=\"local\"}") == static_cast<double>(total.bytes_read));
+  // Its residency as the store has it now: one LRU slot per layer, no pins.
+  const WorkerStatus local = dispatcher.status().at(0);
+  CHECK(local.residency == store->cache().residency());
+  CHECK(local.residency_age_ms == 0);
+  for (uint32_t layer : kLayers) CHECK(local.residency.at(layer).cached.size() == 1);
   CHECK(dispatcher.status()[0].experts_by_tier == std::map<std::string, uint64_t>{{"ram", 2}, {"disk", 6}});
 }

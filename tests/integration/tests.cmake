@@ -45,3 +45,16 @@ if(Python3_Interpreter_FOUND)
   set_tests_properties(integration_serving PROPERTIES
     LABELS integration TIMEOUT 300 ENVIRONMENT OMP_WAIT_POLICY=passive)
 endif()
+
+# The dashboard (/) in Debian's headless Chromium against a real two-worker cluster: no
+# console errors, every worker shown, numbers that change after requests. Chromium missing
+# is a failure (scripts/setup.sh installs it with the tests).
+if(Python3_Interpreter_FOUND)
+  add_test(NAME integration_dashboard
+    COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_dashboard.py
+            --charm $<TARGET_FILE:charm>
+            --config ${PROJECT_SOURCE_DIR}/configs/local-cluster.yaml
+            --source-dir ${PROJECT_SOURCE_DIR})
+  set_tests_properties(integration_dashboard PROPERTIES
+    LABELS integration TIMEOUT 300 ENVIRONMENT OMP_WAIT_POLICY=passive)
+endif()

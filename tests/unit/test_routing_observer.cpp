@@ -174,3 +174,17 @@ TEST_CASE("LocalDispatcher passes a hint to the store after the pending layer's 
   CHECK(out[0] != -1.0f);
   CHECK(events == std::vector<std::string>{"prefetch 3 x1", "prefetch 0 x2", "prefetch 9 x1"});
 }
+
+TEST_CASE("routing counts: every assignment counted per (layer, expert), every MoE layer from the start") {
+  auto fake = std::make_unique<FakeDispatcher>();
+  RoutingObserver observer(std::move(fake), RoutingObserverOptions{false, ""}, {1, 3}, 4);
+  using Counts = std::map<uint32_t, std::vector<uint64_t>>;
+  CHECK(observer.routing_counts().snapshot() == Counts{{1, {0, 0, 0, 0}}, {3, {0, 0, 0, 0}}});
+  run(observer, 1, {{0, 2}, {0, 3}, {1, 2}, {1, 0}}, 2);  // two rows; expert 2 chosen by both
+  run(observer, 3, {{0, 1}}, 1);
+  run(observer, 1, {{0, 2}}, 1);
+  CHECK(observer.routing_counts().snapshot() == Counts{{1, {1, 0, 3, 1}}, {3, {0, 1, 0, 0}}});
+  // Outside the shape given: counted all the same (the row grows; a layer appears).
+  run(observer, 5, {{0, 6}}, 1);
+  CHECK(observer.routing_counts().snapshot().at(5) == std::vector<uint64_t>{0, 0, 0, 0, 0, 0, 1});
+}

@@ -311,6 +311,30 @@ TEST_CASE("tier stats round trip in layerResponse and healthReply") {
   CHECK(h.slots == 6);
 }
 
+TEST_CASE("healthReply residency: bitmaps round trip; misordered layers and overlaps are refused") {
+  HealthReplyMsg health;
+  health.worker_name = "w";
+  health.residency = {{0, {{0, 7, 8}, {3, 200}}}, {5, {{}, {1}}}, {9, {{}, {}}}};
+  const auto h = decode_as<HealthReplyMsg>(body_of(encode_health_reply(health)));
+  CHECK(h.residency == health.residency);
+
+  auto frame = [](std::vector<uint32_t> layers, std::vector<uint8_t> pinned, std::vector<uint8_t> cached) {
+    capnp::MallocMessageBuilder builder;
+    auto list = builder.initRoot<wire::Message>().initHealthReply().initResidency(static_cast<unsigned>(layers.size()));
+    for (unsigned i = 0; i < layers.size(); ++i) {
+      list[i].setLayer(layers[i]);
+      list[i].setPinned(capnp::Data::Reader(pinned.data(), pinned.size()));
+      list[i].setCached(capnp::Data::Reader(cached.data(), cached.size()));
+    }
+    return body_of(frame_from(builder));
+  };
+  CHECK(decode_as<HealthReplyMsg>(frame({2}, {0x01}, {0x02, 0x80})).residency.at(2) == LayerResidency{{0}, {1, 15}});
+  test::expect_error([&] { decode_message(frame({3, 3}, {}, {})); }, ErrorCategory::kProtocol,
+                     {"healthReply.residency[1].layer 3 is not above the previous layer"});
+  test::expect_error([&] { decode_message(frame({1}, {0x05}, {0x04})); }, ErrorCategory::kProtocol,
+                     {"healthReply.residency[0]: expert 2 is both pinned and cached"});
+}
+
 TEST_CASE("a reply from a worker without tier stats decodes with zeros") {
   capnp::MallocMessageBuilder builder;
   auto r = builder.initRoot<wire::Message>().initLayerResponse();
@@ -438,7 +462,12 @@ TEST_CASE("max_health_reply_bytes: the largest legitimate healthReply or error f
     h.model_fingerprint = std::string(kMaxWireFingerprintBytes, 'f');
     h.experts_held = h.requests_served = h.bytes_in = h.bytes_out = h.uptime_ms = h.slot_bytes = h.slots = ~0ull;
     for (uint32_t l = 0; l < layers; ++l) h.tier_layers[l] = TierCounters{1, 2, 3, 4, 5, 6, 6};
-    const uint64_t bound = max_health_reply_bytes(layers);
+    // Every expert of every layer pinned or cached, the largest id last (the longest bitmaps).
+    constexpr uint32_t kExperts = 256;
+    for (uint32_t l = 0; l < layers; ++l) {
+      for (uint32_t e = 0; e < kExperts; ++e) (e % 2 ? h.residency[l].cached : h.residency[l].pinned).push_back(e);
+    }
+    const uint64_t bound = max_health_reply_bytes(layers, kExperts);
     CHECK(encode_health_reply(h).size() - 4 <= bound);
     CHECK(encode_error(std::string(kMaxWireTextBytes, 'x')).size() - 4 <= bound);
   }

@@ -225,6 +225,20 @@ std::map<uint32_t, TierCounters> ExpertCache::stats() const {
   return out;
 }
 
+std::map<uint32_t, LayerResidency> ExpertCache::residency() const {
+  std::map<uint32_t, LayerResidency> out;
+  for (const auto& [id, l] : layers_) {
+    LayerResidency& r = out[id];
+    std::lock_guard<std::mutex> lock(l->mutex);
+    for (const Slot& s : l->slots) {
+      if (s.state == State::kReady) (s.pinned ? r.pinned : r.cached).push_back(s.expert);
+    }
+    std::sort(r.pinned.begin(), r.pinned.end());
+    std::sort(r.cached.begin(), r.cached.end());
+  }
+  return out;
+}
+
 size_t ExpertCache::slot_count() const {
   size_t n = 0;
   for (const auto& [id, l] : layers_) n += l->slots.size();

@@ -131,6 +131,9 @@ class ExpertCache {
   size_t slot_count() const;
   /// Experts resident on `layer` now, in slot order (for tests and status).
   std::vector<uint32_t> resident(uint32_t layer) const;
+  /// Per layer, the experts in RAM now (ready slots only, ascending): pinned ones and
+  /// those in LRU slots. Each layer's lists are one consistent look (under its lock).
+  std::map<uint32_t, LayerResidency> residency() const;
 
  private:
   friend class ExpertFetch;
