@@ -322,7 +322,7 @@ Probes real_probes(const Topology& topology, const PlanOptions& options) {
         client_handshake(*conn, hello, secret, timeout, label,
                          max_hello_reply_bytes(kStatusFallbackMoeLayers, kStatusFallbackExperts));
       }
-      conn->set_max_frame_bytes(max_health_reply_bytes(kStatusFallbackMoeLayers));
+      conn->set_max_frame_bytes(max_health_reply_bytes(kStatusFallbackMoeLayers, kStatusFallbackExperts));
       // One untimed round trip first: the first reply after the handshake is slower
       // (the worker's thread wakes, caches are cold) and would skew a small median.
       conn->send(encode_health_request(), timeout);
