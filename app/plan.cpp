@@ -193,10 +193,20 @@ ModelFacts read_model(const Topology& topology) {
 }
 
 /// The routing mass of each (layer, expert): usage counts over the layer's total, 1/E on a
-/// layer nobody counted.
+/// layer nobody counted. Throws Error(kInvalidInput) naming the first count of an expert
+/// the model does not route to (a layer that is not a MoE layer, an id >= num_experts),
+/// whose mass would otherwise vanish from the prediction.
 std::map<ExpertKey, double> routing_mass(const UsageCounts& usage, const ModelFacts& m) {
+  const std::set<int64_t> moe_layers(m.moe_layers.begin(), m.moe_layers.end());
   std::map<uint32_t, double> totals;
-  for (const auto& [key, count] : usage) totals[key.first] += static_cast<double>(count);
+  for (const auto& [key, count] : usage) {
+    if (!moe_layers.count(key.first) || key.second >= m.config.num_experts) {
+      fail_invalid("usage counts name layer " + std::to_string(key.first) + " expert " + std::to_string(key.second) +
+                   ", which the model does not route to (" + std::to_string(m.moe_layers.size()) +
+                   " MoE layers, num_experts " + std::to_string(m.config.num_experts) + ")");
+    }
+    totals[key.first] += static_cast<double>(count);
+  }
   std::map<ExpertKey, double> mass;
   for (int64_t l : m.moe_layers) {
     const auto layer = static_cast<uint32_t>(l);

@@ -210,6 +210,23 @@ nlohmann::json check_json(const std::vector<Comparison>& rows) {
   return out;
 }
 
+void require_served_model(const std::string& models_body, const std::string& model_name, const std::string& where) {
+  const nlohmann::json doc = nlohmann::json::parse(models_body, nullptr, false);
+  if (!doc.is_object() || !doc.contains("data") || !doc["data"].is_array()) {
+    fail_protocol(where + "/v1/models: not an OpenAI model list");
+  }
+  std::vector<std::string> served;
+  for (const nlohmann::json& m : doc["data"]) {
+    if (!m.is_object() || !m.contains("id") || !m["id"].is_string()) fail_protocol(where + "/v1/models: a model without an id");
+    served.push_back(m["id"].get<std::string>());
+  }
+  if (std::find(served.begin(), served.end(), model_name) != served.end()) return;
+  std::string list;
+  for (const std::string& id : served) list += (list.empty() ? "'" : ", '") + id + "'";
+  fail_invalid("the coordinator at " + where + " serves " + (list.empty() ? "no model" : list) +
+               ", not this config's model '" + model_name + "': --check compares a plan only with its own model's run");
+}
+
 std::string fetch_coordinator(const Topology& topology, const std::string& path, int timeout_ms, uint64_t cap) {
   httplib::Client client(topology.api_host, topology.api_port);
   const auto seconds = timeout_ms / 1000;

@@ -71,6 +71,12 @@ std::string format_check(const std::vector<Comparison>& rows);
 /// why_not}].
 nlohmann::json check_json(const std::vector<Comparison>& rows);
 
+/// Checks that `models_body` (the coordinator's GET /v1/models, OpenAI's list shape) lists
+/// `model_name`, so --check never compares a plan with another model's run. Throws
+/// Error(kInvalidInput) naming both models when it does not, Error(kProtocol) for a body
+/// that is not such a list.
+void require_served_model(const std::string& models_body, const std::string& model_name, const std::string& where);
+
 /// GET `path` from the coordinator (topology.api_host:api_port, bearer topology.api_key
 /// when set) within `timeout_ms`, reading at most `cap` bytes. Throws
 /// Error(kUnavailable) naming the address and the HTTP error or status, and

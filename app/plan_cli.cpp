@@ -31,6 +31,8 @@ int run_plan(const PlanArgs& args) {
     std::fwrite(out.data(), 1, out.size(), stdout);
     return 0;
   }
+  require_served_model(fetch_coordinator(topology, "/v1/models", args.options.timeout_ms, kMaxMetricsBytes),
+                       topology.model_name, topology.api_host + ":" + std::to_string(topology.api_port));
   const std::string metrics = fetch_coordinator(topology, "/metrics", args.options.timeout_ms, kMaxMetricsBytes);
   const std::string status = fetch_coordinator(topology, "/cluster/status", args.options.timeout_ms,
                                                max_cluster_status_bytes(topology.workers.size()));

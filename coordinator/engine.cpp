@@ -392,7 +392,10 @@ class EngineImpl final : public Engine {
     }
     scheduler_->step_done(plan);
     for (size_t i = 0; i < plan.parts.size(); ++i) {
-      if (batch[i].logits != nullptr) sample(static_cast<Job&>(*plan.parts[i].sequence), batch[i].logits);
+      if (batch[i].logits != nullptr) {
+        sample(static_cast<Job&>(*plan.parts[i].sequence), batch[i].logits);
+        ++tokens_sampled_;
+      }
     }
     publish_load();
   }
@@ -490,6 +493,7 @@ class EngineImpl final : public Engine {
     l.prefix_hits = pool_->prefix_hits();
     l.prefix_misses = pool_->prefix_misses();
     l.preemptions = scheduler_->preemptions();
+    l.tokens_sampled = tokens_sampled_;
     std::lock_guard lock(load_mutex_);
     load_ = l;
   }
@@ -523,6 +527,7 @@ class EngineImpl final : public Engine {
 
   mutable std::mutex load_mutex_;
   EngineLoad load_;
+  uint64_t tokens_sampled_ = 0;  // engine loop thread only; published in load_
   std::thread loop_;  // last: started once everything above exists
 };
 

@@ -18,6 +18,9 @@ struct EngineLoad {
   uint64_t prefix_hits = 0;       ///< prefix-cache blocks reused
   uint64_t prefix_misses = 0;     ///< lookups that found none
   uint64_t preemptions = 0;       ///< sequences sent back to the queue for want of blocks
+  uint64_t tokens_sampled = 0;    ///< tokens sampled since start, counted as each step ends
+                                  ///< (a request still running included; completion_tokens
+                                  ///< counts a request only when it finishes)
 };
 
 }  // namespace charm

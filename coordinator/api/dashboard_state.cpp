@@ -74,7 +74,8 @@ json load_json(const EngineLoad& l) {
           {"kv_block_tokens", l.kv_block_tokens},
           {"prefix_hits", l.prefix_hits},
           {"prefix_misses", l.prefix_misses},
-          {"preemptions", l.preemptions}};
+          {"preemptions", l.preemptions},
+          {"tokens_sampled", l.tokens_sampled}};
 }
 
 }  // namespace

@@ -174,6 +174,7 @@ TEST_CASE("/dashboard/state over a real engine: every MoE layer, counts that gro
   }
   CHECK(heat_total(before) == 0);
   CHECK(before["totals"]["completion_tokens"] == 0);
+  CHECK(before["load"]["tokens_sampled"] == 0);
 
   // A completion of 4 tokens from a 3-token prompt: 3 + 3 positions go through every
   // MoE layer (the last sampled token is not fed back), each picking top-k experts.
@@ -186,6 +187,10 @@ TEST_CASE("/dashboard/state over a real engine: every MoE layer, counts that gro
   const int64_t completion = after["totals"]["completion_tokens"].get<int64_t>();
   CHECK(completion == json::parse(res->body)["usage"]["completion_tokens"].get<int64_t>());
   CHECK(completion > 0);
+  // Every sampled token counts, an end-of-sequence one that the completion does not hold too.
+  const int64_t sampled = after["load"]["tokens_sampled"].get<int64_t>();
+  CHECK(sampled >= completion);
+  CHECK(sampled <= completion + 1);
   // Every layer's counts sum to positions x top-k, the same on every layer.
   std::vector<uint64_t> per_layer;
   for (const json& layer : after["heat"]["layers"]) {

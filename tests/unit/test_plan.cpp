@@ -331,6 +331,16 @@ TEST_CASE("build_plan with a usage file: the routing mass follows the counts") {
   options.usage_file = (dir / "bad.json").string();
   expect_error([&] { build_plan(topology, options, fake.probes(), ""); }, ErrorCategory::kInvalidInput,
                {"--usage", "bad.json"});
+  // Counts of experts the model does not have (layer 1 is dense; 99 >= num_experts 16):
+  // refused, not silently dropped from the mass.
+  for (const std::string& entry : {std::string("[0,99,5]"), std::string("[1,0,5]")}) {
+    charm::testing::write_bytes(dir / "stray.json", "{\"format\": \"charm-expert-usage\", \"version\": 1, "
+                                                    "\"model_fingerprint\": \"" + fingerprint + "\", \"counts\": [" +
+                                                    entry + "]}");
+    options.usage_file = (dir / "stray.json").string();
+    expect_error([&] { build_plan(topology, options, fake.probes(), ""); }, ErrorCategory::kInvalidInput,
+                 {"usage counts name layer", "which the model does not route to", "num_experts 16"});
+  }
 }
 
 TEST_CASE("plan_json has the documented fields; format_plan one row per worker") {
@@ -450,4 +460,15 @@ TEST_CASE("compare_plan: decode tok/s, hit rates and layer RTTs with relative er
   CHECK_FALSE(empty[0].relative_error());
   CHECK(format_check(empty).find("decode tok/s: not measured") != std::string::npos);
   CHECK(check_json(empty)[0]["measured"].is_null());
+}
+
+TEST_CASE("--check refuses a coordinator that serves another model") {
+  const std::string list = R"({"object": "list", "data": [{"id": "qwen3-moe-tiny", "object": "model"}]})";
+  charm::require_served_model(list, "qwen3-moe-tiny", "127.0.0.1:8080");  // no throw
+  expect_error([&] { charm::require_served_model(list, "qwen2.5-0.5b-moe", "127.0.0.1:8080"); },
+               ErrorCategory::kInvalidInput,
+               {"127.0.0.1:8080 serves 'qwen3-moe-tiny', not this config's model 'qwen2.5-0.5b-moe'"});
+  for (const std::string& bad : {std::string("not json"), std::string("{\"data\": 3}"), std::string("{\"data\": [{}]}")}) {
+    expect_error([&] { charm::require_served_model(bad, "m", "h:1"); }, ErrorCategory::kProtocol, {"h:1/v1/models"});
+  }
 }

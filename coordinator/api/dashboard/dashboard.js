@@ -11,7 +11,7 @@ const TIER_NAME = { P: "RAM, pinned", L: "RAM, LRU slot", D: "disk only", "?": "
 
 let apiKey = sessionStorage.getItem("charm.apiKey") || "";
 let previous = null;   // the last state, for the live token rate
-let liveRate = null;   // completion tokens per second between the last two polls
+let liveRate = null;   // tokens sampled per second between the last two polls (running requests too)
 let lastHeat = null;   // for the heat map's tooltip
 const $ = (id) => document.getElementById(id);
 
@@ -93,7 +93,7 @@ function drawWorkers(workers) {
 function drawTotals(s) {
   const t = s.totals, l = s.load;
   if (previous && s.uptime_s > previous.uptime_s) {
-    liveRate = (t.completion_tokens - previous.totals.completion_tokens) / (s.uptime_s - previous.uptime_s);
+    liveRate = (l.tokens_sampled - previous.load.tokens_sampled) / (s.uptime_s - previous.uptime_s);
   }
   $("tok-live").textContent = liveRate === null ? "–" : fmtFixed(liveRate, 1);
   $("tok-decode").textContent = t.decode_tokens_per_s ? fmtFixed(t.decode_tokens_per_s, 1) : "–";
