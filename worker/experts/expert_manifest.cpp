@@ -20,6 +20,7 @@
 #include "common/cache_root.h"
 #include "common/durable_file.h"
 #include "common/error.h"
+#include "common/load_progress.h"
 #include "common/fingerprint.h"
 #include "common/json_reader.h"
 #include "worker/experts/expert_source.h"
@@ -236,6 +237,10 @@ ExpertIdentities hash_expert_identities(const Checkpoint& checkpoint, const Expe
     return x.tensor->data_begin + x.offset < y.tensor->data_begin + y.offset;
   });
   const size_t workers = std::clamp<size_t>(static_cast<size_t>(std::max(threads, 1)), 1, std::max<size_t>(items.size(), 1));
+  uint64_t total = 0;
+  for (const Item& item : items) total += item.layout.bytes;
+  // Hashing a large checkpoint the first time reads every expert: minutes, worth a bar.
+  LoadProgress progress(checkpoint.dir().string() + ": hashing experts' content identities", total);
   std::vector<uint64_t> bytes(workers, 0);
   std::vector<std::exception_ptr> errors(workers);
   std::vector<std::thread> pool;
@@ -245,8 +250,10 @@ ExpertIdentities hash_expert_identities(const Checkpoint& checkpoint, const Expe
         AlignedBuffer buffer(largest);
         const size_t begin = items.size() * t / workers, end = items.size() * (t + 1) / workers;
         for (size_t i = begin; i < end; ++i) {
-          bytes[t] += read_checkpoint_expert(checkpoint, items[i].slices, items[i].layout, buffer.data());
+          const uint64_t n = read_checkpoint_expert(checkpoint, items[i].slices, items[i].layout, buffer.data());
+          bytes[t] += n;
           items[i].hash = blob_identity(items[i].layout, buffer.data());
+          progress.add(n);
         }
       } catch (...) {
         errors[t] = std::current_exception();
