@@ -35,18 +35,6 @@ std::string fixed(double value, int decimals) {
   return text;
 }
 
-/// "1.5GiB" style, one word (the table splits on whitespace, as `charm status`'s).
-std::string bytes_cell(uint64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024 && unit < 4) {
-    value /= 1024;
-    ++unit;
-  }
-  return unit == 0 ? std::to_string(bytes) + "B" : fixed(value, 1) + units[unit];
-}
-
 std::string message_of(const std::exception& e) {
   const auto* error = dynamic_cast<const Error*>(&e);
   return error ? error->message() : e.what();

@@ -111,14 +111,6 @@ std::string bytes_text(uint64_t bytes) {
   return unit == 0 ? std::to_string(bytes) + " B" : fixed(value, 1) + " " + units[unit];
 }
 
-// A table cell: bytes_text without its space ("1.0MiB", "512B"), so every cell is one
-// word and the table splits on whitespace (scripts, tests) despite its many columns.
-std::string bytes_cell(uint64_t bytes) {
-  std::string text = bytes_text(bytes);
-  text.erase(std::remove(text.begin(), text.end(), ' '), text.end());
-  return text;
-}
-
 // How long ago, from milliseconds: "120ms" under a second, else "2.5s".
 std::string ago_text(double ms) { return ms < 1000 ? fixed(ms, 0) + "ms" : fixed(ms / 1000, 1) + "s"; }
 
@@ -350,6 +342,12 @@ std::vector<WorkerStatus> parse_cluster_status(const std::string& body) {
     ++i;
   }
   return out;
+}
+
+std::string bytes_cell(uint64_t bytes) {
+  std::string text = bytes_text(bytes);
+  text.erase(std::remove(text.begin(), text.end(), ' '), text.end());
+  return text;
 }
 
 ClusterStatus collect_status(const Topology& topology, int timeout_ms) {

@@ -86,6 +86,10 @@ StatusExpectations expected_status(const Topology& topology);
 /// answer stays "down".
 void judge_worker(WorkerStatusRow& row, const std::string& fingerprint, const ExpertIdentities& identities = {});
 
+/// A byte count as one table word in binary units: "512B", "1.5KiB", "12.0MiB" (the
+/// tables of `charm status` and `charm plan` split on whitespace).
+std::string bytes_cell(uint64_t bytes);
+
 /// Queries every worker (in parallel, each within `timeout_ms`: connect, the hello (with
 /// the shared-secret handshake when topology.cluster_secret is set) when the model's
 /// fingerprint is known, healthRequest; every frame a worker sends capped at what a
