@@ -13,26 +13,13 @@ double ratio(double num, double den) { return den > 0 ? num / den : 0.0; }
 json worker_json(const WorkerStatus& w, const MetricsSummary& m) {
   ExpertTotals e;
   if (auto it = m.experts.find(w.name); it != m.experts.end()) e = it->second;
-  return {{"name", w.name},
-          {"address", w.address},
-          {"state", worker_state_name(w.state)},
-          {"experts_held", w.experts_held},
-          {"experts_by_tier", w.experts_by_tier},
-          {"requests", w.requests},
-          {"rtt_p50_ms", w.rtt_p50_ms},
-          {"rtt_p99_ms", w.rtt_p99_ms},
-          {"bytes_out", w.bytes_out},
-          {"bytes_in", w.bytes_in},
-          {"failovers", w.failovers},
-          {"rejoins", w.rejoins},
-          {"last_seen_ms", w.last_seen_ms},
-          {"slow", w.slow},
-          {"last_error", w.last_error},
-          {"expert_hits", e.hits},
-          {"expert_misses", e.misses},
-          {"expert_bytes_read", e.bytes_read},
-          {"hit_rate", ratio(double(e.hits), double(e.hits + e.misses))},
-          {"residency_age_ms", w.residency_age_ms}};
+  json out = worker_status_json(w);
+  out["expert_hits"] = e.hits;
+  out["expert_misses"] = e.misses;
+  out["expert_bytes_read"] = e.bytes_read;
+  out["hit_rate"] = ratio(double(e.hits), double(e.hits + e.misses));
+  out["residency_age_ms"] = w.residency_age_ms;
+  return out;
 }
 
 json heat_json(const DashboardInputs& in) {
@@ -79,6 +66,25 @@ json load_json(const EngineLoad& l) {
 }
 
 }  // namespace
+
+json worker_status_json(const WorkerStatus& w) {
+  return {{"name", w.name},
+          {"address", w.address},
+          {"state", worker_state_name(w.state)},
+          {"experts_held", w.experts_held},
+          {"requests", w.requests},
+          {"rtt_p50_ms", w.rtt_p50_ms},
+          {"rtt_p99_ms", w.rtt_p99_ms},
+          {"bytes_out", w.bytes_out},
+          {"bytes_in", w.bytes_in},
+          {"failovers", w.failovers},
+          {"rejoins", w.rejoins},
+          {"last_seen_ms", w.last_seen_ms},
+          {"slow", w.slow},
+          {"slow_reason", w.slow_reason},
+          {"last_error", w.last_error},
+          {"experts_by_tier", w.experts_by_tier}};
+}
 
 std::string expert_tiers(uint32_t layer, size_t num_experts, const std::vector<WorkerStatus>& workers) {
   std::string tiers(num_experts, 'D');

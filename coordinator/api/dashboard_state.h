@@ -16,6 +16,12 @@
 
 namespace charm {
 
+/// One worker as GET /cluster/status lists it (docs/api.md): name, address, state,
+/// experts_held, requests, rtt_p50_ms/rtt_p99_ms, bytes_out/bytes_in, failovers, rejoins,
+/// last_seen_ms, slow, slow_reason, last_error, experts_by_tier. /dashboard/state's
+/// workers carry these and more.
+nlohmann::json worker_status_json(const WorkerStatus& w);
+
 /// The schema version of the document; raised only when a field changes meaning or goes
 /// away (new fields may appear without a raise).
 constexpr int kDashboardStateVersion = 1;

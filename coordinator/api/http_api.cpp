@@ -261,24 +261,7 @@ void serve_generation(Engine& engine, Metrics& metrics, const std::atomic<bool>&
 
 json cluster_status_body(const Engine& engine) {
   json workers = json::array();
-  for (const WorkerStatus& w : engine.cluster_status()) {
-    workers.push_back({{"name", w.name},
-                       {"address", w.address},
-                       {"state", worker_state_name(w.state)},
-                       {"experts_held", w.experts_held},
-                       {"requests", w.requests},
-                       {"rtt_p50_ms", w.rtt_p50_ms},
-                       {"rtt_p99_ms", w.rtt_p99_ms},
-                       {"bytes_out", w.bytes_out},
-                       {"bytes_in", w.bytes_in},
-                       {"failovers", w.failovers},
-                       {"rejoins", w.rejoins},
-                       {"last_seen_ms", w.last_seen_ms},
-                       {"slow", w.slow},
-                       {"slow_reason", w.slow_reason},
-                       {"last_error", w.last_error},
-                       {"experts_by_tier", w.experts_by_tier}});
-  }
+  for (const WorkerStatus& w : engine.cluster_status()) workers.push_back(worker_status_json(w));
   return {{"workers", workers}};
 }
 
