@@ -3,7 +3,10 @@ dir, worker placement on loopback or in network namespaces, and a streaming clie
 timestamps every chunk. Used by test_failover.py and test_load.py."""
 import json
 import os
+import re
+import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -47,10 +50,15 @@ def run(argv):
     return r.returncode == 0, r.stderr.strip()
 
 
+TEST_SUBNET = "10.231.0.0/16"  # the test links' /30s are carved from it
+
+
 class Namespaces:
     """One network namespace per worker, joined to the root namespace by a veth pair with a
-    private /30 (10.231.X.0/30, X from this process id), optionally with netem latency on
-    both ends. Only addresses the test creates itself are used. cleanup() removes all."""
+    private /30 (10.231.X.0/30, a free X near one from this process id), optionally with
+    netem latency on both ends, and an `unreachable` route over TEST_SUBNET in the root
+    namespace. Only addresses the test creates itself are used. setup() proves each link
+    carries a TCP connection before the test relies on it. cleanup() removes all."""
 
     def __init__(self, count, delay_ms):
         self.count = count
@@ -58,8 +66,7 @@ class Namespaces:
         tag = os.getpid() % 10000
         self.names = [f"charm-ft{tag}-{i}" for i in range(count)]
         self.veths = [(f"cft{tag}h{i}", f"cft{tag}n{i}") for i in range(count)]
-        base = (os.getpid() % 60) * 4
-        self.subnets = [(f"10.231.{base + i}.1", f"10.231.{base + i}.2") for i in range(count)]
+        self.subnets = []
         self.created = []
         self.netem_note = ""
 
@@ -67,6 +74,15 @@ class Namespaces:
         """Creates everything; returns "" on success or why namespaces cannot be made."""
         if os.geteuid() != 0:
             return "not root (ip netns needs CAP_NET_ADMIN and CAP_SYS_ADMIN)"
+        why = self._choose_subnets()
+        if why:
+            return why
+        # Nothing for the test subnet ever leaves by the default route, even with a link down.
+        ok, err = run(["ip", "route", "add", "unreachable", TEST_SUBNET])
+        if ok:
+            self.created.append(("route", TEST_SUBNET))
+        elif "File exists" not in err:
+            return f"`ip route add unreachable {TEST_SUBNET}` failed: {err}"
         for ns, (host_if, ns_if), (host_ip, ns_ip) in zip(self.names, self.veths, self.subnets):
             steps = [
                 ["ip", "netns", "add", ns],
@@ -93,6 +109,54 @@ class Namespaces:
                 ok, err = run(argv)
                 if not ok and not self.netem_note:
                     self.netem_note = f"tc netem unavailable ({err}); no added latency"
+        return self._probe()
+
+    def _choose_subnets(self):
+        """Picks `count` /30s of TEST_SUBNET that no address or route of this machine uses
+        (a namespace left by a killed run, or the machine's own network), starting from one
+        derived from the process id. Returns "" or why none is free."""
+        out = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True).stdout
+        out += subprocess.run(["ip", "-4", "route", "show", "table", "all"], capture_output=True, text=True).stdout
+        used = {int(m) for m in re.findall(r"\b10\.231\.(\d+)\.\d+", out)}
+        start = os.getpid() % 60
+        for k in range(60):
+            base = ((start + k) % 60) * 4
+            if not used & set(range(base, base + self.count)):
+                self.subnets = [(f"10.231.{base + i}.1", f"10.231.{base + i}.2") for i in range(self.count)]
+                return ""
+        return f"no free /30 in {TEST_SUBNET} (in use: {sorted(used)})"
+
+    def _probe(self, timeout_s=5.0):
+        """A TCP connection from the root namespace to a listener in each namespace, so a
+        machine whose sandbox does not carry veth traffic (it happened on a CI machine:
+        every connect refused) is noticed before the test relies on it. Returns "" or why."""
+        listener = ("import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1);"
+                    "s.bind((sys.argv[1], 0)); s.listen(1); print(s.getsockname()[1], flush=True);"
+                    "s.settimeout(%s); c, _ = s.accept(); c.sendall(b'ok'); c.close()" % timeout_s)
+        for ns, (_, ns_ip) in zip(self.names, self.subnets):
+            p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", listener, ns_ip],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                port = p.stdout.readline().strip()
+                if not port.isdigit():
+                    return f"no test listener in namespace {ns}: {p.communicate(timeout=timeout_s)[1].strip()}"
+                err = ""
+                deadline = time.monotonic() + timeout_s
+                while time.monotonic() < deadline:
+                    try:
+                        with socket.create_connection((ns_ip, int(port)), timeout=1.0) as c:
+                            if c.recv(2) == b"ok":
+                                err = ""
+                                break
+                            err = "the listener sent nothing"
+                    except OSError as e:
+                        err = str(e)
+                    time.sleep(0.1)
+                if err:
+                    return f"a TCP connection from the root namespace to {ns_ip} (namespace {ns}) failed: {err}"
+            finally:
+                p.kill()
+                p.wait()
         return ""
 
     def hosts(self):
@@ -104,7 +168,10 @@ class Namespaces:
 
     def cleanup(self):
         for kind, name in reversed(self.created):
-            run(["ip", "link", "del", name] if kind == "link" else ["ip", "netns", "del", name])
+            if kind == "route":
+                run(["ip", "route", "del", "unreachable", name])
+            else:
+                run(["ip", "link", "del", name] if kind == "link" else ["ip", "netns", "del", name])
         self.created = []
 
 

@@ -13,7 +13,8 @@ namespace. Checks, through the HTTP API:
    naming the layer and experts; the server stays up, and after restarting them the next
    request has the same text again.
 
-Where namespaces cannot be created (not root, no CAP_NET_ADMIN) the test says why and
+Where namespaces cannot be created (not root, no CAP_NET_ADMIN) or do not carry a TCP
+connection from the root namespace (a sandbox that drops veth traffic), the test says why and
 runs the same scenario with the workers on 127.0.0.1 ports. Namespaces and processes are
 removed at exit, also on failure.
 Exit 0 = pass, anything else = failure (a missing committed model fixture too).
