@@ -56,13 +56,16 @@ TEST_SUBNET = "10.231.0.0/16"  # the test links' /30s are carved from it
 class Namespaces:
     """One network namespace per worker, joined to the root namespace by a veth pair with a
     private /30 (10.231.X.0/30, a free X near one from this process id), optionally with
-    netem latency on both ends, and an `unreachable` route over TEST_SUBNET in the root
+    netem latency on both ends (delay_ms; a kernel without netem runs without it, said in
+    netem_note) and a token-bucket rate limit on both ends (rate, a tc rate such as "1gbit";
+    required when given), and an `unreachable` route over TEST_SUBNET in the root
     namespace. Only addresses the test creates itself are used. setup() proves each link
     carries a TCP connection before the test relies on it. cleanup() removes all."""
 
-    def __init__(self, count, delay_ms):
+    def __init__(self, count, delay_ms=0, rate=None):
         self.count = count
         self.delay_ms = delay_ms
+        self.rate = rate
         tag = os.getpid() % 10000
         self.names = [f"charm-ft{tag}-{i}" for i in range(count)]
         self.veths = [(f"cft{tag}h{i}", f"cft{tag}n{i}") for i in range(count)]
@@ -102,11 +105,21 @@ class Namespaces:
                     self.created.append(("ns", ns))
                 if step[1:3] == ["link", "add"]:
                     self.created.append(("link", host_if))
+            in_ns = ["ip", "netns", "exec", ns]
+            if self.rate:
+                # A LAN's bandwidth both ways. The burst holds a few 64 KiB GSO super-packets
+                # (veth sends them whole), the queue 20 ms of traffic before drops.
+                for prefix, dev in (([], host_if), (in_ns, ns_if)):
+                    argv = prefix + ["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", self.rate,
+                                     "burst", "256kb", "latency", "20ms"]
+                    ok, err = run(argv)
+                    if not ok:
+                        return f"`{' '.join(argv)}` failed: {err}"
             # LAN latency both ways; a kernel without sch_netem runs without it (said so).
-            for argv in (["tc", "qdisc", "add", "dev", host_if, "root", "netem", "delay", f"{self.delay_ms}ms"],
-                         ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", ns_if, "root", "netem", "delay",
-                          f"{self.delay_ms}ms"]):
-                ok, err = run(argv)
+            for prefix, dev in (([], host_if), (in_ns, ns_if)):
+                if not self.delay_ms or self.rate:
+                    break  # netem would replace the tbf root qdisc: a rate-limited link gets its delay elsewhere
+                ok, err = run(prefix + ["tc", "qdisc", "add", "dev", dev, "root", "netem", "delay", f"{self.delay_ms}ms"])
                 if not ok and not self.netem_note:
                     self.netem_note = f"tc netem unavailable ({err}); no added latency"
         return self._probe()

@@ -1,0 +1,310 @@
+#!/usr/bin/env python3
+"""A LAN test bed on one machine (issue 17): each charm worker in its own network namespace
+behind a veth pair limited to a LAN's bandwidth, a relay in front of each worker adding a
+LAN's round-trip time, and the coordinator in the root namespace. Measures decode tok/s
+for 1 stream and the aggregate of 16, for 1, 2 and 4 workers, at each RTT, beside the
+ceiling the model allows.
+
+A BENCHMARK, NOT A TEST: nothing asserts, CI never runs it. Needs root (ip netns, tc).
+It uses only the addresses it creates (10.231.X.0/30 links that no address or route of the
+machine uses, tests/integration/cluster_harness.py's Namespaces) and 127.0.0.1; an
+`unreachable` route over 10.231.0.0/16 in the root namespace keeps test traffic off the
+default route even if a link goes down. Bandwidth: `tc qdisc ... tbf rate RATE` on both
+ends of every link (this kernel has tbf and htb, no netem). Delay: scripts/lan_relay.py
+(a user-space relay, half the RTT each way) between the coordinator and each worker. Every
+load is bounded in requests and time (--time-limit per load); everything it started is
+stopped and removed at exit, also on failure or Ctrl-C.
+
+What one run does:
+  1. single node (no network): decode tok/s for 1 stream and 16 streams: the compute term.
+  2. for each worker count N (--workers): N namespaces, N `charm worker`s (the experts split
+     evenly by id), the relay, `charm serve`; for each RTT (--rtt-ms, plus 0: the bed's own
+     overhead), 1 stream and 16 streams of --tokens tokens each (temperature 0).
+Each load runs --repeat times and the fastest is kept (the machine is shared). Per row: decode tok/s (1 stream: 1 / mean inter-token gap; 16 streams: generated tokens /
+wall time), the wire bytes per token (coordinator<->workers, both ways, from
+/cluster/status, per prompt or generated position) and per MoE layer, the relay's measured
+added one-way delay, and the ceiling
+    streams / (t_compute(streams) + moe_layers x RTT + streams x bytes_per_token / bandwidth)
+with t_compute from step 1 (the same work on the same cores, no wire) and the fraction of
+it reached (issue 17's goal: >= 0.8).
+
+On one machine the workers share its cores with the coordinator, so more workers cannot
+add compute here: the growth of aggregate throughput with workers that a real LAN of
+separate machines shows when expert compute dominates cannot be shown by this bed.
+
+Usage (as root; build first: cmake --build build --target charm):
+  scripts/lan_testbed.py [--model DIR|fixture] [--workers 1,2,4] [--rtt-ms 0.2,1,5]
+      [--rate 1gbit] [--streams 1,16] [--tokens 32] [--threads 2] [--time-limit 180] [--json FILE]
+Default model: the demo checkpoint scripts/serve.sh builds
+(~/.cache/charm/models/qwen2.5-0.5b-moe/checkpoint); `fixture` = the tiny Qwen3-MoE test
+fixture (no download; network-bound, compute negligible).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests/integration"))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from bench_serve import Load, Server, free_port, request_mix, wait_ready  # noqa: E402
+from bench_util import log, machine  # noqa: E402
+from cluster_harness import Namespaces  # noqa: E402
+
+FIXTURE = REPO / "tests/fixtures/models/qwen3-moe-tiny"
+DEMO = Path(os.environ.get("CHARM_CACHE", Path.home() / ".cache/charm")) / "models/qwen2.5-0.5b-moe/checkpoint"
+RATE_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+
+
+def rate_bits(rate: str) -> float:
+    """'1gbit' -> 1e9 (bits per second), as tc spells rates."""
+    for unit, scale in RATE_UNITS.items():
+        if rate.endswith(unit) and rate[: -len(unit)].replace(".", "", 1).isdigit():
+            return float(rate[: -len(unit)]) * scale
+    raise SystemExit(f"--rate {rate!r}: want a number and kbit, mbit or gbit (tc's spelling)")
+
+
+def moe_layers(model: Path) -> int:
+    """MoE decoder layers of an HF config (the round trips per token per worker at most)."""
+    c = json.loads((model / "config.json").read_text())
+    layers = c["num_hidden_layers"]
+    dense = set(c.get("mlp_only_layers") or [])
+    dense |= set(range(c.get("first_k_dense_replace") or 0))
+    step = c.get("decoder_sparse_step") or 1
+    return sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)
+
+
+def expert_ranges(num_experts: int, n: int) -> list[str]:
+    """Experts split evenly by id over n workers: ["0-7", "8-15"]."""
+    bounds = [num_experts * i // n for i in range(n + 1)]
+    return [f"{bounds[i]}-{bounds[i + 1] - 1}" for i in range(n)]
+
+
+def write_topologies(folder: Path, model: Path, threads: int, api_port: int, worker_hosts: list[tuple[str, int]],
+                     relay_ports: list[int], secret: Path) -> tuple[Path, Path]:
+    """The workers' topology (each listens on its namespace address) and the coordinator's
+    (each worker reached through its relay on 127.0.0.1): the same workers and experts, and
+    the cluster secret a LAN needs (the authenticated handshake, as users run it)."""
+    num_experts = json.loads((model / "config.json").read_text()).get("num_experts") or \
+        json.loads((model / "config.json").read_text()).get("num_local_experts")
+    ranges = expert_ranges(num_experts, len(worker_hosts))
+    head = (f"model: {model}\nmodel_name: lan\nthreads: {threads}\nmode: cluster\n"
+            f"api: {{host: 127.0.0.1, port: {api_port}}}\ncluster: {{secret_file: {secret}}}\n"
+            "timeouts: {connect_ms: 10000, request_ms: 600000}\nworkers:\n")
+    paths = []
+    for tag, addrs in (("workers", worker_hosts), ("coordinator", [("127.0.0.1", p) for p in relay_ports])):
+        text = head + "".join(f"  - {{name: w{i}, host: {h}, port: {p}, experts: \"{r}\"}}\n"
+                              for i, ((h, p), r) in enumerate(zip(addrs, ranges)))
+        path = folder / f"lan-{len(worker_hosts)}w-{tag}.yaml"
+        path.write_text(text)
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def wire_bytes(port: int) -> int:
+    """Bytes both ways between the coordinator and all its workers, from /cluster/status."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/cluster/status", timeout=10) as r:
+        workers = json.loads(r.read())["workers"]
+    return sum(w["bytes_in"] + w["bytes_out"] for w in workers)
+
+
+class Relay:
+    """scripts/lan_relay.py as a child process: one listening port per target."""
+
+    def __init__(self, targets: list[tuple[str, int]]):
+        self.proc = subprocess.Popen([sys.executable, str(REPO / "scripts/lan_relay.py")] +
+                                     [f"{h}:{p}" for h, p in targets],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline().split()
+        if not line or line[0] != "listening":
+            raise RuntimeError(f"lan_relay.py did not start: {line}")
+        self.ports = [int(p) for p in line[1:]]
+
+    def command(self, text: str) -> dict:
+        self.proc.stdin.write(text + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def measure(port: int, streams: int, tokens: int, time_limit: float, seed: int, wire: bool = True) -> dict:
+    """One bounded load: `streams` clients, one request each, `tokens` tokens, 8-word prompts;
+    `wire`: read the cluster's wire bytes before and after (a single node has none)."""
+    requests = request_mix(streams, (8, 8), (tokens, tokens), seed)
+    before = wire_bytes(port) if wire else 0
+    load = Load("127.0.0.1", port, requests, streams, "completions", None, time.monotonic() + time_limit, time_limit)
+    start, end = load.run()
+    after = wire_bytes(port) if wire else 0
+    recs = load.records
+    done = [r for r in recs if r["ok"]]
+    gaps = [g for r in done for g in r["gaps_s"]]
+    generated = sum(r["tokens"] for r in recs)
+    positions = generated + sum(r["prompt_tokens"] or 0 for r in recs)
+    first = min((r["t_send"] + r["ttft_s"] for r in done if r["ttft_s"] is not None), default=start)
+    decode_tokens = sum(max(r["tokens"] - 1, 0) for r in done)
+    row = {"streams": streams, "completed": len(done), "failed": len(recs) - len(done),
+           "generated": generated, "wall_s": end - start,
+           "bytes_per_position": (after - before) / positions if positions else None}
+    if streams == 1:
+        row["decode_tok_s"] = len(gaps) / sum(gaps) if gaps else None
+    else:
+        row["decode_tok_s"] = decode_tokens / (end - first) if end > first else None
+    return row
+
+
+def run_single_node(args, folder: Path) -> dict[int, float]:
+    """t_compute: seconds per decode step of `streams` sequences with no wire."""
+    server = Server(folder, "single")
+    server.port = free_port()
+    cfg = folder / "single.yaml"
+    cfg.write_text(f"model: {args.model}\nmodel_name: lan\nthreads: {args.threads}\nmode: single-node\n"
+                   f"api: {{host: 127.0.0.1, port: {server.port}}}\n")
+    server.spawn([args.charm, "serve", "--config", cfg], "serve")
+    try:
+        wait_ready(server, "completions", None, args.startup_timeout)
+        out = {}
+        for s in args.streams:
+            rows = [measure(server.port, s, args.tokens, args.time_limit, args.seed, wire=False)
+                    for _ in range(args.repeat)]
+            out[s] = s / max(r["decode_tok_s"] or 1e-9 for r in rows)  # the best of the repeats
+            log(f"single node, {s} streams: {out[s] * 1e3:.1f} ms per decode step")
+        return out
+    finally:
+        server.stop()
+
+
+def run_cluster(args, folder: Path, n: int, t_compute: dict[int, float], layers: int) -> list[dict]:
+    ns = Namespaces(n, rate=args.rate)
+    relay, server = None, Server(folder, f"cluster{n}")
+    rows = []
+    try:
+        why = ns.setup()
+        if why:
+            raise RuntimeError(f"network namespaces: {why}")
+        worker_hosts = [(h, 7800 + i) for i, h in enumerate(ns.hosts())]
+        relay = Relay(worker_hosts)
+        server.port = free_port()
+        secret = folder / "cluster.secret"
+        if not secret.exists():
+            subprocess.run([str(args.charm), "secret", "new", str(secret)], check=True, capture_output=True)
+        wcfg, ccfg = write_topologies(folder, args.model, args.threads, server.port, worker_hosts, relay.ports,
+                                      secret)
+        for i in range(n):
+            server.spawn(ns.prefix(i) + [args.charm, "worker", "--config", wcfg, "--name", f"w{i}"], f"w{i}")
+        server.spawn([args.charm, "serve", "--config", ccfg], "serve")
+        wait_ready(server, "completions", None, args.startup_timeout)
+        bw = rate_bits(args.rate) / 8
+        for rtt in [0.0] + args.rtt_ms:
+            relay.command(f"delay {rtt / 2}")
+            wait_ready(server, "completions", None, args.startup_timeout)  # connections warm at this delay
+            relay.command("stats")
+            for s in args.streams:
+                repeats = [measure(server.port, s, args.tokens, args.time_limit, args.seed) for _ in range(args.repeat)]
+                row = max(repeats, key=lambda r: r["decode_tok_s"] or 0)  # the best: this machine is shared
+                added = relay.command("stats")
+                per_step = t_compute[s] + layers * rtt / 1e3 + s * (row["bytes_per_position"] or 0) / bw
+                row.update({"workers": n, "rtt_ms": rtt, "relay_added_ms_mean": added["added_ms_mean"],
+                            "ceiling_tok_s": s / per_step})
+                row["of_ceiling"] = row["decode_tok_s"] / row["ceiling_tok_s"] if row["decode_tok_s"] else None
+                rows.append(row)
+                log(f"{n} workers, RTT {rtt} ms, {s} streams: {row['decode_tok_s'] or 0:.2f} tok/s "
+                    f"(ceiling {row['ceiling_tok_s']:.2f}), {row['bytes_per_position'] or 0:.0f} B/position")
+        return rows
+    finally:
+        server.stop()
+        if relay:
+            relay.stop()
+        ns.cleanup()
+
+
+def print_report(res: dict) -> None:
+    print(f"\nmodel {res['model']} ({res['moe_layers']} MoE layers), link {res['rate']}, "
+          f"{res['tokens']} tokens per stream, threads {res['threads']}, commit {res['commit']}")
+    print("single node, ms per decode step: " +
+          ", ".join(f"{s} streams {t * 1e3:.1f}" for s, t in res["t_compute_s"].items()))
+    print(f"{'workers':>7} {'RTT ms':>6} {'added':>6} {'streams':>7} {'tok/s':>8} {'ceiling':>8} {'of ceil':>7} "
+          f"{'B/pos':>8} {'B/pos/layer':>11} {'failed':>6}")
+    for r in res["rows"]:
+        def f(v, d=2):
+            return "-" if v is None else f"{v:.{d}f}"
+        per_layer = None if r["bytes_per_position"] is None else r["bytes_per_position"] / res["moe_layers"]
+        print(f"{r['workers']:>7} {r['rtt_ms']:>6.1f} {f(r['relay_added_ms_mean'] and 2 * r['relay_added_ms_mean']):>6} "
+              f"{r['streams']:>7} {f(r['decode_tok_s']):>8} {f(r['ceiling_tok_s']):>8} {f(r['of_ceiling']):>7} "
+              f"{f(r['bytes_per_position'], 0):>8} {f(per_layer, 0):>11} {r['failed']:>6}")
+    print("added = 2 x the relay's measured mean one-way delay (what a round trip gained); "
+          "ceiling = streams / (t_compute + moe_layers x RTT + streams x B/pos / bandwidth)")
+
+
+def int_list(s: str) -> list[int]:
+    return [int(x) for x in s.split(",")]
+
+
+def float_list(s: str) -> list[float]:
+    return [float(x) for x in s.split(",")]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(DEMO), help="checkpoint directory, or `fixture`")
+    ap.add_argument("--workers", type=int_list, default=[1, 2, 4])
+    ap.add_argument("--rtt-ms", type=float_list, default=[0.2, 1.0, 5.0], help="added round-trip times")
+    ap.add_argument("--rate", default="1gbit", help="link bandwidth, tc's spelling")
+    ap.add_argument("--streams", type=int_list, default=[1, 16])
+    ap.add_argument("--tokens", type=int, default=32, help="tokens per stream")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--seed", type=int, default=17)
+    ap.add_argument("--repeat", type=int, default=3, help="loads per row; the fastest is reported")
+    ap.add_argument("--time-limit", type=float, default=180, help="hard limit of one load, s")
+    ap.add_argument("--startup-timeout", type=float, default=300)
+    ap.add_argument("--charm", type=Path, default=REPO / "build/charm")
+    ap.add_argument("--json", type=Path, help="write every number here")
+    args = ap.parse_args()
+    args.model = FIXTURE if args.model == "fixture" else Path(args.model).resolve()
+    rate_bits(args.rate)
+    if os.geteuid() != 0:
+        ap.error("needs root (ip netns, tc)")
+    if not args.charm.exists():
+        ap.error(f"{args.charm}: no charm binary (cmake --build build --target charm)")
+    if not (args.model / "config.json").exists():
+        ap.error(f"{args.model}: no checkpoint (scripts/serve.sh builds the demo model; or --model fixture)")
+    if any(n < 1 or n > 16 for n in args.workers):
+        ap.error("--workers: 1..16 each")
+    folder = Path(os.environ.get("CHARM_BENCH_DIR", "/tmp/charm-bench")) / "lan" / time.strftime("%Y%m%d-%H%M%S")
+    folder.mkdir(parents=True, exist_ok=True)
+    layers = moe_layers(args.model)
+    # Up to five charm processes share this machine's cores: OpenMP threads that spin at
+    # their barriers would take the cores the others need (the tests set the same).
+    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+    res = {"model": str(args.model), "moe_layers": layers, "rate": args.rate, "tokens": args.tokens,
+           "threads": args.threads, "machine": machine(folder), "rows": [],
+           "commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                                    capture_output=True, text=True).stdout.strip()}
+    res["t_compute_s"] = run_single_node(args, folder)
+    for n in args.workers:
+        res["rows"] += run_cluster(args, folder, n, res["t_compute_s"], layers)
+        if args.json:
+            args.json.write_text(json.dumps(res, indent=1))
+    res["machine"]["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=1))
+    print_report(res)
+    log(f"logs and configs: {folder}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
