@@ -85,11 +85,11 @@ def pump(src: socket.socket, dst: socket.socket, delay: Delay) -> None:
             except OSError:
                 pass
             return
+        delay.record(time.monotonic() - read_at)  # before the send: its peer may act on it at once
         try:
             dst.sendall(data)
         except OSError:
             return
-        delay.record(time.monotonic() - read_at)
 
 
 def serve(listener: socket.socket, target: tuple[str, int], delay: Delay) -> None:
