@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_LLAMA_CPP = Path("/work/bench/src/llama_cpp_python-0.3.36/vendor/llama.cpp")
 # llama.cpp's own vocab-only files for other pre-tokenizers, the small ones: GPT-2's
 # built-in ByteLevel regex and DeepSeek Coder's sequence of five Splits.
-VOCAB_FILES = ["gpt-2", "deepseek-coder"]
+VOCAB_FILES = ["gpt-2", "deepseek-coder", "llama-spm"]
 MODEL_FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"]
 
 

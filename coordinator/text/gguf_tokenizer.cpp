@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "common/error.h"
+#include "coordinator/text/gguf_spm.h"
 
 namespace charm {
 namespace {
@@ -177,13 +178,16 @@ std::vector<std::string> gguf_known_pre_tokenizers() {
 
 json tokenizer_json_from_gguf(const GgufTokenizerMetadata& meta, std::string_view origin) {
   const std::string where(origin);
+  if (meta.model == "llama") {  // sentencepiece BPE (Llama 2, Mistral, Mixtral)
+    const std::vector<int32_t> types = checked_types(meta, where);
+    check_special_ids(meta, where);
+    return spm_tokenizer_json(meta, types, where);
+  }
   if (meta.model != "gpt2") {
-    const std::string kind = meta.model == "llama"  ? " (sentencepiece)"
-                             : meta.model == "bert" ? " (WordPiece)"
-                             : meta.model == "t5"   ? " (Unigram)"
-                                                    : "";
+    const std::string kind = meta.model == "bert" ? " (WordPiece)" : meta.model == "t5" ? " (Unigram)" : "";
     fail_unsupported(where + ": tokenizer.ggml.model \"" + meta.model + "\"" + kind +
-                     " is not supported; charm reads only \"gpt2\" (byte-level BPE) tokenizers");
+                     " is not supported; charm reads \"gpt2\" (byte-level BPE) and \"llama\" (sentencepiece "
+                     "BPE) tokenizers");
   }
   const PreTokenizer* pre = find_pre_tokenizer(meta.pre);
   if (pre == nullptr)

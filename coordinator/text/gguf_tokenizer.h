@@ -43,19 +43,22 @@ struct GgufTokenizerMetadata {
   std::vector<std::string> tokens;  ///< tokenizer.ggml.tokens, in id order
   std::vector<int32_t> token_type;  ///< tokenizer.ggml.token_type (GgufTokenType), or empty
   std::vector<std::string> merges;  ///< tokenizer.ggml.merges, "left right", by rank
+  std::vector<float> scores;        ///< tokenizer.ggml.scores (sentencepiece "llama"), or empty
   std::optional<int32_t> bos_token_id;      ///< tokenizer.ggml.bos_token_id
   std::optional<int32_t> eos_token_id;      ///< tokenizer.ggml.eos_token_id
   std::optional<int32_t> eot_token_id;      ///< tokenizer.ggml.eot_token_id
   std::optional<int32_t> padding_token_id;  ///< tokenizer.ggml.padding_token_id
   std::optional<int32_t> unknown_token_id;  ///< tokenizer.ggml.unknown_token_id
   std::optional<bool> add_bos;              ///< tokenizer.ggml.add_bos_token
+  std::optional<bool> add_space_prefix;     ///< tokenizer.ggml.add_space_prefix ("llama"; default true)
   std::string chat_template;                ///< tokenizer.chat_template ("" when absent)
 };
 
 /// The pre-tokenizer names (tokenizer.ggml.pre) tokenizer_json_from_gguf knows, sorted.
 std::vector<std::string> gguf_known_pre_tokenizers();
 
-/// The tokenizer.json equivalent of `meta`: model BPE (vocab = the normal, unknown and
+/// The tokenizer.json equivalent of `meta`. For model "llama" (sentencepiece BPE), the
+/// layout of coordinator/text/gguf_spm.h (spm_tokenizer_json). For "gpt2": model BPE (vocab = the normal, unknown and
 /// byte tokens; merges as given), the pre-tokenizer the family's tokenizer.json has for
 /// `meta.pre` (Split(regex, Isolated)... + ByteLevel, or ByteLevel with its GPT-2 regex),
 /// NFC normalizer where the family has one (Qwen2), added_tokens = the control tokens
@@ -68,7 +71,7 @@ std::vector<std::string> gguf_known_pre_tokenizers();
 /// "<|fim_prefix|>", special false in tokenizer.json, comes back special) and its
 /// "normalized" flag (always false here, as llama.cpp matches them in raw text).
 ///
-/// Throws Error(kUnsupported) for a model other than "gpt2" or a pre-tokenizer name not
+/// Throws Error(kUnsupported) for a model other than "gpt2" or "llama", or (gpt2) a pre-tokenizer name not
 /// in gguf_known_pre_tokenizers() (the message names it and lists the known ones), and
 /// Error(kInvalidInput) naming `origin` and the key for: no tokens, more than
 /// kMaxGgufTokens tokens or kMaxGgufMerges merges, token_type of another length than

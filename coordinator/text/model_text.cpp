@@ -29,7 +29,9 @@ GgufTokenizerMetadata tokenizer_metadata(const GgufModelFiles& files) {
   meta.eot_token_id = optional_id(files, "tokenizer.ggml.eot_token_id");
   meta.padding_token_id = optional_id(files, "tokenizer.ggml.padding_token_id");
   meta.unknown_token_id = optional_id(files, "tokenizer.ggml.unknown_token_id");
+  if (const GgufValue* v = files.find("tokenizer.ggml.scores")) meta.scores = v->as_f32_array();
   if (const GgufValue* v = files.find("tokenizer.ggml.add_bos_token")) meta.add_bos = v->as_bool();
+  if (const GgufValue* v = files.find("tokenizer.ggml.add_space_prefix")) meta.add_space_prefix = v->as_bool();
   return meta;
 }
 

@@ -1,12 +1,16 @@
-// Byte-level BPE tokenizer (see tokenizer.h). Mirrors the pipeline of Hugging Face
-// `tokenizers` (Rust): lossy UTF-8 -> split out added tokens -> NFC -> Split regex ->
-// ByteLevel byte<->unicode map -> BPE merges by rank -> ids; decode joins token bytes
-// and replaces invalid UTF-8 as String::from_utf8_lossy does.
+// BPE tokenizer (see tokenizer.h). Mirrors the pipeline of Hugging Face `tokenizers`
+// (Rust): lossy UTF-8 -> split out added tokens -> normalizers (NFC, Prepend, Replace) ->
+// Split regex or Metaspace -> initial symbols (ByteLevel: one per byte through the
+// byte<->unicode map; sentencepiece style: one per character, byte_fallback to "<0xAB>"
+// tokens, else unk) -> BPE merges by rank -> ids; decode joins token bytes (ByteLevel
+// map, or "▁" -> " " with byte tokens as their byte and the leading-space Strip) and
+// replaces invalid UTF-8 as String::from_utf8_lossy does.
 #include "coordinator/text/tokenizer.h"
 
 #include <algorithm>
 #include <array>
 #include <mutex>
+#include <optional>
 #include <queue>
 #include <unordered_map>
 
@@ -106,6 +110,47 @@ constexpr const char* kGpt2Regex =
 // ---------------------------------------------------------------------------------------
 // The tokenizer
 
+// The sentencepiece word-boundary mark, U+2581 "▁" (Metaspace's default replacement).
+constexpr std::string_view kSpmSpace = "\xE2\x96\x81";
+
+/// `text` with every `from` replaced by `to` (tokenizers' Replace normalizer/decoder with
+/// a String pattern).
+std::string replace_all(std::string_view text, std::string_view from, std::string_view to) {
+  std::string out;
+  size_t start = 0;
+  for (size_t at; !from.empty() && (at = text.find(from, start)) != std::string_view::npos; start = at + from.size()) {
+    out.append(text.substr(start, at - start));
+    out.append(to);
+  }
+  out.append(text.substr(start));
+  return out;
+}
+
+/// The byte a sentencepiece byte token "<0xAB>" stands for, or -1 for any other token.
+int byte_token_value(std::string_view token) {
+  if (token.size() != 6 || token.substr(0, 3) != "<0x" || token[5] != '>') return -1;
+  int value = 0;
+  for (char c : token.substr(3, 2)) {
+    const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    if (d < 0) return -1;
+    value = value * 16 + d;
+  }
+  return value;
+}
+
+/// One normalizer of the sequence, applied in order (tokenizers normalizers/*.rs).
+struct NormalizerStep {
+  enum Kind { kNfc, kPrepend, kReplace } kind = kNfc;
+  std::string text, replacement;  // Prepend: text; Replace: text -> replacement
+};
+
+/// The Metaspace pre-tokenizer with split false (tokenizers pre_tokenizers/metaspace.rs):
+/// spaces become `replacement`, which is prepended per `prepend_scheme`.
+struct Metaspace {
+  enum Scheme { kAlways, kFirst, kNever } scheme = kAlways;
+  std::string replacement;
+};
+
 struct AddedToken {
   std::string content;
   int32_t id = 0;
@@ -148,32 +193,50 @@ class BpeTokenizer final : public Tokenizer {
   void load_added_tokens(const json& added);
   void load_normalizer(const json& normalizer);
   void load_pre_tokenizer(const json& pre);
+  void load_metaspace(const json& pre);
+  void load_decoder(const json& decoder);
   void add_split(const json& split, const std::string& where);
   void finish_tables();
+  std::string token_string_bytes(const std::string& token) const;
 
   std::vector<Segment> split_added(std::string_view text, bool normalized_set,
                                    bool parse_special) const;
   void encode_text(std::string_view text, bool parse_special, std::vector<int32_t>& out) const;
-  void encode_normalized(std::string_view text, std::vector<int32_t>& out) const;
+  std::string normalize(std::string_view text) const;
+  void encode_normalized(std::string_view text, bool at_start, std::vector<int32_t>& out) const;
   std::vector<std::string_view> pre_tokenize(std::string_view text) const;
   void encode_word(std::string_view word, std::vector<int32_t>& out) const;
+  std::vector<int32_t> initial_symbols(std::string_view word) const;
   std::vector<int32_t> bpe(std::string_view word) const;
 
   std::string file_;  // where the tokenizer came from, for error messages
   std::unordered_map<std::string, int32_t> vocab_;                    // vocabulary string -> id
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // pair -> rank, new id
-  std::array<int32_t, 256> byte_ids_{};  // id of each byte's stand-in char
+  std::array<int32_t, 256> byte_ids_{};  // ByteLevel: id of each byte's stand-in char
+  std::array<int32_t, 256> byte_fallback_ids_{};  // byte_fallback: id of each "<0xAB>" token, or -1
   std::vector<AddedToken> added_;        // sorted longest content first
   std::vector<std::string> bytes_;       // id -> raw bytes
   std::vector<bool> special_;            // id -> special added token
   std::vector<bool> present_;            // id -> in model.vocab or added_tokens (else a hole)
-  bool nfc_ = false;
+  std::vector<NormalizerStep> normalizers_;
   bool ignore_merges_ = false;
+  bool byte_fallback_ = false;
+  bool fuse_unk_ = false;
+  std::string unk_token_;  // model.unk_token ("" when none)
+  int32_t unk_id_ = -1;
   std::vector<RegexPtr> splits_;  // applied in order, Isolated
+  std::optional<Metaspace> metaspace_;
+  // Decoder: ByteLevel (token strings through the byte map), or the sentencepiece chain
+  // Replace("▁", " ") + ByteFallback + Fuse + Strip(" ", strip_leading_, 0).
+  bool byte_level_ = true;
+  size_t strip_leading_ = 0;
 
   mutable std::mutex cache_mutex_;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
 };
+
+// Words longer than this are encoded without the per-word cache.
+constexpr size_t kMaxCachedWordBytes = 256;
 
 uint64_t pair_key(int32_t a, int32_t b) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
@@ -186,6 +249,7 @@ void BpeTokenizer::load(const json& root) {
   load_added_tokens(root.value("added_tokens", json::array()));
   load_normalizer(root.value("normalizer", json()));
   load_pre_tokenizer(root.value("pre_tokenizer", json()));
+  load_decoder(root.value("decoder", json()));
   finish_tables();
 }
 
@@ -202,7 +266,9 @@ void BpeTokenizer::load_model(const json& model) {
     if (model.contains(key) && model[key].is_string() && !model[key].get<std::string>().empty())
       unsupported(std::string("model.") + key + " is not empty");
   }
-  if (model.value("byte_fallback", false)) unsupported("model.byte_fallback is true");
+  byte_fallback_ = model.value("byte_fallback", false);
+  fuse_unk_ = model.value("fuse_unk", false);
+  if (model.contains("unk_token") && model["unk_token"].is_string()) unk_token_ = model["unk_token"].get<std::string>();
   if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"] != 0.0)
     unsupported("model.dropout is set");
   ignore_merges_ = model.value("ignore_merges", false);
@@ -272,12 +338,21 @@ void BpeTokenizer::load_normalizer(const json& normalizer) {
   if (normalizer.is_null()) return;
   const std::string type = normalizer.value("type", "");
   if (type == "NFC") {
-    nfc_ = true;
+    normalizers_.push_back({NormalizerStep::kNfc, "", ""});
+  } else if (type == "Prepend" && normalizer.contains("prepend") && normalizer["prepend"].is_string()) {
+    normalizers_.push_back({NormalizerStep::kPrepend, normalizer["prepend"].get<std::string>(), ""});
+  } else if (type == "Replace") {
+    const json pattern = normalizer.value("pattern", json());
+    if (!pattern.is_object() || !pattern.contains("String") || !pattern["String"].is_string() ||
+        !normalizer.contains("content") || !normalizer["content"].is_string())
+      unsupported("normalizer Replace other than {pattern: {String: ...}, content: ...} is not implemented");
+    normalizers_.push_back(
+        {NormalizerStep::kReplace, pattern["String"].get<std::string>(), normalizer["content"].get<std::string>()});
   } else if (type == "Sequence" && normalizer.contains("normalizers") &&
              normalizer["normalizers"].is_array()) {
     for (const json& n : normalizer["normalizers"]) load_normalizer(n);
   } else {
-    unsupported("normalizer type \"" + type + "\" is not implemented (only NFC)");
+    unsupported("normalizer type \"" + type + "\" is not implemented (only NFC, Prepend, Replace)");
   }
 }
 
@@ -288,12 +363,17 @@ void BpeTokenizer::load_pre_tokenizer(const json& pre) {
     if (bl.value("use_regex", true))
       splits_.push_back(compile_regex(kGpt2Regex, file_ + ": " + where));
   };
+  if (pre.is_null()) return;  // the whole normalized text is one word (Llama's tokenizer.json)
   if (type == "ByteLevel") {
     check_byte_level(pre, "pre_tokenizer");
     return;
   }
+  if (type == "Metaspace") {
+    load_metaspace(pre);
+    return;
+  }
   if (type != "Sequence" || !pre.contains("pretokenizers") || !pre["pretokenizers"].is_array())
-    unsupported("pre_tokenizer must be ByteLevel or Sequence[Split..., ByteLevel]");
+    unsupported("pre_tokenizer must be null, ByteLevel, Metaspace or Sequence[Split..., ByteLevel]");
   const json& list = pre["pretokenizers"];
   for (size_t i = 0; i < list.size(); ++i) {
     const std::string where = "pre_tokenizer.pretokenizers[" + std::to_string(i) + "]";
@@ -308,6 +388,42 @@ void BpeTokenizer::load_pre_tokenizer(const json& pre) {
     }
   }
   if (list.empty()) unsupported("pre_tokenizer.pretokenizers is empty");
+}
+
+void BpeTokenizer::load_metaspace(const json& pre) {
+  if (pre.value("split", true)) unsupported("pre_tokenizer Metaspace with split true is not implemented");
+  Metaspace m;
+  m.replacement = pre.value("replacement", std::string(kSpmSpace));
+  const std::string scheme = pre.value("prepend_scheme", std::string("always"));
+  if (scheme == "always") {
+    m.scheme = Metaspace::kAlways;
+  } else if (scheme == "first") {
+    m.scheme = Metaspace::kFirst;
+  } else if (scheme == "never") {
+    m.scheme = Metaspace::kNever;
+  } else {
+    bad("pre_tokenizer.prepend_scheme \"" + scheme + "\" is none of always, first, never");
+  }
+  if (m.replacement.empty()) bad("pre_tokenizer.replacement is empty");
+  metaspace_ = std::move(m);
+}
+
+void BpeTokenizer::load_decoder(const json& decoder) {
+  const std::string type = decoder.is_object() ? decoder.value("type", "") : "";
+  if (decoder.is_null() || type == "ByteLevel") return;  // byte_level_ stays true
+  // The chain LlamaConverter writes (Llama 2, Mistral, Mixtral): exactly these four.
+  const json list = type == "Sequence" ? decoder.value("decoders", json()) : json();
+  const auto is = [&](size_t i, const char* t) {
+    return list.is_array() && list.size() == 4 && list[i].is_object() && list[i].value("type", "") == t;
+  };
+  if (!(is(0, "Replace") && is(1, "ByteFallback") && is(2, "Fuse") && is(3, "Strip")) ||
+      list[0].value("pattern", json()).value("String", "") != kSpmSpace || list[0].value("content", "") != " " ||
+      list[3].value("content", "") != " " || list[3].value("stop", 0) != 0 || !list[3]["start"].is_number_integer() ||
+      list[3]["start"].get<int64_t>() < 0 || list[3]["start"].get<int64_t>() > 16)
+    unsupported("decoder must be ByteLevel or Sequence[Replace(\"\u2581\", \" \"), ByteFallback, Fuse, Strip(\" \", "
+                "N, 0)]");
+  byte_level_ = false;
+  strip_leading_ = static_cast<size_t>(list[3]["start"].get<int64_t>());
 }
 
 void BpeTokenizer::add_split(const json& split, const std::string& where) {
@@ -326,6 +442,14 @@ void BpeTokenizer::add_split(const json& split, const std::string& where) {
   }
 }
 
+/// The bytes a vocabulary string stands for, as the decoder turns it into text.
+std::string BpeTokenizer::token_string_bytes(const std::string& token) const {
+  if (byte_level_) return byte_map().to_bytes(token);
+  const int byte = byte_fallback_ ? byte_token_value(token) : -1;
+  if (byte >= 0) return std::string(1, static_cast<char>(byte));
+  return replace_all(token, kSpmSpace, " ");
+}
+
 void BpeTokenizer::finish_tables() {
   int32_t size = 0;
   for (const auto& [token, id] : vocab_) size = std::max(size, id + 1);
@@ -334,12 +458,15 @@ void BpeTokenizer::finish_tables() {
   special_.assign(static_cast<size_t>(size), false);
   present_.assign(static_cast<size_t>(size), false);
   const ByteMap& map = byte_map();
+  byte_fallback_ids_.fill(-1);
   for (const auto& [token, id] : vocab_) {
-    bytes_[static_cast<size_t>(id)] = map.to_bytes(token);
+    bytes_[static_cast<size_t>(id)] = token_string_bytes(token);
     present_[static_cast<size_t>(id)] = true;
+    const int byte = byte_fallback_ ? byte_token_value(token) : -1;
+    if (byte >= 0) byte_fallback_ids_[static_cast<size_t>(byte)] = id;
   }
   for (const AddedToken& t : added_) {
-    bytes_[static_cast<size_t>(t.id)] = map.to_bytes(t.content);
+    bytes_[static_cast<size_t>(t.id)] = token_string_bytes(t.content);
     special_[static_cast<size_t>(t.id)] = t.special;
     present_[static_cast<size_t>(t.id)] = true;
     vocab_.emplace(t.content, t.id);
@@ -347,6 +474,11 @@ void BpeTokenizer::finish_tables() {
   for (int b = 0; b < 256; ++b) {
     auto it = vocab_.find(map.byte_to_utf8[b]);
     byte_ids_[b] = it == vocab_.end() ? -1 : it->second;  // -1: byte dropped (no unk)
+  }
+  if (!unk_token_.empty()) {
+    auto it = vocab_.find(unk_token_);
+    if (it == vocab_.end()) bad("model.unk_token \"" + unk_token_ + "\" is not in model.vocab");
+    unk_id_ = it->second;
   }
 }
 
@@ -398,23 +530,42 @@ void BpeTokenizer::encode_text(std::string_view text, bool parse_special,
     }
     // Normalisation runs on the text between non-normalized added tokens; normalized
     // added tokens are then matched in the normalised text (tokenizers AddedVocabulary).
-    std::string normalized;
-    std::string_view piece = seg.text;
-    if (nfc_ && !is_nfc_quick(piece)) {
-      normalized = to_nfc(piece);
-      piece = normalized;
-    }
-    for (const Segment& sub : split_added(piece, /*normalized_set=*/true, parse_special)) {
+    const std::string normalized = normalize(seg.text);
+    const bool seg_at_start = seg.text.data() == text.data();
+    for (const Segment& sub : split_added(normalized, /*normalized_set=*/true, parse_special)) {
       if (sub.id >= 0) {
         out.push_back(sub.id);
       } else {
-        encode_normalized(sub.text, out);
+        encode_normalized(sub.text, seg_at_start && sub.text.data() == normalized.data(), out);
       }
     }
   }
 }
 
-void BpeTokenizer::encode_normalized(std::string_view text, std::vector<int32_t>& out) const {
+std::string BpeTokenizer::normalize(std::string_view text) const {
+  std::string s(text);
+  for (const NormalizerStep& step : normalizers_) {
+    if (step.kind == NormalizerStep::kNfc) {
+      if (!is_nfc_quick(s)) s = to_nfc(s);
+    } else if (step.kind == NormalizerStep::kPrepend) {
+      if (!s.empty()) s.insert(0, step.text);
+    } else {
+      s = replace_all(s, step.text, step.replacement);
+    }
+  }
+  return s;
+}
+
+/// `at_start`: the text begins the input (Metaspace's prepend_scheme "first").
+void BpeTokenizer::encode_normalized(std::string_view text, bool at_start, std::vector<int32_t>& out) const {
+  if (metaspace_) {
+    std::string word = replace_all(text, " ", metaspace_->replacement);
+    const bool prepend = metaspace_->scheme == Metaspace::kAlways || (metaspace_->scheme == Metaspace::kFirst && at_start);
+    if (prepend && word.compare(0, metaspace_->replacement.size(), metaspace_->replacement) != 0)
+      word.insert(0, metaspace_->replacement);
+    encode_word(word, out);
+    return;
+  }
   for (std::string_view word : pre_tokenize(text)) encode_word(word, out);
 }
 
@@ -456,6 +607,12 @@ std::vector<std::string_view> BpeTokenizer::pre_tokenize(std::string_view text) 
 }
 
 void BpeTokenizer::encode_word(std::string_view word, std::vector<int32_t>& out) const {
+  // Without a pre-tokenizer a "word" is a whole text: worth no cache entry.
+  if (word.size() > kMaxCachedWordBytes) {
+    std::vector<int32_t> ids = bpe(word);
+    out.insert(out.end(), ids.begin(), ids.end());
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(cache_mutex_);
     auto it = cache_.find(std::string(word));
@@ -469,6 +626,46 @@ void BpeTokenizer::encode_word(std::string_view word, std::vector<int32_t>& out)
   std::lock_guard<std::mutex> lock(cache_mutex_);
   if (cache_.size() >= 200000) cache_.clear();  // bound memory on adversarial input
   cache_.emplace(std::string(word), std::move(ids));
+}
+
+/// The symbols BPE starts from (tokenizers' BPE::merge_word): ByteLevel, one per byte
+/// (a byte without a token is dropped); otherwise one per character in the vocabulary,
+/// else its bytes' "<0xAB>" tokens (byte_fallback, all of them present), else unk, with
+/// runs of unk fused into one (fuse_unk); a character with none of these is dropped.
+std::vector<int32_t> BpeTokenizer::initial_symbols(std::string_view word) const {
+  std::vector<int32_t> ids;
+  ids.reserve(word.size());
+  if (byte_level_) {
+    for (char c : word) {
+      const int32_t id = byte_ids_[static_cast<unsigned char>(c)];
+      if (id >= 0) ids.push_back(id);
+    }
+    return ids;
+  }
+  bool last_unk = false;
+  for (size_t i = 0; i < word.size();) {
+    size_t len = 1;
+    while (i + len < word.size() && (static_cast<unsigned char>(word[i + len]) & 0xC0) == 0x80) ++len;
+    const std::string_view ch = word.substr(i, len);
+    i += len;
+    auto it = vocab_.find(std::string(ch));
+    if (it != vocab_.end()) {
+      ids.push_back(it->second);
+      last_unk = false;
+      continue;
+    }
+    const bool bytes_known = byte_fallback_ && std::all_of(ch.begin(), ch.end(), [&](char c) {
+      return byte_fallback_ids_[static_cast<unsigned char>(c)] >= 0;
+    });
+    if (bytes_known) {
+      for (char c : ch) ids.push_back(byte_fallback_ids_[static_cast<unsigned char>(c)]);
+      last_unk = false;
+    } else if (unk_id_ >= 0 && !(fuse_unk_ && last_unk)) {
+      ids.push_back(unk_id_);
+      last_unk = true;
+    }
+  }
+  return ids;
 }
 
 /// BPE of one pre-token, as tokenizers' Word::merge_all: a min-heap of candidate merges
@@ -486,10 +683,7 @@ std::vector<int32_t> BpeTokenizer::bpe(std::string_view word) const {
     bool alive;
   };
   std::vector<Symbol> sym;
-  sym.reserve(word.size());
-  for (char c : word) {
-    const int32_t id = byte_ids_[static_cast<unsigned char>(c)];
-    if (id < 0) continue;
+  for (int32_t id : initial_symbols(word)) {
     const int32_t n = static_cast<int32_t>(sym.size());
     sym.push_back({id, n - 1, n + 1, true});
   }
@@ -546,7 +740,10 @@ std::string BpeTokenizer::decode(std::span<const int32_t> ids, bool skip_special
     if (skip_special && is_special(id)) continue;
     raw += token_bytes(id);
   }
-  return utf8_lossy(raw);
+  // The sentencepiece chain's Strip: the fused text loses up to N leading spaces.
+  size_t strip = 0;
+  while (strip < strip_leading_ && strip < raw.size() && raw[strip] == ' ') ++strip;
+  return utf8_lossy(std::string_view(raw).substr(strip));
 }
 
 int32_t BpeTokenizer::token_id(std::string_view token) const {

@@ -1,8 +1,14 @@
-// Byte-level BPE tokenizer read from a Hugging Face tokenizer.json (the format of the
-// `tokenizers` library: model.type "BPE" with vocab and merges, a ByteLevel or
-// Split+ByteLevel pre-tokenizer whose regex is run with PCRE2 (Unicode properties),
-// an optional NFC normalizer, and added_tokens). Follows tokenizers' Rust
-// implementation so that ids match it exactly.
+// BPE tokenizer read from a Hugging Face tokenizer.json (the format of the `tokenizers`
+// library: model.type "BPE" with vocab and merges, and added_tokens), in the two layouts
+// the supported families ship:
+//  - byte-level (GPT-2, Qwen, DeepSeek): a ByteLevel or Split+ByteLevel pre-tokenizer whose
+//    regex is run with PCRE2 (Unicode properties), an optional NFC normalizer, the
+//    ByteLevel decoder;
+//  - sentencepiece style (Llama 2, Mistral, Mixtral, as transformers' LlamaConverter
+//    writes it): byte_fallback to "<0xAB>" tokens, fuse_unk, the Prepend("▁") +
+//    Replace(" ", "▁") normalizers and no pre-tokenizer, or a Metaspace pre-tokenizer
+//    (split false), and the decoder Replace("▁", " ") + ByteFallback + Fuse + Strip.
+// Follows tokenizers' Rust implementation so that ids match it exactly.
 #pragma once
 
 #include <cstdint>
@@ -37,10 +43,13 @@ class Tokenizer {
   virtual std::vector<int32_t> encode(std::string_view text, bool parse_special = true) const = 0;
 
   /// Text of `ids` (bytes joined, then invalid UTF-8 replaced by U+FFFD as tokenizers'
-  /// decode does). With `skip_special`, special tokens are left out.
+  /// decode does; a sentencepiece-style decoder's Strip drops the leading space(s) of the
+  /// whole text, as tokenizers' decode does). With `skip_special`, special tokens are left out.
   virtual std::string decode(std::span<const int32_t> ids, bool skip_special = false) const = 0;
 
-  /// The raw bytes token `id` stands for (may be part of a UTF-8 character).
+  /// The raw bytes token `id` stands for (may be part of a UTF-8 character); "▁" is a
+  /// space and no Strip applies (StreamDecoder's text continues a prompt, as vLLM's
+  /// incremental detokenizer does: "▁Paris" streams as " Paris").
   /// Throws Error(kInvalidInput) for an id outside [0, vocab_size()).
   virtual std::string token_bytes(int32_t id) const = 0;
 

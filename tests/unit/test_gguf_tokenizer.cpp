@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -50,6 +51,7 @@ GgufTokenizerMetadata metadata_from_dump(const json& d) {
   m.tokens = d.at("tokenizer.ggml.tokens").get<std::vector<std::string>>();
   m.token_type = d.value("tokenizer.ggml.token_type", std::vector<int32_t>{});
   m.merges = d.value("tokenizer.ggml.merges", std::vector<std::string>{});
+  m.scores = d.value("tokenizer.ggml.scores", std::vector<float>{});
   m.bos_token_id = optional_id(d, "tokenizer.ggml.bos_token_id");
   m.eos_token_id = optional_id(d, "tokenizer.ggml.eos_token_id");
   m.eot_token_id = optional_id(d, "tokenizer.ggml.eot_token_id");
@@ -57,6 +59,8 @@ GgufTokenizerMetadata metadata_from_dump(const json& d) {
   m.unknown_token_id = optional_id(d, "tokenizer.ggml.unknown_token_id");
   if (d.contains("tokenizer.ggml.add_bos_token"))
     m.add_bos = d["tokenizer.ggml.add_bos_token"].get<bool>();
+  if (d.contains("tokenizer.ggml.add_space_prefix"))
+    m.add_space_prefix = d["tokenizer.ggml.add_space_prefix"].get<bool>();
   m.chat_template = d.value("tokenizer.chat_template", "");
   return m;
 }
@@ -96,9 +100,10 @@ struct Case {
   std::vector<int32_t> ids;
 };
 
-std::vector<Case> load_cases() {
+std::vector<Case> load_cases(const fs::path& file = kHf / "cases.jsonl") {
   std::vector<Case> cases;
-  std::ifstream in(kHf / "cases.jsonl");
+  std::ifstream in(file);
+  REQUIRE_MESSAGE(in, file.string());
   for (std::string line; std::getline(in, line);) {
     const json j = json::parse(line);
     cases.push_back({j.contains("hex") ? from_hex(j["hex"]) : j["text"].get<std::string>(),
@@ -242,6 +247,60 @@ TEST_CASE("GPT-2 and DeepSeek Coder GGUFs match llama.cpp's HF-made test pairs")
   CHECK(gpt2->is_special(50256));
 }
 
+TEST_CASE("Llama's sentencepiece GGUF vocabulary: the hub's tokenizer.json, llama.cpp's pairs, HF's ids") {
+  const GgufTokenizerMetadata meta = load_dump(kGguf / "llama-spm.json");
+  CHECK(meta.model == "llama");
+  REQUIRE(meta.scores.size() == 32000);
+  const json built = charm::tokenizer_json_from_gguf(meta, "llama-spm.json");
+  // The merges transformers derives from the same scores (scripts/gen_spm_tokenizer_cases.py).
+  const json hub = json::parse(read_file(kSource / "tests/fixtures/spm_tokenizer/tokenizer.json"));
+  CHECK(built["model"]["merges"] == hub["model"]["merges"]);
+  CHECK(built["model"]["vocab"] == hub["model"]["vocab"]);
+  CHECK(built["normalizer"] == hub["normalizer"]);
+  CHECK(built["decoder"] == hub["decoder"]);
+  const auto tok = Tokenizer::from_json(built, "llama-spm.json");
+  const auto pairs = load_pairs(kGguf / "llama-spm.inp", kGguf / "llama-spm.out");
+  CHECK(pairs.size() == 46);
+  for (const auto& [text, ids] : pairs) CHECK_MESSAGE(tok->encode(text) == ids, json(text).dump());
+  int encode_fail = 0, decode_fail = 0;
+  const std::vector<Case> cases = load_cases(kSource / "tests/fixtures/spm_tokenizer/cases.jsonl");
+  for (const Case& c : cases) {
+    encode_fail += tok->encode(c.text) != c.ids;
+    decode_fail += tok->decode(c.ids) != c.decoded || tok->decode(c.ids, true) != c.decoded_skip;
+  }
+  MESSAGE(cases.size() << " cases");
+  CHECK(encode_fail == 0);
+  CHECK(decode_fail == 0);
+  GgufTokenizerMetadata no_prefix = meta;  // add_space_prefix false: no Prepend, no Strip
+  no_prefix.add_space_prefix = false;
+  const auto bare = build(no_prefix, "bare");
+  CHECK(bare->encode("Hello") != tok->encode("Hello"));
+  CHECK(bare->decode(tok->encode("Hello")) == " Hello");
+}
+
+TEST_CASE("malformed sentencepiece GGUF metadata is refused, naming the key") {
+  const GgufTokenizerMetadata good = load_dump(kGguf / "llama-spm.json");
+  const auto expect = [](const GgufTokenizerMetadata& m, const std::vector<std::string>& parts) {
+    charm::test::expect_error([&] { charm::tokenizer_json_from_gguf(m, "spm.gguf"); },
+                              charm::ErrorCategory::kInvalidInput, parts);
+  };
+  GgufTokenizerMetadata m = good;
+  m.scores.pop_back();
+  expect(m, {"spm.gguf", "tokenizer.ggml.scores has 31999 entries"});
+  m = good;
+  m.scores[400] = std::nanf("");
+  expect(m, {"spm.gguf", "tokenizer.ggml.scores[400]", "finite"});
+  m = good;
+  m.tokens[500] = m.tokens[501];
+  expect(m, {"spm.gguf", "tokenizer.ggml.tokens[501]", "repeats token 500"});
+  m = good;
+  m.unknown_token_id = 32000;
+  expect(m, {"spm.gguf", "unknown_token_id", "32000"});
+  m = good;
+  m.token_type[0] = 5;  // <unk> unused: no unk token left
+  expect(m, {"spm.gguf", "unknown_token_id 0 names no token"});
+}
+
 TEST_CASE("every known pre-tokenizer builds a tokenizer whose regexes PCRE2 accepts") {
   const std::vector<std::string> known = charm::gguf_known_pre_tokenizers();
   CHECK(known.size() >= 10);
@@ -292,9 +351,8 @@ TEST_CASE("the tiny metadata is valid (so each error below is the one change)") 
 TEST_CASE("unsupported tokenizer models and pre-tokenizers are named") {
   using C = charm::ErrorCategory;
   GgufTokenizerMetadata m = tiny();
-  m.model = "llama";
-  expect_refused(m, C::kUnsupported,
-                 {"tokenizer.ggml.model \"llama\" (sentencepiece) is not supported"});
+  m.model = "t5";
+  expect_refused(m, C::kUnsupported, {"tokenizer.ggml.model \"t5\" (Unigram) is not supported", "\"llama\""});
   m.model = "";
   expect_refused(m, C::kUnsupported, {"tokenizer.ggml.model \"\""});
   m = tiny();

@@ -48,9 +48,10 @@ struct Case {
   std::string decoded, decoded_skip;
 };
 
-std::vector<Case> load_cases() {
+std::vector<Case> load_cases(const fs::path& file = kFixtures / "cases.jsonl") {
   std::vector<Case> cases;
-  std::ifstream in(kFixtures / "cases.jsonl");
+  std::ifstream in(file);
+  REQUIRE_MESSAGE(in, file.string());
   std::string line;
   while (std::getline(in, line)) {
     const json j = json::parse(line);
@@ -114,10 +115,8 @@ TEST_CASE("vocabulary facts of the Qwen3 fixture") {
   CHECK_THROWS_AS(t.decode(bad), charm::Error);
 }
 
-TEST_CASE("ids match HF tokenizers on every case of cases.jsonl") {
-  const Tokenizer& t = qwen();
-  const std::vector<Case> cases = load_cases();
-  REQUIRE(cases.size() >= 2000);
+/// Encodes and decodes every case with `t`; checks each id list and both decodes.
+void check_parity(const Tokenizer& t, const std::vector<Case>& cases) {
   int encode_fail = 0, decode_fail = 0;
   for (const Case& c : cases) {
     const std::vector<int32_t> got = t.encode(c.text);
@@ -133,6 +132,76 @@ TEST_CASE("ids match HF tokenizers on every case of cases.jsonl") {
                                << cases.size() << " decodes match");
   CHECK(encode_fail == 0);
   CHECK(decode_fail == 0);
+}
+
+TEST_CASE("ids match HF tokenizers on every case of cases.jsonl") {
+  const std::vector<Case> cases = load_cases();
+  REQUIRE(cases.size() >= 2000);
+  check_parity(qwen(), cases);
+}
+
+// --- sentencepiece-style tokenizer.json (Llama 2 / Mistral / Mixtral layout) ---------------
+
+const fs::path kSpm = fs::path(CHARM_SOURCE_DIR) / "tests/fixtures/spm_tokenizer";
+
+json spm_json() {
+  static const json j = json::parse(read_file(kSpm / "tokenizer.json"));
+  return j;
+}
+
+/// The newer layout transformers writes (legacy false): no normalizer, Metaspace
+/// prepend_scheme "first" (scripts/gen_spm_tokenizer_cases.py makes the same change).
+json spm_metaspace_json() {
+  json j = spm_json();
+  j["normalizer"] = nullptr;
+  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"}, {"split", false}};
+  return j;
+}
+
+TEST_CASE("sentencepiece-style tokenizer.json: ids and decodes match HF tokenizers on every case") {
+  const auto legacy = Tokenizer::from_json(spm_json(), "spm tokenizer.json");
+  CHECK(legacy->vocab_size() == 32000);
+  const std::vector<Case> cases = load_cases(kSpm / "cases.jsonl");
+  REQUIRE(cases.size() >= 1000);
+  check_parity(*legacy, cases);
+  const auto metaspace = Tokenizer::from_json(spm_metaspace_json(), "spm metaspace");
+  check_parity(*metaspace, load_cases(kSpm / "cases_metaspace.jsonl"));
+}
+
+TEST_CASE("sentencepiece-style tokenizer.json: byte fallback, spaces, special tokens, streaming") {
+  const auto t = Tokenizer::from_json(spm_json(), "spm");
+  // "▁Hello" is one piece; a leading "▁" comes from Prepend; "😀" has no piece: 4 byte tokens.
+  const std::vector<int32_t> ids = t->encode("Hello 😀");
+  REQUIRE(ids.size() == 6);
+  CHECK(t->token_bytes(ids[0]) == " Hello");
+  for (size_t i = 2; i < 6; ++i) CHECK(t->token_bytes(ids[i]).size() == 1);  // "<0xF0>" ...
+  CHECK(t->decode(ids) == "Hello 😀");  // Strip drops the Prepend's space
+  charm::StreamDecoder stream(*t);
+  std::string streamed;
+  for (int32_t id : ids) streamed += stream.push(id);
+  CHECK(streamed + stream.flush() == " Hello 😀");  // a stream continues a prompt: no Strip
+  CHECK(t->encode("<s>") == std::vector<int32_t>{1});
+  CHECK(t->is_special(1));
+  CHECK(t->decode(std::vector<int32_t>{1, ids[0]}, true) == "Hello");
+}
+
+TEST_CASE("sentencepiece-style tokenizer.json: unsupported variants are named") {
+  using C = charm::ErrorCategory;
+  json j = spm_metaspace_json();
+  j["pre_tokenizer"]["split"] = true;
+  charm::test::expect_error([&] { Tokenizer::from_json(j, "s.json"); }, C::kUnsupported, {"s.json", "split true"});
+  j = spm_json();
+  j["decoder"]["decoders"].erase(1);  // no ByteFallback
+  charm::test::expect_error([&] { Tokenizer::from_json(j, "d.json"); }, C::kUnsupported, {"d.json", "decoder"});
+  j = spm_json();
+  j["normalizer"]["normalizers"][1]["pattern"] = {{"Regex", " +"}};
+  charm::test::expect_error([&] { Tokenizer::from_json(j, "r.json"); }, C::kUnsupported, {"r.json", "Replace"});
+  j = spm_json();
+  j["model"]["unk_token"] = "<nope>";
+  charm::test::expect_error([&] { Tokenizer::from_json(j, "u.json"); }, C::kInvalidInput, {"u.json", "<nope>"});
+  j = spm_metaspace_json();
+  j["pre_tokenizer"]["prepend_scheme"] = "sometimes";
+  charm::test::expect_error([&] { Tokenizer::from_json(j, "p.json"); }, C::kInvalidInput, {"p.json", "sometimes"});
 }
 
 TEST_CASE("ids match llama.cpp's Qwen2 test pairs") {
