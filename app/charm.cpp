@@ -369,7 +369,9 @@ int run(const RunArgs& args) {
   std::unique_ptr<Engine> engine = Engine::create(topology, options);
   std::string text = args.prompt;
   if (args.chat) text = engine->chat_template().render({{"user", args.prompt}}, /*add_generation_prompt=*/true);
-  std::vector<int32_t> prompt = engine->tokenizer().encode(text, /*parse_special=*/true);
+  // A chat template writes its own special tokens; a raw prompt gets the tokenizer's (BOS).
+  std::vector<int32_t> prompt =
+      args.chat ? engine->tokenizer().encode(text, /*parse_special=*/true) : engine->tokenizer().encode_prompt(text);
   SamplingParams params;
   params.max_tokens = args.max_tokens;
   params.temperature = args.temperature;

@@ -397,7 +397,7 @@ std::vector<int32_t> prompt_token_ids(const ApiRequest& req, const ChatTemplate*
         chat_template->render_json(req.messages_json, /*add_generation_prompt=*/true, req.template_kwargs);
     return tokenizer.encode(text, /*parse_special=*/true);
   }
-  if (!req.has_prompt_ids) return tokenizer.encode(req.prompt_text, /*parse_special=*/true);
+  if (!req.has_prompt_ids) return tokenizer.encode_prompt(req.prompt_text);  // with BOS where the model wants one
   for (int32_t id : req.prompt_ids)
     if (id >= tokenizer.vocab_size())
       throw ApiError(400, "'prompt' token id " + std::to_string(id) + " is outside the vocabulary of " +

@@ -105,8 +105,9 @@ ApiRequest parse_chat_request(std::string_view body, const SamplingParams& defau
 /// explicit max_tokens (or max_completion_tokens) does not fit.
 void check_context(ApiRequest& request, int64_t prompt_tokens, int64_t max_context);
 
-/// The prompt's token ids: the client's ids (checked against the vocabulary), the
-/// completion prompt encoded, or the chat rendered with `chat_template` (render_json, so
+/// The prompt's token ids: the client's ids (checked against the vocabulary, taken as
+/// they are), the completion prompt encoded with the tokenizer's special tokens around it
+/// (Tokenizer::encode_prompt: Llama's BOS, as transformers' tokenizer(prompt) adds it), or the chat rendered with `chat_template` (render_json, so
 /// keys beyond role/content and chat_template_kwargs reach it as apply_chat_template
 /// passes them) and encoded with special tokens parsed (the template writes them as
 /// text). `chat_template` is read only for a chat request (it may be null otherwise).

@@ -176,12 +176,32 @@ std::vector<std::string> gguf_known_pre_tokenizers() {
   return names;
 }
 
+/// add_bos_token / add_eos_token as tokenizer.json says them: a TemplateProcessing
+/// post-processor around the single sequence (null when neither is set).
+json post_processor_json(const GgufTokenizerMetadata& meta) {
+  json single = json::array(), table = json::object();
+  const auto special = [&](int32_t id) {
+    const std::string& name = meta.tokens[static_cast<size_t>(id)];
+    single.push_back({{"SpecialToken", {{"id", name}, {"type_id", 0}}}});
+    table[name] = {{"id", name}, {"ids", {id}}, {"tokens", {name}}};
+  };
+  const bool bos = meta.add_bos.value_or(false) && meta.bos_token_id;
+  const bool eos = meta.add_eos.value_or(false) && meta.eos_token_id;
+  if (!bos && !eos) return nullptr;
+  if (bos) special(*meta.bos_token_id);
+  single.push_back({{"Sequence", {{"id", "A"}, {"type_id", 0}}}});
+  if (eos) special(*meta.eos_token_id);
+  return {{"type", "TemplateProcessing"}, {"single", single}, {"pair", nullptr}, {"special_tokens", table}};
+}
+
 json tokenizer_json_from_gguf(const GgufTokenizerMetadata& meta, std::string_view origin) {
   const std::string where(origin);
   if (meta.model == "llama") {  // sentencepiece BPE (Llama 2, Mistral, Mixtral)
     const std::vector<int32_t> types = checked_types(meta, where);
     check_special_ids(meta, where);
-    return spm_tokenizer_json(meta, types, where);
+    json root = spm_tokenizer_json(meta, types, where);
+    root["post_processor"] = post_processor_json(meta);
+    return root;
   }
   if (meta.model != "gpt2") {
     const std::string kind = meta.model == "bert" ? " (WordPiece)" : meta.model == "t5" ? " (Unigram)" : "";
@@ -233,7 +253,7 @@ json tokenizer_json_from_gguf(const GgufTokenizerMetadata& meta, std::string_vie
                {"added_tokens", std::move(added)},
                {"normalizer", pre->nfc ? json{{"type", "NFC"}} : json(nullptr)},
                {"pre_tokenizer", pre_tokenizer_json(*pre)},
-               {"post_processor", nullptr},
+               {"post_processor", post_processor_json(meta)},
                {"decoder",
                 {{"type", "ByteLevel"},
                  {"add_prefix_space", false},

@@ -50,6 +50,7 @@ struct GgufTokenizerMetadata {
   std::optional<int32_t> padding_token_id;  ///< tokenizer.ggml.padding_token_id
   std::optional<int32_t> unknown_token_id;  ///< tokenizer.ggml.unknown_token_id
   std::optional<bool> add_bos;              ///< tokenizer.ggml.add_bos_token
+  std::optional<bool> add_eos;              ///< tokenizer.ggml.add_eos_token
   std::optional<bool> add_space_prefix;     ///< tokenizer.ggml.add_space_prefix ("llama"; default true)
   std::string chat_template;                ///< tokenizer.chat_template ("" when absent)
 };
@@ -62,7 +63,9 @@ std::vector<std::string> gguf_known_pre_tokenizers();
 /// byte tokens; merges as given), the pre-tokenizer the family's tokenizer.json has for
 /// `meta.pre` (Split(regex, Isolated)... + ByteLevel, or ByteLevel with its GPT-2 regex),
 /// NFC normalizer where the family has one (Qwen2), added_tokens = the control tokens
-/// ("special": true) and user-defined ones ("special": false), ByteLevel decoder. Unused
+/// ("special": true) and user-defined ones ("special": false), ByteLevel decoder. Both: a
+/// TemplateProcessing post-processor putting BOS before / EOS after a sequence when
+/// add_bos / add_eos say so (Tokenizer::encode_prompt). Unused
 /// tokens become holes (Tokenizer::has_token is false for them), as in the tokenizer.json
 /// the GGUF was converted from. Load the result with Tokenizer::from_json.
 ///

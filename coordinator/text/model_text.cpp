@@ -31,6 +31,7 @@ GgufTokenizerMetadata tokenizer_metadata(const GgufModelFiles& files) {
   meta.unknown_token_id = optional_id(files, "tokenizer.ggml.unknown_token_id");
   if (const GgufValue* v = files.find("tokenizer.ggml.scores")) meta.scores = v->as_f32_array();
   if (const GgufValue* v = files.find("tokenizer.ggml.add_bos_token")) meta.add_bos = v->as_bool();
+  if (const GgufValue* v = files.find("tokenizer.ggml.add_eos_token")) meta.add_eos = v->as_bool();
   if (const GgufValue* v = files.find("tokenizer.ggml.add_space_prefix")) meta.add_space_prefix = v->as_bool();
   return meta;
 }

@@ -175,6 +175,7 @@ class BpeTokenizer final : public Tokenizer {
   std::string token_bytes(int32_t id) const override;
   int32_t token_id(std::string_view token) const override;
   int32_t vocab_size() const override { return static_cast<int32_t>(bytes_.size()); }
+  SequenceTemplate sequence_template() const override { return template_; }
   bool is_special(int32_t id) const override {
     return id >= 0 && id < vocab_size() && special_[static_cast<size_t>(id)];
   }
@@ -195,6 +196,7 @@ class BpeTokenizer final : public Tokenizer {
   void load_pre_tokenizer(const json& pre);
   void load_metaspace(const json& pre);
   void load_decoder(const json& decoder);
+  void load_post_processor(const json& post, const json& root);
   void add_split(const json& split, const std::string& where);
   void finish_tables();
   std::string token_string_bytes(const std::string& token) const;
@@ -230,6 +232,7 @@ class BpeTokenizer final : public Tokenizer {
   // Replace("▁", " ") + ByteFallback + Fuse + Strip(" ", strip_leading_, 0).
   bool byte_level_ = true;
   size_t strip_leading_ = 0;
+  SequenceTemplate template_;  // TemplateProcessing's special tokens around one sequence
 
   mutable std::mutex cache_mutex_;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
@@ -251,6 +254,7 @@ void BpeTokenizer::load(const json& root) {
   load_pre_tokenizer(root.value("pre_tokenizer", json()));
   load_decoder(root.value("decoder", json()));
   finish_tables();
+  load_post_processor(root.value("post_processor", json()), root);
 }
 
 void BpeTokenizer::load_model(const json& model) {
@@ -424,6 +428,38 @@ void BpeTokenizer::load_decoder(const json& decoder) {
                 "N, 0)]");
   byte_level_ = false;
   strip_leading_ = static_cast<size_t>(list[3]["start"].get<int64_t>());
+}
+
+/// TemplateProcessing's "single" template: special tokens, then the sequence "A", then
+/// special tokens (tokenizers processors/template.rs); ByteLevel (offsets only) and a
+/// Sequence of processors are accepted too. Each special token's ids come from the
+/// processor's special_tokens table, and must be tokens.
+void BpeTokenizer::load_post_processor(const json& post, const json& root) {
+  const std::string type = post.is_object() ? post.value("type", "") : "";
+  if (post.is_null() || type == "ByteLevel") return;
+  if (type == "Sequence" && post.contains("processors") && post["processors"].is_array()) {
+    for (const json& p : post["processors"]) load_post_processor(p, root);
+    return;
+  }
+  if (type != "TemplateProcessing" || !post.contains("single") || !post["single"].is_array())
+    unsupported("post_processor of type \"" + type + "\" is not implemented (ByteLevel, TemplateProcessing)");
+  const json table = post.value("special_tokens", json::object());
+  bool seen_sequence = false;
+  for (const json& piece : post["single"]) {
+    if (piece.contains("Sequence") && piece["Sequence"].value("id", "") == "A" && !seen_sequence) {
+      seen_sequence = true;
+      continue;
+    }
+    const std::string name = piece.contains("SpecialToken") ? piece["SpecialToken"].value("id", "") : "";
+    if (name.empty() || !table.contains(name) || !table[name].contains("ids") || !table[name]["ids"].is_array())
+      bad("post_processor.single: " + piece.dump() + " is neither sequence A nor a special token of special_tokens");
+    for (const json& id : table[name]["ids"]) {
+      if (!id.is_number_integer() || id.get<int64_t>() > INT32_MAX || !has_token(static_cast<int32_t>(id.get<int64_t>())))
+        bad("post_processor.special_tokens[\"" + name + "\"].ids: " + id.dump() + " is not a token id");
+      (seen_sequence ? template_.suffix : template_.prefix).push_back(static_cast<int32_t>(id.get<int64_t>()));
+    }
+  }
+  if (!seen_sequence) bad("post_processor.single has no sequence A");
 }
 
 void BpeTokenizer::add_split(const json& split, const std::string& where) {
@@ -769,6 +805,15 @@ std::unique_ptr<Tokenizer> Tokenizer::from_json(const json& root, std::string or
     fail_invalid(origin + ": unexpected field type: " + e.what());
   }
   return tokenizer;
+}
+
+std::vector<int32_t> Tokenizer::encode_prompt(std::string_view text) const {
+  SequenceTemplate around = sequence_template();
+  std::vector<int32_t> ids = std::move(around.prefix);
+  const std::vector<int32_t> body = encode(text, /*parse_special=*/true);
+  ids.insert(ids.end(), body.begin(), body.end());
+  ids.insert(ids.end(), around.suffix.begin(), around.suffix.end());
+  return ids;
 }
 
 // --- StreamDecoder ------------------------------------------------------------------------

@@ -42,6 +42,12 @@ class Tokenizer {
   /// text become their ids (as tokenizers' encode(..., add_special_tokens=False) does).
   virtual std::vector<int32_t> encode(std::string_view text, bool parse_special = true) const = 0;
 
+  /// Ids of a whole prompt, as tokenizers' encode(text, add_special_tokens=True) gives
+  /// them: encode(text) between the special tokens tokenizer.json's TemplateProcessing
+  /// post-processor puts around a single sequence (Llama's "<s>"; none for Qwen). For raw
+  /// completion prompts; a chat template writes its special tokens itself.
+  std::vector<int32_t> encode_prompt(std::string_view text) const;
+
   /// Text of `ids` (bytes joined, then invalid UTF-8 replaced by U+FFFD as tokenizers'
   /// decode does; a sentencepiece-style decoder's Strip drops the leading space(s) of the
   /// whole text, as tokenizers' decode does). With `skip_special`, special tokens are left out.
@@ -66,6 +72,12 @@ class Tokenizer {
 
   /// True for added tokens marked "special": true.
   virtual bool is_special(int32_t id) const = 0;
+
+  /// The ids the post-processor puts before and after a single sequence (empty: none).
+  struct SequenceTemplate {
+    std::vector<int32_t> prefix, suffix;
+  };
+  virtual SequenceTemplate sequence_template() const { return {}; }
 };
 
 /// Turns a stream of token ids into text that never splits a UTF-8 character: bytes of

@@ -59,6 +59,7 @@ GgufTokenizerMetadata metadata_from_dump(const json& d) {
   m.unknown_token_id = optional_id(d, "tokenizer.ggml.unknown_token_id");
   if (d.contains("tokenizer.ggml.add_bos_token"))
     m.add_bos = d["tokenizer.ggml.add_bos_token"].get<bool>();
+  if (d.contains("tokenizer.ggml.add_eos_token")) m.add_eos = d["tokenizer.ggml.add_eos_token"].get<bool>();
   if (d.contains("tokenizer.ggml.add_space_prefix"))
     m.add_space_prefix = d["tokenizer.ggml.add_space_prefix"].get<bool>();
   m.chat_template = d.value("tokenizer.chat_template", "");
@@ -271,6 +272,15 @@ TEST_CASE("Llama's sentencepiece GGUF vocabulary: the hub's tokenizer.json, llam
   MESSAGE(cases.size() << " cases");
   CHECK(encode_fail == 0);
   CHECK(decode_fail == 0);
+  // add_bos_token true: a prompt starts with <s> (id 1), as Llama's tokenizer(prompt) does.
+  CHECK(meta.add_bos == true);
+  CHECK(tok->encode_prompt("Hello").front() == 1);
+  CHECK(tok->encode_prompt("Hello").size() == tok->encode("Hello").size() + 1);
+  GgufTokenizerMetadata eos = meta;
+  eos.add_bos = false;
+  eos.add_eos = true;
+  CHECK(build(eos, "eos")->encode_prompt("Hello").back() == 2);
+  CHECK(qwen_gguf().encode_prompt("Hello") == qwen_gguf().encode("Hello"));  // add_bos false
   GgufTokenizerMetadata no_prefix = meta;  // add_space_prefix false: no Prepend, no Strip
   no_prefix.add_space_prefix = false;
   const auto bare = build(no_prefix, "bare");

@@ -185,6 +185,33 @@ TEST_CASE("sentencepiece-style tokenizer.json: byte fallback, spaces, special to
   CHECK(t->decode(std::vector<int32_t>{1, ids[0]}, true) == "Hello");
 }
 
+TEST_CASE("encode_prompt puts the post-processor's special tokens around the text") {
+  CHECK(qwen().encode_prompt("Hello world") == qwen().encode("Hello world"));  // ByteLevel: none
+  json j = spm_json();
+  j["post_processor"] = json::parse(R"({"type": "TemplateProcessing",
+      "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+      "pair": [], "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}})");
+  const auto t = Tokenizer::from_json(j, "llama");
+  std::vector<int32_t> want{1};
+  for (int32_t id : t->encode("Hello world")) want.push_back(id);
+  CHECK(t->encode_prompt("Hello world") == want);
+  CHECK(t->encode_prompt("<s>x").size() == t->encode("<s>x").size() + 1);  // as HF: a written BOS is kept too
+  j["post_processor"]["single"].push_back(json::parse(R"({"SpecialToken": {"id": "</s>", "type_id": 0}})"));
+  j["post_processor"]["special_tokens"]["</s>"] = json::parse(R"({"id": "</s>", "ids": [2], "tokens": ["</s>"]})");
+  CHECK(Tokenizer::from_json(j, "llama")->encode_prompt("a").back() == 2);
+  // Llama 3's layout: ByteLevel then TemplateProcessing in a Sequence.
+  json seq = j;
+  seq["post_processor"] = {{"type", "Sequence"}, {"processors", json::array({{{"type", "ByteLevel"}}, j["post_processor"]})}};
+  CHECK(Tokenizer::from_json(seq, "seq")->encode_prompt("a").front() == 1);
+  using C = charm::ErrorCategory;
+  j["post_processor"]["special_tokens"]["</s>"]["ids"] = json::array({40000});
+  charm::test::expect_error([&] { Tokenizer::from_json(j, "pp.json"); }, C::kInvalidInput, {"pp.json", "40000"});
+  j["post_processor"]["single"][2] = json::parse(R"({"SpecialToken": {"id": "<x>", "type_id": 0}})");
+  charm::test::expect_error([&] { Tokenizer::from_json(j, "pp.json"); }, C::kInvalidInput, {"pp.json", "<x>"});
+  j["post_processor"] = {{"type", "RobertaProcessing"}};
+  charm::test::expect_error([&] { Tokenizer::from_json(j, "pp.json"); }, C::kUnsupported, {"RobertaProcessing"});
+}
+
 TEST_CASE("sentencepiece-style tokenizer.json: unsupported variants are named") {
   using C = charm::ErrorCategory;
   json j = spm_metaspace_json();
