@@ -342,11 +342,11 @@ KIMI_K2_CONFIG = {
 # (shared_intermediate_size 0), every layer MoE, attn_type_list all 1 (full attention),
 # rms_norm_eps 1e-6, rope_theta 5e6, max_position_embeddings, untied lm_head,
 # num_mtp_modules 3 and mtp_transformer_layers 1 (transformers builds no MTP module; no MTP
-# tensors are written). Left out: use_mtp true, which transformers 5.24 copies into the
-# generation config, where it turns generate() into MTP-assisted decoding that fails
-# ("Could not find `num_mtp_layers`"). Shrunk: every size (hidden 8 as kimi-k2-tiny, so the two
-# vocab x hidden matrices stay small). Left out: quantization_config (the hub ships fp8
-# blocks of 128) and auto_map. Token ids are the shared Qwen tokenizer's (MiniMax's bos
+# tensors are written). Shrunk: every size (hidden 8 as kimi-k2-tiny, so the two vocab x
+# hidden matrices stay small). Left out: quantization_config (the hub ships fp8 blocks of
+# 128), auto_map, and use_mtp true, which transformers 5.24 copies into the generation
+# config, where it turns generate() into MTP-assisted decoding that fails ("Could not find
+# `num_mtp_layers`"). Token ids are the shared Qwen tokenizer's (MiniMax's bos
 # 200034 / eos 200020 are past its vocabulary, which is the padded Qwen 151936).
 MINIMAX_M2_CONFIG = {
     "architectures": ["MiniMaxM2ForCausalLM"],
