@@ -143,8 +143,10 @@ std::optional<std::pair<int64_t, int64_t>> read_fp8_block(const nlohmann::json& 
   if (method != "fp8") {
     fail_unsupported(where + ": quantization_config.quant_method '" + method + "' is not supported (supported: fp8)");
   }
-  if (q.contains("fmt") && q["fmt"] != "e4m3") {
-    fail_unsupported(where + ": quantization_config.fmt " + q["fmt"].dump() + " is not supported (supported: e4m3)");
+  // DeepSeek-V3 spells the format "e4m3", MiniMax-M2 "float8_e4m3fn": the same bytes.
+  if (q.contains("fmt") && q["fmt"] != "e4m3" && q["fmt"] != "float8_e4m3fn") {
+    fail_unsupported(where + ": quantization_config.fmt " + q["fmt"].dump() +
+                     " is not supported (supported: e4m3, float8_e4m3fn)");
   }
   const auto& b = q.contains("weight_block_size") ? q["weight_block_size"] : nlohmann::json();
   if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer() ||

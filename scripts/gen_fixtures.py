@@ -21,6 +21,10 @@ Writes, under tests/fixtures/models/:
                    expert, a dense first layer, and an MTP layer's tensors that nothing reads.
   kimi-k2-tiny/    DeepseekV3ForCausalLM with Kimi K2's config values shrunk (KIMI_K2_CONFIG
                    says which were kept), two shards.
+  minimax-m2-tiny/ MiniMaxM2ForCausalLM in MiniMax-M2's hub names (block_sparse_moe.gate,
+                   block_sparse_moe.e_score_correction_bias, experts.E.{w1,w3,w2}): q/k norms
+                   over the whole projection, partial rotary (rotary_dim), sigmoid routing
+                   with a random bias, untied lm_head (MINIMAX_M2_CONFIG says what was kept).
 
 Each directory gets config.json (hub layout, as the published checkpoints spell it),
 generation_config.json, tokenizer.json (relative symlink to the shared tokenizer fixture),
@@ -329,6 +333,59 @@ KIMI_K2_CONFIG = {
     "vocab_size": 163840,
 }
 
+# minimax-m2-tiny: MiniMaxM2ForCausalLM in the hub layout of MiniMaxAI/MiniMax-M2's
+# config.json (top-level rope_theta and the legacy rotary_dim, which MiniMaxM2Config turns
+# into partial_rotary_factor = rotary_dim / head_dim), shrunk. Kept: rotary_dim = head_dim / 2
+# (64 of 128), hidden_size != heads * head_dim (3072 vs 48 * 128), GQA, use_qk_norm with
+# qk_norm_type per_layer (one RMSNorm over all heads' q, one over all of k), scoring_func
+# sigmoid with use_routing_bias (e_score_correction_bias, random here), no shared expert
+# (shared_intermediate_size 0), every layer MoE, attn_type_list all 1 (full attention),
+# rms_norm_eps 1e-6, rope_theta 5e6, max_position_embeddings, untied lm_head,
+# num_mtp_modules 3 and mtp_transformer_layers 1 (transformers builds no MTP module; no MTP
+# tensors are written). Shrunk: every size (hidden 8 as kimi-k2-tiny, so the two vocab x
+# hidden matrices stay small). Left out: quantization_config (the hub ships fp8 blocks of
+# 128), auto_map, and use_mtp true, which transformers 5.24 copies into the generation
+# config, where it turns generate() into MTP-assisted decoding that fails ("Could not find
+# `num_mtp_layers`"). Token ids are the shared Qwen tokenizer's (MiniMax's bos
+# 200034 / eos 200020 are past its vocabulary, which is the padded Qwen 151936).
+MINIMAX_M2_CONFIG = {
+    "architectures": ["MiniMaxM2ForCausalLM"],
+    "attention_dropout": 0.0,
+    "attn_type_list": [1, 1, 1],
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "head_dim": 16,
+    "hidden_act": "silu",
+    "hidden_size": 8,
+    "initializer_range": 0.3,
+    "intermediate_size": 16,
+    "max_position_embeddings": 196608,
+    "model_type": "minimax_m2",
+    "mtp_transformer_layers": 1,
+    "num_attention_heads": 4,
+    "num_experts_per_tok": 4,
+    "num_hidden_layers": 3,
+    "num_key_value_heads": 2,
+    "num_local_experts": 16,
+    "num_mtp_modules": 3,
+    "output_router_logits": False,
+    "qk_norm_type": "per_layer",
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 5000000,
+    "rotary_dim": 8,
+    "router_aux_loss_coef": 0.001,
+    "router_jitter_noise": 0.0,
+    "scoring_func": "sigmoid",
+    "shared_intermediate_size": 0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": transformers.__version__,
+    "use_cache": True,
+    "use_qk_norm": True,
+    "use_routing_bias": True,
+    "vocab_size": 151936,
+}
+
 PROMPTS = [
     {"name": "english", "text": "The quick brown fox jumps over the lazy dog. In 2024, "
                                 "the village by the sea held its 17th annual festival, and"},
@@ -363,6 +420,11 @@ MODELS = [
     {"dir": "kimi-k2-tiny", "config": KIMI_K2_CONFIG, "eos": 151645, "seed": 6000,
      "expert_layout": "per_expert", "shards": 2, "template": "qwen3", "router_bias": True,
      "config_class": "DeepseekV3Config", "model_class": "DeepseekV3ForCausalLM",
+     "min_router_margin": MIN_SIGMOID_ROUTER_MARGIN},
+    # MiniMax-M2: Mixtral's hub names (block_sparse_moe, w1/w3/w2), the router bias beside
+    # the gate (block_sparse_moe.e_score_correction_bias, not gate.*).
+    {"dir": "minimax-m2-tiny", "config": MINIMAX_M2_CONFIG, "eos": 151645, "seed": 7000,
+     "expert_layout": "mixtral", "shards": 1, "template": "qwen3", "router_bias": True,
      "min_router_margin": MIN_SIGMOID_ROUTER_MARGIN},
 ]
 
@@ -535,6 +597,10 @@ class RouterProbe:
             logits, scores, indices = output
             if hasattr(module, "e_score_correction_bias"):
                 margin, changed = deepseek_router_stats(module, logits.detach(), indices)
+                self.bias_changed += changed
+                self.positions += logits.shape[0]
+            elif len(_inputs) > 1:  # MiniMaxM2TopKRouter: the block passes its bias in
+                margin, changed = minimax_router_stats(logits.detach(), _inputs[1], indices, top_k)
                 self.bias_changed += changed
                 self.positions += logits.shape[0]
             else:
@@ -1028,6 +1094,16 @@ def deepseek_router_stats(module, logits: torch.Tensor, indices: torch.Tensor) -
     return margin, int((chosen != unbiased).any(dim=-1).sum())
 
 
+def minimax_router_stats(logits: torch.Tensor, bias: torch.Tensor, indices: torch.Tensor,
+                         top_k: int) -> tuple[float, int]:
+    """deepseek_router_stats for MiniMaxM2TopKRouter (sigmoid + bias, top-k, one group)."""
+    scores = logits.float().sigmoid()
+    chosen, margin = group_limited_choice(scores + bias, 1, 1, top_k)
+    assert torch.equal(chosen, indices.sort(dim=-1).values), "router re-implementation differs"
+    unbiased, _ = group_limited_choice(scores, 1, 1, top_k)
+    return margin, int((chosen != unbiased).any(dim=-1).sum())
+
+
 def init_router_bias(model: torch.nn.Module, seed: int) -> None:
     """Random non-zero e_score_correction_bias (a buffer, so init_weights leaves it at 0);
     f32, not rounded, as the hub checkpoint stores it."""
@@ -1035,8 +1111,10 @@ def init_router_bias(model: torch.nn.Module, seed: int) -> None:
     with torch.no_grad():
         for layer in model.model.layers:
             gate = getattr(layer.mlp, "gate", None)
-            if gate is not None and hasattr(gate, "e_score_correction_bias"):
-                bias = gate.e_score_correction_bias
+            # DeepSeek-V3 / GLM keep it on the gate, MiniMax-M2 on the MoE block.
+            owner = gate if hasattr(gate, "e_score_correction_bias") else layer.mlp
+            if gate is not None and hasattr(owner, "e_score_correction_bias"):
+                bias = owner.e_score_correction_bias
                 bias.copy_(BIAS_STD * torch.randn(bias.shape, generator=gen))
 
 

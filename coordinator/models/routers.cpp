@@ -69,11 +69,13 @@ Routing sigmoid_group_topk(const float* router_logits, size_t rows, size_t num_e
 }
 
 GroupLimitedRouter GroupLimitedRouter::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,
-                                            size_t num_experts, const GroupLimitedTopk& params) {
+                                            size_t num_experts, const GroupLimitedTopk& params,
+                                            const std::string& bias_name) {
   GroupLimitedRouter router;
   router.gate = Linear::load(ckpt, prefix, num_experts, hidden);
   router.e_score_correction_bias =
-      ckpt.load_f32(prefix + ".e_score_correction_bias", {static_cast<int64_t>(num_experts)});
+      ckpt.load_f32(bias_name.empty() ? prefix + ".e_score_correction_bias" : bias_name,
+                    {static_cast<int64_t>(num_experts)});
   router.params = params;
   return router;
 }

@@ -38,12 +38,15 @@ Routing sigmoid_group_topk(const float* router_logits, size_t rows, size_t num_e
 
 /// DeepseekV3TopkRouter: weights "<prefix>.weight" [num_experts, hidden] and
 /// "<prefix>.e_score_correction_bias" [num_experts] (read as f32), then sigmoid_group_topk.
+/// MiniMaxM2TopKRouter is the same with one group and no scaling, its bias stored beside
+/// the gate (`bias_name` "<block>.e_score_correction_bias"; empty: under `prefix`).
 struct GroupLimitedRouter final : Router {
   Linear gate;
   std::vector<float> e_score_correction_bias;
   GroupLimitedTopk params;
   static GroupLimitedRouter load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,
-                                 size_t num_experts, const GroupLimitedTopk& params);
+                                 size_t num_experts, const GroupLimitedTopk& params,
+                                 const std::string& bias_name = "");
   Routing route(const float* x, size_t rows) const override;
   size_t hidden() const override { return gate.in(); }
 };

@@ -174,16 +174,17 @@ TEST_CASE("batch invariance: every request of a random concurrent mix equals the
   }
 }
 
-// The families of issue 16 through the same mix: GLM-4.5 (GQA cache, partial rotary) and
-// Kimi K2 (the compressed MLA cache).
-TEST_CASE("batch invariance holds for glm4-moe-tiny and kimi-k2-tiny: chunked, preempted, two workers") {
+// The families of issue 16 through the same mix: GLM-4.5 (GQA cache, partial rotary),
+// Kimi K2 (the compressed MLA cache) and MiniMax-M2 (whole-projection q/k norm).
+TEST_CASE("batch invariance holds for glm4-moe-tiny, kimi-k2-tiny and minimax-m2-tiny: chunked, preempted, two workers") {
   struct Fixture {
     std::string name;
     std::vector<std::string> split;
     size_t bytes_per_token;  // of the KV cache: 6 blocks of it force preemption
   };
   for (const Fixture& f : {Fixture{"glm4-moe-tiny", {"\"0-7\"", "\"8-15\""}, 4 * 2 * 2 * 16 * 4},
-                           Fixture{"kimi-k2-tiny", {"\"0-11\"", "\"12-23\""}, 3 * (16 + 64) * 4}}) {
+                           Fixture{"kimi-k2-tiny", {"\"0-11\"", "\"12-23\""}, 3 * (16 + 64) * 4},
+                           Fixture{"minimax-m2-tiny", {"\"0-7\"", "\"8-15\""}, 3 * 2 * 2 * 16 * 4}}) {
     CAPTURE(f.name);
     const std::vector<Request> mix = request_mix(f.name);
     Served alone({}, "", f.name);

@@ -256,3 +256,13 @@ TEST_CASE("kimi-k2-tiny (one expert group, 8 of 24 experts): single node and two
   CHECK(two.status[1].experts_held == 12 * 2);
   for (const auto& w : two.status) CHECK(w.requests > 0);
 }
+
+TEST_CASE("minimax-m2-tiny (bias beside the gate, every layer MoE): single node and two workers give bit-identical logits") {
+  const Outcome single = run_split("minimax-m2-tiny", {});
+  const Outcome two = run_split("minimax-m2-tiny", {"\"0-7\"", "\"8-15\""});
+  check_identical(single, two);
+  REQUIRE(two.status.size() == 2);
+  CHECK(two.status[0].experts_held == 8 * 3);  // 3 MoE layers, no dense one
+  CHECK(two.status[1].experts_held == 8 * 3);
+  for (const auto& w : two.status) CHECK(w.requests > 0);
+}

@@ -380,6 +380,11 @@ void write_fp8_config(const TempDir& dir, const std::string& quantization) {
 
 const char* kFp8Quantization =
     R"({"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [2, 2]})";
+// MiniMax-M2's spelling of the same format (its hub config.json), with the modules it leaves
+// unquantised.
+const char* kMiniMaxFp8Quantization =
+    R"({"activation_scheme": "dynamic", "fmt": "float8_e4m3fn", "quant_method": "fp8", "weight_block_size": [2, 2],)"
+    R"( "modules_to_not_convert": ["gate", "e_score_correction_bias", "lm_head"]})";
 
 /// An fp8 checkpoint: per-expert F8 tensors of layer kLayer ([3, 4] / [4, 3]) and one
 /// resident F8 Linear [3, 5], each with its scale; `drop` / `reshape` break one scale.
@@ -415,7 +420,7 @@ TEST_CASE("fp8 weights are dequantised per [b0, b1] block, resident and expert, 
     CAPTURE(sharded);
     TempDir dir("ckpt");
     write_checkpoint(dir, fp8_tensors(), sharded);
-    write_fp8_config(dir, kFp8Quantization);
+    write_fp8_config(dir, sharded ? kMiniMaxFp8Quantization : kFp8Quantization);
     const auto ck = Checkpoint::open(dir.path());
     CHECK(ck->load_f32("model.layers.0.self_attn.o_proj.weight", {3, 5}) ==
           dequantised(fp8_matrix(9, 0, 3, 5), fp8_scales(3, 5, 1.5f), 3, 5));

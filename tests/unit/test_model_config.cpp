@@ -281,7 +281,8 @@ json read_json_file(const fs::path& path) {
 /// (hub-layout) config.json; both major versions must be there. `saved_model_type`, when
 /// set, is the model_type the saved copies carry instead of the hub's (Kimi K2's kimi_k2
 /// is saved by DeepseekV3Config as deepseek_v3); every other field must still agree.
-void check_spellings(const std::string& fixture, const std::string& saved_model_type = "") {
+/// `with_tf4` false: transformers 4 has no such model type (MiniMax-M2), so no 4.x copy.
+void check_spellings(const std::string& fixture, const std::string& saved_model_type = "", bool with_tf4 = true) {
   const fs::path hub = kFixtures / "models" / fixture / "config.json";
   const ModelConfig want = ModelConfig::parse(read_json_file(hub), hub.string(), checkpoint_families());
   CHECK(want.dtype == "bfloat16");
@@ -316,7 +317,7 @@ void check_spellings(const std::string& fixture, const std::string& saved_model_
     }
     CHECK(got == want);
   }
-  CHECK_MESSAGE(majors.count('4'), "no transformers 4.x config for " << fixture);
+  CHECK_MESSAGE(majors.count('4') == (with_tf4 ? 1u : 0u), "transformers 4.x config for " << fixture);
   CHECK_MESSAGE(majors.count('5'), "no transformers 5.x config for " << fixture);
 }
 }  // namespace
@@ -340,6 +341,9 @@ TEST_CASE("DeepSeek-V3 configs (bf16 and fp8) saved by transformers 4 and 5 pars
 TEST_CASE("GLM-4.5 and Kimi K2 configs saved by transformers 4 and 5 parse to the hub config's model") {
   check_spellings("glm4-moe-tiny");
   check_spellings("kimi-k2-tiny", "deepseek_v3");
+}
+TEST_CASE("MiniMax-M2 configs saved by transformers 5 (rotary_dim beside rope_parameters) parse to the hub config's model") {
+  check_spellings("minimax-m2-tiny", "", false);
 }
 
 TEST_CASE("two spellings of one field with different values are an error naming both keys") {
@@ -542,4 +546,71 @@ TEST_CASE("GLM-4.5: Glm4MoeConfig's defaults, transformers 5's rope_parameters s
   json yarn = glm4_moe();
   yarn["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
   CHECK(error_of(yarn).find("'yarn' is not supported") != std::string::npos);
+}
+
+// ---- MiniMax-M2 (issue 16) -------------------------------------------------------------------
+
+namespace {
+/// The hub config of MiniMaxAI/MiniMax-M2 (config.json) as we know it, minus fields charm
+/// ignores (auto_map, quantization_config) and with attn_type_list shortened to the layers.
+json minimax_m2() {
+  return json{{"architectures", {"MiniMaxM2ForCausalLM"}}, {"vocab_size", 200064}, {"hidden_size", 3072},
+              {"intermediate_size", 1536}, {"num_hidden_layers", 62}, {"num_attention_heads", 48},
+              {"num_key_value_heads", 8}, {"head_dim", 128}, {"rotary_dim", 64}, {"num_local_experts", 256},
+              {"num_experts_per_tok", 8}, {"max_position_embeddings", 196608}, {"rope_theta", 5000000},
+              {"rms_norm_eps", 1e-6}, {"qk_norm_type", "per_layer"}, {"scoring_func", "sigmoid"},
+              {"shared_intermediate_size", 0}, {"use_qk_norm", true}, {"use_routing_bias", true},
+              {"use_mtp", true}, {"num_mtp_modules", 3}, {"mtp_transformer_layers", 1},
+              {"tie_word_embeddings", false}, {"attn_type_list", std::vector<int>(62, 1)},
+              {"model_type", "minimax_m2"}};
+}
+}  // namespace
+
+TEST_CASE("a MiniMax-M2 hub config parses: rotary_dim as partial rotary, every layer MoE, renormalised top-k") {
+  const ModelConfig c = ModelConfig::parse(minimax_m2(), "config.json", checkpoint_families());
+  CHECK(c.num_experts == 256);
+  CHECK(c.moe_intermediate_size == 1536);
+  CHECK(c.partial_rotary_factor == 0.5);
+  CHECK(c.rotary_dim() == 64);
+  CHECK(c.rope_theta == 5e6);
+  CHECK(c.norm_topk_prob);
+  CHECK(c.n_group == 1);
+  CHECK(c.routed_scaling_factor == 1.0);
+  CHECK(c.n_shared_experts == 0);
+  CHECK(c.moe_layer_ids().size() == 62);
+  CHECK_FALSE(c.tie_word_embeddings);
+  CHECK(c.expert_tensors.prefix == "model.layers.{}.block_sparse_moe.experts");
+  json whole = minimax_m2();
+  whole.erase("rotary_dim");
+  CHECK(ModelConfig::parse(whole, "config.json", checkpoint_families()).rotary_dim() == 128);  // MiniMaxM2Config's default
+}
+
+TEST_CASE("MiniMax-M2: rotary_dim against partial_rotary_factor, and the values transformers does not implement, named") {
+  json j = minimax_m2();
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 5000000}, {"partial_rotary_factor", 0.5}};
+  j.erase("rope_theta");
+  CHECK(ModelConfig::parse(j, "config.json", checkpoint_families()).rotary_dim() == 64);  // 5.x writes both
+  j["rope_parameters"]["partial_rotary_factor"] = 0.25;
+  CHECK(error_of(j).find("fields 'rotary_dim' (64) and 'partial_rotary_factor' (0.250000) disagree") != std::string::npos);
+  for (int64_t bad : {0, 63, 130}) {
+    CAPTURE(bad);
+    json odd = minimax_m2();
+    odd["rotary_dim"] = bad;
+    CHECK(error_of(odd).find("rotary_dim " + std::to_string(bad) + " must be even") != std::string::npos);
+  }
+  const std::vector<std::pair<std::string, json>> refused = {
+      {"scoring_func", "softmax"}, {"qk_norm_type", "per_head"}, {"use_qk_norm", false},
+      {"use_routing_bias", false}, {"shared_intermediate_size", 1536}, {"sliding_window", 4096}};
+  for (const auto& [key, value] : refused) {
+    CAPTURE(key);
+    json other = minimax_m2();
+    other[key] = value;
+    CHECK(error_of(other).find(key) != std::string::npos);
+  }
+  json lightning = minimax_m2();
+  lightning["attn_type_list"][7] = 0;  // MiniMax-01's linear attention
+  CHECK(error_of(lightning).find("attn_type_list[7] is 0") != std::string::npos);
+  json short_list = minimax_m2();
+  short_list["attn_type_list"] = {1, 1};
+  CHECK(error_of(short_list).find("'attn_type_list' must be a list of num_hidden_layers (62)") != std::string::npos);
 }

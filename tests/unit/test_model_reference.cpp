@@ -132,11 +132,16 @@ TEST_CASE("kimi-k2-tiny (DeepSeek-V3 with Kimi K2's config: one group, YaRN beta
   check_fixture("kimi-k2-tiny");
 }
 
+TEST_CASE("minimax-m2-tiny (whole-projection q/k norm, rotary_dim, sigmoid routing with the bias beside the gate) matches transformers") {
+  check_fixture("minimax-m2-tiny");
+}
+
 // --- Chunked prefill (issue 6) -------------------------------------------------------------
 
 TEST_CASE("chunked prefill gives the logits of one whole-prompt forward, bit for bit, for every family") {
   for (const std::string name : {"qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny",
-                                 "deepseek-v3-tiny-fp8", "glm4-moe-tiny", "kimi-k2-tiny"}) {
+                                 "deepseek-v3-tiny-fp8", "glm4-moe-tiny", "kimi-k2-tiny",
+                                 "minimax-m2-tiny"}) {
     CAPTURE(name);
     Topology topology;
     topology.model = kModels / name;
@@ -206,7 +211,8 @@ class HintRecorder : public ExpertDispatcher {
 TEST_CASE("every family sends the next MoE layer's prefetch hint, and hints change no bit of the logits") {
   // The MoE block is shared, so a family that skipped the hint (DeepSeek-V3 did) fails here.
   for (const std::string name : {"qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny",
-                                 "deepseek-v3-tiny-fp8", "glm4-moe-tiny", "kimi-k2-tiny"}) {
+                                 "deepseek-v3-tiny-fp8", "glm4-moe-tiny", "kimi-k2-tiny",
+                                 "minimax-m2-tiny"}) {
     CAPTURE(name);
     SingleNode node(name);
     const ModelConfig& config = node.config;
