@@ -13,6 +13,7 @@ const ModelFamily& qwen2_moe_family();
 const ModelFamily& mixtral_family();
 const ModelFamily& deepseek_v3_family();
 const ModelFamily& glm4_moe_family();
+const ModelFamily& gpt_oss_family();
 
 std::span<const ModelFamily* const> model_families() {
   // The table: one line per family. Built on first use, after every family's record.
@@ -23,6 +24,7 @@ std::span<const ModelFamily* const> model_families() {
       &mixtral_family(),
       &deepseek_v3_family(),
       &glm4_moe_family(),
+      &gpt_oss_family(),
   };
   return table;
 }
