@@ -599,6 +599,7 @@ ExpertSlices Checkpoint::locate_expert(const ExpertTensorNames& names, int layer
     return static_cast<uint64_t>(expert) * static_cast<uint64_t>(rows * cols);
   };
 
+  if (names.gpt_oss_layout) return locate_gpt_oss_expert(prefix, names, expert, H, I);
   ExpertSlices out;
   // Layout 1: one 2-D tensor per expert and projection.
   const std::string per = prefix + "." + std::to_string(expert) + ".";
@@ -623,7 +624,6 @@ ExpertSlices Checkpoint::locate_expert(const ExpertTensorNames& names, int layer
   }
 
   const TensorInfo* down = find_3d(prefix + "." + names.down);
-  if (names.gpt_oss_layout) return locate_gpt_oss_expert(prefix, names, expert, H, I);
   // Layout 2: fused gate_up [E, 2I, H]; gate is the first I rows of the expert's slice.
   if (const TensorInfo* gate_up = find_3d(prefix + "." + names.gate_up)) {
     if (down == nullptr) fail_invalid(dir_.string() + ": tensor '" + prefix + "." + names.down + "' not found");
