@@ -89,7 +89,11 @@ void causal_attention(const float* q, size_t rows, size_t pos0, const AttentionS
       for (size_t r = r0; r < r1; ++r) {
         for (size_t h = h0; h < h1; ++h) {
           const size_t i = r * heads + h;
-          queries.push_back({q + i * shape.key_dim, pos0 + r, out + i * shape.value_dim});
+          const size_t last = pos0 + r;
+          const size_t w = shape.sliding_window;
+          const size_t first = w != 0 && last + 1 > w ? last + 1 - w : 0;
+          const float sink = shape.sinks ? shape.sinks[h] : -__builtin_inff();
+          queries.push_back({q + i * shape.key_dim, first, last, out + i * shape.value_dim, sink});
         }
       }
       work.resize(attention_detail::work_floats(queries.size(), shape.key_dim));

@@ -4,12 +4,23 @@
 // visited in tiles, and a running maximum, sum and output are rescaled when a tile
 // raises the maximum, so no row of scores is ever stored whole.
 //
+// Two variants join the plain causal softmax, both as transformers writes them:
+//  - a sliding window W (masking_utils.sliding_window_overlay: kv_idx > q_idx - W): the
+//    query at position p attends positions max(0, p - W + 1) .. p, W keys at most;
+//  - attention sinks (GptOssAttention.sinks; eager_attention_forward): one learned logit
+//    per query head that joins the softmax's maximum and denominator but has no value,
+//    so the weights of the real keys sum to less than 1. The running max starts at the
+//    sink and the running sum at exp(sink - sink) = 1, which is that softmax computed
+//    online; without sinks they start at -inf and 0.
+//
 // Bit contract (DESIGN.md, "the batch never changes a bit"): the output of a query that
-// attends positions 0..last depends only on that query and those rows, by one fixed
-// sequence of f32 operations, whatever the other queries of the call, the thread count,
-// the kernel path (portable or AVX2) or whether the call is a decode step or a prefill:
+// attends positions first..last depends only on that query, its head's sink and those
+// rows, by one fixed sequence of f32 operations, whatever the other queries of the call,
+// the thread count, the kernel path (portable or AVX2) or whether the call is a decode
+// step or a prefill:
 //  - key tiles are kAttentionTile positions aligned to absolute position 0, so the tile
-//    boundaries a query sees depend only on `last`;
+//    boundaries a query sees depend only on `first` and `last`; positions of a tile
+//    before `first` or after `last` are masked (score -inf, never added);
 //  - a score is one f32 sum over the key dimensions in order (d = 0, 1, ...) of rounded
 //    products, times the scale;
 //  - per tile: max of the tile's scores and the running max, p = exp(s - max) by
@@ -47,11 +58,18 @@ struct AttentionShape {
   size_t key_dim = 0;       ///< floats per query and key row
   size_t value_dim = 0;     ///< floats per value row and output head
   float scale = 1.0f;       ///< scores are (q . k) * scale
+  /// Sliding window W: the query at position p attends max(0, p - W + 1) .. p. 0: none
+  /// (all of 0 .. p).
+  size_t sliding_window = 0;
+  /// Attention sinks [num_heads] f32 (the caller keeps them alive for the call), one
+  /// logit per query head in the softmax's denominator only; nullptr: none.
+  const float* sinks = nullptr;
 };
 
 /// Causal attention, OpenMP over (row, head) pairs: q [rows, num_heads, key_dim] f32 for
 /// positions pos0..pos0+rows-1, out [rows, num_heads, value_dim] f32; row r attends
-/// positions 0..pos0+r of `kv`, which must all be stored. Bits as the contract above
+/// positions 0..pos0+r of `kv` (from pos0+r-W+1 under a sliding window W), which must be
+/// stored; no other position is read. Bits as the contract above
 /// says. Uses the kernel path active_kernel_path() (common/matmul.h) names. Throws
 /// Error(kInvalidInput) when num_kv_heads is 0 or does not divide num_heads, or a
 /// dimension is 0.

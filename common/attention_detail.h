@@ -8,11 +8,14 @@
 
 namespace charm::attention_detail {
 
-/// One query of a call to attend: q [key_dim], attending positions 0..last, out [value_dim].
+/// One query of a call to attend: q [key_dim], attending positions first..last,
+/// out [value_dim]; `sink` its head's sink logit (-inf: none).
 struct Query {
   const float* q = nullptr;
+  size_t first = 0;
   size_t last = 0;
   float* out = nullptr;
+  float sink = -__builtin_inff();
 };
 
 /// Floats of working memory attend needs for n queries of key width key_dim.

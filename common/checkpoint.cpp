@@ -526,7 +526,46 @@ void Checkpoint::read_slice(const ExpertSlice& slice, void* dst) const {
 ExpertWeights Checkpoint::load_expert(const ExpertTensorNames& names, int layer, int expert,
                                       int64_t hidden_size, int64_t intermediate_size) const {
   const ExpertSlices slices = locate_expert(names, layer, expert, hidden_size, intermediate_size);
+  if (slices.transposed) {
+    fail_unsupported(dir_.string() + ": load_expert does not read gpt-oss's transposed expert layout (the expert "
+                     "store does: worker/experts/expert_source.h)");
+  }
   return ExpertWeights{slice_f32(slices.gate), slice_f32(slices.up), slice_f32(slices.down)};
+}
+
+ExpertSlices Checkpoint::locate_gpt_oss_expert(const std::string& prefix, const ExpertTensorNames& names, int expert,
+                                               int64_t H, int64_t I) const {
+  // gpt-oss (GptOssExperts): gate_up_proj [E, H, 2I] and down_proj [E, I, H], each used
+  // as x @ W, with biases [E, 2I] and [E, H]; every expert's block is contiguous.
+  auto tensor = [&](const std::string& name, std::vector<int64_t> shape, const std::string& what) -> const TensorInfo& {
+    const TensorInfo* t = find(prefix + "." + name);
+    if (t == nullptr) fail_invalid(dir_.string() + ": tensor '" + prefix + "." + name + "' not found");
+    if (t->block_type || t->dtype == DType::kF8E4M3) {
+      fail_unsupported(t->file.string() + ": tensor '" + t->name + "' is quantised; gpt-oss experts are read in " +
+                       "f32, f16 or bf16 (MXFP4 *_blocks / *_scales: not yet)");
+    }
+    if (t->shape.size() != shape.size() || !std::equal(shape.begin() + 1, shape.end(), t->shape.begin() + 1)) {
+      shape[0] = t->shape.empty() ? 0 : t->shape[0];
+      expect_shape(*t, shape, what);
+    }
+    if (expert >= t->shape[0]) {
+      fail_invalid(t->file.string() + ": tensor '" + t->name + "' holds " + std::to_string(t->shape[0]) +
+                   " experts, expert " + std::to_string(expert) + " requested");
+    }
+    return *t;
+  };
+  const auto e = static_cast<uint64_t>(expert);
+  const TensorInfo& gate_up = tensor(names.gate_up, {0, H, 2 * I}, "experts, hidden_size, 2 * intermediate_size");
+  const TensorInfo& down = tensor(names.down, {0, I, H}, "experts, intermediate_size, hidden_size");
+  const TensorInfo& gate_up_bias = tensor(names.gate_up + "_bias", {0, 2 * I}, "experts, 2 * intermediate_size");
+  const TensorInfo& down_bias = tensor(names.down + "_bias", {0, H}, "experts, hidden_size");
+  ExpertSlices out;
+  out.transposed = true;
+  out.gate = slice_of(gate_up, e * static_cast<uint64_t>(H * 2 * I), H, 2 * I);
+  out.down = slice_of(down, e * static_cast<uint64_t>(I * H), I, H);
+  out.gate_up_bias = slice_of(gate_up_bias, e * static_cast<uint64_t>(2 * I), 1, 2 * I);
+  out.down_bias = slice_of(down_bias, e * static_cast<uint64_t>(H), 1, H);
+  return out;
 }
 
 ExpertSlices Checkpoint::locate_expert(const ExpertTensorNames& names, int layer, int expert,
@@ -562,6 +601,7 @@ ExpertSlices Checkpoint::locate_expert(const ExpertTensorNames& names, int layer
     return static_cast<uint64_t>(expert) * static_cast<uint64_t>(rows * cols);
   };
 
+  if (names.gpt_oss_layout) return locate_gpt_oss_expert(prefix, names, expert, H, I);
   ExpertSlices out;
   // Layout 1: one 2-D tensor per expert and projection.
   const std::string per = prefix + "." + std::to_string(expert) + ".";
@@ -573,7 +613,9 @@ ExpertSlices Checkpoint::locate_expert(const ExpertTensorNames& names, int layer
     expect_shape(*gate, {I, H}, "moe_intermediate_size, hidden_size");
     expect_shape(*up, {I, H}, "moe_intermediate_size, hidden_size");
     expect_shape(*down, {H, I}, "hidden_size, moe_intermediate_size");
-    ExpertSlices out{slice_of(*gate, 0, I, H), slice_of(*up, 0, I, H), slice_of(*down, 0, H, I)};
+    out.gate = slice_of(*gate, 0, I, H);
+    out.up = slice_of(*up, 0, I, H);
+    out.down = slice_of(*down, 0, H, I);
     for (ExpertSlice* sl : {&out.gate, &out.up, &out.down}) {
       if (sl->tensor->dtype != DType::kF8E4M3) continue;
       sl->scale = &fp8_scale_of(*sl->tensor);

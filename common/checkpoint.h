@@ -48,9 +48,17 @@ struct ExpertSlice {
   int64_t block_cols = 0;
 };
 
-/// The three projections of one routed expert: gate and up [I, H], down [H, I].
+/// The three projections of one routed expert: gate and up [I, H], down [H, I]. In
+/// gpt-oss's layout (`transposed`, ExpertTensorNames::gpt_oss_layout) gate is instead the
+/// expert's whole gate_up_proj block [H, 2I] (gate in the even columns, up in the odd),
+/// up is empty (no tensor) and down is its down_proj block [I, H]: readers transpose them
+/// into the [out, in] matrices above (worker/experts/expert_source.h), which only moves
+/// values. gate_up_bias [2I] (interleaved as gate_up) and down_bias [H] are set only for
+/// experts with biases.
 struct ExpertSlices {
   ExpertSlice gate, up, down;
+  bool transposed = false;
+  ExpertSlice gate_up_bias, down_bias;
 };
 
 /// An open checkpoint directory. Thread-safety: const methods are safe concurrently.
@@ -124,6 +132,10 @@ class Checkpoint {
   /// Finds where load_expert would read from, without reading: same checks, same errors.
   ExpertSlices locate_expert(const ExpertTensorNames& names, int layer, int expert, int64_t hidden_size,
                              int64_t intermediate_size) const;
+
+  /// Same as locate_expert for ExpertTensorNames::gpt_oss_layout.
+  ExpertSlices locate_gpt_oss_expert(const std::string& prefix, const ExpertTensorNames& names, int expert,
+                                     int64_t hidden_size, int64_t intermediate_size) const;
 
   /// Reads a slice's raw bytes (its tensor's dtype, no conversion) into `dst` [slice.bytes]
   /// with one pread, then checks them: every expert read (a worker's pinned load, an LRU

@@ -1,5 +1,7 @@
 #include "common/config_fields.h"
 
+#include <algorithm>
+
 #include "common/error.h"
 
 namespace charm::hf {
@@ -100,6 +102,21 @@ void refuse_biting_window(const std::string& source, const std::string& key, int
                      std::to_string(c.max_position_embeddings) + "); sliding-window attention is not implemented for " +
                      c.architecture);
   }
+}
+
+void set_sliding_window(const std::string& source, const std::string& key, int64_t window,
+                        const std::vector<bool>& default_sliding, ModelConfig& c) {
+  if (c.sliding_layers.empty()) c.sliding_layers = default_sliding;
+  if (std::find(c.sliding_layers.begin(), c.sliding_layers.end(), true) == c.sliding_layers.end()) {
+    c.sliding_layers.clear();  // every layer attends in full
+    c.sliding_window = 0;
+    return;
+  }
+  if (window <= 0) {
+    fail_invalid(source + ": field '" + key + "' is " + std::to_string(window) +
+                 " but layer_types names sliding_attention layers (a window must be positive)");
+  }
+  c.sliding_window = window;
 }
 
 void require_value(const json& j, const std::string& source, const char* key, const std::string& want) {

@@ -63,6 +63,12 @@ void require_value(const nlohmann::json& j, const std::string& source, const cha
 /// means none. Throws Error(kUnsupported) naming `key`, its value and c.architecture.
 void refuse_biting_window(const std::string& source, const std::string& key, int64_t window, const ModelConfig& c);
 
+/// Sets c.sliding_window to `window` for the sliding layers of c.sliding_layers (filled
+/// with `default_sliding` when layer_types was absent). With no sliding layer the window
+/// is not used; with one, `window` must be positive (Error(kInvalidInput) naming `key`).
+void set_sliding_window(const std::string& source, const std::string& key, int64_t window,
+                        const std::vector<bool>& default_sliding, ModelConfig& c);
+
 /// The routed experts' width under its own key, moe_intermediate_size (for families
 /// whose experts are not intermediate_size wide); required and positive.
 void read_moe_intermediate_size(const nlohmann::json& j, const std::string& source, ModelConfig& c);

@@ -21,6 +21,11 @@ struct ExpertTensorNames {
   std::string up = "up_proj";
   std::string down = "down_proj";
   std::string gate_up = "gate_up_proj";  ///< fused gate+up name in the fused 3-D layout
+  /// gpt-oss's layout (GptOssExperts) instead of the ones above: "<prefix>.<gate_up>"
+  /// [E, H, 2*I] multiplied as x @ W, gate in the even columns and up in the odd ones;
+  /// "<prefix>.<down>" [E, I, H], also x @ W; biases "<prefix>.<gate_up>_bias" [E, 2*I]
+  /// (interleaved the same way) and "<prefix>.<down>_bias" [E, H].
+  bool gpt_oss_layout = false;
 
   bool operator==(const ExpertTensorNames&) const = default;
 };

@@ -183,21 +183,26 @@ void read_sizes(const json& j, const std::string& source, const CheckpointFamily
   }
 }
 
-/// transformers 5 writes layer_types; any layer type but full_attention is refused (each
-/// family's reader refuses its own spelling of a sliding window).
-void check_layer_types(const json& j, const std::string& source, const ModelConfig& c) {
+/// transformers 5 writes layer_types. A family with sliding windows may have
+/// "sliding_attention" layers (their flags go to c.sliding_layers); any other layer type
+/// is refused (each family's reader refuses its own spelling of a sliding window).
+void read_layer_types(const json& j, const std::string& source, const CheckpointFamily& family, ModelConfig& c) {
   const json* types = member(j, "layer_types");
   if (types == nullptr) return;
   if (!types->is_array() || static_cast<int64_t>(types->size()) != c.num_hidden_layers) {
     fail_invalid(source + ": field 'layer_types' must be a list of num_hidden_layers (" +
                  std::to_string(c.num_hidden_layers) + ") strings, got " + types->dump());
   }
+  std::vector<bool> sliding(types->size(), false);
   for (size_t i = 0; i < types->size(); ++i) {
-    if ((*types)[i] != "full_attention") {
-      fail_unsupported(source + ": layer_types[" + std::to_string(i) + "] is " + (*types)[i].dump() +
-                       "; only full_attention is implemented for " + c.architecture);
+    sliding[i] = family.sliding_window && (*types)[i] == "sliding_attention";
+    if ((*types)[i] != "full_attention" && !sliding[i]) {
+      fail_unsupported(source + ": layer_types[" + std::to_string(i) + "] is " + (*types)[i].dump() + "; only " +
+                       (family.sliding_window ? "full_attention and sliding_attention are" : "full_attention is") +
+                       " implemented for " + c.architecture);
     }
   }
+  if (family.sliding_window) c.sliding_layers = std::move(sliding);
 }
 
 }  // namespace
@@ -232,7 +237,7 @@ ModelConfig ModelConfig::parse(const json& j, const std::string& source, Checkpo
   auto bos = get_id_list(j, source, "bos_token_id");
   c.bos_token_id = bos.empty() ? -1 : bos.front();
   if (c.rms_norm_eps <= 0) fail_invalid(source + ": field 'rms_norm_eps' must be positive");
-  check_layer_types(j, source, c);
+  read_layer_types(j, source, family, c);
   family.read_fields(j, source, c);
   return c;
 }

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/expert_activation.h"
 #include "common/expert_tensor_names.h"
 #include "common/model_family.h"
 
@@ -95,6 +96,19 @@ struct ModelConfig {
   // partial_rotary_factor. ----
   bool use_qk_norm = false;            ///< per-head RMSNorm of q and k before RoPE
 
+  // ---- Sliding-window attention (CheckpointFamily::sliding_window: Mixtral, Qwen2-MoE,
+  // gpt-oss). ----
+  /// The window of the sliding layers: a query at position p attends p - W + 1 .. p.
+  int64_t sliding_window = 0;
+  /// [num_hidden_layers]: true for a "sliding_attention" layer; empty when every layer
+  /// attends in full.
+  std::vector<bool> sliding_layers;
+
+  // ---- gpt-oss (GptOssConfig; coordinator/models/gpt_oss.cpp) ----
+  /// The routed experts' activation: SwiGLU, or gpt-oss's clamped SwiGLU with
+  /// swiglu_alpha and swiglu_limit. The workers compute it (worker/experts/swiglu_batch.h).
+  ExpertActivation expert_activation;
+
   /// Where this checkpoint's routed experts are stored: its family's names
   /// (CheckpointFamily::expert_tensors), set by parse.
   ExpertTensorNames expert_tensors;
@@ -110,6 +124,13 @@ struct ModelConfig {
   /// The rotated dims of a head: int(head_dim * partial_rotary_factor), as transformers'
   /// compute_default_rope_parameters truncates it.
   int64_t rotary_dim() const { return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor); }
+
+  /// The attention window of `layer`: sliding_window on a sliding layer, else 0 (all of
+  /// 0 .. p).
+  size_t attention_window(int64_t layer) const {
+    const bool sliding = !sliding_layers.empty() && sliding_layers[static_cast<size_t>(layer)];
+    return sliding ? static_cast<size_t>(sliding_window) : 0;
+  }
 
   /// The ids of every MoE layer, ascending.
   std::vector<int64_t> moe_layer_ids() const;
@@ -137,7 +158,8 @@ struct ModelConfig {
   /// RoPE (any but "yarn", and that only where the family implements it),
   /// partial_rotary_factor other than 1 (for a family without CheckpointFamily::partial_rotary;
   /// where it has it, a factor outside (0, 1] or an odd rotary_dim() is invalid), per-layer-type RoPE, a sliding window that would
-  /// bite, a layer type other than full_attention, and the family's own (DeepSeek-V3:
+  /// bite (families without CheckpointFamily::sliding_window), a layer type other than
+  /// full_attention (or sliding_attention where the family has sliding windows), and the family's own (DeepSeek-V3:
   /// scoring_func other than "sigmoid", topk_method other than "noaux_tc", moe_layer_freq
   /// other than 1).
   static ModelConfig parse(const nlohmann::json& config, const std::string& source, CheckpointFamilies families);

@@ -34,6 +34,10 @@ struct CheckpointFamily {
   /// factor applies when the field is absent.
   bool partial_rotary = false;
   double default_partial_rotary_factor = 1.0;
+  /// True when the family runs sliding-window attention: layer_types may name
+  /// "sliding_attention" (read into ModelConfig::sliding_layers, for read_fields to finish
+  /// with the family's defaults and window); else any layer type but full_attention is refused.
+  bool sliding_window = false;
   /// Reads the family's own fields of `config` (by their HF names) into `c`, after
   /// ModelConfig::parse has read the generic ones. Throws as ModelConfig::parse documents,
   /// naming `source` and the field.

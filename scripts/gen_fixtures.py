@@ -16,6 +16,16 @@ Writes, under tests/fixtures/models/:
   mixtral-tiny/    MixtralForCausalLM in Mixtral's hub names:
                    model.layers.L.block_sparse_moe.gate.weight and
                    model.layers.L.block_sparse_moe.experts.E.{w1,w3,w2}.weight (gate, up, down).
+  mixtral-swa-tiny/    mixtral-tiny's layout with sliding_window 6 (every layer), a window that
+                   bites within the prompts + 16 new tokens (the script checks it does).
+  qwen2-moe-swa-tiny/  qwen2-moe-tiny's layout with use_sliding_window, sliding_window 5 and
+                   max_window_layers 3: layers 0 and 2 slide, 1 and 3 attend in full.
+  gpt-oss-tiny/    GptOssForCausalLM in the bf16 hub layout (unsloth/gpt-oss-20b-BF16's
+                   tensors): attention sinks, q/k/v/o biases, alternating sliding (window 6)
+                   and full layers, YaRN (truncate false), a biased top-k-then-softmax router
+                   (mlp.router), experts mlp.experts.gate_up_proj [E, H, 2I] (gate/up
+                   interleaved in the columns), gate_up_proj_bias, down_proj [E, I, H],
+                   down_proj_bias, the clamped SwiGLU.
   glm4-moe-tiny/   Glm4MoeForCausalLM: partial rotary (0.5), q/k norms, q/k/v biases, sigmoid
                    group-limited routing with a random e_score_correction_bias, a shared
                    expert, a dense first layer, and an MTP layer's tensors that nothing reads.
@@ -223,6 +233,58 @@ MIXTRAL_CONFIG = {
     "vocab_size": 151936,
 }
 
+# --- Sliding-window attention (issue 16 item 6) ------------------------------------------
+# The same families with a window small enough to bite: the prompts are 1 to ~40 tokens and
+# 16 more are generated, so a window of 5-6 drops keys for most positions.
+MIXTRAL_SWA_CONFIG = {**MIXTRAL_CONFIG, "sliding_window": 6}
+# Qwen2MoeConfig.__post_init__ makes layers i with (i + 1) odd and i < max_window_layers
+# sliding: 0 and 2 here; 1 (a dense layer, mlp_only_layers) and 3 attend in full.
+QWEN2_MOE_SWA_CONFIG = {**QWEN2_MOE_CONFIG, "use_sliding_window": True, "sliding_window": 5,
+                        "max_window_layers": 3}
+
+# --- gpt-oss (issue 16 item 3) ---------------------------------------------------------
+# The hub layout of openai/gpt-oss-20b's config.json (rope_scaling with rope_type yarn and
+# truncate false, rope_theta 150000, attention_bias, swiglu_limit, explicit
+# layer_types alternating sliding / full from layer 0), shrunk. Changed: sliding_window
+# 128 -> 6 so that it bites within the prompts; swiglu_limit 7.0 -> 2.5 so that the clamp
+# changes a visible share of the experts' values (7.0 clamps ~0.02 % at these sizes; the
+# reference records the share); num_experts_per_tok 4 -> 2 of 8; tied
+# embeddings (the hub unties them) to keep the fixture small; the shared Qwen tokenizer
+# and its ids instead of o200k_harmony (eos <|im_end|>, no pad token).
+GPT_OSS_CONFIG = {
+    "architectures": ["GptOssForCausalLM"],
+    "attention_bias": True,
+    "attention_dropout": 0.0,
+    "eos_token_id": 151645,
+    "head_dim": 16,
+    "hidden_act": "silu",
+    "hidden_size": 32,
+    "initializer_range": 0.3,
+    "intermediate_size": 24,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+    "max_position_embeddings": 131072,
+    "model_type": "gpt_oss",
+    "num_attention_heads": 4,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 4,
+    "num_key_value_heads": 2,
+    "num_local_experts": 8,
+    "output_router_logits": False,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                     "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                     "truncate": False},
+    "rope_theta": 150000,
+    "router_aux_loss_coef": 0.9,
+    "sliding_window": 6,
+    "swiglu_limit": 2.5,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "transformers_version": transformers.__version__,
+    "use_cache": True,
+    "vocab_size": 151936,
+}
+
 # --- GLM-4.5 MoE and Kimi K2 (issue 16) -------------------------------------------------
 # glm4-moe-tiny: Glm4MoeForCausalLM in the hub layout of zai-org/GLM-4.5's config.json
 # (top-level rope_theta and partial_rotary_factor, n_routed_experts, eos a list), shrunk.
@@ -411,6 +473,15 @@ MODELS = [
      "expert_layout": "per_expert", "shards": 1, "template": "qwen2.5"},
     {"dir": "mixtral-tiny", "config": MIXTRAL_CONFIG, "eos": 151643, "seed": 4000,
      "expert_layout": "mixtral", "shards": 1, "template": "qwen3"},
+    # A window that must change the reference ("window_bites": checked against the same
+    # weights without it).
+    {"dir": "mixtral-swa-tiny", "config": MIXTRAL_SWA_CONFIG, "eos": 151643, "seed": 7000,
+     "expert_layout": "mixtral", "shards": 1, "template": "qwen3", "window_bites": True},
+    {"dir": "qwen2-moe-swa-tiny", "config": QWEN2_MOE_SWA_CONFIG, "eos": 151643, "seed": 8000,
+     "expert_layout": "per_expert", "shards": 1, "template": "qwen2.5", "window_bites": True},
+    {"dir": "gpt-oss-tiny", "config": GPT_OSS_CONFIG, "eos": 151645, "seed": 9000,
+     "expert_layout": "fused", "shards": 1, "template": "qwen3", "window_bites": True,
+     "f64_conditioning": True},
     # Sigmoid routers with a random e_score_correction_bias ("router_bias"); GLM-4.5's MTP
     # layer written after the decoder layers ("mtp_layer"); Kimi K2 loaded through
     # DeepseekV3Config, since transformers does not know model_type kimi_k2 ("config_class").
@@ -588,7 +659,7 @@ class RouterProbe:
         self.positions = 0
         self.handles = []
         for idx, layer in enumerate(model.model.layers):
-            gate = getattr(layer.mlp, "gate", None)
+            gate = getattr(layer.mlp, "gate", None) or getattr(layer.mlp, "router", None)  # gpt-oss: router
             if gate is not None and hasattr(gate, "top_k"):
                 self.handles.append(gate.register_forward_hook(self._hook(idx, gate.top_k)))
 
@@ -765,9 +836,10 @@ def check_config(config, cfg: dict) -> None:
     """transformers must read config.json (hub layout) into the intended values."""
     rope = config.rope_parameters
     scaling = cfg.get("rope_scaling") or {"type": "default"}
-    assert rope["rope_theta"] == cfg["rope_theta"] and rope["rope_type"] == scaling["type"], rope
+    kind = scaling.get("type", scaling.get("rope_type"))  # gpt-oss's hub config spells rope_type
+    assert rope["rope_theta"] == cfg["rope_theta"] and rope["rope_type"] == kind, rope
     for key, want in scaling.items():
-        assert key == "type" or rope[key] == want, f"rope {key}: read {rope.get(key)!r}, wrote {want!r}"
+        assert key in ("type", "rope_type") or rope[key] == want, f"rope {key}: read {rope.get(key)!r}, wrote {want!r}"
     read = config.num_local_experts if "n_routed_experts" in cfg else config.num_experts
     assert read == num_experts_of(cfg), "number of experts not read"
     for key, want in cfg.items():
@@ -812,6 +884,65 @@ def build_model(model_dir: Path, seed: int, std: float, num_tokens: int, spec: d
     if config.tie_word_embeddings:
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     return model
+
+
+F64_MAX_DIFF = 3e-5  # "f64_conditioning": the f32 reference within this of float64's
+
+
+def f64_distance(model, prompts: list[dict]) -> float:
+    """The largest |float32 reference logit - float64 logit| over the prompts' first steps:
+    how much of the 1e-4 budget the reference's own rounding takes."""
+    wide = copy.deepcopy(model).double()
+    worst = 0.0
+    with torch.no_grad():
+        for p in prompts:
+            logits = wide(torch.tensor([p["prompt_ids"]]), use_cache=False).logits[0, -1]
+            worst = max(worst, float((logits - p["logits"].double()).abs().max()))
+    return worst
+
+
+def check_window_bites(model, model_dir: Path, ref: dict) -> int:
+    """The same weights with every layer attending in full must give other first-step
+    logits for most prompts, or the fixture would not test the window. Returns how many
+    prompts' greedy tokens differ too."""
+    config = copy.deepcopy(model.config)
+    config.sliding_window = 10**6  # longer than any prompt: the same as full attention
+    full = AutoModelForCausalLM.from_config(config, **LOAD_KW).eval()
+    full.load_state_dict(model.state_dict())
+    changed_logits = changed_tokens = 0
+    with torch.no_grad():
+        for p in ref["prompts"]:
+            ids = p["prompt_ids"]
+            logits = full(torch.tensor([ids]), use_cache=False).logits[0, -1]
+            changed_logits += int((logits - p["logits"]).abs().max() > 1e-3)
+            changed_tokens += int(no_cache_greedy(full, ids) != p["new_ids"])
+    assert changed_tokens > 0 and changed_logits > 0, f"{model_dir.name}: the window never bites"
+    print(f"  window check: full attention changes the first-step logits of {changed_logits} and "
+          f"the greedy tokens of {changed_tokens} of {len(ref['prompts'])} prompts")
+    return changed_tokens
+
+
+def swiglu_clamped_fraction(model, prompts: list[dict]) -> float:
+    """gpt-oss: the share of gate values above swiglu_limit and of up values outside
+    [-limit, limit] (what the clamped SwiGLU changes) over every prompt's forward pass."""
+    experts_class = type(model.model.layers[0].mlp.experts)
+    original = experts_class._apply_gate
+    counts = [0, 0]
+
+    def counting(self, gate_up):
+        gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+        counts[0] += int((gate > self.limit).sum() + (up.abs() > self.limit).sum())
+        counts[1] += gate.numel() + up.numel()
+        return original(self, gate_up)
+
+    experts_class._apply_gate = counting
+    try:
+        with torch.no_grad():
+            for p in prompts:
+                model(torch.tensor([p["prompt_ids"]]), use_cache=False)
+    finally:
+        experts_class._apply_gate = original
+    return counts[0] / counts[1]
 
 
 def write_generation_config(model_dir: Path, cfg: dict, eos) -> None:
@@ -932,6 +1063,12 @@ def generate_model(spec: dict, base_tok) -> dict:
         with torch.no_grad():
             ref = compute_reference(model, prompts, eos)
         why = judge(ref, num_experts_of(cfg), spec.get("min_router_margin", MIN_ROUTER_MARGIN))
+        if why is None and spec.get("f64_conditioning"):
+            # A seed whose f32 reference is itself 1e-4 from the exact value would test the
+            # rounding, not the engine (gpt-oss-tiny's seed 9000: 1.4e-4).
+            distance = f64_distance(model, ref["prompts"])
+            if distance > F64_MAX_DIFF:
+                why = f"f32 reference {distance:.2e} from float64 (> {F64_MAX_DIFF})"
         if why is None:
             break
         print(f"  seed {seed} rejected: {why}; trying seed {seed + 1}")
@@ -953,6 +1090,12 @@ def generate_model(spec: dict, base_tok) -> dict:
         p["logits"].numpy().astype("<f4").tofile(model_dir / f"logits_{i}.f32")
 
     extra = {}
+    if spec.get("window_bites"):
+        changed = check_window_bites(model, model_dir, ref)
+        extra["sliding_window_note"] = (f"with full attention instead, the greedy tokens of {changed} "
+                                        f"of {len(ref['prompts'])} prompts differ")
+    if cfg.get("model_type") == "gpt_oss":
+        extra["swiglu_clamped_fraction"] = round(swiglu_clamped_fraction(model, ref["prompts"]), 6)
     if spec.get("router_bias"):
         extra["router_bias_changed_fraction"] = round(ref["bias_changed_fraction"], 6)
         extra["dtype_stored"] = "bfloat16 (e_score_correction_bias float32)"

@@ -91,8 +91,11 @@ class GqaRows final : public KvRows {
 }  // namespace
 
 void causal_gqa_attention(const float* q, size_t rows, size_t pos0, const KvCache& cache, size_t layer,
-                          size_t num_heads, size_t num_kv_heads, size_t head_dim, float* out) {
+                          size_t num_heads, size_t num_kv_heads, size_t head_dim, float* out,
+                          size_t sliding_window, const float* sinks) {
   AttentionShape shape;
+  shape.sliding_window = sliding_window;
+  shape.sinks = sinks;
   shape.num_heads = num_heads;
   shape.num_kv_heads = num_kv_heads;
   shape.key_dim = shape.value_dim = head_dim;
@@ -107,11 +110,12 @@ namespace {
 /// head_dim] in place for positions seq.pos0.., stores k and v in `layer` of its cache and
 /// attends causally into attn [rows, num_heads * head_dim].
 void rope_attention(const Rope& rope, float* q, float* k, const float* v, const SequenceRows& seq, size_t layer,
-                    size_t num_heads, size_t num_kv_heads, size_t head_dim, float* attn) {
-  rope.apply(q, seq.rows, num_heads, seq.pos0, head_dim);
-  rope.apply(k, seq.rows, num_kv_heads, seq.pos0, head_dim);
-  store_kv(*seq.cache, layer, seq.pos0, seq.rows, num_kv_heads * head_dim, k, v);
-  causal_gqa_attention(q, seq.rows, seq.pos0, *seq.cache, layer, num_heads, num_kv_heads, head_dim, attn);
+                    const RopeGqaAttention& a, float* attn) {
+  rope.apply(q, seq.rows, a.num_heads, seq.pos0, a.head_dim);
+  rope.apply(k, seq.rows, a.num_kv_heads, seq.pos0, a.head_dim);
+  store_kv(*seq.cache, layer, seq.pos0, seq.rows, a.num_kv_heads * a.head_dim, k, v);
+  causal_gqa_attention(q, seq.rows, seq.pos0, *seq.cache, layer, a.num_heads, a.num_kv_heads, a.head_dim, attn,
+                       a.options.sliding_window, a.sinks.empty() ? nullptr : a.sinks.data());
 }
 
 }  // namespace
@@ -133,6 +137,7 @@ RopeGqaAttention RopeGqaAttention::load(const Checkpoint& ckpt, const std::strin
     a.q_norm = RmsNorm::load(ckpt, prefix + ".q_norm", per_head ? head_dim : num_heads * head_dim, options.norm_eps);
     a.k_norm = RmsNorm::load(ckpt, prefix + ".k_norm", per_head ? head_dim : num_kv_heads * head_dim, options.norm_eps);
   }
+  if (options.sinks) a.sinks = ckpt.load_f32(prefix + ".sinks", {static_cast<int64_t>(num_heads)});
   return a;
 }
 
@@ -164,7 +169,7 @@ void RopeGqaAttention::operator()(const Rope& rope, const float* x, size_t rows,
   std::vector<float> attn(rows * q_dim);
   for (const SequenceRows& seq : batch) {
     rope_attention(rope, q.data() + seq.row0 * q_dim, k.data() + seq.row0 * kv_dim, v.data() + seq.row0 * kv_dim, seq,
-                   layer, num_heads, num_kv_heads, head_dim, attn.data() + seq.row0 * q_dim);
+                   layer, *this, attn.data() + seq.row0 * q_dim);
   }
   o_proj(attn.data(), rows, out);
 }

@@ -90,10 +90,13 @@ class Rope {
 /// those positions must already be in the cache); out [rows, num_heads * head_dim] f32.
 /// The tiled online-softmax kernel of common/attention.h (FlashAttention-2, Dao 2023),
 /// under its bit contract: row r's output depends only on its q and cache rows
-/// 0..pos0+r, whatever rows, pos0, the chunking or the thread count. Throws
+/// 0..pos0+r (pos0+r-sliding_window+1..pos0+r when sliding_window > 0; only those are
+/// read), whatever rows, pos0, the chunking or the thread count. `sinks` [num_heads]:
+/// GptOssAttention's per-head sink logits (AttentionShape::sinks), or nullptr. Throws
 /// Error(kInvalidInput) when num_kv_heads does not divide num_heads.
 void causal_gqa_attention(const float* q, size_t rows, size_t pos0, const KvCache& cache, size_t layer,
-                          size_t num_heads, size_t num_kv_heads, size_t head_dim, float* out);
+                          size_t num_heads, size_t num_kv_heads, size_t head_dim, float* out,
+                          size_t sliding_window = 0, const float* sinks = nullptr);
 
 /// Where a GQA attention block RMS-normalises q and k, after their projections and
 /// before RoPE.
@@ -110,16 +113,22 @@ struct GqaOptions {
   QkNorm qk_norm = QkNorm::kNone;
   double norm_eps = 1e-6;        ///< of q_norm and k_norm
   double clip_qkv = 0;           ///< when > 0, q, k and v are clamped to [-clip, clip] after the norms
+  /// When > 0, each query attends only the last sliding_window positions, itself included
+  /// (MixtralAttention, Qwen2MoeAttention and GptOssAttention on "sliding_attention" layers).
+  size_t sliding_window = 0;
+  bool sinks = false;            ///< learned per-head sink logits "<prefix>.sinks" (GptOssAttention)
 };
 
 /// The RoPE GQA attention block of the Llama-style families: q/k/v projections, the
 /// family's q/k norm (GqaOptions::qk_norm) and clamp, then RoPE attention. Weights
 /// "<prefix>.{q,k,v,o}_proj.weight" (+ ".bias" as the options say) and, with a q/k
-/// norm, "<prefix>.{q,k}_norm.weight". After the norms it rotates q and k, stores k and
-/// v in the cache, attends causally (causal_gqa_attention) and projects with o_proj.
+/// norm, "<prefix>.{q,k}_norm.weight"; with sinks, "<prefix>.sinks" [num_heads]. After
+/// the norms it rotates q and k, stores k and v in the cache, attends causally
+/// (causal_gqa_attention, within the options' sliding window) and projects with o_proj.
 struct RopeGqaAttention {
   Linear q_proj, k_proj, v_proj, o_proj;
   RmsNorm q_norm, k_norm;  ///< empty unless options.qk_norm
+  std::vector<float> sinks;  ///< [num_heads] when options.sinks, else empty
   size_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
   GqaOptions options;
   static RopeGqaAttention load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden, size_t num_heads,

@@ -14,6 +14,7 @@ const ModelFamily& mixtral_family();
 const ModelFamily& deepseek_v3_family();
 const ModelFamily& glm4_moe_family();
 const ModelFamily& minimax_m2_family();
+const ModelFamily& gpt_oss_family();
 
 std::span<const ModelFamily* const> model_families() {
   // The table: one line per family. Built on first use, after every family's record.
@@ -25,6 +26,7 @@ std::span<const ModelFamily* const> model_families() {
       &deepseek_v3_family(),
       &glm4_moe_family(),
       &minimax_m2_family(),
+      &gpt_oss_family(),
   };
   return table;
 }

@@ -6,6 +6,8 @@
 #include <memory>
 #include <numeric>
 
+#include "common/kernels.h"
+
 namespace charm {
 namespace {
 
@@ -17,6 +19,40 @@ void top_k_by(std::vector<uint32_t>& order, size_t k, const std::vector<float>& 
 }
 
 }  // namespace
+
+Routing topk_softmax(const float* router_logits, size_t rows, size_t num_experts, size_t top_k) {
+  Routing routing;
+  routing.top_k = top_k;
+  routing.experts.resize(rows * top_k);
+  routing.weights.resize(rows * top_k);
+  std::vector<float> logits(num_experts);
+  std::vector<uint32_t> order(num_experts);
+  for (size_t r = 0; r < rows; ++r) {
+    std::copy_n(router_logits + r * num_experts, num_experts, logits.begin());
+    top_k_by(order, top_k, logits);
+    float* w = routing.weights.data() + r * top_k;
+    for (size_t k = 0; k < top_k; ++k) {
+      routing.experts[r * top_k + k] = order[k];
+      w[k] = logits[order[k]];
+    }
+    softmax(w, top_k);
+  }
+  return routing;
+}
+
+TopkSoftmaxRouter TopkSoftmaxRouter::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,
+                                          size_t num_experts, size_t top_k) {
+  TopkSoftmaxRouter r;
+  r.router = Linear::load(ckpt, prefix, num_experts, hidden, /*with_bias=*/true);
+  r.top_k = top_k;
+  return r;
+}
+
+Routing TopkSoftmaxRouter::route(const float* x, size_t rows) const {
+  std::vector<float> router_logits(rows * router.out());
+  router(x, rows, router_logits.data());
+  return topk_softmax(router_logits.data(), rows, router.out(), top_k);
+}
 
 Routing sigmoid_group_topk(const float* router_logits, size_t rows, size_t num_experts, const float* bias,
                            const GroupLimitedTopk& p) {

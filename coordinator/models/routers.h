@@ -1,7 +1,8 @@
 // Routers other than the softmax top-k of coordinator/models/blocks.h: DeepSeek-V3's sigmoid
 // scores with a selection-only bias and group-limited top-k ("noaux_tc"), following
 // transformers' models/deepseek_v3/modeling_deepseek_v3.py: DeepseekV3TopkRouter (GLM-4.5's
-// Glm4MoeTopkRouter is the same), and the MoE block both families build from it.
+// Glm4MoeTopkRouter is the same), and the MoE block both families build from it; and
+// gpt-oss's top-k-then-softmax router (models/gpt_oss/modeling_gpt_oss.py: GptOssTopKRouter).
 #pragma once
 
 #include <cstddef>
@@ -49,6 +50,22 @@ struct GroupLimitedRouter final : Router {
                                  const std::string& bias_name = "");
   Routing route(const float* x, size_t rows) const override;
   size_t hidden() const override { return gate.in(); }
+};
+
+/// For each row of router_logits [rows, num_experts] (f32): the top_k largest logits (ties:
+/// lower id first), best first, weighted by the softmax over those k logits only
+/// (GptOssTopKRouter: torch.topk, then softmax of the top values).
+Routing topk_softmax(const float* router_logits, size_t rows, size_t num_experts, size_t top_k);
+
+/// GptOssTopKRouter: a Linear with bias, "<prefix>.weight" [num_experts, hidden] and
+/// "<prefix>.bias" [num_experts], then topk_softmax.
+struct TopkSoftmaxRouter final : Router {
+  Linear router;
+  size_t top_k = 0;
+  static TopkSoftmaxRouter load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden, size_t num_experts,
+                                size_t top_k);
+  Routing route(const float* x, size_t rows) const override;
+  size_t hidden() const override { return router.in(); }
 };
 
 /// The MoE block of DeepseekV3MoE and Glm4MoeMoE: the GroupLimitedRouter "<prefix>.gate"

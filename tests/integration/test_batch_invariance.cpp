@@ -8,8 +8,10 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <iomanip>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -175,8 +177,9 @@ TEST_CASE("batch invariance: every request of a random concurrent mix equals the
 }
 
 // The families of issue 16 through the same mix: GLM-4.5 (GQA cache, partial rotary),
-// Kimi K2 (the compressed MLA cache) and MiniMax-M2 (whole-projection q/k norm).
-TEST_CASE("batch invariance holds for glm4-moe-tiny, kimi-k2-tiny and minimax-m2-tiny: chunked, preempted, two workers") {
+// Kimi K2 (the compressed MLA cache), MiniMax-M2 (whole-projection q/k norm), gpt-oss and
+// the sliding-window fixtures.
+TEST_CASE("batch invariance holds for the issue 16 fixtures: chunked, preempted, two workers") {
   struct Fixture {
     std::string name;
     std::vector<std::string> split;
@@ -184,7 +187,11 @@ TEST_CASE("batch invariance holds for glm4-moe-tiny, kimi-k2-tiny and minimax-m2
   };
   for (const Fixture& f : {Fixture{"glm4-moe-tiny", {"\"0-7\"", "\"8-15\""}, 4 * 2 * 2 * 16 * 4},
                            Fixture{"kimi-k2-tiny", {"\"0-11\"", "\"12-23\""}, 3 * (16 + 64) * 4},
-                           Fixture{"minimax-m2-tiny", {"\"0-7\"", "\"8-15\""}, 3 * 2 * 2 * 16 * 4}}) {
+                           Fixture{"minimax-m2-tiny", {"\"0-7\"", "\"8-15\""}, 3 * 2 * 2 * 16 * 4},
+                           // issue 16 items 3 and 6: sliding windows (and gpt-oss's sinks)
+                           Fixture{"gpt-oss-tiny", {"\"0-3\"", "\"4-7\""}, 4 * 2 * 2 * 16 * 4},
+                           Fixture{"mixtral-swa-tiny", {"\"0-3\"", "\"4-7\""}, 3 * 2 * 2 * 8 * 4},
+                           Fixture{"qwen2-moe-swa-tiny", {"\"0-7\"", "\"8-15\""}, 4 * 2 * 2 * 8 * 4}}) {
     CAPTURE(f.name);
     const std::vector<Request> mix = request_mix(f.name);
     Served alone({}, "", f.name);
@@ -196,7 +203,9 @@ TEST_CASE("batch invariance holds for glm4-moe-tiny, kimi-k2-tiny and minimax-m2
     }
     {
       const double gb = 6.0 * 16 * static_cast<double>(f.bytes_per_token) / (1u << 30);
-      Served together({}, "kv_cache_gb: " + std::to_string(gb) + ", max_num_seqs: 16", f.name);
+      std::ostringstream budget;  // std::to_string's 6 decimals round the small caches' size down a block
+      budget << std::fixed << std::setprecision(15) << gb;
+      Served together({}, "kv_cache_gb: " + budget.str() + ", max_num_seqs: 16", f.name);
       REQUIRE(together.engine->load().kv_blocks_total == 6);
       check_same(expected, run_together(*together.engine, mix));
       CHECK(together.engine->load().preemptions > 0);

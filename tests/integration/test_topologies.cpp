@@ -266,3 +266,20 @@ TEST_CASE("minimax-m2-tiny (bias beside the gate, every layer MoE): single node 
   CHECK(two.status[1].experts_held == 8 * 3);
   for (const auto& w : two.status) CHECK(w.requests > 0);
 }
+
+// --- gpt-oss and sliding-window attention (issue 16, items 3 and 6) ------------------------
+
+TEST_CASE("gpt-oss-tiny (biased experts, clamped SwiGLU on the workers): single node and two workers give bit-identical logits") {
+  const Outcome single = run_split("gpt-oss-tiny", {});
+  const Outcome two = run_split("gpt-oss-tiny", {"\"0-3\"", "\"4-7\""});
+  check_identical(single, two);
+  REQUIRE(two.status.size() == 2);
+  CHECK(two.status[0].experts_held == 4 * 4);  // 4 MoE layers
+  CHECK(two.status[1].experts_held == 4 * 4);
+  for (const auto& w : two.status) CHECK(w.requests > 0);
+}
+
+TEST_CASE("mixtral-swa-tiny and qwen2-moe-swa-tiny (sliding windows): single node and two workers give bit-identical logits") {
+  check_identical(run_split("mixtral-swa-tiny", {}), run_split("mixtral-swa-tiny", {"\"0-3\"", "\"4-7\""}));
+  check_identical(run_split("qwen2-moe-swa-tiny", {}), run_split("qwen2-moe-swa-tiny", {"\"0-7\"", "\"8-15\""}));
+}

@@ -61,16 +61,48 @@ struct GqaCase {
     const std::vector<float> v = random_floats(n * kv_heads * head_dim, static_cast<unsigned>(n + 8));
     store_kv(cache, 0, 0, n, kv_heads * head_dim, k.data(), v.data());
   }
-  /// Rows given by `chunks` (sizes, in order from position 0), one call each.
-  std::vector<float> run(const std::vector<size_t>& chunks) const {
+  /// Rows given by `chunks` (sizes, in order from position 0), one call each, within a
+  /// sliding window (0: none) and with sinks [heads] (nullptr: none).
+  std::vector<float> run(const std::vector<size_t>& chunks, size_t window = 0, const float* sinks = nullptr) const {
     std::vector<float> out(n * heads * head_dim);
     size_t pos = 0;
     for (size_t rows : chunks) {
       const size_t at = pos * heads * head_dim;
-      causal_gqa_attention(q.data() + at, rows, pos, cache, 0, heads, kv_heads, head_dim, out.data() + at);
+      causal_gqa_attention(q.data() + at, rows, pos, cache, 0, heads, kv_heads, head_dim, out.data() + at, window,
+                           sinks);
       pos += rows;
     }
     return out;
+  }
+  /// The largest difference of `got` from attention in double precision, as transformers'
+  /// eager_attention_forward writes it: keys r-window+1..r (all of 0..r when window is 0),
+  /// the head's sink (when given) joining the softmax's max and sum, then dropped.
+  double worst_error(const std::vector<float>& got, size_t window = 0, const float* sinks = nullptr) const {
+    const size_t group = heads / kv_heads;
+    double worst = 0;
+    for (size_t r = 0; r < n; ++r) {
+      const size_t first = window != 0 && r + 1 > window ? r + 1 - window : 0;
+      for (size_t h = 0; h < heads; ++h) {
+        const float* qh = q.data() + (r * heads + h) * head_dim;
+        const size_t off = (h / group) * head_dim;
+        std::vector<double> p(r + 1, 0.0);
+        double max = sinks ? sinks[h] : -INFINITY, sum = 0;
+        for (size_t t = first; t <= r; ++t) {
+          double s = 0;
+          for (size_t d = 0; d < head_dim; ++d) s += static_cast<double>(qh[d]) * cache.key(0, t)[off + d];
+          p[t] = s / std::sqrt(static_cast<double>(head_dim));
+          max = std::max(max, p[t]);
+        }
+        for (size_t t = first; t <= r; ++t) sum += (p[t] = std::exp(p[t] - max));
+        if (sinks) sum += std::exp(sinks[h] - max);
+        for (size_t d = 0; d < head_dim; ++d) {
+          double want = 0;
+          for (size_t t = first; t <= r; ++t) want += p[t] / sum * cache.value(0, t)[off + d];
+          worst = std::max(worst, std::abs(want - got[(r * heads + h) * head_dim + d]));
+        }
+      }
+    }
+    return worst;
   }
   size_t n, heads, kv_heads, head_dim;
   KvCache cache;
@@ -145,6 +177,74 @@ TEST_CASE("GQA attention is softmax attention: within 1e-5 of a double-precision
     }
     CHECK(worst < 1e-5);
   }
+}
+
+TEST_CASE("sliding-window attention with sinks: within 1e-5 of the reference; one key fewer or more fails it") {
+  // Windows inside a tile, equal to it and across tiles; sinks large enough to take a
+  // visible share of the softmax.
+  const std::vector<float> sinks = {0.5f, -1.0f, 2.0f, 0.0f};
+  for (size_t n : {size_t{17}, size_t{100}}) {
+    for (size_t window : {size_t{1}, size_t{5}, size_t{16}, size_t{37}}) {
+      CAPTURE(n);
+      CAPTURE(window);
+      const GqaCase c(n, 4, 2, 20);
+      CHECK(c.worst_error(c.run({n}, window), window) < 1e-5);
+      const std::vector<float> got = c.run({n}, window, sinks.data());
+      CHECK(c.worst_error(got, window, sinks.data()) < 1e-5);
+      // The broken variants the fixture tests must catch differ here by far more (where
+      // the window bites: some query sees more than window - 1 keys).
+      if (window > 1 && window < n) CHECK(c.worst_error(got, window - 1, sinks.data()) > 1e-3);
+      if (window < n) CHECK(c.worst_error(got, window + 1, sinks.data()) > 1e-3);
+      CHECK(c.worst_error(got, window) > 1e-3);  // sinks dropped
+    }
+  }
+  const GqaCase c(40, 4, 2, 20);
+  CHECK(c.worst_error(c.run({40}, 0, sinks.data()), 0, sinks.data()) < 1e-5);  // sinks, no window
+}
+
+TEST_CASE("sliding-window attention with sinks: chunking, threads and kernel path change no bit") {
+  const std::vector<float> sinks = {0.5f, -1.0f, 2.0f, 0.0f, 1.0f, -3.0f};
+  const int saved_threads = omp_get_max_threads();
+  const KernelPath saved_path = active_kernel_path();
+  for (size_t n : {size_t{17}, size_t{300}}) {
+    for (size_t window : {size_t{4}, size_t{16}, size_t{40}}) {
+      CAPTURE(n);
+      CAPTURE(window);
+      const GqaCase c(n, 6, 2, 64);
+      omp_set_num_threads(1);
+      set_kernel_path(KernelPath::kPortable);
+      const std::vector<float> reference = c.run({n}, window, sinks.data());
+      CHECK(same_bits(reference, c.run(std::vector<size_t>(n, 1), window, sinks.data())));
+      omp_set_num_threads(2);
+      CHECK(same_bits(reference, c.run(uneven_chunks(n), window, sinks.data())));
+      if (cpu_supports_avx2()) {
+        set_kernel_path(KernelPath::kAvx2);
+        CHECK(same_bits(reference, c.run({n}, window, sinks.data())));
+        CHECK(same_bits(reference, c.run(uneven_chunks(n), window, sinks.data())));
+      }
+    }
+  }
+  omp_set_num_threads(saved_threads);
+  set_kernel_path(saved_path);
+}
+
+TEST_CASE("sliding-window attention reads no position outside the window") {
+  // Rows before the window answer nullptr: reading one would crash or poison the output.
+  struct WindowRows final : KvRows {
+    size_t first = 0, dim = 8;
+    std::vector<float> rows = random_floats(64 * 8, 3);
+    const float* key(size_t, size_t pos) const override { return pos < first ? nullptr : rows.data() + pos * dim; }
+    const float* value(size_t, size_t pos) const override { return pos < first ? nullptr : rows.data() + pos * dim; }
+  } kv;
+  AttentionShape shape;
+  shape.num_heads = shape.num_kv_heads = 1;
+  shape.key_dim = shape.value_dim = 8;
+  shape.sliding_window = 6;
+  const std::vector<float> q = random_floats(3 * 8, 4);
+  std::vector<float> out(3 * 8, NAN);
+  kv.first = 40 - 6 + 1;  // the first query, at 40, attends 35..40
+  causal_attention(q.data(), 3, 40, shape, kv, out.data());
+  for (float x : out) CHECK(std::isfinite(x));
 }
 
 TEST_CASE("attention_exp is exp within 2 ulp on [-87, 0], 0 below and at -inf") {

@@ -654,3 +654,53 @@ TEST_CASE("a checkpoint path that is absent, not a directory, or lacks a file is
   expect_error([&] { Checkpoint::open(dir / "empty"); }, ErrorCategory::kInvalidInput,
                {(dir / "empty/config.json").string() + ": missing or unreadable"});
 }
+
+// gpt-oss's layout (ExpertTensorNames::gpt_oss_layout): the four tensors are located per
+// expert; a missing bias, a mis-shaped block or an expert past E is named.
+TEST_CASE("locate_expert in gpt-oss's layout: slices of the four tensors, and every malformed one named") {
+  const std::string p = "model.layers.1.mlp.experts.";
+  auto tensors = [&](std::vector<int64_t> gate_up_shape) {
+    int64_t n = 1;
+    for (int64_t d : gate_up_shape) n *= d;
+    return std::vector<TensorSpec>{
+        {p + "gate_up_proj", DType::kBF16, gate_up_shape, charm::testing::ramp(static_cast<size_t>(n))},
+        {p + "gate_up_proj_bias", DType::kF32, {kE, 2 * kI}, charm::testing::ramp(kE * 2 * kI)},
+        {p + "down_proj", DType::kBF16, {kE, kI, kH}, charm::testing::ramp(kE * kI * kH)},
+        {p + "down_proj_bias", DType::kF32, {kE, kH}, charm::testing::ramp(kE * kH)}};
+  };
+  ExpertTensorNames names;
+  names.gpt_oss_layout = true;
+  {
+    TempDir dir("ckpt");
+    write_checkpoint(dir, tensors({kE, kH, 2 * kI}), false);
+    const auto ck = Checkpoint::open(dir.path());
+    const ExpertSlices s = ck->locate_expert(names, 1, 2, kH, kI);
+    CHECK(s.transposed);
+    CHECK(s.gate.rows == kH);
+    CHECK(s.gate.cols == 2 * kI);
+    CHECK(s.gate.offset == 2 * kH * 2 * kI * 2);  // bf16: expert 2's block
+    CHECK(s.up.tensor == nullptr);
+    CHECK(s.down.rows == kI);
+    CHECK(s.down_bias.offset == 2 * kH * 4);
+    expect_error([&] { ck->locate_expert(names, 1, kE, kH, kI); }, ErrorCategory::kInvalidInput,
+                 {"gate_up_proj", "holds 3 experts, expert 3 requested"});
+    expect_error([&] { ck->load_expert(names, 1, 0, kH, kI); }, ErrorCategory::kUnsupported,
+                 {"transposed expert layout"});
+  }
+  {
+    TempDir dir("ckpt");
+    write_checkpoint(dir, tensors({kE, 2 * kI, kH}), false);  // Qwen's [E, 2I, H], not gpt-oss's
+    const auto ck = Checkpoint::open(dir.path());
+    expect_error([&] { ck->locate_expert(names, 1, 0, kH, kI); }, ErrorCategory::kInvalidInput,
+                 {"gate_up_proj", "experts, hidden_size, 2 * intermediate_size"});
+  }
+  {
+    TempDir dir("ckpt");
+    auto no_bias = tensors({kE, kH, 2 * kI});
+    no_bias.erase(no_bias.begin() + 3);
+    write_checkpoint(dir, no_bias, false);
+    const auto ck = Checkpoint::open(dir.path());
+    expect_error([&] { ck->locate_expert(names, 1, 0, kH, kI); }, ErrorCategory::kInvalidInput,
+                 {"down_proj_bias' not found"});
+  }
+}

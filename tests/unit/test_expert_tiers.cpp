@@ -5,6 +5,7 @@
 // including fp8 experts (kept block-scaled in RAM, widened to f32 in a container).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -15,6 +16,7 @@
 #include "common/matmul.h"
 #include "common/model_config.h"
 #include "coordinator/models/checkpoint_families.h"
+#include "tests/support/expect_error.h"
 #include "tests/support/safetensors_writer.h"
 #include "tests/support/temp_dir.h"
 #include "worker/experts/expert_container.h"
@@ -155,6 +157,69 @@ TEST_CASE("expert outputs are bit-identical for every tier, budget and source") 
     }
     if (direct) CHECK(same_bits(c.run(*c.store(std::move(direct), one_per_layer)), want));
   }
+}
+
+// gpt-oss's experts (ExpertTensorNames::gpt_oss_layout): the store transposes gate_up_proj
+// [E, H, 2I] (gate even columns, up odd) and down_proj [E, I, H] into [out, in] blobs with
+// f32 biases; every tier gives the bits of the f32 path written out from the whole tensors
+// as GptOssExperts computes: gate_up = x @ W + b, the clamped SwiGLU, down = act @ W + b.
+TEST_CASE("gpt-oss experts: every tier gives the bits of the f32 GptOssExperts path; convert refuses them") {
+  const Case c("gpt-oss-tiny");
+  const int64_t E = c.config.num_experts, H = c.H, I = c.I;
+  const float limit = 2.5f, alpha = 1.702f;  // gpt-oss-tiny's swiglu_limit, GptOssConfig's swiglu_alpha
+  CHECK(c.config.expert_activation.limit == limit);
+  std::vector<float> want;
+  for (int64_t layer : c.config.moe_layer_ids()) {
+    const std::string p = "model.layers." + std::to_string(layer) + ".mlp.experts.";
+    const std::vector<float> gate_up = c.checkpoint->load_f32(p + "gate_up_proj", {E, H, 2 * I});
+    const std::vector<float> gate_up_bias = c.checkpoint->load_f32(p + "gate_up_proj_bias", {E, 2 * I});
+    const std::vector<float> down = c.checkpoint->load_f32(p + "down_proj", {E, I, H});
+    const std::vector<float> down_bias = c.checkpoint->load_f32(p + "down_proj_bias", {E, H});
+    for (const auto& a : c.assignments) {
+      const float* x = c.hidden.data() + a.row * H;
+      std::vector<float> wg(I * H), wu(I * H), wd(H * I), act(I), y(H);
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t i = 0; i < I; ++i) {
+          wg[i * H + h] = gate_up[(a.expert * H + h) * 2 * I + 2 * i];
+          wu[i * H + h] = gate_up[(a.expert * H + h) * 2 * I + 2 * i + 1];
+          wd[h * I + i] = down[(a.expert * I + i) * H + h];
+        }
+      }
+      std::vector<float> g(I), u(I);
+      linear_serial(x, 1, wg.data(), H, I, g.data());
+      linear_serial(x, 1, wu.data(), H, I, u.data());
+      for (int64_t i = 0; i < I; ++i) {
+        const float gi = std::min(g[i] + gate_up_bias[a.expert * 2 * I + 2 * i], limit);
+        const float ui = std::clamp(u[i] + gate_up_bias[a.expert * 2 * I + 2 * i + 1], -limit, limit);
+        act[i] = (ui + 1.0f) * (gi * (1.0f / (1.0f + std::exp(-(gi * alpha)))));
+      }
+      linear_serial(act.data(), 1, wd.data(), I, H, y.data());
+      for (int64_t h = 0; h < H; ++h) y[h] = y[h] + down_bias[a.expert * H + h];
+      want.insert(want.end(), y.begin(), y.end());
+    }
+  }
+  auto store = [&](std::optional<uint64_t> ram) {
+    StoreOptions o;
+    o.ram_bytes = ram;
+    o.pin = PinMode::kNone;
+    o.activation = c.config.expert_activation;
+    return std::make_unique<ExpertStore>(c.from_checkpoint(), c.all, H, I, o);
+  };
+  const uint64_t slot = align_up(c.from_checkpoint()->layout(c.all[0])->bytes, kRecordAlignment);
+  CHECK(c.from_checkpoint()->layout(c.all[0])->has_biases());
+  CHECK(same_bits(c.run(*store(std::nullopt)), want));
+  CHECK(same_bits(c.run(*store(slot * c.config.moe_layer_ids().size())), want));  // one LRU slot per layer
+  // A plain SwiGLU store (the activation forgotten) or dropped biases would differ.
+  StoreOptions plain;
+  plain.pin = PinMode::kNone;
+  CHECK_FALSE(same_bits(c.run(ExpertStore(c.from_checkpoint(), c.all, H, I, plain)), want));
+
+  test::TempDir dir("charm-tiers-gpt-oss");
+  ConvertOptions o;
+  o.out = dir.path();
+  o.progress = false;
+  test::expect_error([&] { convert_experts(*c.checkpoint, c.config, c.all, o); }, ErrorCategory::kUnsupported,
+                     {"gpt-oss experts", "cannot be converted into an expert container yet"});
 }
 
 TEST_CASE("matmul_serial over bf16 and f16 rows equals linear_serial over their f32 values") {

@@ -135,6 +135,38 @@ TEST_CASE("a Mixtral config: num_local_experts of width intermediate_size, every
   CHECK(ModelConfig::parse(wide_window, "config.json", checkpoint_families()).num_experts == 8);
 }
 
+TEST_CASE("a gpt-oss config: GptOssConfig's defaults for the window, layer types, YaRN, biases and the SwiGLU clamp") {
+  const json minimal = {{"architectures", {"GptOssForCausalLM"}}, {"vocab_size", 100}, {"hidden_size", 16},
+                        {"intermediate_size", 12}, {"num_hidden_layers", 3}, {"num_attention_heads", 4},
+                        {"num_key_value_heads", 2}, {"head_dim", 8}, {"num_local_experts", 8},
+                        {"num_experts_per_tok", 2}};
+  const ModelConfig c = ModelConfig::parse(minimal, "config.json", checkpoint_families());
+  CHECK(c.moe_intermediate_size == 12);
+  CHECK(c.attention_bias);  // GptOssConfig's default
+  CHECK(c.rope_theta == 150000.0);
+  CHECK(c.rms_norm_eps == 1e-5);
+  CHECK(c.sliding_window == 128);
+  CHECK(c.sliding_layers == std::vector<bool>{true, false, true});  // even layers slide
+  REQUIRE(c.yarn.has_value());
+  CHECK(c.yarn->factor == 32.0);
+  CHECK(c.yarn->original_max_position_embeddings == 4096);
+  CHECK_FALSE(c.yarn->truncate);
+  CHECK(c.expert_activation.kind == ExpertActivation::Kind::kClampedSwiglu);
+  CHECK(c.expert_activation.alpha == 1.702f);
+  CHECK(c.expert_activation.limit == 7.0f);
+  CHECK(c.expert_tensors.gpt_oss_layout);
+
+  json j = minimal;
+  j["swiglu_limit"] = 0;
+  CHECK(error_of(j).find("field 'swiglu_limit' must be positive") != std::string::npos);
+  j = minimal;
+  j["quantization_config"] = {{"quant_method", "mxfp4"}};
+  CHECK(error_of(j).find("quant_method 'mxfp4' is not supported yet for GptOssForCausalLM") != std::string::npos);
+  j = minimal;
+  j["layer_types"] = {"full_attention", "full_attention", "full_attention"};
+  CHECK(ModelConfig::parse(j, "config.json", checkpoint_families()).attention_window(0) == 0);
+}
+
 TEST_CASE("Qwen2-MoE and Mixtral configs missing a field name the field and the file") {
   json no_shared = qwen2_moe();
   no_shared.erase("shared_expert_intermediate_size");
@@ -151,16 +183,45 @@ TEST_CASE("Qwen2-MoE and Mixtral configs missing a field name the field and the 
   CHECK(error_of(too_many).find("exceeds num_local_experts (8)") != std::string::npos);
 }
 
-TEST_CASE("sliding-window attention that would bite is refused, naming the field") {
+TEST_CASE("Qwen2-MoE sliding windows as Qwen2MoeConfig resolves them: even layers below max_window_layers") {
   json qwen2 = qwen2_moe();
+  CHECK(ModelConfig::parse(qwen2, "config.json", checkpoint_families()).attention_window(0) == 0);  // off
   qwen2["use_sliding_window"] = true;
-  CHECK(error_of(qwen2).find("model/config.json: field 'use_sliding_window' is true") != std::string::npos);
+  qwen2["max_window_layers"] = 3;
+  qwen2["sliding_window"] = 5;
+  ModelConfig c = ModelConfig::parse(qwen2, "config.json", checkpoint_families());
+  CHECK(c.sliding_window == 5);
+  CHECK(c.sliding_layers == std::vector<bool>{true, false, true, false});
+  CHECK(c.attention_window(0) == 5);
+  CHECK(c.attention_window(1) == 0);
+  CHECK(c.attention_window(3) == 0);  // odd, and not below max_window_layers either
+  qwen2.erase("max_window_layers");   // default 28: every even layer
+  qwen2.erase("sliding_window");      // default 4096
+  c = ModelConfig::parse(qwen2, "config.json", checkpoint_families());
+  CHECK(c.sliding_window == 4096);
+  CHECK(c.sliding_layers == std::vector<bool>{true, false, true, false});
+  // transformers 5's layer_types win over the rule.
+  qwen2["layer_types"] = {"full_attention", "sliding_attention", "full_attention", "full_attention"};
+  c = ModelConfig::parse(qwen2, "config.json", checkpoint_families());
+  CHECK(c.sliding_layers == std::vector<bool>{false, true, false, false});
+  // Sliding layers without a window (use_sliding_window false makes it 0) are invalid.
+  qwen2["use_sliding_window"] = false;
+  CHECK(error_of(qwen2).find("field 'sliding_window' is 0 but layer_types names sliding_attention layers") !=
+        std::string::npos);
+  qwen2["layer_types"] = {"full_attention", "chunked_attention", "full_attention", "full_attention"};
+  CHECK(error_of(qwen2).find("layer_types[1] is \"chunked_attention\"; only full_attention and "
+                             "sliding_attention are implemented") != std::string::npos);
+}
 
+TEST_CASE("a Mixtral sliding_window applies to every layer; null means none") {
   json narrow = mixtral();
+  CHECK(ModelConfig::parse(narrow, "config.json", checkpoint_families()).sliding_layers.empty());
   narrow["sliding_window"] = 4096;
-  const std::string message = error_of(narrow);
-  CHECK(message.find("model/config.json: field 'sliding_window' is 4096") != std::string::npos);
-  CHECK(message.find("MixtralForCausalLM") != std::string::npos);
+  const ModelConfig c = ModelConfig::parse(narrow, "config.json", checkpoint_families());
+  CHECK(c.attention_window(0) == 4096);
+  CHECK(c.attention_window(1) == 4096);
+  narrow["sliding_window"] = -1;
+  CHECK(error_of(narrow).find("field 'sliding_window' must be positive or null, got -1") != std::string::npos);
 }
 
 TEST_CASE("an unsupported architecture is named with the supported list") {
@@ -338,6 +399,11 @@ TEST_CASE("DeepSeek-V3 configs (bf16 and fp8) saved by transformers 4 and 5 pars
   check_spellings("deepseek-v3-tiny");
   check_spellings("deepseek-v3-tiny-fp8");
 }
+TEST_CASE("gpt-oss and the sliding-window configs saved by transformers 4 and 5 parse to the hub config's model") {
+  check_spellings("gpt-oss-tiny");
+  check_spellings("mixtral-swa-tiny");
+  check_spellings("qwen2-moe-swa-tiny");
+}
 TEST_CASE("GLM-4.5 and Kimi K2 configs saved by transformers 4 and 5 parse to the hub config's model") {
   check_spellings("glm4-moe-tiny");
   check_spellings("kimi-k2-tiny", "deepseek_v3");
@@ -443,9 +509,10 @@ TEST_CASE("transformers 5's RoPE and layer settings that change the model are re
   nested["rope_parameters"]["sliding_attention"] = {{"rope_type", "default"}, {"rope_theta", 1e4}};
   CHECK(error_of(nested).find("per-layer-type RoPE ('sliding_attention')") != std::string::npos);
 
-  json types = qwen2_moe();
+  json types = qwen3();  // Qwen3-MoE: no sliding windows in charm yet
   types["layer_types"] = {"full_attention", "sliding_attention", "full_attention", "full_attention"};
-  CHECK(error_of(types).find("layer_types[1] is \"sliding_attention\"") != std::string::npos);
+  CHECK(error_of(types).find("layer_types[1] is \"sliding_attention\"; only full_attention is") !=
+        std::string::npos);
   types["layer_types"] = {"full_attention"};
   CHECK(error_of(types).find("'layer_types' must be a list of num_hidden_layers (4)") != std::string::npos);
 

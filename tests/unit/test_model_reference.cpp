@@ -136,12 +136,26 @@ TEST_CASE("minimax-m2-tiny (whole-projection q/k norm, rotary_dim, sigmoid routi
   check_fixture("minimax-m2-tiny");
 }
 
+// --- Sliding-window attention and gpt-oss (issue 16, items 6 and 3) ---------------------------
+
+TEST_CASE("mixtral-swa-tiny (sliding_window 6 on every layer) matches transformers: greedy exact, logits 1e-4") {
+  check_fixture("mixtral-swa-tiny");
+}
+
+TEST_CASE("qwen2-moe-swa-tiny (sliding_window 5 on layers 0 and 2) matches transformers: greedy exact, logits 1e-4") {
+  check_fixture("qwen2-moe-swa-tiny");
+}
+
+TEST_CASE("gpt-oss-tiny (sinks, alternating sliding/full layers, YaRN, biased experts, clamped SwiGLU) matches transformers") {
+  check_fixture("gpt-oss-tiny");
+}
+
 // --- Chunked prefill (issue 6) -------------------------------------------------------------
 
 TEST_CASE("chunked prefill gives the logits of one whole-prompt forward, bit for bit, for every family") {
   for (const std::string name : {"qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny",
                                  "deepseek-v3-tiny-fp8", "glm4-moe-tiny", "kimi-k2-tiny",
-                                 "minimax-m2-tiny"}) {
+                                 "minimax-m2-tiny", "mixtral-swa-tiny", "qwen2-moe-swa-tiny", "gpt-oss-tiny"}) {
     CAPTURE(name);
     Topology topology;
     topology.model = kModels / name;
@@ -212,7 +226,7 @@ TEST_CASE("every family sends the next MoE layer's prefetch hint, and hints chan
   // The MoE block is shared, so a family that skipped the hint (DeepSeek-V3 did) fails here.
   for (const std::string name : {"qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny",
                                  "deepseek-v3-tiny-fp8", "glm4-moe-tiny", "kimi-k2-tiny",
-                                 "minimax-m2-tiny"}) {
+                                 "minimax-m2-tiny", "mixtral-swa-tiny", "qwen2-moe-swa-tiny", "gpt-oss-tiny"}) {
     CAPTURE(name);
     SingleNode node(name);
     const ModelConfig& config = node.config;

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 #include <omp.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -95,4 +96,21 @@ TEST_CASE("swiglu_batch: every row has the bits of that row alone; 1 or 2 thread
   }
   set_kernel_path(saved_path);
   omp_set_num_threads(saved_threads);
+}
+
+// GptOssExperts._apply_gate, worked by hand: gate clamped above only, up on both sides,
+// (up + 1) * gate * sigmoid(alpha * gate).
+TEST_CASE("the clamped SwiGLU clamps gate above and up on both sides, as GptOssExperts does") {
+  const ExpertActivation clamped{.kind = ExpertActivation::Kind::kClampedSwiglu, .alpha = 1.702f, .limit = 7.0f};
+  auto want = [](float g, float u) {
+    return (u + 1.0f) * (g * (1.0f / (1.0f + std::exp(-(g * 1.702f)))));
+  };
+  CHECK(clamped(0.5f, 0.25f) == want(0.5f, 0.25f));
+  CHECK(clamped(9.0f, 0.25f) == want(7.0f, 0.25f));     // gate above the limit
+  CHECK(clamped(-9.0f, 0.25f) == want(-9.0f, 0.25f));   // gate has no lower clamp
+  CHECK(clamped(0.5f, 8.0f) == want(0.5f, 7.0f));       // up clamped above ...
+  CHECK(clamped(0.5f, -8.0f) == want(0.5f, -7.0f));     // ... and below
+  CHECK(clamped(0.5f, 0.25f) != silu(0.5f) * 0.25f);    // not the plain SwiGLU
+  const ExpertActivation plain;
+  CHECK(plain(0.5f, 0.25f) == silu(0.5f) * 0.25f);
 }

@@ -78,6 +78,10 @@ std::string differing_field(const ContainerHeader& a, const ContainerHeader& b) 
 
 /// The layout an expert gets in the container: the checkpoint's dtypes, or quantised.
 ExpertLayout target_layout(const ExpertSlices& slices, const ConvertOptions& o) {
+  if (slices.transposed) {  // the container's records have no bias parts yet
+    fail_unsupported(slices.gate.tensor->file.string() + ": gpt-oss experts (transposed, with biases) cannot be "
+                     "converted into an expert container yet; serve them from the checkpoint");
+  }
   if (o.quant == "none") {
     // Kept as stored, except block-scaled fp8, which is widened to f32 (lossless: the
     // values load_f32 computes) since the container format has no fp8 form yet.

@@ -57,7 +57,7 @@ LayerStats ExpertExecutor::run_into(uint32_t layer, const float* hidden, uint32_
       jobs.push_back(SwigluJob{&lease.view(), x.data() + at * h, rows.size(), y.data() + at * h});
       at += rows.size();
     }
-    swiglu_batch(jobs, h, inter);
+    swiglu_batch(jobs, h, inter, store_.activation());
     at = 0;
     for (const ExpertLease& lease : batch) {  // scatter: one output per assignment
       for (size_t i : rows_of[lease.expert()]) std::copy_n(y.data() + (at++) * h, h, outputs + i * h);

@@ -1,6 +1,8 @@
 #include "worker/experts/expert_source.h"
 
+#include <cstring>
 #include <new>
+#include <vector>
 
 #include "common/error.h"
 
@@ -22,8 +24,58 @@ ExpertLayout layout_of(const ExpertSlices& slices) {
     }
     return MatrixShape{weight_format_of(s.tensor->dtype), s.rows, s.cols, 0, s.block_rows, s.block_cols};
   };
+  if (slices.transposed) {  // gpt-oss: gate [H, 2I] and down [I, H] become [I, H] x 2 and [H, I]
+    const DType dtype = slices.gate.tensor->dtype;
+    const int64_t H = slices.gate.rows, I = slices.gate.cols / 2;
+    const MatrixShape in_to_inter{weight_format_of(dtype), I, H}, inter_to_in{weight_format_of(dtype), H, I};
+    return ExpertLayout::make(in_to_inter, in_to_inter, inter_to_in, slices.down_bias.tensor != nullptr);
+  }
   return ExpertLayout::make(shape(slices.gate), shape(slices.up), shape(slices.down));
 }
+
+namespace {
+
+/// gpt-oss's expert blocks into the blob's [out, in] matrices, element bytes moved as
+/// they are: gate[i][h] = gate_up[h][2i], up[i][h] = gate_up[h][2i + 1] (GptOssExperts:
+/// gate_up[..., ::2], gate_up[..., 1::2]), down[h][i] = down_proj[i][h]; the biases
+/// widened to f32 and split the same way. Returns the bytes read.
+uint64_t read_transposed_expert(const Checkpoint& checkpoint, const ExpertSlices& slices, const ExpertLayout& layout,
+                                uint8_t* dst) {
+  const size_t esize = dtype_size(slices.gate.tensor->dtype);
+  const auto H = static_cast<size_t>(slices.gate.rows), I = static_cast<size_t>(slices.gate.cols / 2);
+  std::vector<uint8_t> block(slices.gate.bytes);
+  checkpoint.read_slice(slices.gate, block.data());
+  uint8_t* gate = dst + layout.gate.data_offset;
+  uint8_t* up = dst + layout.up.data_offset;
+  for (size_t h = 0; h < H; ++h) {
+    for (size_t i = 0; i < I; ++i) {
+      std::memcpy(gate + (i * H + h) * esize, block.data() + (h * 2 * I + 2 * i) * esize, esize);
+      std::memcpy(up + (i * H + h) * esize, block.data() + (h * 2 * I + 2 * i + 1) * esize, esize);
+    }
+  }
+  block.resize(slices.down.bytes);
+  checkpoint.read_slice(slices.down, block.data());
+  uint8_t* down = dst + layout.down.data_offset;
+  for (size_t i = 0; i < I; ++i) {
+    for (size_t h = 0; h < H; ++h) std::memcpy(down + (h * I + i) * esize, block.data() + (i * H + h) * esize, esize);
+  }
+  uint64_t bytes = slices.gate.bytes + slices.down.bytes;
+  if (layout.has_biases()) {
+    const std::vector<float> gate_up_bias = checkpoint.slice_f32(slices.gate_up_bias);
+    auto* gate_bias = reinterpret_cast<float*>(dst + layout.gate_bias.offset);
+    auto* up_bias = reinterpret_cast<float*>(dst + layout.up_bias.offset);
+    for (size_t i = 0; i < I; ++i) {
+      gate_bias[i] = gate_up_bias[2 * i];
+      up_bias[i] = gate_up_bias[2 * i + 1];
+    }
+    const std::vector<float> down_bias = checkpoint.slice_f32(slices.down_bias);
+    std::memcpy(dst + layout.down_bias.offset, down_bias.data(), down_bias.size() * sizeof(float));
+    bytes += slices.gate_up_bias.bytes + slices.down_bias.bytes;
+  }
+  return bytes;
+}
+
+}  // namespace
 
 ContentHash blob_identity(const ExpertLayout& layout, const uint8_t* blob) {
   ContentHasher hasher;
@@ -31,11 +83,15 @@ ContentHash blob_identity(const ExpertLayout& layout, const uint8_t* blob) {
     hasher.update(blob + part->data_offset, part->shape.data_bytes());
     hasher.update(blob + part->scale_offset, part->shape.scale_bytes());
   }
+  for (const BiasPart* part : {&layout.gate_bias, &layout.up_bias, &layout.down_bias}) {  // none: nothing
+    hasher.update(blob + part->offset, static_cast<uint64_t>(part->size) * sizeof(float));
+  }
   return hasher.digest();
 }
 
 uint64_t read_checkpoint_expert(const Checkpoint& checkpoint, const ExpertSlices& slices, const ExpertLayout& layout,
                                 uint8_t* dst) {
+  if (slices.transposed) return read_transposed_expert(checkpoint, slices, layout, dst);
   uint64_t bytes = 0;
   for (auto [slice, part] : {std::pair{&slices.gate, &layout.gate}, {&slices.up, &layout.up},
                              {&slices.down, &layout.down}}) {

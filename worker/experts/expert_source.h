@@ -68,14 +68,18 @@ class ExpertSource {
 
 /// The content identity of an expert blob: XXH3-128 over, for gate, up and down in that
 /// order, the matrix's element bytes and then its f32 scales (scale_bytes(); none unless
-/// quantised or block-scaled fp8). Padding between parts is not hashed. For a blob in
+/// quantised or block-scaled fp8), then the f32 biases gate_bias, up_bias, down_bias
+/// where the expert has them (none: nothing, so identities without biases are as they
+/// were). Padding between parts is not hashed. For a blob in
 /// the checkpoint's own layout (layout_of, filled by read_checkpoint_expert) these are
 /// the checkpoint's stored bytes (fp8 block scales widened to f32, an injective
 /// widening), which is what an expert's identity is defined over.
 ContentHash blob_identity(const ExpertLayout& layout, const uint8_t* blob);
 
 /// Reads one expert's three slices into `dst` in `layout` (layout_of(slices)): each
-/// matrix's bytes as stored, fp8 block scales as f32. Returns the bytes read from disk.
+/// matrix's bytes as stored, fp8 block scales as f32; gpt-oss's transposed blocks
+/// (ExpertSlices::transposed) moved element by element into the [out, in] matrices, the
+/// gate/up columns de-interleaved, and its biases as f32. Returns the bytes read from disk.
 /// Throws what Checkpoint::read_slice throws.
 uint64_t read_checkpoint_expert(const Checkpoint& checkpoint, const ExpertSlices& slices, const ExpertLayout& layout,
                                 uint8_t* dst);
@@ -114,7 +118,8 @@ class CheckpointSource final : public ExpertSource {
   mutable ExpertIdentities read_mismatches_;  // guarded by mutex_: the identities actually read
 };
 
-/// The layout a checkpoint expert's slices give (each matrix in its tensor's dtype).
+/// The layout a checkpoint expert's slices give (each matrix in its tensor's dtype; for
+/// gpt-oss's transposed slices, gate and up [I, H] and down [H, I], with biases).
 ExpertLayout layout_of(const ExpertSlices& slices);
 
 }  // namespace charm

@@ -91,7 +91,7 @@ std::map<uint32_t, LayerPlan> plan_slots(const std::vector<ExpertKey>& owned, ui
 
 ExpertStore::ExpertStore(std::unique_ptr<ExpertSource> source, const std::vector<ExpertKey>& owned,
                          int64_t hidden_size, int64_t intermediate_size, StoreOptions options)
-    : hidden_size_(hidden_size), intermediate_size_(intermediate_size), owned_(owned.begin(), owned.end()),
+    : hidden_size_(hidden_size), intermediate_size_(intermediate_size), activation_(options.activation), owned_(owned.begin(), owned.end()),
       source_(std::move(source)) {
   uint64_t slot_bytes = 0;
   for (const ExpertKey& key : owned_) {

@@ -17,6 +17,7 @@
 
 #include "common/checkpoint.h"
 #include "worker/experts/expert_cache.h"
+#include "common/expert_activation.h"
 #include "worker/experts/expert_source.h"
 #include "worker/experts/usage_log.h"
 
@@ -36,6 +37,7 @@ struct StoreOptions {
   std::string model_fingerprint;         ///< written into / checked against usage files
   int io_threads = 4;                    ///< bounded async read pool
   EvictionPolicy eviction = EvictionPolicy::kLru;  ///< the LRU slots' replacement (`cache_policy`)
+  ExpertActivation activation;           ///< the model's (ModelConfig::expert_activation)
 };
 
 /// How a budget becomes slots: per layer, `pinned` + `lru_slots` (LayerPlan).
@@ -79,6 +81,8 @@ class ExpertStore {
   size_t size() const { return owned_.size(); }
   int64_t hidden_size() const { return hidden_size_; }
   int64_t intermediate_size() const { return intermediate_size_; }
+  /// The activation between the experts' gate/up and down projections.
+  const ExpertActivation& activation() const { return activation_; }
   /// Held experts per layer (for status and the handshake).
   std::map<uint32_t, std::vector<uint32_t>> held() const;
   /// The content identity of every held expert as its source reports it
@@ -97,6 +101,7 @@ class ExpertStore {
  private:
   int64_t hidden_size_;
   int64_t intermediate_size_;
+  ExpertActivation activation_;
   std::set<ExpertKey> owned_;
   std::unique_ptr<ExpertSource> source_;
   std::unique_ptr<UsageLog> usage_;

@@ -70,6 +70,7 @@ std::unique_ptr<ExpertStore> open_store(const StoreSpec& spec, const Checkpoint&
   options.model_fingerprint = fingerprint;
   options.io_threads = static_cast<int>(spec.io_threads);
   options.eviction = spec.cache_policy == "lrfu" ? EvictionPolicy::kLrfu : EvictionPolicy::kLru;
+  options.activation = config.expert_activation;
   return std::make_unique<ExpertStore>(std::move(source), owned, config.hidden_size, config.moe_intermediate_size,
                                        std::move(options));
 }

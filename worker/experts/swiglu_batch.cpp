@@ -21,7 +21,8 @@ int64_t tiles_of(int64_t features) { return (features + kTileRows - 1) / kTileRo
 
 }  // namespace
 
-void swiglu_batch(const std::vector<SwigluJob>& jobs, int64_t hidden, int64_t intermediate) {
+void swiglu_batch(const std::vector<SwigluJob>& jobs, int64_t hidden, int64_t intermediate,
+                  const ExpertActivation& activation) {
   // Scratch: gate then up outputs per job, [rows, intermediate] each; after phase 1 the
   // gate block holds silu(gate) * up, the input of down.
   std::vector<size_t> scratch_at(jobs.size() + 1, 0);
@@ -50,12 +51,12 @@ void swiglu_batch(const std::vector<SwigluJob>& jobs, int64_t hidden, int64_t in
       const int64_t o1 = std::min(intermediate, o0 + kTileRows);
       float* gate = scratch.data() + scratch_at[static_cast<size_t>(item / up_tiles)];
       float* up = gate + job.rows * static_cast<size_t>(intermediate);
-      matmul_tile(job.weights->gate, job.x, job.rows, nullptr, gate, o0, o1);
-      matmul_tile(job.weights->up, job.x, job.rows, nullptr, up, o0, o1);
+      matmul_tile(job.weights->gate, job.x, job.rows, job.weights->gate_bias, gate, o0, o1);
+      matmul_tile(job.weights->up, job.x, job.rows, job.weights->up_bias, up, o0, o1);
       for (size_t r = 0; r < job.rows; ++r) {
         float* g = gate + r * static_cast<size_t>(intermediate);
         const float* u = up + r * static_cast<size_t>(intermediate);
-        for (int64_t i = o0; i < o1; ++i) g[i] = silu(g[i]) * u[i];
+        for (int64_t i = o0; i < o1; ++i) g[i] = activation(g[i], u[i]);
       }
     }
     // (the implicit barrier: down needs every intermediate feature of its rows)
@@ -65,7 +66,7 @@ void swiglu_batch(const std::vector<SwigluJob>& jobs, int64_t hidden, int64_t in
       const SwigluJob& job = jobs[static_cast<size_t>(item / down_tiles)];
       const int64_t o0 = (item % down_tiles) * kTileRows;
       const float* act = scratch.data() + scratch_at[static_cast<size_t>(item / down_tiles)];
-      matmul_tile(job.weights->down, act, job.rows, nullptr, job.y, o0, std::min(hidden, o0 + kTileRows));
+      matmul_tile(job.weights->down, act, job.rows, job.weights->down_bias, job.y, o0, std::min(hidden, o0 + kTileRows));
     }
   }
 }

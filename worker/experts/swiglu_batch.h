@@ -1,6 +1,7 @@
 // The routed experts' MLP over a layer's batch-union: for every expert, all the rows it
-// was assigned at once, y = down_proj(silu(gate_proj(x)) * up_proj(x)) (SwiGLU, as
-// Qwen3MoeMLP / OlmoeMLP), as GEMMs (common/matmul.h) rather than one GEMV chain per row.
+// was assigned at once, y = down_proj(act(gate_proj(x), up_proj(x))) (SwiGLU, as
+// Qwen3MoeMLP / OlmoeMLP, or gpt-oss's clamped SwiGLU: common/expert_activation.h; each
+// projection + its bias where the expert has one, GptOssExperts), as GEMMs (common/matmul.h) rather than one GEMV chain per row.
 // Each output row has common/matmul.h's bits, so it does not depend on which other rows
 // or experts shared the call, nor on the thread count.
 #pragma once
@@ -9,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/expert_activation.h"
 #include "worker/experts/expert_layout.h"
 
 namespace charm {
@@ -30,6 +32,7 @@ struct SwigluJob {
 /// many rows (prefill). Serial below a size where waking threads costs more than it
 /// saves. Throws Error(kInvalidInput) for a weight view matmul cannot read (before any
 /// thread starts) and CHARM_KERNELS' errors (common/matmul.h).
-void swiglu_batch(const std::vector<SwigluJob>& jobs, int64_t hidden, int64_t intermediate);
+void swiglu_batch(const std::vector<SwigluJob>& jobs, int64_t hidden, int64_t intermediate,
+                  const ExpertActivation& activation = {});
 
 }  // namespace charm
