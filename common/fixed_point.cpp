@@ -8,11 +8,14 @@
 
 namespace charm {
 
+static_assert(kFixedFractionBits == 32, "to_fixed and from_fixed scale by 2^32");
+
 int64_t to_fixed(float t, uint64_t& saturated) {
   if (!std::isfinite(t)) return kFixedNaN;
   // Scaling a float by 2^32 in double is exact (24 significant bits, no overflow), so the
   // one rounding is nearbyint's: to nearest, ties to even, in the default rounding mode.
-  const double scaled = std::ldexp(static_cast<double>(t), kFixedFractionBits);
+  constexpr double kScale = 4294967296.0;  // 2^32: a multiply, not an ldexp call (same bits)
+  const double scaled = static_cast<double>(t) * kScale;
   constexpr double kMax = static_cast<double>(kFixedMaxTerm);  // 2^55 exactly after rounding up
   if (scaled >= kMax) {
     ++saturated;
@@ -29,7 +32,8 @@ float from_fixed(int64_t sum) {
   if (sum == kFixedNaN) return std::numeric_limits<float>::quiet_NaN();
   // int64 -> float is one correctly rounded conversion (nearest even); the power-of-two
   // scale is exact (|sum| >= 1 gives at least 2^-32, far above f32's smallest normal).
-  return std::ldexp(static_cast<float>(sum), -kFixedFractionBits);
+  constexpr float kUnit = 2.3283064365386962890625e-10f;  // 2^-32, exact in f32
+  return static_cast<float>(sum) * kUnit;
 }
 
 void add_weighted_term(const float* y, float weight, size_t n, int64_t* acc, uint64_t& saturated) {
