@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <thread>
 
 #include "app/status_report.h"
@@ -97,7 +98,22 @@ TEST_CASE("a worker that does not answer within request_ms is failed over") {
 
 TEST_CASE("a malformed reply is failed over to the replica") {
   Replicas r;
-  // A fake "b": passes the handshake, then answers the layer request with too few outputs.
+  // What the fake "b" answers the layer request with, and what the coordinator says of it.
+  std::function<std::vector<int64_t>(const LayerRequest&)> outputs;
+  std::string why;
+  SUBCASE("too few values (not one row per position)") {
+    outputs = [](const LayerRequest&) { return std::vector<int64_t>(1, 5); };
+    why = "layerResponse.outputs has 1 values, expected numRows";
+  }
+  SUBCASE("a row per position, but a value no sum of its terms can reach") {
+    outputs = [](const LayerRequest& req) {
+      std::vector<int64_t> v(size_t{req.num_rows} * req.hidden_size, 0);
+      v[3] = std::numeric_limits<int64_t>::max();  // would overflow the coordinator's total
+      return v;
+    };
+    why = "layerResponse.outputs row 0 value 3 is out of range";
+  }
+  // A fake "b": passes the handshake, then answers the layer request with `outputs`.
   auto listener = FrameListener::listen("127.0.0.1", 0);
   r.topology.workers[1].port = listener->port();
   r.topology.rejoin_min_ms = r.topology.rejoin_max_ms = 60000;  // the fake answers one hello only
@@ -124,7 +140,7 @@ TEST_CASE("a malformed reply is failed over to the replica") {
     const LayerRequest req = decode_as<LayerRequest>(conn->receive(10s));
     LayerResponseMsg reply;
     reply.response.request_id = req.request_id;
-    reply.response.outputs.assign(1, 5);
+    reply.response.outputs = outputs(req);
     conn->send(encode_layer_response(reply), 10s);
     try {
       conn->receive(10s);  // until the coordinator hangs up
@@ -141,7 +157,8 @@ TEST_CASE("a malformed reply is failed over to the replica") {
     CHECK(same_bytes(want, got));
     const WorkerStatus b = named(d.status(), "b");
     CHECK(b.failovers == 1);
-    CHECK(b.last_error.find("layerResponse.outputs") != std::string::npos);
+    CHECK(b.last_error.find(why) != std::string::npos);
+    CHECK(named(d.status(), "a").requests == 2);  // its own share, then b's, added once
   }
   fake.join();
 }
