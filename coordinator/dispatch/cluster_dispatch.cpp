@@ -1,7 +1,6 @@
 #include "coordinator/dispatch/cluster_dispatch.h"
 
 #include <algorithm>
-#include <cstring>
 #include <exception>
 #include <numeric>
 #include <optional>
