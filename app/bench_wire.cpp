@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/fixed_point.h"
 #include "common/wire.h"
 #include "common/wire_layer.h"
 
@@ -46,15 +47,19 @@ Layer make_layer(const WireArgs& a, uint32_t tokens) {
     l.rows.push_back(t);
     for (uint32_t e = 0; e < a.experts; ++e) ids[e] = e;
     std::shuffle(ids.begin(), ids.end(), rng);
-    for (uint32_t k = 0; k < a.top_k; ++k) l.assignments.push_back({t, ids[k]});
+    for (uint32_t k = 0; k < a.top_k; ++k) l.assignments.push_back({t, ids[k], 0.5f + 0.5f * value(rng)});
   }
   return l;
 }
 
-// The worker's stand-in for the executor: output i is its assignment's row (one copy of
-// the row, as the executor's gather is), so the bench measures transport and copies.
-void identity_experts(const float* hidden, uint32_t h, const std::vector<ExpertAssignment>& as, float* out) {
-  for (size_t i = 0; i < as.size(); ++i) std::memcpy(out + i * h, hidden + size_t{as[i].row} * h, h * sizeof(float));
+// The worker's stand-in for the executor: every assignment adds its row, weighted, into
+// the row's fixed-point sum (the executor's combine), so the bench measures transport,
+// copies and the conversion.
+void identity_experts(const float* hidden, uint32_t h, const std::vector<ExpertAssignment>& as, int64_t* sums) {
+  uint64_t saturated = 0;
+  for (const ExpertAssignment& a : as) {
+    add_weighted_term(hidden + size_t{a.row} * h, a.weight, h, sums + size_t{a.row} * h, saturated);
+  }
 }
 
 // The worker side, before: owning decode, owning response, copying encode.
@@ -63,7 +68,7 @@ void serve_copying(FrameConnection& conn, int n) {
     LayerRequest req = decode_as<LayerRequest>(conn.receive(kTimeout), conn.max_frame_bytes());
     LayerResponseMsg reply;
     reply.response.request_id = req.request_id;
-    reply.response.outputs.resize(req.assignments.size() * req.hidden_size);
+    reply.response.outputs.assign(size_t{req.num_rows} * req.hidden_size, 0);
     identity_experts(req.hidden.data(), req.hidden_size, req.assignments, reply.response.outputs.data());
     conn.send(encode_layer_response(reply), kTimeout);
   }
@@ -73,28 +78,28 @@ void serve_copying(FrameConnection& conn, int n) {
 void serve_in_place(FrameConnection& conn, int n) {
   for (int i = 0; i < n; ++i) {
     const LayerRequestView req = decode_layer_request_view(conn.receive(kTimeout), conn.max_frame_bytes());
-    LayerResponseFrame reply(req.request_id, req.assignments.size(), req.hidden_size);
+    LayerResponseFrame reply(req.request_id, req.num_rows, req.hidden_size);
     identity_experts(req.hidden.data(), req.hidden_size, req.assignments, reply.outputs());
     conn.send(reply.finish({}), kTimeout);
   }
 }
 
 // The coordinator side, before: rows gathered into a LayerRequest, owning reply decode,
-// then each output row copied into the caller's buffer.
-void round_trip_copying(FrameConnection& conn, const Layer& l, uint32_t h, uint64_t id, float* out) {
+// then each partial-sum row added into the caller's buffer.
+void round_trip_copying(FrameConnection& conn, const Layer& l, uint32_t h, uint64_t id, int64_t* out) {
   LayerRequest req{id, 3, h, static_cast<uint32_t>(l.rows.size()), {}, l.assignments};
   req.hidden.resize(l.rows.size() * h);
   for (size_t r = 0; r < l.rows.size(); ++r) std::memcpy(&req.hidden[r * h], &l.hidden[size_t{l.rows[r]} * h], h * 4);
   conn.send(encode_layer_request(req), kTimeout);
   const LayerResponseMsg reply = decode_as<LayerResponseMsg>(conn.receive(kTimeout), conn.max_frame_bytes());
-  for (size_t j = 0; j < l.assignments.size(); ++j) std::memcpy(out + j * h, &reply.response.outputs[j * h], h * 4);
+  add_fixed_rows(out, reply.response.outputs.data(), reply.response.outputs.size());
 }
 
 // The coordinator side, after: rows gathered into the frame, reply rows read in place.
-void round_trip_in_place(FrameConnection& conn, const Layer& l, uint32_t h, uint64_t id, float* out) {
+void round_trip_in_place(FrameConnection& conn, const Layer& l, uint32_t h, uint64_t id, int64_t* out) {
   conn.send(encode_layer_request_rows({id, 3, h}, l.hidden.data(), l.rows, l.assignments), kTimeout);
   const LayerResponseView reply = decode_layer_response_view(conn.receive(kTimeout), conn.max_frame_bytes());
-  for (size_t j = 0; j < l.assignments.size(); ++j) std::memcpy(out + j * h, &reply.outputs[j * h], h * 4);
+  add_fixed_rows(out, reply.outputs.data(), reply.outputs.size());
 }
 
 // Median and 10th/90th percentile of `repeat` round trips (after 5 untimed), in µs.
@@ -112,19 +117,18 @@ Timing measure(const WireArgs& a, const Layer& l, Serve serve, RoundTrip round_t
   server->set_max_frame_bytes(kDefaultMaxFrameBytes);
   const int warmup = 5, n = a.repeat + warmup;
   std::thread worker([&] { serve(*server, n); });
-  std::vector<float> out(l.assignments.size() * a.hidden);
+  std::vector<int64_t> out(l.hidden.size());
   std::vector<double> us;
   for (int i = 0; i < n; ++i) {
+    std::fill(out.begin(), out.end(), 0);
     const auto start = Clock::now();
     round_trip(*client, l, a.hidden, uint64_t(i), out.data());
     if (i >= warmup) us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
   }
   worker.join();
-  for (size_t j = 0; j < l.assignments.size(); ++j) {  // the bits made the trip whole
-    if (std::memcmp(&out[j * a.hidden], &l.hidden[size_t{l.assignments[j].row} * a.hidden], a.hidden * 4) != 0) {
-      fail_internal("bench wire: output " + std::to_string(j) + " differs from its row");
-    }
-  }
+  std::vector<int64_t> want(l.hidden.size(), 0);  // the bits made the trip whole
+  identity_experts(l.hidden.data(), a.hidden, l.assignments, want.data());
+  if (out != want) fail_internal("bench wire: the sums that came back differ from the worker's");
   std::sort(us.begin(), us.end());
   return {us[us.size() / 10], us[us.size() / 2], us[us.size() * 9 / 10]};
 }
@@ -136,21 +140,25 @@ void bench_wire(const WireArgs& a) {
   std::printf("charm bench wire: one layer request round trip on loopback TCP, hidden %u, top-%u of %u experts "
               "(one worker holds all; identity experts), median of %d\n",
               a.hidden, a.top_k, a.experts, a.repeat);
-  std::printf("%-7s %-10s %10s %10s %12s %12s %12s %8s\n", "tokens", "path", "req KiB", "reply KiB", "p10 us",
-              "median us", "p90 us", "speedup");
+  std::printf("%-7s %-10s %10s %10s %9s %12s %12s %12s %8s\n", "tokens", "path", "req B", "reply B", "reply/min",
+              "p10 us", "median us", "p90 us", "speedup");
   for (uint32_t tokens : a.tokens) {
     const Layer l = make_layer(a, tokens);
-    const double req_kib = double(tokens) * a.hidden * 4 / 1024, reply_kib = double(tokens) * a.top_k * a.hidden * 4 / 1024;
+    // Whole frames as sent (length prefix included); the reply is one int64 row per token,
+    // so its minimum is tokens * hidden * 8 bytes (reply/min: the framing's share).
+    const size_t req_b = encode_layer_request_rows({0, 3, a.hidden}, l.hidden.data(), l.rows, l.assignments).size();
+    const size_t reply_b = LayerResponseFrame(0, tokens, a.hidden).finish({}).size();
+    const double reply_over_min = double(reply_b) / (double(tokens) * a.hidden * 8);
     // In-place first, then copying, then in-place again (the better of the two): a path
     // measured first on a fresh process is not favoured or penalised by the order.
     Timing after = measure(a, l, serve_in_place, round_trip_in_place);
     const Timing before = measure(a, l, serve_copying, round_trip_copying);
     const Timing again = measure(a, l, serve_in_place, round_trip_in_place);
     if (again.median_us < after.median_us) after = again;
-    std::printf("%-7u %-10s %10.0f %10.0f %12.1f %12.1f %12.1f %8s\n", tokens, "copying", req_kib, reply_kib,
-                before.p10_us, before.median_us, before.p90_us, "1.00");
-    std::printf("%-7u %-10s %10.0f %10.0f %12.1f %12.1f %12.1f %8.2f\n", tokens, "in-place", req_kib, reply_kib,
-                after.p10_us, after.median_us, after.p90_us, before.median_us / after.median_us);
+    std::printf("%-7u %-10s %10zu %10zu %9.4f %12.1f %12.1f %12.1f %8s\n", tokens, "copying", req_b, reply_b,
+                reply_over_min, before.p10_us, before.median_us, before.p90_us, "1.00");
+    std::printf("%-7u %-10s %10zu %10zu %9.4f %12.1f %12.1f %12.1f %8.2f\n", tokens, "in-place", req_b, reply_b,
+                reply_over_min, after.p10_us, after.median_us, after.p90_us, before.median_us / after.median_us);
   }
 }
 

@@ -320,7 +320,11 @@ void write_run_stats(const UserPath& path, const Topology& topology, const Engin
   j["workers"] = nlohmann::json::array();
   for (const WorkerStatus& w : engine.cluster_status()) {
     nlohmann::json worker = {{"name", w.name}, {"state", worker_state_name(w.state)}, {"requests", w.requests},
-                             {"bytes_out", w.bytes_out}, {"bytes_in", w.bytes_in}};
+                             {"bytes_out", w.bytes_out}, {"bytes_in", w.bytes_in},
+                             {"layer_bytes_out", w.layer_bytes_out}, {"layer_bytes_in", w.layer_bytes_in},
+                             {"token_layers", w.token_layers},
+                             {"bytes_out_per_token_layer", bytes_per_token_layer(w.layer_bytes_out, w)},
+                             {"bytes_in_per_token_layer", bytes_per_token_layer(w.layer_bytes_in, w)}};
     TierCounters total;
     nlohmann::json per_layer = nlohmann::json::object();
     for (const auto& [layer, t] : worker_tier_layers(topology, w)) {

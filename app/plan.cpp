@@ -55,17 +55,15 @@ WireSizes wire_sizes(int64_t hidden_size) {
     for (size_t e = 0; e < experts; ++e) r.assignments.push_back({0, static_cast<uint32_t>(e)});
     return static_cast<double>(encode_layer_request(r).size());
   };
-  auto reply = [&](size_t experts) {
-    LayerResponseMsg m;
-    m.response.outputs.assign(experts * static_cast<size_t>(hidden_size), 0.0f);
-    return static_cast<double>(encode_layer_response(m).size());
-  };
+  // The reply is one fixed-point row per position, however many experts it used there.
+  LayerResponseMsg reply;
+  reply.response.outputs.assign(static_cast<size_t>(hidden_size), 0);
   constexpr size_t kN = 8;
   WireSizes w;
   w.request_bytes = request(0);
   w.request_bytes_per_expert = (request(kN) - w.request_bytes) / kN;
-  w.reply_bytes = reply(0);
-  w.reply_bytes_per_expert = (reply(kN) - w.reply_bytes) / kN;
+  w.reply_bytes = static_cast<double>(encode_layer_response(reply).size());
+  w.reply_bytes_per_expert = 0;
   return w;
 }
 

@@ -41,12 +41,13 @@ struct LinkRates {
 
 /// Frame bytes of one decode layer request/reply (common/wire.h's encoders): the
 /// request carries one hidden row (hidden_size f32) plus the assignments; the reply one
-/// f32 row of hidden_size per (position, expert).
+/// int64 fixed-point row of hidden_size per position (protocol 4), whatever number of
+/// experts it used.
 struct WireSizes {
   double request_bytes = 0;           ///< one row, no assignments
   double request_bytes_per_expert = 0;  ///< each further assignment
-  double reply_bytes = 0;             ///< zero outputs
-  double reply_bytes_per_expert = 0;  ///< each output row
+  double reply_bytes = 0;             ///< the one-row reply
+  double reply_bytes_per_expert = 0;  ///< 0 since protocol 4 (kept for the JSON's shape)
 };
 
 /// Everything the plan needs about one worker (single-node mode: one entry, no network).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <future>
 #include <map>
@@ -327,6 +328,10 @@ std::vector<WorkerStatus> parse_cluster_status(const std::string& body) {
     s.rtt_p99_ms = field<double>(w, "rtt_p99_ms", i);
     s.bytes_out = field<uint64_t>(w, "bytes_out", i);
     s.bytes_in = field<uint64_t>(w, "bytes_in", i);
+    s.layer_bytes_out = optional_field<uint64_t>(w, "layer_bytes_out", i, 0);
+    s.layer_bytes_in = optional_field<uint64_t>(w, "layer_bytes_in", i, 0);
+    s.token_layers = optional_field<uint64_t>(w, "token_layers", i, 0);
+    s.moe_layers = optional_field<uint32_t>(w, "moe_layers", i, 0);
     s.failovers = optional_field<uint64_t>(w, "failovers", i, 0);
     s.rejoins = optional_field<uint64_t>(w, "rejoins", i, 0);
     // Seconds from a coordinator of the metrics branch before the two were merged.
@@ -348,6 +353,10 @@ std::string bytes_cell(uint64_t bytes) {
   std::string text = bytes_text(bytes);
   text.erase(std::remove(text.begin(), text.end(), ' '), text.end());
   return text;
+}
+
+std::string per_token_cell(uint64_t layer_bytes, const WorkerStatus& s) {
+  return bytes_cell(static_cast<uint64_t>(std::llround(bytes_per_token(layer_bytes, s))));
 }
 
 ClusterStatus collect_status(const Topology& topology, int timeout_ms) {
@@ -383,7 +392,7 @@ std::string format_status(const ClusterStatus& status, bool layers) {
   using Row = std::vector<std::string>;
   std::vector<Row> table = {{"WORKER", "ADDRESS", "STATE", "COORD", "EXPERTS", "TIERS", "REQUESTS", "PING_MS",
                              "RTT_P50_MS", "RTT_P99_MS", "HIT_RATE", "DISK_READ", "FAILOVERS", "REJOINS",
-                             "LAST_SEEN", "BYTES_IN", "BYTES_OUT"}};
+                             "LAST_SEEN", "BYTES_IN", "BYTES_OUT", "IN/TOK", "OUT/TOK"}};
   for (const WorkerStatusRow& w : status.workers) {
     const auto& h = w.health;
     const auto& c = w.coordinator;
@@ -401,7 +410,9 @@ std::string format_status(const ClusterStatus& status, bool layers) {
                      c ? std::to_string(c->rejoins) : "-",
                      c && c->last_seen_ms >= 0 ? ago_text(c->last_seen_ms) : "-",
                      c ? bytes_cell(c->bytes_in) : "-",
-                     c ? bytes_cell(c->bytes_out) : "-"});
+                     c ? bytes_cell(c->bytes_out) : "-",
+                     c && c->token_layers ? per_token_cell(c->layer_bytes_in, *c) : "-",
+                     c && c->token_layers ? per_token_cell(c->layer_bytes_out, *c) : "-"});
   }
   std::vector<size_t> width(table[0].size(), 0);
   for (const Row& row : table) {

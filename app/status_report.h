@@ -90,6 +90,10 @@ void judge_worker(WorkerStatusRow& row, const std::string& fingerprint, const Ex
 /// tables of `charm status` and `charm plan` split on whitespace).
 std::string bytes_cell(uint64_t bytes);
 
+/// Layer-frame bytes per token through the model (bytes_per_token of
+/// coordinator/dispatch/worker_status.h) as a bytes_cell: the IN/TOK and OUT/TOK columns.
+std::string per_token_cell(uint64_t layer_bytes, const WorkerStatus& s);
+
 /// Queries every worker (in parallel, each within `timeout_ms`: connect, the hello (with
 /// the shared-secret handshake when topology.cluster_secret is set) when the model's
 /// fingerprint is known, healthRequest; every frame a worker sends capped at what a
@@ -123,7 +127,9 @@ std::vector<WorkerStatus> parse_cluster_status(const std::string& body);
 /// lookup), bytes read from disk (DISK_READ, as the worker counts them), failovers,
 /// rejoins, how long ago the coordinator last heard from it (LAST_SEEN, "120ms" under a
 /// second, else "2.5s"), and bytes in/out as the coordinator counts them ("-" where the
-/// coordinator is unreachable or a value is unknown); then one line per worker not "up"
+/// coordinator is unreachable or a value is unknown), and the layer-frame bytes per token
+/// in and out (IN/TOK, OUT/TOK: the coordinator's layer_bytes_in/out over the tokens it
+/// has run, times the MoE layers; "-" before any token); then one line per worker not "up"
 /// (why, naming both values for a mismatch), one per worker serving lossy experts (its
 /// form), one per slow worker (both RTT numbers), one
 /// per worker the coordinator holds down (its last error), one per note, and a line on

@@ -12,10 +12,13 @@ namespace charm {
 using ExpertKey = std::pair<uint32_t, uint32_t>;
 
 /// One (row, expert) pair of a layer's batch-union: row `row` of the request's hidden
-/// rows is to be run through routed expert `expert`.
+/// rows is to be run through routed expert `expert`, and its output y added to that row's
+/// sum as weight * y (the router's combine weight for this pair, after any
+/// renormalisation and routed scaling).
 struct ExpertAssignment {
   uint32_t row = 0;
   uint32_t expert = 0;
+  float weight = 1.0f;
 };
 
 /// Work for one worker on one MoE layer (schema/charm.capnp `LayerRequest`): the hidden
@@ -71,14 +74,17 @@ struct LayerStats : TierCounters {
   uint32_t experts_computed = 0;  ///< distinct experts run (the union's size on this worker)
   uint32_t rows_computed = 0;     ///< assignments computed
   uint64_t compute_ns = 0;        ///< wall time spent in expert kernels (I/O wait excluded)
+  uint64_t saturated = 0;         ///< output values clamped to the fixed-point range (common/fixed_point.h)
 };
 
-/// A worker's answer (schema/charm.capnp `LayerResponse`, less its error): one unweighted expert output per assignment, in the request's
-/// assignment order. The coordinator applies the router weights and sums in rank order,
-/// so the result never depends on which worker computed what (DESIGN.md invariant).
+/// A worker's answer (schema/charm.capnp `LayerResponse`, less its error): per request
+/// row, the fixed-point sum (common/fixed_point.h) of weight * y over that row's
+/// assignments. Integer sums are exactly associative, so the coordinator's total never
+/// depends on which worker computed what (DESIGN.md invariant), and the reply has one row
+/// per position however many of its experts the worker ran.
 struct LayerResponse {
   uint64_t request_id = 0;
-  std::vector<float> outputs;  ///< [assignments.size(), hidden_size] f32
+  std::vector<int64_t> outputs;  ///< [num_rows, hidden_size] int64, 2^-32 units
   LayerStats stats;
 };
 

@@ -19,9 +19,9 @@
 namespace charm {
 namespace {
 
-// f32 payloads are copied byte for byte; the wire says little-endian.
+// f32 and int64 payloads are copied byte for byte; the wire says little-endian.
 static_assert(std::endian::native == std::endian::little,
-              "charm's wire format copies f32 rows as-is and needs a little-endian host");
+              "charm's wire format copies f32 and int64 rows as-is and needs a little-endian host");
 
 constexpr size_t kPrefixBytes = 4;
 
@@ -64,6 +64,7 @@ Frame encode_layer_request_with(const LayerRequestHeader& header, uint32_t num_r
   for (unsigned i = 0; i < assignments.size(); ++i) {
     list[i].setRow(assignments[i].row);
     list[i].setExpert(assignments[i].expert);
+    list[i].setWeight(assignments[i].weight);
   }
   return finish_frame(builder);
 }
@@ -80,14 +81,16 @@ void set_layer_stats(wire::LayerStats::Builder stats, const LayerStats& st) {
   stats.setIoWaitNs(st.io_wait_ns);
   stats.setDiskNs(st.disk_ns);
   stats.setPrefetchHits(static_cast<uint32_t>(st.prefetch_hits));
+  stats.setSaturated(st.saturated);
 }
 
 capnp::Data::Reader as_data(const std::string& bytes) {
   return capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(bytes.data()), bytes.size());
 }
 
-void copy_floats(const std::vector<float>& src, capnp::Data::Builder dst) {
-  if (!src.empty()) std::memcpy(dst.begin(), src.data(), src.size() * sizeof(float));
+template <typename T>
+void copy_values(const std::vector<T>& src, capnp::Data::Builder dst) {
+  if (!src.empty()) std::memcpy(dst.begin(), src.data(), src.size() * sizeof(T));
 }
 
 // The f32 values of a Data field, in place: Cap'n Proto starts every Data on a word
@@ -98,6 +101,15 @@ std::span<const float> float_view(capnp::Data::Reader data, const char* field) {
                   " bytes, not a multiple of 4 (f32)");
   }
   return {reinterpret_cast<const float*>(data.begin()), data.size() / sizeof(float)};
+}
+
+// The int64 values of a Data field, in place (word-aligned, as float_view).
+std::span<const int64_t> int64_view(capnp::Data::Reader data, const char* field) {
+  if (data.size() % sizeof(int64_t) != 0) {
+    fail_protocol(std::string(field) + " is " + std::to_string(data.size()) +
+                  " bytes, not a multiple of 8 (int64)");
+  }
+  return {reinterpret_cast<const int64_t*>(data.begin()), data.size() / sizeof(int64_t)};
 }
 
 // A text field, capped at `max_bytes`; names (`printable`) must be printable ASCII because
@@ -159,7 +171,7 @@ std::span<const float> read_layer_request(wire::LayerRequest::Reader r, Out& req
                     std::to_string(row) + " is out of range (numRows = " +
                     std::to_string(req.num_rows) + ")");
     }
-    req.assignments.push_back({row, assignments[i].getExpert()});
+    req.assignments.push_back({row, assignments[i].getExpert(), assignments[i].getWeight()});
   }
   return rows;
 }
@@ -173,10 +185,10 @@ LayerRequest decode_layer_request(wire::LayerRequest::Reader r) {
 
 // Reads and checks a layerResponse's id, stats and error, returning its outputs in place.
 // The one place a layerResponse is validated.
-std::span<const float> read_layer_response(wire::LayerResponse::Reader r, uint64_t& request_id, LayerStats& st,
-                                           std::string& error) {
+std::span<const int64_t> read_layer_response(wire::LayerResponse::Reader r, uint64_t& request_id, LayerStats& st,
+                                             std::string& error) {
   request_id = r.getRequestId();
-  const std::span<const float> outputs = float_view(r.getOutputs(), "layerResponse.outputs");
+  const std::span<const int64_t> outputs = int64_view(r.getOutputs(), "layerResponse.outputs");
   auto stats = r.getStats();
   st.experts_computed = stats.getExpertsComputed();
   st.rows_computed = stats.getRowsComputed();
@@ -187,6 +199,7 @@ std::span<const float> read_layer_response(wire::LayerResponse::Reader r, uint64
   st.io_wait_ns = stats.getIoWaitNs();
   st.disk_ns = stats.getDiskNs();
   st.prefetch_hits = stats.getPrefetchHits();
+  st.saturated = stats.getSaturated();
   const uint64_t looked_up = st.hits + st.misses;  // each read from a u32: no overflow
   if (looked_up != 0 && looked_up != st.experts_computed) {
     fail_protocol("layerResponse.stats: hits (" + std::to_string(st.hits) + ") + misses (" + std::to_string(st.misses) +
@@ -202,7 +215,8 @@ std::span<const float> read_layer_response(wire::LayerResponse::Reader r, uint64
 
 LayerResponseMsg decode_layer_response(wire::LayerResponse::Reader r) {
   LayerResponseMsg msg;
-  const std::span<const float> outputs = read_layer_response(r, msg.response.request_id, msg.response.stats, msg.error);
+  const std::span<const int64_t> outputs =
+      read_layer_response(r, msg.response.request_id, msg.response.stats, msg.error);
   msg.response.outputs.assign(outputs.begin(), outputs.end());
   return msg;
 }
@@ -529,10 +543,10 @@ Frame encode_layer_request_rows(const LayerRequestHeader& header, const float* h
 
 Frame encode_layer_response(const LayerResponseMsg& response) {
   const auto& out = response.response.outputs;
-  capnp::MallocMessageBuilder builder(first_segment_words(out.size() * sizeof(float)));
+  capnp::MallocMessageBuilder builder(first_segment_words(out.size() * sizeof(int64_t)));
   auto r = builder.initRoot<wire::Message>().initLayerResponse();
   r.setRequestId(response.response.request_id);
-  copy_floats(out, r.initOutputs(out.size() * sizeof(float)));
+  copy_values(out, r.initOutputs(out.size() * sizeof(int64_t)));
   set_layer_stats(r.initStats(), response.response.stats);
   r.setError(response.error);
   return finish_frame(builder);
@@ -747,15 +761,15 @@ struct LayerResponseFrame::Impl {
         outputs(nullptr, 0) {}
 };
 
-LayerResponseFrame::LayerResponseFrame(uint64_t request_id, size_t num_outputs, uint32_t hidden_size)
-    : impl_(std::make_unique<Impl>(uint64_t{num_outputs} * hidden_size * sizeof(float))) {
+LayerResponseFrame::LayerResponseFrame(uint64_t request_id, uint32_t num_rows, uint32_t hidden_size)
+    : impl_(std::make_unique<Impl>(uint64_t{num_rows} * hidden_size * sizeof(int64_t))) {
   impl_->response.setRequestId(request_id);
-  impl_->outputs = impl_->response.initOutputs(uint64_t{num_outputs} * hidden_size * sizeof(float));
+  impl_->outputs = impl_->response.initOutputs(uint64_t{num_rows} * hidden_size * sizeof(int64_t));
 }
 
 LayerResponseFrame::~LayerResponseFrame() = default;
 
-float* LayerResponseFrame::outputs() { return reinterpret_cast<float*>(impl_->outputs.begin()); }
+int64_t* LayerResponseFrame::outputs() { return reinterpret_cast<int64_t*>(impl_->outputs.begin()); }
 
 Frame LayerResponseFrame::finish(const LayerStats& stats) {
   set_layer_stats(impl_->response.initStats(), stats);

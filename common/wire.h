@@ -35,7 +35,10 @@ namespace charm {
 /// fields) and `prefetchHint` (a message that gets no reply): one bump for all three.
 /// 3: helloReply carries each held expert's content identity (held[].identities) and
 /// the worker's lossy form (lossyForm), which the client checks.
-constexpr uint32_t kProtocolVersion = 3;
+/// 4: replies at the minimum: assignments carry the router weight, and a layerResponse
+/// holds one int64 fixed-point row per request row (the weighted sum of that row's
+/// outputs, common/fixed_point.h) instead of one f32 row per assignment; stats.saturated.
+constexpr uint32_t kProtocolVersion = 4;
 
 /// Upper bound on the experts one prefetchHint may name (no layer has more experts).
 constexpr uint32_t kMaxHintExperts = 1u << 16;
@@ -214,7 +217,7 @@ FrameBody split_frame(const uint8_t* data, size_t size,
 /// printable; in
 /// a layerRequest: hiddenSize 0 or over kMaxWireHiddenSize, a hidden payload that is not
 /// a multiple of 4 bytes or not numRows * hiddenSize * 4 bytes, an assignment row >=
-/// numRows; in a layerResponse: outputs not a multiple of 4 bytes, stats.hits +
+/// numRows; in a layerResponse: outputs not a multiple of 8 bytes (int64), stats.hits +
 /// stats.misses other than 0 or expertsComputed, prefetchHits > hits; in a healthReply:
 /// tierLayers not ascending / a layer twice, prefetchHits > prefetchIssued; in a
 /// prefetchHint: more than kMaxHintExperts experts. What needs the model's shape (layer

@@ -33,7 +33,8 @@ struct LayerRequestView {
 struct LayerResponseView {
   FrameBody body;                   ///< owns the bytes `outputs` points into
   uint64_t request_id = 0;
-  std::span<const float> outputs;   ///< [assignments, hidden_size] f32, in `body`; empty on error
+  std::span<const int64_t> outputs; ///< [request num_rows, hidden_size] int64 fixed point
+                                    ///< (common/fixed_point.h), in `body`; empty on error
   LayerStats stats;
   std::string error;                ///< non-empty when the worker could not run the request
 };
@@ -67,18 +68,19 @@ Frame encode_layer_request_rows(const LayerRequestHeader& header, const float* h
 /// (common/wire.h) checks a decoded LayerRequest; throws the same errors.
 void check_layer_request(const LayerRequestView& request, const ModelLimits& limits);
 
-/// A layerResponse built in place: the worker's executor writes its outputs straight into
+/// A layerResponse built in place: the worker's executor adds its sums straight into
 /// the message (outputs()), then finish() serialises it. Not copyable; one use.
 class LayerResponseFrame {
  public:
-  /// Room for `num_outputs` rows of `hidden_size` f32 for request `request_id`.
-  LayerResponseFrame(uint64_t request_id, size_t num_outputs, uint32_t hidden_size);
+  /// Room for `num_rows` rows of `hidden_size` int64 for request `request_id`: one row
+  /// per request row, whatever number of assignments each has.
+  LayerResponseFrame(uint64_t request_id, uint32_t num_rows, uint32_t hidden_size);
   ~LayerResponseFrame();
   LayerResponseFrame(const LayerResponseFrame&) = delete;
   LayerResponseFrame& operator=(const LayerResponseFrame&) = delete;
 
-  /// [num_outputs, hidden_size] f32 inside the message, zero-initialised, word-aligned.
-  float* outputs();
+  /// [num_rows, hidden_size] int64 inside the message, zero-initialised, word-aligned.
+  int64_t* outputs();
 
   /// The whole frame with `stats`; the builder is spent afterwards. Throws
   /// Error(kInvalidInput) for a message too big for a 4-byte frame length.

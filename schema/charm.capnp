@@ -8,8 +8,9 @@
 # The one exception is `prefetchHint`: a fire-and-forget message that gets NO reply (not
 # even on error), so a client reading replies stays in step by never waiting for one.
 #
-# Tensors travel as `Data` holding f32 little-endian values, row-major, so a row of
-# hidden_size floats is hidden_size * 4 bytes. Every count and size below is checked by
+# Tensors travel as `Data` holding little-endian values, row-major: hidden rows as f32 (a
+# row of hidden_size floats is hidden_size * 4 bytes), reply rows as int64 fixed point
+# (hidden_size * 8 bytes; common/fixed_point.h). Every count and size below is checked by
 # the decoder (common/wire.cpp) before use; bumping a field's meaning bumps
 # kProtocolVersion.
 
@@ -72,6 +73,8 @@ struct HelloReply {
 struct Assignment {
   row @0 :UInt32;               # index into the request's hidden rows, < numRows
   expert @1 :UInt32;            # routed expert id on the request's layer
+  weight @2 :Float32;           # protocol 4: the router's combine weight; the worker adds
+                                # weight * output to the row's fixed-point sum
 }
 
 # Client -> worker: run these assignments on one MoE layer.
@@ -81,7 +84,7 @@ struct LayerRequest {
   hiddenSize @2 :UInt32;        # floats per row; > 0
   numRows @3 :UInt32;           # rows in `hidden`
   hidden @4 :Data;              # [numRows, hiddenSize] f32 LE: numRows*hiddenSize*4 bytes
-  assignments @5 :List(Assignment);  # any order; outputs follow this order
+  assignments @5 :List(Assignment);  # any order; at most 256 per row (the sums' headroom)
 }
 
 # What a worker measured while serving one layer request.
@@ -98,6 +101,8 @@ struct LayerStats {
   ioWaitNs @6 :UInt64;          # time the request blocked on reads or free slots, ns
   diskNs @7 :UInt64;            # time the I/O threads spent on those reads, ns
   prefetchHits @8 :UInt32;      # hits served by an earlier prefetch; <= hits
+  saturated @9 :UInt64;         # protocol 4: output values clamped to the fixed-point
+                                # range (|weight * output| >= 2^23); the client warns
 }
 
 # A worker's expert-tier counters since start, for one layer or all.
@@ -129,8 +134,14 @@ struct LayerResidency {
 # Worker -> client, answer to `layerRequest`.
 struct LayerResponse {
   requestId @0 :UInt64;         # the request's requestId
-  outputs @1 :Data;             # [len(assignments), hiddenSize] f32 LE, unweighted expert
-                                # outputs in the request's assignment order; empty on error
+  outputs @1 :Data;             # protocol 4: [numRows, hiddenSize] int64 LE: per request
+                                # row, the sum over its assignments of round(weight *
+                                # output * 2^32) (each product one f32 multiply), or
+                                # INT64_MIN when any product was NaN or Inf; the value of
+                                # a row with n assignments is within +-n * (2^55 - 1).
+                                # One row per position however many experts it used
+                                # (docs/architecture.md, "Combining expert outputs").
+                                # Empty on error
   stats @2 :LayerStats;         # zero on error
   error @3 :Text;               # non-empty when the request failed (connection stays up)
 }

@@ -382,7 +382,7 @@ LayerResponseMsg WorkerServer::answer_layer(const LayerRequest& request, const S
   return response;
 }
 
-LayerStats ExecutorService::run_in_place(const LayerRequestView& request, float* outputs) {
+LayerStats ExecutorService::run_in_place(const LayerRequestView& request, int64_t* outputs) {
   if (request.hidden_size != executor_.store().hidden_size()) {
     fail_invalid("layer " + std::to_string(request.layer) + ": hidden_size " + std::to_string(request.hidden_size) +
                  " does not match the model's " + std::to_string(executor_.store().hidden_size()));
@@ -406,7 +406,7 @@ bool WorkerServer::handle_layer(LayerRequestView& request, Session& session) {
   if (session.hello_ok && service_.runs_in_place()) {
     try {
       check_layer_request(request, options_.limits);
-      LayerResponseFrame reply(request.request_id, request.assignments.size(), request.hidden_size);
+      LayerResponseFrame reply(request.request_id, request.num_rows, request.hidden_size);
       frame = reply.finish(service_.run_in_place(request, reply.outputs()));
     } catch (const std::exception& e) {
       LayerResponseMsg failed;

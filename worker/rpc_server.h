@@ -34,10 +34,11 @@ class LayerService {
   /// Whether run_in_place serves requests (then the worker reads a request's rows from
   /// its frame and writes the outputs into the reply frame, with no copies between).
   virtual bool runs_in_place() const { return false; }
-  /// Runs one request read in place (validated as for run()), writing one unweighted
-  /// output row per assignment to `outputs` ([assignments, hidden_size] f32, zeroed), and
-  /// returns its stats. Called only when runs_in_place(); throws as run() does.
-  virtual LayerStats run_in_place(const LayerRequestView& /*request*/, float* /*outputs*/) {
+  /// Runs one request read in place (validated as for run()), adding each request row's
+  /// fixed-point sum of weight * output (common/fixed_point.h) into `outputs`
+  /// ([num_rows, hidden_size] int64, zeroed), and returns its stats. Called only when
+  /// runs_in_place(); throws as run() does.
+  virtual LayerStats run_in_place(const LayerRequestView& /*request*/, int64_t* /*outputs*/) {
     fail_internal("LayerService::run_in_place called on a service that does not run in place");
   }
   /// Experts held: layer -> expert ids, ascending.
@@ -62,7 +63,7 @@ class ExecutorService final : public LayerService {
   LayerResponse run(const LayerRequest& request) override { return executor_.run(request); }
   bool runs_in_place() const override { return true; }
   /// Gathers the request's rows from the frame straight into the executor's inputs.
-  LayerStats run_in_place(const LayerRequestView& request, float* outputs) override;
+  LayerStats run_in_place(const LayerRequestView& request, int64_t* outputs) override;
   std::map<uint32_t, std::vector<uint32_t>> held() const override {
     return executor_.store().held();
   }

@@ -1,7 +1,6 @@
 #include "coordinator/dispatch/cluster_dispatch.h"
 
 #include <algorithm>
-#include <cstring>
 #include <exception>
 #include <numeric>
 #include <optional>
@@ -10,6 +9,7 @@
 
 #include "common/cluster_auth.h"
 #include "common/error.h"
+#include "common/fixed_point.h"
 #include "common/wire_layer.h"
 #include "coordinator/dispatch/cluster_worker.h"
 
@@ -83,7 +83,7 @@ struct ClusterDispatcher::PendingLayer {
   uint32_t num_rows = 0;
   uint32_t hidden_size = 0;
   std::vector<ExpertAssignment> assignments;
-  float* outputs = nullptr;
+  int64_t* sums = nullptr;   // [num_rows, hidden_size]: each reply added whole, once
   bool abandoned = false;  // the caller has gone (threw, or the layer failed): replies dropped
   const std::vector<std::vector<int>>* owners = nullptr;
   std::vector<std::deque<Batch>> inflight;  // per worker, in send order (its replies' order)
@@ -432,6 +432,7 @@ void ClusterDispatcher::send_request(size_t w, Batch& batch) {
   std::lock_guard<std::mutex> lock(stats_mutex_);
   worker.requests += 1;
   worker.bytes_out += out;
+  worker.layer_bytes_out += out;
 }
 
 void ClusterDispatcher::receive_reply(Worker& worker, Batch& batch) {
@@ -444,25 +445,24 @@ void ClusterDispatcher::receive_reply(Worker& worker, Batch& batch) {
   {
     std::lock_guard<std::mutex> lock(stats_mutex_);
     worker.bytes_in += body.bytes + 4;
+    worker.layer_bytes_in += body.bytes + 4;
   }
-  // Read in place: each output row goes from the frame straight into the caller's outputs.
+  // Read in place: each partial-sum row is added from the frame straight into the caller's sums.
   const LayerResponseView reply = decode_layer_response_view(std::move(body));
   if (reply.request_id != batch.request.request_id) {
     fail_protocol("reply to request " + std::to_string(reply.request_id) +
                   ", expected " + std::to_string(batch.request.request_id));
   }
   if (!reply.error.empty()) fail_unavailable(reply.error);
-  const size_t expected = batch.origin.size() * size_t{p.hidden_size};
-  if (reply.outputs.size() != expected) {
-    fail_protocol("layerResponse.outputs has " + std::to_string(reply.outputs.size()) +
-                  " floats, expected " + std::to_string(batch.origin.size()) +
-                  " assignments * hidden_size " + std::to_string(p.hidden_size));
-  }
+  check_partial_sums(batch, reply.outputs, p.hidden_size);
+  // Nothing below throws: a reply is added whole or not at all, so a worker failed after
+  // this point has no share left to resend (its batch is popped by the caller).
   if (!p.abandoned) {
-    for (size_t j = 0; j < batch.origin.size(); ++j) {
-      std::memcpy(p.outputs + size_t{batch.origin[j]} * p.hidden_size,
-                  &reply.outputs[j * p.hidden_size], p.hidden_size * sizeof(float));
+    for (size_t r = 0; r < batch.rows.size(); ++r) {
+      add_fixed_rows(p.sums + size_t{batch.rows[r]} * p.hidden_size, &reply.outputs[r * p.hidden_size],
+                     p.hidden_size);
     }
+    warn_saturated_once(reply.stats.saturated, "layer " + std::to_string(p.layer) + " (" + worker.label + ")");
   }
   if (metrics_) {
     metrics_->worker_rpc(worker.spec.name, rtt_ms / 1000.0);
@@ -475,6 +475,25 @@ void ClusterDispatcher::receive_reply(Worker& worker, Batch& batch) {
   worker.rtt.add(rtt_ms);
   worker.rtt_by_size[rtt_size_class(batch.request.num_rows)].add(rtt_ms);
   worker.last_seen = Clock::now();
+}
+
+void ClusterDispatcher::check_partial_sums(const Batch& batch, std::span<const int64_t> sums, uint32_t hidden_size) {
+  const size_t expected = batch.rows.size() * size_t{hidden_size};
+  if (sums.size() != expected) {
+    fail_protocol("layerResponse.outputs has " + std::to_string(sums.size()) + " values, expected numRows " +
+                  std::to_string(batch.rows.size()) + " * hidden_size " + std::to_string(hidden_size));
+  }
+  // A row's value can only come from its own terms: anything larger is not a sum of them
+  // and could overflow the total.
+  std::vector<uint32_t> terms(batch.rows.size(), 0);
+  for (const ExpertAssignment& a : batch.request.assignments) ++terms[a.row];
+  for (size_t r = 0; r < batch.rows.size(); ++r) {
+    const size_t bad = first_out_of_range(sums.data() + r * hidden_size, hidden_size, terms[r]);
+    if (bad != hidden_size) {
+      fail_protocol("layerResponse.outputs row " + std::to_string(r) + " value " + std::to_string(bad) +
+                    " is out of range for a sum of " + std::to_string(terms[r]) + " terms");
+    }
+  }
 }
 
 void ClusterDispatcher::fail_worker(size_t w, const Error& e) {
@@ -600,7 +619,7 @@ void ClusterDispatcher::send_round(const std::vector<uint32_t>& which) {
       b.local_row[a.row] = static_cast<uint32_t>(b.rows.size());
       b.rows.push_back(a.row);
     }
-    b.request.assignments.push_back({b.local_row[a.row], a.expert});
+    b.request.assignments.push_back({b.local_row[a.row], a.expert, a.weight});
     b.origin.push_back(i);
   }
   // Every request goes out before any reply is read, so the workers compute in parallel.
@@ -653,7 +672,7 @@ void ClusterDispatcher::read_replies() {
 void ClusterDispatcher::begin_layer(uint32_t layer, const float* hidden, uint32_t num_rows,
                                     uint32_t hidden_size,
                                     const std::vector<ExpertAssignment>& assignments,
-                                    float* outputs) {
+                                    int64_t* sums) {
   if (pending_) {
     // The caller threw between begin and finish, or the layer failed with requests still
     // out: read the stale replies so every connection is back in step, and drop them (its
@@ -670,11 +689,16 @@ void ClusterDispatcher::begin_layer(uint32_t layer, const float* hidden, uint32_
   if (found == placement_.end()) {
     fail_invalid("layer " + std::to_string(layer) + " is not a MoE layer of the placement map");
   }
+  std::vector<uint32_t> terms(num_rows, 0);
   for (size_t i = 0; i < assignments.size(); ++i) {
     const ExpertAssignment& a = assignments[i];
     if (a.row >= num_rows) {
       fail_invalid("assignment " + std::to_string(i) + ": row " + std::to_string(a.row) +
                    " >= num_rows " + std::to_string(num_rows));
+    }
+    if (++terms[a.row] > kMaxTermsPerRow) {
+      fail_invalid("assignment " + std::to_string(i) + ": row " + std::to_string(a.row) + " has more than " +
+                   std::to_string(kMaxTermsPerRow) + " assignments (the fixed-point sum's headroom)");
     }
     if (a.expert >= found->second.size()) {
       fail_invalid("assignment " + std::to_string(i) + ": expert " + std::to_string(a.expert) +
@@ -688,7 +712,12 @@ void ClusterDispatcher::begin_layer(uint32_t layer, const float* hidden, uint32_
   p->num_rows = num_rows;
   p->hidden_size = hidden_size;
   p->assignments = assignments;
-  p->outputs = outputs;
+  p->sums = sums;
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    token_layers_ += num_rows;
+  }
+  std::fill_n(sums, size_t{num_rows} * hidden_size, int64_t{0});
   p->owners = &found->second;
   p->inflight.resize(workers_.size());
   p->failed.assign(workers_.size(), false);
@@ -779,6 +808,10 @@ std::vector<WorkerStatus> ClusterDispatcher::status() const {
     s.rtt_p99_ms = w.rtt.percentile(0.99);
     s.bytes_out = w.bytes_out;
     s.bytes_in = w.bytes_in;
+    s.layer_bytes_out = w.layer_bytes_out;
+    s.layer_bytes_in = w.layer_bytes_in;
+    s.token_layers = token_layers_;
+    s.moe_layers = static_cast<uint32_t>(placement_.size());
     s.failovers = w.failovers;
     s.rejoins = w.rejoins;
     s.last_seen_ms = w.last_seen ? std::chrono::duration<double, std::milli>(now - *w.last_seen).count() : -1;

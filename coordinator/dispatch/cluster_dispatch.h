@@ -20,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -78,11 +79,11 @@ class ClusterDispatcher final : public ExpertDispatcher {
   /// range, Error(kUnavailable) (see finish_layer) when an expert has no live replica. A
   /// worker that cannot be sent to is failed over by finish_layer.
   void begin_layer(uint32_t layer, const float* hidden, uint32_t num_rows, uint32_t hidden_size,
-                   const std::vector<ExpertAssignment>& assignments, float* outputs) override;
+                   const std::vector<ExpertAssignment>& assignments, int64_t* sums) override;
 
   /// Reads the replies of the begun layer as they arrive, each within
-  /// topology.request_timeout_ms of its send, and scatters them into `outputs` in the
-  /// original assignment order, the workers' bytes unchanged. A worker that fails
+  /// topology.request_timeout_ms of its send, and adds each reply's partial sums, whole
+  /// and once, into the rows of `sums` its request carried (fixed_add). A worker that fails
   /// (connection reset, timeout, malformed reply, an error reply, or frozen: its reply late
   /// and a probe unanswered, see the class comment) is marked down and its assignments are
   /// resent to live replicas it has not failed in this layer, until every assignment is
@@ -128,6 +129,9 @@ class ClusterDispatcher final : public ExpertDispatcher {
   void send_request(size_t w, Batch& batch);
   void read_replies();
   void receive_reply(Worker& worker, Batch& batch);
+  /// Throws Error(kProtocol) unless `sums` is one row of hidden_size values per request
+  /// row of `batch`, each in range for the number of terms that row has there.
+  static void check_partial_sums(const Batch& batch, std::span<const int64_t> sums, uint32_t hidden_size);
   void fail_worker(size_t w, const Error& e);
   [[noreturn]] void fail_uncovered(const std::vector<int64_t>& experts);
   void waiting(Worker& worker, uint32_t rows);
@@ -171,6 +175,7 @@ class ClusterDispatcher final : public ExpertDispatcher {
   std::unique_ptr<PendingLayer> pending_;  // the begun layer, between begin and finish
   Metrics* metrics_ = nullptr;  // set before the first layer; may be null
   mutable std::mutex stats_mutex_;  // guards every Worker's state, statistics and `conn`
+  uint64_t token_layers_ = 0;       // sum of num_rows over begin_layer calls; stats_mutex_
 
   // The health threads sleep on health_wake_ (with health_mutex_); stopping_ ends them.
   std::mutex health_mutex_;

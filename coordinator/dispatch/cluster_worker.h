@@ -72,6 +72,8 @@ struct ClusterDispatcher::Worker {
   uint64_t requests = 0;
   uint64_t bytes_out = 0;
   uint64_t bytes_in = 0;
+  uint64_t layer_bytes_out = 0;  // of bytes_out: layer request frames only
+  uint64_t layer_bytes_in = 0;   // of bytes_in: layer reply frames only
   uint64_t failovers = 0;
   uint64_t rejoins = 0;
   std::optional<Clock::time_point> last_seen;      // last handshake, reply or probe answer

@@ -10,8 +10,12 @@
 
 namespace charm {
 
-/// Runs routed experts for the coordinator. Implementations must return exactly the
-/// bytes ExpertExecutor::run_into produces for each assignment.
+/// Runs routed experts for the coordinator and sums their router-weighted outputs per
+/// position in fixed point (common/fixed_point.h): for every row r, sums[r] becomes the
+/// fixed_add over r's assignments of to_fixed(weight * expert(hidden[r])), each product
+/// exactly as ExpertExecutor::run_into computes it. Integer addition is associative, so
+/// these are the same integers whichever workers computed which assignments and in
+/// whatever order their partial sums arrive (docs/architecture.md).
 /// A layer is started with begin_layer and completed with finish_layer, so the caller can
 /// compute something else (a shared expert) while remote workers are busy.
 /// Thread-safety: one layer at a time (the engine loop is the only caller).
@@ -19,27 +23,29 @@ class ExpertDispatcher {
  public:
   virtual ~ExpertDispatcher() = default;
 
-  /// Starts the routed experts of one MoE layer: for each assignments[i] = (row, expert),
-  /// expert(hidden[row]) is to be written to outputs[i * hidden_size .. +hidden_size).
-  /// hidden: [num_rows, hidden_size] f32. Cluster mode sends the requests and returns;
-  /// in-process mode may defer the work to finish_layer. `hidden`, `assignments` and
-  /// `outputs` must stay valid and unchanged until finish_layer returns. A begin_layer
-  /// while another layer is unfinished (its caller threw) first drains that layer and
-  /// drops its results. Throws Error(kInvalidInput) for a layer or expert the placement
-  /// does not have; worker failures may surface here or in finish_layer.
+  /// Starts the routed experts of one MoE layer. hidden: [num_rows, hidden_size] f32;
+  /// sums: [num_rows, hidden_size] int64, set to 0 (here, or in finish_layer before any
+  /// term) and accumulated with fixed_add as partial sums arrive (each worker's reply is added whole, once, only when complete and
+  /// valid, so a failed-over share is never counted twice). Each row may have at most
+  /// kMaxTermsPerRow assignments. Cluster mode sends the requests and returns; in-process
+  /// mode may defer the work to finish_layer. `hidden`, `assignments` and `sums` must stay
+  /// valid and unchanged until finish_layer returns. A begin_layer while another layer is
+  /// unfinished (its caller threw) first drains that layer and drops its results. Throws
+  /// Error(kInvalidInput) for a layer or expert the placement does not have, or a row
+  /// with too many assignments; worker failures may surface here or in finish_layer.
   virtual void begin_layer(uint32_t layer, const float* hidden, uint32_t num_rows, uint32_t hidden_size,
-                           const std::vector<ExpertAssignment>& assignments, float* outputs) = 0;
+                           const std::vector<ExpertAssignment>& assignments, int64_t* sums) = 0;
 
-  /// Waits for the layer started by the last begin_layer; `outputs` is complete on
-  /// return. Throws Error(kUnavailable) naming the layer, experts and workers when a
-  /// failed or timed-out worker's share cannot be served by a replica,
-  /// Error(kInternal) without a begun layer.
+  /// Waits for the layer started by the last begin_layer; `sums` is complete on return.
+  /// Throws Error(kUnavailable) naming the layer, experts and workers when a failed or
+  /// timed-out worker's share cannot be served by a replica (then `sums` holds only
+  /// part of the layer and must not be used), Error(kInternal) without a begun layer.
   virtual void finish_layer() = 0;
 
   /// begin_layer then finish_layer.
   void run_layer(uint32_t layer, const float* hidden, uint32_t num_rows, uint32_t hidden_size,
-                 const std::vector<ExpertAssignment>& assignments, float* outputs) {
-    begin_layer(layer, hidden, num_rows, hidden_size, assignments, outputs);
+                 const std::vector<ExpertAssignment>& assignments, int64_t* sums) {
+    begin_layer(layer, hidden, num_rows, hidden_size, assignments, sums);
     finish_layer();
   }
 

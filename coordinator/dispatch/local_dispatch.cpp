@@ -1,10 +1,12 @@
 #include "coordinator/dispatch/local_dispatch.h"
 
+#include <algorithm>
 #include <string>
 
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
+#include "common/fixed_point.h"
 #include "coordinator/api/metrics.h"
 
 namespace charm {
@@ -22,12 +24,12 @@ void issue_hint(const LocalDispatcher::PrefetchFn& prefetch, uint32_t layer, con
 }  // namespace
 
 void LocalDispatcher::begin_layer(uint32_t layer, const float* hidden, uint32_t num_rows, uint32_t hidden_size,
-                                  const std::vector<ExpertAssignment>& assignments, float* outputs) {
+                                  const std::vector<ExpertAssignment>& assignments, int64_t* sums) {
   if (hidden_size != executor_.store().hidden_size()) {
     fail_internal("hidden_size " + std::to_string(hidden_size) + " does not match the expert store's");
   }
   deferred_hints_.clear();  // hints behind an abandoned layer go with it
-  pending_ = Pending{layer, hidden, num_rows, &assignments, outputs};
+  pending_ = Pending{layer, hidden, num_rows, hidden_size, &assignments, sums};
 }
 
 void LocalDispatcher::finish_layer() {
@@ -36,8 +38,10 @@ void LocalDispatcher::finish_layer() {
   pending_.reset();
   auto hints = std::move(deferred_hints_);
   deferred_hints_.clear();
-  const LayerStats stats = executor_.run_into(p.layer, p.hidden, p.num_rows, *p.assignments, p.outputs);
+  std::fill_n(p.sums, size_t{p.num_rows} * p.hidden_size, int64_t{0});
+  const LayerStats stats = executor_.run_into(p.layer, p.hidden, p.num_rows, *p.assignments, p.sums);
   ++requests_;
+  warn_saturated_once(stats.saturated, "layer " + std::to_string(p.layer));
   if (metrics_) metrics_->expert_stats("local", stats.hits, stats.misses, stats.bytes_read);
   for (const auto& [layer, experts] : hints) issue_hint(prefetch_, layer, experts);
 }

@@ -27,7 +27,7 @@ class LocalDispatcher final : public ExpertDispatcher {
   /// Records the layer; the experts run in finish_layer, on the same cores a shared
   /// expert would use, so deferring loses nothing.
   void begin_layer(uint32_t layer, const float* hidden, uint32_t num_rows, uint32_t hidden_size,
-                   const std::vector<ExpertAssignment>& assignments, float* outputs) override;
+                   const std::vector<ExpertAssignment>& assignments, int64_t* sums) override;
   void finish_layer() override;
   /// Passes the hint to the store's prefetch now, or right after the pending layer's
   /// experts have run (as a worker would read it after answering that layer).
@@ -39,8 +39,9 @@ class LocalDispatcher final : public ExpertDispatcher {
     uint32_t layer = 0;
     const float* hidden = nullptr;
     uint32_t num_rows = 0;
+    uint32_t hidden_size = 0;
     const std::vector<ExpertAssignment>* assignments = nullptr;
-    float* outputs = nullptr;
+    int64_t* sums = nullptr;
   };
 
   const ExpertExecutor& executor_;

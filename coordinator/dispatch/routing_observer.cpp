@@ -47,7 +47,7 @@ RoutingObserver::RoutingObserver(std::unique_ptr<ExpertDispatcher> inner, Routin
 bool RoutingObserver::wants_hints() const { return options_.prefetch || trace_.is_open(); }
 
 void RoutingObserver::begin_layer(uint32_t layer, const float* hidden, uint32_t num_rows, uint32_t hidden_size,
-                                  const std::vector<ExpertAssignment>& assignments, float* outputs) {
+                                  const std::vector<ExpertAssignment>& assignments, int64_t* sums) {
   const std::vector<uint32_t> used = batch_union(assignments);
   std::optional<std::vector<uint32_t>> predicted;
   if (auto it = hints_.find(layer); it != hints_.end()) {
@@ -56,7 +56,7 @@ void RoutingObserver::begin_layer(uint32_t layer, const float* hidden, uint32_t 
   }
   record(layer, num_rows, assignments, used, predicted);
   counts_.add(layer, assignments);
-  inner_->begin_layer(layer, hidden, num_rows, hidden_size, assignments, outputs);
+  inner_->begin_layer(layer, hidden, num_rows, hidden_size, assignments, sums);
 }
 
 void RoutingObserver::finish_layer() { inner_->finish_layer(); }

@@ -57,7 +57,7 @@ class RoutingObserver final : public ExpertDispatcher {
                   const std::vector<uint32_t>& moe_layers = {}, uint32_t num_experts = 0);
 
   void begin_layer(uint32_t layer, const float* hidden, uint32_t num_rows, uint32_t hidden_size,
-                   const std::vector<ExpertAssignment>& assignments, float* outputs) override;
+                   const std::vector<ExpertAssignment>& assignments, int64_t* sums) override;
   void finish_layer() override;
   /// Remembers the prediction for recall and the trace; forwards it when prefetch is on.
   void hint_layer(uint32_t layer, const std::vector<uint32_t>& experts) override;

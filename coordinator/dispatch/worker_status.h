@@ -65,7 +65,25 @@ struct WorkerStatus {
   /// How old tier_layers and residency are, ms: the time since the health reply they came
   /// from (heartbeats come every timeouts.heartbeat_ms); 0 in-process; -1 none yet.
   double residency_age_ms = -1;
+  // Wire cost per token (issue 17; last, so positional initialisers above keep working).
+  uint64_t layer_bytes_out = 0;    ///< of bytes_out: layer request frames alone (no health, hints)
+  uint64_t layer_bytes_in = 0;     ///< of bytes_in: layer reply frames alone
+  uint64_t token_layers = 0;       ///< positions the coordinator has run through MoE layers
+                                   ///< since start, summed over layers (every worker alike)
+  uint32_t moe_layers = 0;         ///< MoE layers of the model (placement map)
 };
+
+/// Layer-frame bytes per token per MoE layer: `layer_bytes` / s.token_layers (0 before
+/// any). The wire cost of one position on one layer, the issue-17 figure. Pure.
+inline double bytes_per_token_layer(uint64_t layer_bytes, const WorkerStatus& s) {
+  return s.token_layers ? static_cast<double>(layer_bytes) / static_cast<double>(s.token_layers) : 0.0;
+}
+
+/// Layer-frame bytes per token through the whole model: bytes_per_token_layer times the
+/// MoE layers (a token crosses each once). Pure.
+inline double bytes_per_token(uint64_t layer_bytes, const WorkerStatus& s) {
+  return bytes_per_token_layer(layer_bytes, s) * s.moe_layers;
+}
 
 /// Experts per tier from a worker's counts: `experts_held` (layer, expert) pairs and
 /// `ram_slots` RAM expert slots (HealthReply.slots: pinned + LRU over all layers).

@@ -7,6 +7,7 @@
 
 #include "common/attention.h"
 #include "common/error.h"
+#include "common/fixed_point.h"
 #include "common/kernels.h"
 #include "common/matmul.h"
 
@@ -217,30 +218,27 @@ RoutedExpertsCall::RoutedExpertsCall(ExpertDispatcher& dispatcher, uint32_t laye
                                      size_t hidden, Routing routing)
     : dispatcher_(dispatcher), rows_(rows), hidden_(hidden), routing_(std::move(routing)) {
   const size_t k = routing_.top_k;
+  if (k > kMaxTermsPerRow) {
+    fail_invalid("layer " + std::to_string(layer) + ": top_k " + std::to_string(k) + " exceeds " +
+                 std::to_string(kMaxTermsPerRow) + ", the fixed-point combine's headroom");
+  }
   assignments_.resize(rows * k);
   for (size_t r = 0; r < rows; ++r) {
     for (size_t j = 0; j < k; ++j) {
-      assignments_[r * k + j] = ExpertAssignment{static_cast<uint32_t>(r), routing_.experts[r * k + j]};
+      assignments_[r * k + j] = ExpertAssignment{static_cast<uint32_t>(r), routing_.experts[r * k + j],
+                                                 routing_.weights[r * k + j]};
     }
   }
-  outputs_.resize(assignments_.size() * hidden);
+  sums_.resize(rows * hidden);
   dispatcher_.begin_layer(layer, x, static_cast<uint32_t>(rows), static_cast<uint32_t>(hidden), assignments_,
-                          outputs_.data());
+                          sums_.data());
 }
 
 void RoutedExpertsCall::finish(float* out) {
   dispatcher_.finish_layer();
-  // Combine in rank order: the one place routed outputs are summed (placement invariant).
-  const size_t k = routing_.top_k;
-  for (size_t r = 0; r < rows_; ++r) {
-    float* o = out + r * hidden_;
-    std::fill(o, o + hidden_, 0.0f);
-    for (size_t j = 0; j < k; ++j) {
-      const float w = routing_.weights[r * k + j];
-      const float* y = outputs_.data() + (r * k + j) * hidden_;
-      for (size_t d = 0; d < hidden_; ++d) o[d] += w * y[d];
-    }
-  }
+  // The exact integer sum of the weighted terms, rounded once: the same bits whichever
+  // workers summed which experts (placement invariant).
+  for (size_t i = 0; i < rows_ * hidden_; ++i) out[i] = from_fixed(sums_[i]);
 }
 
 }  // namespace charm

@@ -197,19 +197,21 @@ class Router {
 /// The routed-expert step of one MoE layer while it is in flight: the constructor sends
 /// x [rows, hidden]'s assignments through `dispatcher` (begin_layer) and returns, so the
 /// caller can run a shared expert meanwhile; finish() waits and writes out[r] = sum over
-/// ranks k (in rank order) of weights[r,k] * expert_k(x[r]). The sum happens here, in one
-/// fixed order, so it is the same whatever the placement. `x` must stay unchanged and the
+/// ranks k of weights[r,k] * expert_k(x[r]), each product one f32 multiply, summed
+/// exactly in fixed point (common/fixed_point.h) by the dispatcher and rounded once to
+/// f32 here, so it is the same whatever the placement. `x` must stay unchanged and the
 /// dispatcher must see no other layer until finish() returns. Errors as
-/// ExpertDispatcher::begin_layer / finish_layer.
+/// ExpertDispatcher::begin_layer / finish_layer, and Error(kInvalidInput) for a top_k
+/// over kMaxTermsPerRow.
 class RoutedExpertsCall {
  public:
   RoutedExpertsCall(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows, size_t hidden,
                     Routing routing);
-  // The dispatcher holds the addresses of assignments_ and outputs_ until finish():
+  // The dispatcher holds the addresses of assignments_ and sums_ until finish():
   // the call must not move.
   RoutedExpertsCall(const RoutedExpertsCall&) = delete;
   RoutedExpertsCall& operator=(const RoutedExpertsCall&) = delete;
-  /// out [rows, hidden]: the weighted rank-order sum.
+  /// out [rows, hidden] f32: the weighted sum (NaN where a term was not finite).
   void finish(float* out);
 
  private:
@@ -218,7 +220,7 @@ class RoutedExpertsCall {
   size_t hidden_;
   Routing routing_;
   std::vector<ExpertAssignment> assignments_;
-  std::vector<float> outputs_;  // [rows * top_k, hidden], unweighted, rank order per row
+  std::vector<int64_t> sums_;  // [rows, hidden] fixed point, filled by the dispatcher
 };
 
 /// Softmax top-k routing (Qwen3MoeTopKRouter, OlmoeTopKRouter, MixtralTopKRouter,

@@ -58,9 +58,9 @@ void check_views(const charm::FrameBody& body, const charm::WireMessage* message
   const auto* response = message ? std::get_if<LayerResponseMsg>(message) : nullptr;
   try {
     const LayerResponseView view = decode_layer_response_view(body, kMaxFrame);
-    const auto& outputs = response ? response->response.outputs : std::vector<float>{};
+    const auto& outputs = response ? response->response.outputs : std::vector<int64_t>{};
     if (!response || view.error != response->error ||
-        !std::equal(view.outputs.begin(), view.outputs.end(), outputs.begin(), outputs.end(), same_bits)) {
+        !std::equal(view.outputs.begin(), view.outputs.end(), outputs.begin(), outputs.end())) {
       std::abort();
     }
   } catch (const Error&) {

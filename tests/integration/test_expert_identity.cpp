@@ -173,7 +173,7 @@ TEST_CASE("an expert file changed under a running worker is refused when read, a
   LocalExperts local;
   auto dispatcher = coordinator(topology, original, local);
   const std::vector<float> hidden(64, 0.5f);
-  std::vector<float> out(64);
+  std::vector<int64_t> out(64);
   dispatcher->run_layer(kLayer, hidden.data(), 1, 64, {{0, kExpert + 2}}, out.data());  // fine before
 
   change_expert_bytes(copy.path(), kLayer, kExpert);
@@ -218,7 +218,7 @@ TEST_CASE("bytes that changed without their file's stat changing (bit rot) are r
   lru.pin = "none";
   auto store = open_store(lru, *model.checkpoint, model.config, owned, "a", model.fingerprint);
   ExpertExecutor executor(*store);
-  std::vector<float> out(64);
+  std::vector<int64_t> out(64);
   const std::vector<float> hidden(64, 0.25f);
   CHECK_NOTHROW(executor.run_into(kLayer, hidden.data(), 1, {{0, kExpert + 2}}, out.data()));
   test::expect_error([&] { executor.run_into(kLayer, hidden.data(), 1, {{0, kExpert}}, out.data()); },

@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <thread>
 
 #include "app/status_report.h"
@@ -33,7 +34,7 @@ TEST_CASE("replicas, no replicas and each replica alone give identical bytes; wo
   ClusterDispatcher only_a(r.topology, r.only(0), r.model.fingerprint, r.model.identities);
   ClusterDispatcher only_b(r.topology, r.only(1), r.model.fingerprint, r.model.identities);
   for (ClusterDispatcher* d : {&both, &only_a, &only_b}) {
-    std::vector<float> got(want.size(), -7.0f);
+    std::vector<int64_t> got(want.size(), -7);
     d->run_layer(2, hidden.data(), rows, kHidden, assignments, got.data());
     CHECK(same_bytes(want, got));
   }
@@ -51,7 +52,7 @@ TEST_CASE("a worker killed mid-layer: its share goes to the replica, bytes uncha
   const auto assignments = routing(rows);
   const auto want = expected(r.model, 0, hidden, rows, assignments);
 
-  std::vector<float> got(want.size(), -7.0f);
+  std::vector<int64_t> got(want.size(), -7);
   d.begin_layer(0, hidden.data(), rows, kHidden, assignments, got.data());
   r.b.server->stop();  // b closes its connection without answering
   d.finish_layer();
@@ -64,7 +65,7 @@ TEST_CASE("a worker killed mid-layer: its share goes to the replica, bytes uncha
   CHECK(named(status, "a").requests == 2);  // its own share, then b's
 
   // While b is down, a serves everything.
-  std::fill(got.begin(), got.end(), -7.0f);
+  std::fill(got.begin(), got.end(), -7);
   d.run_layer(0, hidden.data(), rows, kHidden, assignments, got.data());
   CHECK(same_bytes(want, got));
 
@@ -73,7 +74,7 @@ TEST_CASE("a worker killed mid-layer: its share goes to the replica, bytes uncha
   REQUIRE(eventually([&] { return named(d.status(), "b").state == "up"; }));
   CHECK(named(d.status(), "b").rejoins == 1);
   const uint64_t before = r.b.server->health().requests_served;
-  std::fill(got.begin(), got.end(), -7.0f);
+  std::fill(got.begin(), got.end(), -7);
   d.run_layer(0, hidden.data(), rows, kHidden, assignments, got.data());
   CHECK(same_bytes(want, got));
   CHECK(r.b.server->health().requests_served == before + 1);  // it takes traffic again
@@ -86,7 +87,7 @@ TEST_CASE("a worker that does not answer within request_ms is failed over") {
   const std::vector<float> hidden = noise(3 * kHidden, 8);
   const auto assignments = routing(3);
   const auto want = expected(r.model, 2, hidden, 3, assignments);
-  std::vector<float> got(want.size(), -7.0f);
+  std::vector<int64_t> got(want.size(), -7);
   d.run_layer(2, hidden.data(), 3, kHidden, assignments, got.data());
   CHECK(same_bytes(want, got));
   const WorkerStatus b = named(d.status(), "b");
@@ -97,7 +98,22 @@ TEST_CASE("a worker that does not answer within request_ms is failed over") {
 
 TEST_CASE("a malformed reply is failed over to the replica") {
   Replicas r;
-  // A fake "b": passes the handshake, then answers the layer request with too few outputs.
+  // What the fake "b" answers the layer request with, and what the coordinator says of it.
+  std::function<std::vector<int64_t>(const LayerRequest&)> outputs;
+  std::string why;
+  SUBCASE("too few values (not one row per position)") {
+    outputs = [](const LayerRequest&) { return std::vector<int64_t>(1, 5); };
+    why = "layerResponse.outputs has 1 values, expected numRows";
+  }
+  SUBCASE("a row per position, but a value no sum of its terms can reach") {
+    outputs = [](const LayerRequest& req) {
+      std::vector<int64_t> v(size_t{req.num_rows} * req.hidden_size, 0);
+      v[3] = std::numeric_limits<int64_t>::max();  // would overflow the coordinator's total
+      return v;
+    };
+    why = "layerResponse.outputs row 0 value 3 is out of range";
+  }
+  // A fake "b": passes the handshake, then answers the layer request with `outputs`.
   auto listener = FrameListener::listen("127.0.0.1", 0);
   r.topology.workers[1].port = listener->port();
   r.topology.rejoin_min_ms = r.topology.rejoin_max_ms = 60000;  // the fake answers one hello only
@@ -124,7 +140,7 @@ TEST_CASE("a malformed reply is failed over to the replica") {
     const LayerRequest req = decode_as<LayerRequest>(conn->receive(10s));
     LayerResponseMsg reply;
     reply.response.request_id = req.request_id;
-    reply.response.outputs.assign(1, 0.5f);
+    reply.response.outputs = outputs(req);
     conn->send(encode_layer_response(reply), 10s);
     try {
       conn->receive(10s);  // until the coordinator hangs up
@@ -136,12 +152,13 @@ TEST_CASE("a malformed reply is failed over to the replica") {
     const std::vector<float> hidden = noise(4 * kHidden, 9);
     const auto assignments = routing(4);
     const auto want = expected(r.model, 0, hidden, 4, assignments);
-    std::vector<float> got(want.size(), -7.0f);
+    std::vector<int64_t> got(want.size(), -7);
     d.run_layer(0, hidden.data(), 4, kHidden, assignments, got.data());
     CHECK(same_bytes(want, got));
     const WorkerStatus b = named(d.status(), "b");
     CHECK(b.failovers == 1);
-    CHECK(b.last_error.find("layerResponse.outputs") != std::string::npos);
+    CHECK(b.last_error.find(why) != std::string::npos);
+    CHECK(named(d.status(), "a").requests == 2);  // its own share, then b's, added once
   }
   fake.join();
 }
@@ -153,7 +170,7 @@ TEST_CASE("no replica left: an error naming layer, experts and workers tried; th
   r.b.server->stop();
   const std::vector<float> hidden = noise(4 * kHidden, 10);
   const auto assignments = routing(4);
-  std::vector<float> got(assignments.size() * kHidden);
+  std::vector<int64_t> got(4 * kHidden);
   expect_error([&] { d.run_layer(2, hidden.data(), 4, kHidden, assignments, got.data()); },
                ErrorCategory::kUnavailable, {"layer 2", "experts 0-3", "worker 'a'", "worker 'b'"});
   r.a.restart();
@@ -206,7 +223,7 @@ TEST_CASE("with a shared secret: failover, a refused and an authenticated rejoin
   const auto assignments = routing(rows);
   const auto want = expected(r.model, 0, hidden, rows, assignments);
 
-  std::vector<float> got(want.size(), -7.0f);
+  std::vector<int64_t> got(want.size(), -7);
   d.begin_layer(0, hidden.data(), rows, kHidden, assignments, got.data());
   r.b.server->stop();
   d.finish_layer();

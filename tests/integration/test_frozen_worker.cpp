@@ -45,9 +45,9 @@ struct FrozenB : Replicas {
 
 // A few layers, so every worker has round trips to learn its deadlines from.
 void warm_up(ClusterDispatcher& d, const std::vector<float>& hidden, uint32_t rows,
-             const std::vector<ExpertAssignment>& assignments, const std::vector<float>& want) {
+             const std::vector<ExpertAssignment>& assignments, const std::vector<int64_t>& want) {
   for (int i = 0; i < 10; ++i) {
-    std::vector<float> got(want.size(), -7.0f);
+    std::vector<int64_t> got(want.size(), -7);
     d.run_layer(0, hidden.data(), rows, kHidden, assignments, got.data());
     REQUIRE(same_bytes(want, got));
   }
@@ -66,7 +66,7 @@ TEST_CASE("a frozen worker with a live replica: the layer completes on the repli
   warm_up(d, hidden, rows, assignments, want);
 
   r.relay.freeze();
-  std::vector<float> got(want.size(), -7.0f);
+  std::vector<int64_t> got(want.size(), -7);
   const auto start = Clock::now();
   d.run_layer(0, hidden.data(), rows, kHidden, assignments, got.data());
   const double stalled = ms_since(start);
@@ -89,7 +89,7 @@ TEST_CASE("a frozen worker with a live replica: the layer completes on the repli
   REQUIRE(eventually([&] { return named(d.status(), "b").state == "up"; }));
   CHECK(named(d.status(), "b").rejoins == 1);
   const uint64_t before = named(d.status(), "b").requests;
-  std::fill(got.begin(), got.end(), -7.0f);
+  std::fill(got.begin(), got.end(), -7);
   d.run_layer(0, hidden.data(), rows, kHidden, assignments, got.data());
   CHECK(same_bytes(want, got));
   CHECK(named(d.status(), "b").requests == before + 1);  // it takes traffic again
@@ -103,7 +103,7 @@ TEST_CASE("a frozen sole owner: the layer fails with the named error long before
   const std::vector<float> hidden = noise(rows * kHidden, 32);
   const auto assignments = routing(rows);
   const auto want = expected(r.model, 2, hidden, rows, assignments);
-  std::vector<float> got(want.size(), -7.0f);
+  std::vector<int64_t> got(want.size(), -7);
   for (int i = 0; i < 10; ++i) d.run_layer(2, hidden.data(), rows, kHidden, assignments, got.data());
   REQUIRE(same_bytes(want, got));
 
@@ -117,7 +117,7 @@ TEST_CASE("a frozen sole owner: the layer fails with the named error long before
 
   r.relay.thaw();
   REQUIRE(eventually([&] { return named(d.status(), "b").state == "up"; }));
-  std::fill(got.begin(), got.end(), -7.0f);
+  std::fill(got.begin(), got.end(), -7);
   d.run_layer(2, hidden.data(), rows, kHidden, assignments, got.data());
   CHECK(same_bytes(want, got));
 }
@@ -132,7 +132,7 @@ TEST_CASE("a busy worker answers its probes: its request is waited for, not fail
   const std::vector<float> hidden = noise(rows * kHidden, 33);
   const auto assignments = routing(rows);
   const auto want = expected(r.model, 0, hidden, rows, assignments);
-  std::vector<float> got(want.size(), -7.0f);
+  std::vector<int64_t> got(want.size(), -7);
   d.run_layer(0, hidden.data(), rows, kHidden, assignments, got.data());
   CHECK(same_bytes(want, got));
   const WorkerStatus b = named(d.status(), "b");
@@ -153,7 +153,7 @@ TEST_CASE("a heartbeat to a frozen worker holds no layer back") {
   r.relay.freeze();
   // b's first heartbeat goes out ~3 s after the connect and is never answered.
   std::this_thread::sleep_for(3300ms);
-  std::vector<float> got(want.size(), -7.0f);
+  std::vector<int64_t> got(want.size(), -7);
   const auto start = Clock::now();
   d.run_layer(0, hidden.data(), rows, kHidden, assignments, got.data());
   const double stalled = ms_since(start);
@@ -204,7 +204,7 @@ TEST_CASE("prefetch hints never block the engine on a frozen worker") {
   }
   MESSAGE("longest hint_layer call to a frozen worker: " << longest << " ms");
   CHECK(longest < 2000);
-  std::vector<float> got(want.size(), -7.0f);
+  std::vector<int64_t> got(want.size(), -7);
   d.run_layer(0, hidden.data(), rows, kHidden, assignments, got.data());
   CHECK(same_bytes(want, got));
 }

@@ -198,6 +198,10 @@ class FakeEngine : public charm::Engine {
   std::vector<charm::WorkerStatus> cluster_status() const override {
     charm::WorkerStatus a{"w0", "127.0.0.1:7001", charm::WorkerState::kUp, 64, 10, 1.5, 3.0, 1000, 2000, 0, 0, 12.5, false, "", "",
                           {{"ram", 64}}};
+    a.layer_bytes_out = 900;  // 900 B over 30 token-layers of a 3-MoE-layer model
+    a.layer_bytes_in = 1800;
+    a.token_layers = 30;
+    a.moe_layers = 3;
     charm::WorkerStatus b{"w1", "127.0.0.1:7002", charm::WorkerState::kDown, 0, 0, 0, 0, 0, 0, 2, 1, 800.0, false, "",
                           "heartbeat: timed out", {}};
     return {a, b};
@@ -359,8 +363,12 @@ TEST_CASE("health, models and cluster status") {
                                 {"rtt_p99_ms", 3.0}, {"bytes_out", 1000}, {"bytes_in", 2000},
                                 {"failovers", 0}, {"rejoins", 0}, {"last_seen_ms", 12.5},
                                 {"slow", false}, {"slow_reason", ""}, {"last_error", ""},
-                                {"experts_by_tier", {{"ram", 64}}}});
+                                {"experts_by_tier", {{"ram", 64}}}, {"layer_bytes_out", 900},
+                                {"layer_bytes_in", 1800}, {"token_layers", 30}, {"moe_layers", 3},
+                                {"bytes_out_per_token", 90.0}, {"bytes_in_per_token", 180.0},
+                                {"bytes_out_per_token_layer", 30.0}, {"bytes_in_per_token_layer", 60.0}});
   CHECK(c["workers"][1]["state"] == "down");
+  CHECK(c["workers"][1]["bytes_in_per_token"] == 0.0);  // no token yet: 0, not a division by 0
   CHECK(c["workers"][1]["failovers"] == 2);
   CHECK(c["workers"][1]["rejoins"] == 1);
   CHECK(c["workers"][1]["last_error"] == "heartbeat: timed out");

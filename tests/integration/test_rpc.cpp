@@ -3,6 +3,7 @@
 // checkpoint's experts (written to a temp dir), against a local ExpertExecutor.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -46,20 +47,20 @@ TEST_CASE("two remote workers produce the bytes the local executor produces") {
     for (uint32_t layer : kLayers) {
       const std::vector<float> hidden = noise(num_rows * kHidden, 100 + num_rows + layer);
       const auto assignments = routing(num_rows);
-      std::vector<float> want(assignments.size() * kHidden);
-      std::vector<float> got(assignments.size() * kHidden, -7.0f);
+      std::vector<int64_t> want(num_rows * kHidden, 0);
+      std::vector<int64_t> got(num_rows * kHidden, -7);
       local.run_into(layer, hidden.data(), num_rows, assignments, want.data());
       dispatcher.run_layer(layer, hidden.data(), num_rows, kHidden, assignments, got.data());
-      CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
+      CHECK(want == got);
     }
   }
   // A layer whose union lives on one worker only: the other gets no request.
   const std::vector<float> hidden = noise(2 * kHidden, 5);
   const std::vector<ExpertAssignment> only_a = {{1, 2}, {0, 0}, {1, 0}};
-  std::vector<float> want(only_a.size() * kHidden), got(only_a.size() * kHidden);
+  std::vector<int64_t> want(2 * kHidden, 0), got(2 * kHidden, -7);
   local.run_into(0, hidden.data(), 2, only_a, want.data());
   dispatcher.run_layer(0, hidden.data(), 2, kHidden, only_a, got.data());
-  CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
+  CHECK(want == got);
 
   const auto status = dispatcher.status();
   REQUIRE(status.size() == 2);
@@ -87,47 +88,51 @@ TEST_CASE("begin_layer returns with requests in flight; an abandoned layer is dr
   ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint, cluster.model.identities);
   const std::vector<float> hidden = noise(5 * kHidden, 21);
   const auto assignments = routing(5);
-  std::vector<float> want(assignments.size() * kHidden);
+  std::vector<int64_t> want(5 * kHidden, 0);
   local.run_into(2, hidden.data(), 5, assignments, want.data());
 
   // Begun and never finished (the caller threw): its replies are still on the wire.
-  std::vector<float> abandoned(assignments.size() * kHidden);
+  std::vector<int64_t> abandoned(5 * kHidden);
   dispatcher.begin_layer(2, hidden.data(), 5, kHidden, assignments, abandoned.data());
 
-  std::vector<float> got(assignments.size() * kHidden, -7.0f);
+  std::vector<int64_t> got(5 * kHidden, -7);
   dispatcher.begin_layer(2, hidden.data(), 5, kHidden, assignments, got.data());
   dispatcher.finish_layer();
   CHECK(cluster.a.server->health().requests_served == 2);  // the abandoned one was answered and dropped
-  CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
+  CHECK(want == got);  // its replies were not added twice
+  CHECK(std::all_of(abandoned.begin(), abandoned.end(), [](int64_t v) { return v == 0; }));  // nor into the old buffer
   test::expect_error([&] { dispatcher.finish_layer(); }, ErrorCategory::kInternal, {"begin_layer"});
 }
 
 TEST_CASE("bytes on the wire per token per layer") {
-  // Request: per row hidden_size*4 bytes + 8 bytes per assignment (composite list
-  // element: one data word) + a fixed envelope; response: hidden_size*4 bytes per
-  // assignment + a fixed envelope.
+  // Request: per row hidden_size*4 bytes + 16 bytes per assignment (composite list
+  // element: row, expert, weight in two data words) + a fixed envelope; response:
+  // hidden_size*8 bytes per row (one int64 fixed-point sum), whatever top_k, + a fixed
+  // envelope.
   for (uint32_t rows : {1u, 64u}) {
-    const uint32_t hidden_size = 2048, top_k = 8;
-    LayerRequest req;
-    req.hidden_size = hidden_size;
-    req.num_rows = rows;
-    req.hidden.assign(size_t{rows} * hidden_size, 1.0f);
-    for (uint32_t r = 0; r < rows; ++r) {
-      for (uint32_t k = 0; k < top_k; ++k) req.assignments.push_back({r, k});
+    for (uint32_t top_k : {1u, 8u}) {
+      const uint32_t hidden_size = 2048;
+      LayerRequest req;
+      req.hidden_size = hidden_size;
+      req.num_rows = rows;
+      req.hidden.assign(size_t{rows} * hidden_size, 1.0f);
+      for (uint32_t r = 0; r < rows; ++r) {
+        for (uint32_t k = 0; k < top_k; ++k) req.assignments.push_back({r, k, 0.125f});
+      }
+      LayerResponseMsg resp;
+      resp.response.outputs.assign(size_t{rows} * hidden_size, 1);
+      const size_t up = encode_layer_request(req).size();
+      const size_t down = encode_layer_response(resp).size();
+      const size_t up_payload = size_t{rows} * (hidden_size * 4 + 16 * top_k);
+      const size_t down_payload = size_t{rows} * hidden_size * 8;
+      MESSAGE("rows=" << rows << " H=" << hidden_size << " k=" << top_k << ": request " << up << " B ("
+                      << up / rows << " B/token), response " << down << " B (" << down / rows << " B/token)");
+      CHECK(up >= up_payload);
+      CHECK(up - up_payload < 128);  // the envelope is a handful of words
+      CHECK(down >= down_payload);
+      CHECK(down - down_payload < 160);  // + LayerStats with the tier counters: 7 words
+      CHECK(double(down) <= 1.1 * double(down_payload) + 160);  // the issue-17 goal, framing included
     }
-    LayerResponseMsg resp;
-    resp.response.outputs.assign(req.assignments.size() * hidden_size, 1.0f);
-    const size_t up = encode_layer_request(req).size();
-    const size_t down = encode_layer_response(resp).size();
-    const size_t up_payload = size_t{rows} * (hidden_size * 4 + 8 * top_k);
-    const size_t down_payload = size_t{rows} * top_k * hidden_size * 4;
-    MESSAGE("rows=" << rows << " H=" << hidden_size << " k=" << top_k << ": request " << up
-                    << " B (" << up / rows << " B/token), response " << down << " B ("
-                    << down / rows << " B/token)");
-    CHECK(up >= up_payload);
-    CHECK(up - up_payload < 128);  // the envelope is a handful of words
-    CHECK(down >= down_payload);
-    CHECK(down - down_payload < 160);  // + LayerStats with the tier counters: 6 words
   }
 }
 
@@ -189,9 +194,10 @@ TEST_CASE("malformed frames get an error and a close; the server keeps serving")
     req.hidden.assign(kHidden, 0.5f);
     req.assignments = {{0, 0}};
     Frame frame = encode_layer_request(req);
-    // Patch the only assignment's row (first 32 bits of the last data word) to 9.
-    const size_t last_word = frame.size() - 8;
-    frame[last_word] = 9;
+    // Patch the only assignment's row (first 32 bits of its first data word; the second
+    // holds its weight, the frame's last word) to 9.
+    const size_t row_word = frame.size() - 16;
+    frame[row_word] = 9;
     conn->send(frame, 5s);
     const auto error = decode_as<ErrorMsg>(conn->receive(5s));
     CHECK(error.message.find("layerRequest.assignments[0].row = 9") != std::string::npos);
@@ -212,7 +218,7 @@ TEST_CASE("malformed frames get an error and a close; the server keeps serving")
   ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint, cluster.model.identities);
   const std::vector<float> hidden = noise(3 * kHidden, 9);
   const auto assignments = routing(3);
-  std::vector<float> got(assignments.size() * kHidden);
+  std::vector<int64_t> got(3 * kHidden);
   dispatcher.run_layer(2, hidden.data(), 3, kHidden, assignments, got.data());
   CHECK(dispatcher.status()[0].state == "up");
 }
@@ -261,7 +267,7 @@ TEST_CASE("a worker without a replica that goes away fails run_layer naming the 
   cluster.b.server->stop();
   const std::vector<float> hidden = noise(4 * kHidden, 3);
   const auto assignments = routing(4);
-  std::vector<float> got(assignments.size() * kHidden);
+  std::vector<int64_t> got(4 * kHidden);
   test::expect_error([&] { dispatcher.run_layer(2, hidden.data(), 4, kHidden, assignments, got.data()); },
                 ErrorCategory::kUnavailable, {"worker 'b'", "layer 2", "experts 1, 3"});
   const auto status = dispatcher.status();
@@ -562,7 +568,7 @@ TEST_CASE("ClusterDispatcher::hint_layer sends each owner only its experts, behi
 
   const std::vector<float> hidden = noise(3 * kHidden, 5);
   const auto assignments = routing(3);
-  std::vector<float> plain(assignments.size() * kHidden), hinted(assignments.size() * kHidden);
+  std::vector<int64_t> plain(3 * kHidden), hinted(3 * kHidden);
   dispatcher.run_layer(0, hidden.data(), 3, kHidden, assignments, plain.data());
 
   dispatcher.begin_layer(0, hidden.data(), 3, kHidden, assignments, hinted.data());
@@ -570,7 +576,7 @@ TEST_CASE("ClusterDispatcher::hint_layer sends each owner only its experts, behi
   dispatcher.hint_layer(1, {0});         // not a MoE layer of the placement: sent nowhere
   dispatcher.hint_layer(2, {2, 17});     // 17 is out of range: dropped; a gets {2}
   dispatcher.finish_layer();
-  CHECK(std::memcmp(plain.data(), hinted.data(), plain.size() * sizeof(float)) == 0);
+  CHECK(plain == hinted);
   // The hints follow the layer request on each connection; one more layer round trip
   // guarantees the workers have read them.
   dispatcher.run_layer(2, hidden.data(), 3, kHidden, assignments, hinted.data());
@@ -589,7 +595,7 @@ TEST_CASE("health carries the worker's tier counters; charm status shows hit rat
   ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint, cluster.model.identities);
   const std::vector<float> hidden = noise(3 * kHidden, 9);
   const auto assignments = routing(3);
-  std::vector<float> got(assignments.size() * kHidden);
+  std::vector<int64_t> got(3 * kHidden);
   for (uint32_t layer : kLayers) dispatcher.run_layer(layer, hidden.data(), 3, kHidden, assignments, got.data());
   // Everything resident (no budget): every lookup is a hit, nothing read after start.
   const HealthReplyMsg health = cluster.a.server->health();

@@ -57,7 +57,7 @@ void run_some_layers(ExpertDispatcher& dispatcher) {
   for (uint32_t rows = 1; rows <= 4; ++rows) {
     const std::vector<float> hidden = noise(rows * kHidden, 40 + rows);
     const auto assignments = routing(rows);
-    std::vector<float> out(assignments.size() * kHidden);
+    std::vector<int64_t> out(rows * kHidden);
     for (uint32_t layer : kLayers) {
       dispatcher.begin_layer(layer, hidden.data(), rows, kHidden, assignments, out.data());
       dispatcher.finish_layer();

@@ -1,5 +1,6 @@
 // Test support: a WorkerServer over a LayerService that needs no checkpoint. The
-// "expert" e applied to a row is row * (e + 1), so a test can check outputs exactly.
+// "expert" e applied to a row is row * (e + 1), so a test can check outputs exactly; the
+// reply is the executor's: per row, the fixed-point sum of weight * output.
 // Holds experts 0 and 1 of MoE layers 0 and 2 of a 3-layer, 4-expert, hidden-size-8 model.
 #pragma once
 
@@ -7,6 +8,7 @@
 #include <mutex>
 #include <string>
 
+#include "common/fixed_point.h"
 #include "common/topology.h"
 #include "common/wire.h"
 #include "worker/rpc_server.h"
@@ -20,12 +22,14 @@ class EchoService final : public LayerService {
  public:
   LayerResponse run(const LayerRequest& request) override {
     LayerResponse out;
+    const size_t h = request.hidden_size;
+    out.outputs.assign(size_t{request.num_rows} * h, 0);
+    std::vector<float> y(h);
     for (const ExpertAssignment& a : request.assignments) {
       if (a.expert > 1) fail_invalid("layer " + std::to_string(request.layer) + " expert " +
                                      std::to_string(a.expert) + " is not held here");
-      for (uint32_t i = 0; i < request.hidden_size; ++i) {
-        out.outputs.push_back(request.hidden[size_t{a.row} * request.hidden_size + i] * float(a.expert + 1));
-      }
+      for (size_t i = 0; i < h; ++i) y[i] = request.hidden[size_t{a.row} * h + i] * float(a.expert + 1);
+      add_weighted_term(y.data(), a.weight, h, out.outputs.data() + size_t{a.row} * h, out.stats.saturated);
     }
     out.stats.rows_computed = static_cast<uint32_t>(request.assignments.size());
     return out;

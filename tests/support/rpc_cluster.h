@@ -228,18 +228,19 @@ struct Replicas {
   }
 };
 
-// The local executor's bytes for `assignments` on `layer`.
-inline std::vector<float> expected(const TinyModel& model, uint32_t layer, const std::vector<float>& hidden,
-                                   uint32_t rows, const std::vector<ExpertAssignment>& assignments) {
+// The local executor's fixed-point sums ([rows, kHidden]) for `assignments` on `layer`.
+inline std::vector<int64_t> expected(const TinyModel& model, uint32_t layer, const std::vector<float>& hidden,
+                                     uint32_t rows, const std::vector<ExpertAssignment>& assignments) {
   auto store = model.store({0, 1, 2, 3});
   ExpertExecutor local(*store);
-  std::vector<float> want(assignments.size() * kHidden);
+  std::vector<int64_t> want(size_t{rows} * kHidden, 0);
   local.run_into(layer, hidden.data(), rows, assignments, want.data());
   return want;
 }
 
-inline bool same_bytes(const std::vector<float>& x, const std::vector<float>& y) {
-  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+template <typename T>
+inline bool same_bytes(const std::vector<T>& x, const std::vector<T>& y) {
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(T)) == 0;
 }
 
 inline const WorkerStatus& named(const std::vector<WorkerStatus>& all, const std::string& name) {

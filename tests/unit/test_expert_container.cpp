@@ -12,6 +12,7 @@
 
 #include "common/checkpoint.h"
 #include "common/error.h"
+#include "common/fixed_point.h"
 #include "common/fingerprint.h"
 #include "common/model_config.h"
 #include "coordinator/models/checkpoint_families.h"
@@ -309,7 +310,7 @@ TEST_CASE("int8 and int4 containers stay within their stated error of the checkp
   for (uint32_t r = 0; r < rows; ++r) {
     for (uint32_t e = 0; e < 16; e += 3) assignments.push_back({r, (e + r) % 16});
   }
-  const size_t n = assignments.size() * m.config.hidden_size;
+  const size_t n = size_t{rows} * m.config.hidden_size;  // one fixed-point sum per row
   for (auto [quant, bound] : {std::pair{"int8", 0.02}, {"int4", 0.25}}) {
     test::TempDir dir("charm-quant");
     m.convert(dir.path(), quant);
@@ -317,13 +318,14 @@ TEST_CASE("int8 and int4 containers stay within their stated error of the checkp
     CHECK(m.open(dir.path())->header().group_size == 32);
     ExpertExecutor lossy(store);
     for (uint32_t layer : {0u, 2u, 3u}) {
-      std::vector<float> want(n), got(n);
+      std::vector<int64_t> want(n, 0), got(n, 0);
       reference.run_into(layer, hidden.data(), rows, assignments, want.data());
       lossy.run_into(layer, hidden.data(), rows, assignments, got.data());
       double err = 0, norm = 0;
       for (size_t i = 0; i < n; ++i) {
-        err += (got[i] - want[i]) * double(got[i] - want[i]);
-        norm += want[i] * double(want[i]);
+        const double w = from_fixed(want[i]), g = from_fixed(got[i]);
+        err += (g - w) * (g - w);
+        norm += w * w;
       }
       const double rel = std::sqrt(err / norm);
       MESSAGE(quant << " layer " << layer << ": relative L2 error " << rel);

@@ -11,6 +11,7 @@
 
 #include "common/checkpoint.h"
 #include "common/error.h"
+#include "common/fixed_point.h"
 #include "common/fingerprint.h"
 #include "common/kernels.h"
 #include "common/matmul.h"
@@ -57,17 +58,17 @@ struct Case {
     // Every expert at least once, several rows per expert, in a scrambled order.
     const auto E = static_cast<uint32_t>(config.num_experts);
     for (uint32_t r = 0; r < rows; ++r) {
-      for (uint32_t k = 0; k < E; k += 2) assignments.push_back({r, (k * 7 + r) % E});
+      for (uint32_t k = 0; k < E; k += 2) assignments.push_back({r, (k * 7 + r) % E, 0.25f + 0.125f * float(k)});
     }
   }
 
-  /// Outputs of every MoE layer, concatenated.
-  std::vector<float> run(const ExpertStore& store, bool prefetch_first = false) const {
+  /// The fixed-point sums ([rows, H]) of every MoE layer, concatenated.
+  std::vector<int64_t> run(const ExpertStore& store, bool prefetch_first = false) const {
     ExpertExecutor executor(store);
-    std::vector<float> out;
+    std::vector<int64_t> out;
     for (int64_t layer : config.moe_layer_ids()) {
       if (prefetch_first) store.prefetch(static_cast<uint32_t>(layer), {1, 3, 5});
-      std::vector<float> y(assignments.size() * H);
+      std::vector<int64_t> y(size_t{rows} * H, 0);
       const LayerStats s = executor.run_into(static_cast<uint32_t>(layer), hidden.data(), rows, assignments, y.data());
       CHECK(s.hits + s.misses == s.experts_computed);
       out.insert(out.end(), y.begin(), y.end());
@@ -75,10 +76,13 @@ struct Case {
     return out;
   }
 
-  /// Issue 2's computation: f32 weights, linear_serial, SwiGLU.
-  std::vector<float> reference() const {
-    std::vector<float> out;
+  /// Issue 2's computation: f32 weights, linear_serial, SwiGLU; each output weighted into
+  /// its row's fixed-point sum in assignment order.
+  std::vector<int64_t> reference() const {
+    std::vector<int64_t> out;
+    uint64_t saturated = 0;
     for (int64_t layer : config.moe_layer_ids()) {
+      std::vector<int64_t> sums(size_t{rows} * H, 0);
       for (const auto& a : assignments) {
         const ExpertWeights w = checkpoint->load_expert(names, static_cast<int>(layer),
                                                         static_cast<int>(a.expert), H, I);
@@ -87,9 +91,11 @@ struct Case {
         linear_serial(hidden.data() + a.row * H, 1, w.up.data(), H, I, u.data());
         for (int64_t i = 0; i < I; ++i) g[i] = silu(g[i]) * u[i];
         linear_serial(g.data(), 1, w.down.data(), I, H, y.data());
-        out.insert(out.end(), y.begin(), y.end());
+        add_weighted_term(y.data(), a.weight, static_cast<size_t>(H), sums.data() + a.row * H, saturated);
       }
+      out.insert(out.end(), sums.begin(), sums.end());
     }
+    CHECK(saturated == 0);
     return out;
   }
 
@@ -106,8 +112,9 @@ struct Case {
   }
 };
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+template <typename T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
 }  // namespace
@@ -117,7 +124,7 @@ TEST_CASE("expert outputs are bit-identical for every tier, budget and source") 
                            "glm4-moe-tiny", "kimi-k2-tiny", "minimax-m2-tiny"}) {
     INFO(name);
     const Case c(name);
-    const std::vector<float> want = c.reference();
+    const std::vector<int64_t> want = c.reference();
     // `slots` slots per MoE layer for experts as `source` stores them.
     auto budget = [&](const ExpertSource& source, uint64_t slots) {
       return align_up(source.layout(c.all[0])->bytes, kRecordAlignment) * c.config.moe_layer_ids().size() * slots;

@@ -204,8 +204,8 @@ class HintRecorder : public ExpertDispatcher {
  public:
   explicit HintRecorder(ExpertDispatcher& inner) : inner_(inner) {}
   void begin_layer(uint32_t layer, const float* hidden, uint32_t num_rows, uint32_t hidden_size,
-                   const std::vector<ExpertAssignment>& assignments, float* outputs) override {
-    inner_.begin_layer(layer, hidden, num_rows, hidden_size, assignments, outputs);
+                   const std::vector<ExpertAssignment>& assignments, int64_t* sums) override {
+    inner_.begin_layer(layer, hidden, num_rows, hidden_size, assignments, sums);
   }
   void finish_layer() override { inner_.finish_layer(); }
   void hint_layer(uint32_t layer, const std::vector<uint32_t>& experts) override {

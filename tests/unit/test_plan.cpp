@@ -365,7 +365,10 @@ TEST_CASE("plan_json has the documented fields; format_plan one row per worker")
   CHECK(j["workers"][1]["link"]["reachable"] == false);
   CHECK(j["prediction"]["tokens_per_s"].get<double>() == doctest::Approx(r.prediction.tokens_per_s));
   CHECK(j["prediction"]["parts"].contains("network_s"));
-  CHECK(j["wire"]["reply_bytes_per_expert"].get<double>() >= 64 * 4);  // one f32 row of hidden_size
+  // Protocol 4: one int64 row of hidden_size per position, whatever number of experts.
+  CHECK(j["wire"]["reply_bytes"].get<double>() >= 64 * 8);
+  CHECK(j["wire"]["reply_bytes"].get<double>() < 64 * 8 + 160);
+  CHECK(j["wire"]["reply_bytes_per_expert"].get<double>() == 0);
   const std::string table = format_plan(r);
   CHECK(table.rfind("WORKER", 0) == 0);
   CHECK(table.find("\nw0 ") != std::string::npos);

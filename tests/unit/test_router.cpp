@@ -2,9 +2,11 @@
 // worked out by hand from the definitions in Qwen3MoeTopKRouter / OlmoeTopKRouter.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
+#include "common/fixed_point.h"
 #include "coordinator/models/blocks.h"
 
 using namespace charm;
@@ -42,27 +44,30 @@ TEST_CASE("ties go to the lower expert id") {
 }
 
 namespace {
-/// Returns expert e's output for a row as (e + 1) * row values, recording what it was asked.
+/// Returns expert e's output for a row as (e + 1) * row values, summed weighted in fixed
+/// point as the executor does, recording what it was asked.
 class RecordingDispatcher : public ExpertDispatcher {
  public:
   std::vector<ExpertAssignment> seen;
   const float* hidden = nullptr;
+  uint32_t rows = 0;
   uint32_t hidden_size = 0;
-  float* outputs = nullptr;
-  void begin_layer(uint32_t, const float* x, uint32_t, uint32_t width,
-                   const std::vector<ExpertAssignment>& assignments, float* out) override {
+  int64_t* sums = nullptr;
+  void begin_layer(uint32_t, const float* x, uint32_t num_rows, uint32_t width,
+                   const std::vector<ExpertAssignment>& assignments, int64_t* out) override {
     seen = assignments;
     hidden = x;
+    rows = num_rows;
     hidden_size = width;
-    outputs = out;
+    sums = out;
   }
   void finish_layer() override {
-    const std::vector<ExpertAssignment>& assignments = seen;
-    for (size_t i = 0; i < assignments.size(); ++i) {
-      for (size_t d = 0; d < hidden_size; ++d) {
-        outputs[i * hidden_size + d] = static_cast<float>(assignments[i].expert + 1) *
-                                       hidden[assignments[i].row * hidden_size + d];
-      }
+    std::fill_n(sums, size_t{rows} * hidden_size, 0);
+    std::vector<float> y(hidden_size);
+    uint64_t saturated = 0;
+    for (const ExpertAssignment& a : seen) {
+      for (size_t d = 0; d < hidden_size; ++d) y[d] = static_cast<float>(a.expert + 1) * hidden[a.row * hidden_size + d];
+      add_weighted_term(y.data(), a.weight, hidden_size, sums + size_t{a.row} * hidden_size, saturated);
     }
   }
   std::vector<WorkerStatus> status() const override { return {}; }
@@ -83,6 +88,8 @@ TEST_CASE("a routed-experts call sends every (row, expert) once and sums weighte
   CHECK(d.seen[0].expert == 3);
   CHECK(d.seen[3].row == 1);
   CHECK(d.seen[3].expert == 3);
+  CHECK(d.seen[0].weight == 0.75f);  // the router weight travels with its assignment
+  CHECK(d.seen[2].weight == 0.5f);
   CHECK(out[0] == doctest::Approx(0.75f * 4 * 1 + 0.25f * 2 * 1));
   CHECK(out[1] == doctest::Approx(0.75f * 4 * 2 + 0.25f * 2 * 2));
   CHECK(out[2] == doctest::Approx(0.5f * 1 * -1 + 0.5f * 4 * -1));

@@ -22,14 +22,14 @@ using charm::test::TempDir;
 
 namespace {
 
-// Writes zeros as outputs and records what reached it, in call order.
+// Writes zeros as sums and records what reached it, in call order.
 class FakeDispatcher final : public ExpertDispatcher {
  public:
   std::vector<std::string> calls;
-  void begin_layer(uint32_t layer, const float*, uint32_t, uint32_t hidden_size,
-                   const std::vector<ExpertAssignment>& assignments, float* outputs) override {
+  void begin_layer(uint32_t layer, const float*, uint32_t num_rows, uint32_t hidden_size,
+                   const std::vector<ExpertAssignment>&, int64_t* sums) override {
     calls.push_back("begin " + std::to_string(layer));
-    std::fill(outputs, outputs + assignments.size() * hidden_size, 0.0f);
+    std::fill(sums, sums + size_t{num_rows} * hidden_size, 0);
   }
   void finish_layer() override { calls.push_back("finish"); }
   void hint_layer(uint32_t layer, const std::vector<uint32_t>& experts) override {
@@ -39,7 +39,8 @@ class FakeDispatcher final : public ExpertDispatcher {
 };
 
 void run(ExpertDispatcher& d, uint32_t layer, const std::vector<ExpertAssignment>& assignments, uint32_t rows) {
-  std::vector<float> hidden(rows * 2, 1.0f), out(assignments.size() * 2);
+  std::vector<float> hidden(rows * 2, 1.0f);
+  std::vector<int64_t> out(rows * 2);
   d.run_layer(layer, hidden.data(), rows, 2, assignments, out.data());
 }
 
@@ -84,12 +85,13 @@ TEST_CASE("prefetch on forwards hints in call order; outputs are the inner dispa
   FakeDispatcher* inner = fake.get();
   RoutingObserver observer(std::move(fake), RoutingObserverOptions{/*prefetch=*/true, ""});
   CHECK(observer.wants_hints());
-  std::vector<float> hidden(2, 1.0f), out(2, 7.0f);
+  std::vector<float> hidden(2, 1.0f);
+  std::vector<int64_t> out(2, 7);
   const std::vector<ExpertAssignment> a = {{0, 1}};
   observer.begin_layer(0, hidden.data(), 1, 2, a, out.data());
   observer.hint_layer(1, {1, 2});
   observer.finish_layer();
-  CHECK(out == std::vector<float>{0.0f, 0.0f});
+  CHECK(out == std::vector<int64_t>{0, 0});
   CHECK(inner->calls == std::vector<std::string>{"begin 0", "hint 1 x2", "finish"});
 }
 
@@ -163,15 +165,15 @@ TEST_CASE("LocalDispatcher passes a hint to the store after the pending layer's 
   });
   const std::vector<float> hidden = {1, 2};
   const std::vector<ExpertAssignment> a = {{0, 0}, {0, 1}};
-  std::vector<float> out(4, -1.0f);
+  std::vector<int64_t> out(2, -1);
   local.hint_layer(3, {1});  // nothing pending: now
   local.begin_layer(0, hidden.data(), 1, 2, a, out.data());
   local.hint_layer(0, {0, 1});
   local.hint_layer(9, {0});
   CHECK(events == std::vector<std::string>{"prefetch 3 x1"});
-  CHECK(out[0] == -1.0f);  // the experts have not run yet
+  CHECK(out[0] == -1);  // the experts have not run yet
   local.finish_layer();
-  CHECK(out[0] != -1.0f);
+  CHECK(out[0] != -1);
   CHECK(events == std::vector<std::string>{"prefetch 3 x1", "prefetch 0 x2", "prefetch 9 x1"});
 }
 

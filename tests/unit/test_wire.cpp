@@ -1,6 +1,7 @@
 // common/wire.h: encode/decode round trips and every malformed-frame rejection.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -9,6 +10,7 @@
 #include <capnp/serialize.h>
 
 #include "common/error.h"
+#include "common/fixed_point.h"
 #include "common/wire.h"
 #include "common/wire_layer.h"
 #include "schema/charm.capnp.h"
@@ -54,7 +56,7 @@ LayerRequest sample_request() {
   req.hidden_size = 3;
   req.num_rows = 2;
   req.hidden = {1.5f, -2.25f, 3e-8f, 0.0f, -0.0f, 1e30f};
-  req.assignments = {{1, 7}, {0, 2}, {1, 0}};
+  req.assignments = {{1, 7, 0.625f}, {0, 2, -1.5e-7f}, {1, 0, 1.0f}};
   return req;
 }
 
@@ -77,14 +79,15 @@ TEST_CASE("layerRequest round trip keeps every field and every bit") {
   for (size_t i = 0; i < req.assignments.size(); ++i) {
     CHECK(got.assignments[i].row == req.assignments[i].row);
     CHECK(got.assignments[i].expert == req.assignments[i].expert);
+    CHECK(got.assignments[i].weight == req.assignments[i].weight);
   }
 }
 
 TEST_CASE("layerResponse, hello, helloReply, health and error round trip") {
   LayerResponseMsg resp;
   resp.response.request_id = 99;
-  resp.response.outputs = {0.5f, -1.0f, 2.0f, 4.0f};
-  resp.response.stats = {{}, 3, 4, 123456789012ull};  // {tier counters, experts, rows, ns}
+  resp.response.outputs = {int64_t{1} << 31, -1, kFixedNaN, -kFixedMaxTerm};
+  resp.response.stats = {{}, 3, 4, 123456789012ull, 5};  // {tier counters, experts, rows, ns, saturated}
   resp.error = "";
   auto r = decode_as<LayerResponseMsg>(body_of(encode_layer_response(resp)));
   CHECK(r.response.request_id == 99);
@@ -92,6 +95,7 @@ TEST_CASE("layerResponse, hello, helloReply, health and error round trip") {
   CHECK(r.response.stats.experts_computed == 3);
   CHECK(r.response.stats.rows_computed == 4);
   CHECK(r.response.stats.compute_ns == 123456789012ull);
+  CHECK(r.response.stats.saturated == 5);
   CHECK(r.error.empty());
 
   resp.error = "expert 9 not held";
@@ -222,11 +226,38 @@ TEST_CASE("layerRequest: zero and oversized hiddenSize") {
       [&] { decode_message(body_of(raw_layer_request(kMaxWireHiddenSize + 1, 0, 0, {}))); }, ErrorCategory::kProtocol, {"layerRequest.hiddenSize"});
 }
 
-TEST_CASE("layerResponse: outputs must be whole f32 values") {
-  capnp::MallocMessageBuilder builder;
-  builder.initRoot<wire::Message>().initLayerResponse().initOutputs(10);
-  const Frame frame = frame_from(builder);
-  test::expect_error([&] { decode_message(body_of(frame)); }, ErrorCategory::kProtocol, {"layerResponse.outputs is 10 bytes, not a multiple of 4"});
+TEST_CASE("layerResponse: outputs must be whole int64 values (a truncated row)") {
+  for (unsigned bytes : {4u, 10u, 8u * 8 - 4}) {
+    capnp::MallocMessageBuilder builder;
+    builder.initRoot<wire::Message>().initLayerResponse().initOutputs(bytes);
+    const Frame frame = frame_from(builder);
+    const std::string why = "layerResponse.outputs is " + std::to_string(bytes) + " bytes, not a multiple of 8";
+    test::expect_error([&] { decode_message(body_of(frame)); }, ErrorCategory::kProtocol, {why});
+    test::expect_error([&] { decode_layer_response_view(body_of(frame)); }, ErrorCategory::kProtocol, {why});
+  }
+}
+
+TEST_CASE("a layerResponse's size depends on its rows, not on the experts each row used") {
+  // One row per position: the worker's executor and the wire agree whatever the experts.
+  const uint32_t hidden = 64;
+  std::vector<size_t> sizes;
+  for (uint32_t experts : {1u, 2u, 8u, 64u}) {
+    LayerRequest req;
+    req.hidden_size = hidden;
+    req.num_rows = 3;
+    req.hidden.assign(3 * hidden, 0.5f);
+    for (uint32_t r = 0; r < 3; ++r) {
+      for (uint32_t e = 0; e < experts; ++e) req.assignments.push_back({r, e, 0.25f});
+    }
+    LayerResponseMsg m;
+    m.response.outputs.assign(size_t{req.num_rows} * hidden, 0);
+    m.response.stats.rows_computed = static_cast<uint32_t>(req.assignments.size());
+    sizes.push_back(encode_layer_response(m).size());
+    CHECK(LayerResponseFrame(1, req.num_rows, hidden).finish(m.response.stats).size() == sizes.back());
+  }
+  CHECK(std::adjacent_find(sizes.begin(), sizes.end(), std::not_equal_to<>()) == sizes.end());
+  CHECK(sizes[0] >= 3 * hidden * 8);
+  CHECK(sizes[0] - 3 * hidden * 8 < 160);  // framing: prefix, envelope, stats
 }
 
 TEST_CASE("an amplification attack (2^28 zero-size assignments in 0 bytes) hits the traversal limit") {
@@ -528,16 +559,16 @@ TEST_CASE("layerRequest and layerResponse read in place: the same values, the sa
   stats.hits = 1;
   stats.misses = 1;
   LayerResponseFrame built(7, 3, 3);
-  for (int i = 0; i < 9; ++i) built.outputs()[i] = float(i) * 0.5f;
+  for (int i = 0; i < 9; ++i) built.outputs()[i] = (int64_t{i} - 4) << 30;
   const Frame reply = built.finish(stats);
   LayerResponseMsg owned;
   owned.response.request_id = 7;
-  owned.response.outputs = {0, 0.5f, 1, 1.5f, 2, 2.5f, 3, 3.5f, 4};
+  for (int i = 0; i < 9; ++i) owned.response.outputs.push_back((int64_t{i} - 4) << 30);
   owned.response.stats = stats;
   CHECK(encode_layer_response(owned) == reply);
   const LayerResponseView got = decode_layer_response_view(body_of(reply));
   CHECK(got.request_id == 7);
-  CHECK(std::vector<float>(got.outputs.begin(), got.outputs.end()) == owned.response.outputs);
+  CHECK(std::vector<int64_t>(got.outputs.begin(), got.outputs.end()) == owned.response.outputs);
   CHECK(got.stats.hits == 1);
   CHECK(got.error.empty());
   test::expect_error([&] { decode_layer_response_view(body_of(encode_error("worker says no"))); }, ErrorCategory::kProtocol, {"worker says no"});

@@ -8,21 +8,27 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/fixed_point.h"
 #include "worker/experts/swiglu_batch.h"
 
 namespace charm {
 
 LayerStats ExpertExecutor::run_into(uint32_t layer, const float* hidden, uint32_t num_rows,
-                                     const std::vector<ExpertAssignment>& assignments, float* outputs) const {
+                                     const std::vector<ExpertAssignment>& assignments, int64_t* sums) const {
   const auto start = std::chrono::steady_clock::now();
   const int64_t h = store_.hidden_size();
   const int64_t inter = store_.intermediate_size();
   std::map<uint32_t, std::vector<size_t>> rows_of;  // expert -> assignment indices
+  std::vector<uint32_t> terms(num_rows, 0);         // row -> assignments (the sums' headroom)
   for (size_t i = 0; i < assignments.size(); ++i) {
     const auto& a = assignments[i];
     if (a.row >= num_rows) {
       fail_invalid("layer " + std::to_string(layer) + ": assignment row " + std::to_string(a.row) +
                    " out of range (rows: " + std::to_string(num_rows) + ")");
+    }
+    if (++terms[a.row] > kMaxTermsPerRow) {
+      fail_invalid("layer " + std::to_string(layer) + ": row " + std::to_string(a.row) + " has more than " +
+                   std::to_string(kMaxTermsPerRow) + " assignments (the fixed-point sum's headroom)");
     }
     if (!store_.holds(layer, a.expert)) {
       fail_invalid("layer " + std::to_string(layer) + " expert " + std::to_string(a.expert) +
@@ -39,6 +45,7 @@ LayerStats ExpertExecutor::run_into(uint32_t layer, const float* hidden, uint32_
   std::vector<ExpertLease> batch;
   std::vector<float> x, y;  // gathered rows in, their outputs, expert by expert
   std::vector<SwigluJob> jobs;
+  uint64_t saturated = 0;
   for (;;) {
     batch.clear();  // give the slots back before asking for more (a layer may have one)
     batch = fetch->next();
@@ -59,8 +66,13 @@ LayerStats ExpertExecutor::run_into(uint32_t layer, const float* hidden, uint32_
     }
     swiglu_batch(jobs, h, inter, store_.activation());
     at = 0;
-    for (const ExpertLease& lease : batch) {  // scatter: one output per assignment
-      for (size_t i : rows_of[lease.expert()]) std::copy_n(y.data() + (at++) * h, h, outputs + i * h);
+    // Each output, weighted, goes into its row's fixed-point sum; integer sums make the
+    // order (experts by tier, then by id) irrelevant to the bits.
+    for (const ExpertLease& lease : batch) {
+      for (size_t i : rows_of[lease.expert()]) {
+        const ExpertAssignment& a = assignments[i];
+        add_weighted_term(y.data() + (at++) * h, a.weight, static_cast<size_t>(h), sums + size_t{a.row} * h, saturated);
+      }
     }
   }
   const TierCounters& tier = fetch->stats();
@@ -68,6 +80,7 @@ LayerStats ExpertExecutor::run_into(uint32_t layer, const float* hidden, uint32_
   static_cast<TierCounters&>(stats) = tier;
   stats.experts_computed = static_cast<uint32_t>(distinct.size());
   stats.rows_computed = static_cast<uint32_t>(assignments.size());
+  stats.saturated = saturated;
   // compute_ns is the request's time minus what it spent waiting for the disk.
   const auto elapsed = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
@@ -87,7 +100,7 @@ LayerResponse ExpertExecutor::run(const LayerRequest& request) const {
   }
   LayerResponse response;
   response.request_id = request.request_id;
-  response.outputs.resize(request.assignments.size() * request.hidden_size);
+  response.outputs.assign(size_t{request.num_rows} * request.hidden_size, 0);
   response.stats = run_into(request.layer, request.hidden.data(), request.num_rows, request.assignments,
                             response.outputs.data());
   return response;

@@ -1,10 +1,12 @@
 // Runs a layer's batch-union on the experts a worker holds: for every assignment
-// (row, expert), y = down_proj(silu(gate_proj(x)) * up_proj(x)) (SwiGLU, as
-// Qwen3MoeMLP / OlmoeMLP), unweighted. Experts already resident are computed first while
+// (row, expert, weight), y = down_proj(silu(gate_proj(x)) * up_proj(x)) (SwiGLU, as
+// Qwen3MoeMLP / OlmoeMLP), added to row's fixed-point sum as weight * y
+// (common/fixed_point.h). Experts already resident are computed first while
 // the missing ones are read (worker/experts/expert_store.h); the rows sharing an expert are one
 // GEMM (worker/experts/swiglu_batch.h). Each output row has the same bits whatever else is in
 // the batch and whichever tier held the expert, so results are bit-identical across
-// topologies and budgets.
+// topologies and budgets, and the integer sums make any split of a row's experts over
+// workers add up to the same bits.
 #pragma once
 
 #include "common/moe_types.h"
@@ -16,16 +18,18 @@ class ExpertExecutor {
  public:
   explicit ExpertExecutor(const ExpertStore& store) : store_(store) {}
 
-  /// Computes every assignment of `request`. Throws Error(kInvalidInput) naming the
-  /// layer and expert when an assignment names an expert this store does not hold, a row
-  /// out of range, or when hidden_size / hidden.size() disagree with the store; Error(kIo)
-  /// when an expert cannot be read from disk.
+  /// Computes every assignment of `request`; outputs are [num_rows, hidden] int64 sums.
+  /// Throws Error(kInvalidInput) naming the layer and expert when an assignment names an
+  /// expert this store does not hold, a row out of range or with more than
+  /// kMaxTermsPerRow assignments, or when hidden_size / hidden.size() disagree with the
+  /// store; Error(kIo) when an expert cannot be read from disk.
   LayerResponse run(const LayerRequest& request) const;
 
-  /// Same, writing outputs into `outputs` ([assignments.size(), hidden] f32) directly,
-  /// for the in-process path that needs no copy.
+  /// Same, ADDING each row's terms into `sums` ([num_rows, hidden] int64 fixed point,
+  /// fixed_add) directly, for the in-process path and the in-place reply. A row no
+  /// assignment names is left as it was. stats.saturated counts clamped terms.
   LayerStats run_into(uint32_t layer, const float* hidden, uint32_t num_rows,
-                       const std::vector<ExpertAssignment>& assignments, float* outputs) const;
+                       const std::vector<ExpertAssignment>& assignments, int64_t* sums) const;
 
   const ExpertStore& store() const { return store_; }
 

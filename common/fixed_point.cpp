@@ -1,0 +1,64 @@
+#include "common/fixed_point.h"
+
+#include <atomic>
+#include <algorithm>
+#include <cmath>
+
+#include <spdlog/spdlog.h>
+
+namespace charm {
+
+static_assert(kFixedFractionBits == 32, "to_fixed and from_fixed scale by 2^32");
+
+int64_t to_fixed(float t, uint64_t& saturated) {
+  if (!std::isfinite(t)) return kFixedNaN;
+  // Scaling a float by 2^32 in double is exact (24 significant bits, no overflow), so the
+  // one rounding is nearbyint's: to nearest, ties to even, in the default rounding mode.
+  constexpr double kScale = 4294967296.0;  // 2^32: a multiply, not an ldexp call (same bits)
+  const double scaled = static_cast<double>(t) * kScale;
+  constexpr double kMax = static_cast<double>(kFixedMaxTerm);  // 2^55 exactly after rounding up
+  if (scaled >= kMax) {
+    ++saturated;
+    return kFixedMaxTerm;
+  }
+  if (scaled <= -kMax) {
+    ++saturated;
+    return -kFixedMaxTerm;
+  }
+  return static_cast<int64_t>(std::nearbyint(scaled));
+}
+
+float from_fixed(int64_t sum) {
+  if (sum == kFixedNaN) return std::numeric_limits<float>::quiet_NaN();
+  // int64 -> float is one correctly rounded conversion (nearest even); the power-of-two
+  // scale is exact (|sum| >= 1 gives at least 2^-32, far above f32's smallest normal).
+  constexpr float kUnit = 2.3283064365386962890625e-10f;  // 2^-32, exact in f32
+  return static_cast<float>(sum) * kUnit;
+}
+
+void add_weighted_term(const float* y, float weight, size_t n, int64_t* acc, uint64_t& saturated) {
+  for (size_t d = 0; d < n; ++d) acc[d] = fixed_add(acc[d], to_fixed(weight * y[d], saturated));
+}
+
+void add_fixed_rows(int64_t* dst, const int64_t* src, size_t n) {
+  for (size_t d = 0; d < n; ++d) dst[d] = fixed_add(dst[d], src[d]);
+}
+
+size_t first_out_of_range(const int64_t* sums, size_t n, uint32_t terms) {
+  const int64_t bound = static_cast<int64_t>(std::min(terms, kMaxTermsPerRow)) * kFixedMaxTerm;
+  for (size_t d = 0; d < n; ++d) {
+    if (sums[d] != kFixedNaN && (sums[d] > bound || sums[d] < -bound)) return d;
+  }
+  return n;
+}
+
+void warn_saturated_once(uint64_t count, const std::string& where) {
+  static std::atomic<bool> warned{false};
+  if (count == 0 || warned.exchange(true)) return;
+  spdlog::warn(
+      "routed experts: {} router-weighted output values on {} exceeded the fixed-point combine's range "
+      "(|w * y| < 2^23) and were clamped to it; the logits differ from the checkpoint's (warned once)",
+      count, where);
+}
+
+}  // namespace charm
