@@ -175,8 +175,10 @@ TEST_CASE("gpt-oss experts: every tier gives the bits of the f32 GptOssExperts p
   const int64_t E = c.config.num_experts, H = c.H, I = c.I;
   const float limit = 2.5f, alpha = 1.702f;  // gpt-oss-tiny's swiglu_limit, GptOssConfig's swiglu_alpha
   CHECK(c.config.expert_activation.limit == limit);
-  std::vector<float> want;
+  std::vector<int64_t> want;  // each layer's fixed-point sums, as Case::reference builds them
+  uint64_t saturated = 0;
   for (int64_t layer : c.config.moe_layer_ids()) {
+    std::vector<int64_t> sums(size_t{c.rows} * H, 0);
     const std::string p = "model.layers." + std::to_string(layer) + ".mlp.experts.";
     const std::vector<float> gate_up = c.checkpoint->load_f32(p + "gate_up_proj", {E, H, 2 * I});
     const std::vector<float> gate_up_bias = c.checkpoint->load_f32(p + "gate_up_proj_bias", {E, 2 * I});
@@ -202,9 +204,11 @@ TEST_CASE("gpt-oss experts: every tier gives the bits of the f32 GptOssExperts p
       }
       linear_serial(act.data(), 1, wd.data(), I, H, y.data());
       for (int64_t h = 0; h < H; ++h) y[h] = y[h] + down_bias[a.expert * H + h];
-      want.insert(want.end(), y.begin(), y.end());
+      add_weighted_term(y.data(), a.weight, static_cast<size_t>(H), sums.data() + a.row * H, saturated);
     }
+    want.insert(want.end(), sums.begin(), sums.end());
   }
+  CHECK(saturated == 0);
   auto store = [&](std::optional<uint64_t> ram) {
     StoreOptions o;
     o.ram_bytes = ram;
