@@ -203,8 +203,8 @@ TEST_CASE("batch invariance holds for the issue 16 fixtures: chunked, preempted,
     }
     {
       const double gb = 6.0 * 16 * static_cast<double>(f.bytes_per_token) / (1u << 30);
-      std::ostringstream budget;  // std::to_string's 6 decimals round the small caches' size down a block
-      budget << std::fixed << std::setprecision(15) << gb;
+      std::ostringstream budget;  // std::to_string's 6 decimals (or 15: minimax) round the size down a block
+      budget << std::fixed << std::setprecision(20) << gb;  // exact: 6 blocks are a multiple of 2^-30 GiB
       Served together({}, "kv_cache_gb: " + budget.str() + ", max_num_seqs: 16", f.name);
       REQUIRE(together.engine->load().kv_blocks_total == 6);
       check_same(expected, run_together(*together.engine, mix));
