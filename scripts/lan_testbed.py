@@ -26,7 +26,11 @@ wall time), the wire bytes per token (coordinator<->workers, both ways, from
 added one-way delay, and the ceiling
     streams / (t_compute(streams) + moe_layers x RTT + streams x bytes_per_token / bandwidth)
 with t_compute from step 1 (the same work on the same cores, no wire) and the fraction of
-it reached (issue 17's goal: >= 0.8).
+it reached (issue 17's goal: >= 0.8). On one machine a cluster can beat its single node's
+step time (the coordinator's attention and the workers' experts run in separate processes
+at once), so the report also gives the bed's own ceiling, streams / (t_0 + moe_layers x
+RTT), t_0 being the same cluster's measured step time with no added delay (its compute,
+framing and bytes on the link): what one round trip per MoE layer allows.
 
 On one machine the workers share its cores with the coordinator, so more workers cannot
 add compute here: the growth of aggregate throughput with workers that a real LAN of
@@ -237,16 +241,30 @@ def print_report(res: dict) -> None:
     print("single node, ms per decode step: " +
           ", ".join(f"{s} streams {t * 1e3:.1f}" for s, t in res["t_compute_s"].items()))
     print(f"{'workers':>7} {'RTT ms':>6} {'added':>6} {'streams':>7} {'tok/s':>8} {'ceiling':>8} {'of ceil':>7} "
-          f"{'B/pos':>8} {'B/pos/layer':>11} {'failed':>6}")
+          f"{'bed ceil':>8} {'of bed':>6} {'B/pos':>8} {'B/pos/layer':>11} {'failed':>6}")
     for r in res["rows"]:
         def f(v, d=2):
             return "-" if v is None else f"{v:.{d}f}"
         per_layer = None if r["bytes_per_position"] is None else r["bytes_per_position"] / res["moe_layers"]
+        bed = bed_ceiling(res, r)
         print(f"{r['workers']:>7} {r['rtt_ms']:>6.1f} {f(r['relay_added_ms_mean'] and 2 * r['relay_added_ms_mean']):>6} "
               f"{r['streams']:>7} {f(r['decode_tok_s']):>8} {f(r['ceiling_tok_s']):>8} {f(r['of_ceiling']):>7} "
+              f"{f(bed):>8} {f(bed and r['decode_tok_s'] and r['decode_tok_s'] / bed):>6} "
               f"{f(r['bytes_per_position'], 0):>8} {f(per_layer, 0):>11} {r['failed']:>6}")
     print("added = 2 x the relay's measured mean one-way delay (what a round trip gained); "
-          "ceiling = streams / (t_compute + moe_layers x RTT + streams x B/pos / bandwidth)")
+          "ceiling = streams / (t_compute + moe_layers x RTT + streams x B/pos / bandwidth); "
+          "bed ceil = streams / (t_0 + moe_layers x RTT), t_0 this cluster's step at RTT 0")
+
+
+def bed_ceiling(res: dict, row: dict) -> float | None:
+    """streams / (t_0 + moe_layers x RTT): t_0 the step time of the same workers and streams
+    at no added delay (measured), so only the added round trips are modelled."""
+    base = next((r for r in res["rows"] if r["workers"] == row["workers"] and r["streams"] == row["streams"]
+                 and r["rtt_ms"] == 0 and r["decode_tok_s"]), None)
+    if base is None:
+        return None
+    t0 = row["streams"] / base["decode_tok_s"]
+    return row["streams"] / (t0 + res["moe_layers"] * row["rtt_ms"] / 1e3)
 
 
 def int_list(s: str) -> list[int]:
@@ -272,7 +290,11 @@ def main() -> int:
     ap.add_argument("--startup-timeout", type=float, default=300)
     ap.add_argument("--charm", type=Path, default=REPO / "build/charm")
     ap.add_argument("--json", type=Path, help="write every number here")
+    ap.add_argument("--report", type=Path, help="only print the table of an earlier --json file")
     args = ap.parse_args()
+    if args.report:
+        print_report(json.loads(args.report.read_text()))
+        return 0
     args.model = FIXTURE if args.model == "fixture" else Path(args.model).resolve()
     rate_bits(args.rate)
     if os.geteuid() != 0:
