@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <random>
 #include <string>
@@ -116,16 +117,33 @@ Timing measure(const WireArgs& a, const Layer& l, Serve serve, RoundTrip round_t
   client->set_max_frame_bytes(kDefaultMaxFrameBytes);
   server->set_max_frame_bytes(kDefaultMaxFrameBytes);
   const int warmup = 5, n = a.repeat + warmup;
-  std::thread worker([&] { serve(*server, n); });
+  // Either side's error ends both (the other's blocked read is aborted) and is thrown here.
+  std::exception_ptr worker_error;
+  std::thread worker([&] {
+    try {
+      serve(*server, n);
+    } catch (...) {
+      worker_error = std::current_exception();
+      client->abort();
+    }
+  });
   std::vector<int64_t> out(l.hidden.size());
   std::vector<double> us;
-  for (int i = 0; i < n; ++i) {
-    std::fill(out.begin(), out.end(), 0);
-    const auto start = Clock::now();
-    round_trip(*client, l, a.hidden, uint64_t(i), out.data());
-    if (i >= warmup) us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+  try {
+    for (int i = 0; i < n; ++i) {
+      std::fill(out.begin(), out.end(), 0);
+      const auto start = Clock::now();
+      round_trip(*client, l, a.hidden, uint64_t(i), out.data());
+      if (i >= warmup) us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+    }
+  } catch (...) {
+    server->abort();
+    worker.join();
+    if (worker_error) std::rethrow_exception(worker_error);
+    throw;
   }
   worker.join();
+  if (worker_error) std::rethrow_exception(worker_error);
   std::vector<int64_t> want(l.hidden.size(), 0);  // the bits made the trip whole
   identity_experts(l.hidden.data(), a.hidden, l.assignments, want.data());
   if (out != want) fail_internal("bench wire: the sums that came back differ from the worker's");
@@ -133,10 +151,24 @@ Timing measure(const WireArgs& a, const Layer& l, Serve serve, RoundTrip round_t
   return {us[us.size() / 10], us[us.size() / 2], us[us.size() * 9 / 10]};
 }
 
-void bench_wire(const WireArgs& a) {
-  if (a.repeat < 10 || a.hidden == 0 || a.top_k == 0 || a.top_k > a.experts) {
-    fail_invalid("bench wire: need --repeat >= 10, --hidden > 0 and 0 < --top-k <= --experts");
+/// Refuses arguments the table cannot be made from, naming the one that is wrong.
+void check_wire_args(const WireArgs& a) {
+  if (a.repeat < 10) fail_invalid("bench wire: --repeat " + std::to_string(a.repeat) + ": at least 10 (percentiles)");
+  if (a.hidden == 0 || a.hidden > kMaxWireHiddenSize) {
+    fail_invalid("bench wire: --hidden " + std::to_string(a.hidden) + ": 1.." + std::to_string(kMaxWireHiddenSize) +
+                 " (the protocol's cap)");
   }
+  if (a.top_k == 0 || a.top_k > a.experts || a.top_k > kMaxTermsPerRow) {
+    fail_invalid("bench wire: --top-k " + std::to_string(a.top_k) + ": 1..min(--experts " + std::to_string(a.experts) +
+                 ", " + std::to_string(kMaxTermsPerRow) + ")");
+  }
+  for (uint32_t t : a.tokens) {
+    if (t == 0) fail_invalid("bench wire: --tokens: every batch size must be at least 1");
+  }
+}
+
+void bench_wire(const WireArgs& a) {
+  check_wire_args(a);
   std::printf("charm bench wire: one layer request round trip on loopback TCP, hidden %u, top-%u of %u experts "
               "(one worker holds all; identity experts), median of %d\n",
               a.hidden, a.top_k, a.experts, a.repeat);

@@ -127,6 +127,12 @@ expect 2 "$tmp/missing/config.json: missing required field 'num_local_experts'" 
 # before allocating; a small run prints every STREAM kernel and writes its JSON.
 expect 2 "subcommand" -- bench
 expect 2 "lower --array-mib" -- bench memory --array-mib 1000000
+# charm bench wire: each bad argument named (the protocol's hidden-size cap once aborted it)
+expect 2 "--hidden 1048577: 1..1048576" -- bench wire --hidden 1048577 --tokens 1 --repeat 10
+expect 2 "--tokens: every batch size must be at least 1" -- bench wire --tokens 0 --repeat 10
+expect 2 "--top-k 300: 1..min(--experts 300, 256)" -- bench wire --top-k 300 --experts 300 --repeat 10
+expect 2 "--repeat 3: at least 10" -- bench wire --repeat 3
+expect 0 "" -- bench wire --hidden 64 --experts 16 --top-k 4 --tokens 1 --repeat 10
 expect 0 "" -- bench memory --array-mib 8 --repeat 2 --threads 2 --json "$tmp/memory.json"
 for kernel in copy scale add triad; do
   if ! grep -q "^$kernel " "$tmp/out" || ! grep -q "\"$kernel\"" "$tmp/memory.json"; then
