@@ -231,6 +231,7 @@ class BpeTokenizer final : public Tokenizer {
   // Decoder: ByteLevel (token strings through the byte map), or the sentencepiece chain
   // Replace("▁", " ") + ByteFallback + Fuse + Strip(" ", strip_leading_, 0).
   bool byte_level_ = true;
+  bool pre_byte_level_ = false;  // the pre-tokenizer has a ByteLevel step (bytes -> GPT-2 chars)
   size_t strip_leading_ = 0;
   SequenceTemplate template_;  // TemplateProcessing's special tokens around one sequence
 
@@ -363,6 +364,7 @@ void BpeTokenizer::load_normalizer(const json& normalizer) {
 void BpeTokenizer::load_pre_tokenizer(const json& pre) {
   const std::string type = pre.is_object() ? pre.value("type", "") : "";
   const auto check_byte_level = [&](const json& bl, const std::string& where) {
+    pre_byte_level_ = true;
     if (bl.value("add_prefix_space", false)) unsupported(where + ".add_prefix_space is true");
     if (bl.value("use_regex", true))
       splits_.push_back(compile_regex(kGpt2Regex, file_ + ": " + where));
@@ -414,7 +416,13 @@ void BpeTokenizer::load_metaspace(const json& pre) {
 
 void BpeTokenizer::load_decoder(const json& decoder) {
   const std::string type = decoder.is_object() ? decoder.value("type", "") : "";
-  if (decoder.is_null() || type == "ByteLevel") return;  // byte_level_ stays true
+  // Encoding follows the pre-tokenizer (ByteLevel maps bytes to characters), decoding the
+  // decoder; charm implements the two consistent pairs and refuses the rest, never guessing.
+  if (pre_byte_level_ && (type == "ByteLevel" || decoder.is_null())) return;  // byte_level_ stays true
+  if (decoder.is_null())
+    unsupported("decoder is null without a ByteLevel pre-tokenizer: how tokens become text is not said");
+  if (type == "ByteLevel") unsupported("a ByteLevel decoder without a ByteLevel pre-tokenizer is not implemented");
+  if (pre_byte_level_) unsupported("a ByteLevel pre-tokenizer with decoder \"" + type + "\" is not implemented");
   // The chain LlamaConverter writes (Llama 2, Mistral, Mixtral): exactly these four.
   const json list = type == "Sequence" ? decoder.value("decoders", json()) : json();
   const auto is = [&](size_t i, const char* t) {

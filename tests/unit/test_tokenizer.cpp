@@ -224,6 +224,15 @@ TEST_CASE("sentencepiece-style tokenizer.json: unsupported variants are named") 
   j["normalizer"]["normalizers"][1]["pattern"] = {{"Regex", " +"}};
   charm::test::expect_error([&] { Tokenizer::from_json(j, "r.json"); }, C::kUnsupported, {"r.json", "Replace"});
   j = spm_json();
+  j["decoder"] = nullptr;  // encoding would not say whether tokens are bytes or text: refused, not guessed
+  charm::test::expect_error([&] { Tokenizer::from_json(j, "n.json"); }, C::kUnsupported, {"n.json", "decoder is null"});
+  j = spm_json();
+  j["decoder"] = {{"type", "ByteLevel"}};  // no ByteLevel pre-tokenizer: decoding bytes it never encoded
+  charm::test::expect_error([&] { Tokenizer::from_json(j, "bl.json"); }, C::kUnsupported, {"bl.json", "ByteLevel decoder"});
+  j = json::parse(read_file(kFixtures / "tokenizer.json"));
+  j["decoder"] = spm_json()["decoder"];  // ByteLevel pre-tokenizer, sentencepiece decoder
+  charm::test::expect_error([&] { Tokenizer::from_json(j, "mix.json"); }, C::kUnsupported, {"mix.json", "ByteLevel pre-tokenizer"});
+  j = spm_json();
   j["model"]["unk_token"] = "<nope>";
   charm::test::expect_error([&] { Tokenizer::from_json(j, "u.json"); }, C::kInvalidInput, {"u.json", "<nope>"});
   j = spm_metaspace_json();
