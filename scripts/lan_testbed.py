@@ -267,6 +267,25 @@ def bed_ceiling(res: dict, row: dict) -> float | None:
     return row["streams"] / (t0 + res["moe_layers"] * row["rtt_ms"] / 1e3)
 
 
+def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """ap.error (exits 2) naming the first argument no measurement can be made with."""
+    if rate_bits(args.rate) <= 0:
+        ap.error(f"--rate {args.rate}: must be positive")
+    for name, values, low in (("--workers", args.workers, 1), ("--streams", args.streams, 1)):
+        if not values or min(values) < low:
+            ap.error(f"{name}: every value at least {low}")
+    if any(n > 16 for n in args.workers):
+        ap.error("--workers: at most 16 each")
+    if any(r < 0 for r in args.rtt_ms):
+        ap.error("--rtt-ms: round-trip times are not negative")
+    for name, value in (("--tokens", args.tokens), ("--repeat", args.repeat)):
+        if value < 1:
+            ap.error(f"{name} {value}: at least 1")
+    for name, value in (("--time-limit", args.time_limit), ("--startup-timeout", args.startup_timeout)):
+        if not value > 0:
+            ap.error(f"{name} {value}: must be positive")
+
+
 def int_list(s: str) -> list[int]:
     return [int(x) for x in s.split(",")]
 
@@ -293,18 +312,21 @@ def main() -> int:
     ap.add_argument("--report", type=Path, help="only print the table of an earlier --json file")
     args = ap.parse_args()
     if args.report:
-        print_report(json.loads(args.report.read_text()))
+        if not args.report.is_file():
+            ap.error(f"--report {args.report}: no such file")
+        try:
+            print_report(json.loads(args.report.read_text()))
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            ap.error(f"--report {args.report}: not a lan_testbed.py --json file ({e})")
         return 0
+    check_args(ap, args)
     args.model = FIXTURE if args.model == "fixture" else Path(args.model).resolve()
-    rate_bits(args.rate)
     if os.geteuid() != 0:
         ap.error("needs root (ip netns, tc)")
     if not args.charm.exists():
         ap.error(f"{args.charm}: no charm binary (cmake --build build --target charm)")
     if not (args.model / "config.json").exists():
         ap.error(f"{args.model}: no checkpoint (scripts/serve.sh builds the demo model; or --model fixture)")
-    if any(n < 1 or n > 16 for n in args.workers):
-        ap.error("--workers: 1..16 each")
     folder = Path(os.environ.get("CHARM_BENCH_DIR", "/tmp/charm-bench")) / "lan" / time.strftime("%Y%m%d-%H%M%S")
     folder.mkdir(parents=True, exist_ok=True)
     layers = moe_layers(args.model)

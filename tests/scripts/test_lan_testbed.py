@@ -101,6 +101,17 @@ class ArgumentsTest(unittest.TestCase):
         self.assertNotEqual(r.returncode, 0)
         self.assertIn("bad target '127.0.0.1' (want HOST:PORT)", r.stderr)
 
+    def test_bad_bed_arguments_are_named_before_anything_starts(self):
+        for argv, message in ((["--streams", "0"], "--streams: every value at least 1"),
+                              (["--rtt-ms", "-5"], "--rtt-ms: round-trip times are not negative"),
+                              (["--repeat", "0"], "--repeat 0: at least 1"),
+                              (["--rate", "0gbit"], "--rate 0gbit: must be positive"),
+                              (["--report", "/nonexistent/lan.json"], "no such file")):
+            r = subprocess.run([sys.executable, str(REPO / "scripts/lan_testbed.py"), *argv],
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 2, argv)
+            self.assertIn(message, r.stderr)
+
     def test_rates_in_tc_spelling(self):
         self.assertEqual(bed.rate_bits("1gbit"), 1e9)
         self.assertEqual(bed.rate_bits("2.5mbit"), 2.5e6)
