@@ -133,15 +133,19 @@ std::string with_layer(const std::string& pattern, int layer) {
   return pattern.substr(0, pos) + std::to_string(layer) + pattern.substr(pos + 2);
 }
 
-/// quantization_config of config.json: nullopt without one; the fp8 block size for
-/// quant_method "fp8" (DeepSeek-V3); throws naming the field for anything else.
+/// quantization_config of config.json: nullopt without one and for quant_method "mxfp4"
+/// (gpt-oss: only its experts are packed, as *_blocks / *_scales, which the expert
+/// reader decodes); the fp8 block size for quant_method "fp8" (DeepSeek-V3); throws
+/// naming the field for anything else.
 std::optional<std::pair<int64_t, int64_t>> read_fp8_block(const nlohmann::json& config, const std::string& where) {
   if (!config.contains("quantization_config") || config["quantization_config"].is_null()) return std::nullopt;
   const auto& q = config["quantization_config"];
   if (!q.is_object()) fail_invalid(where + ": field 'quantization_config' is not a JSON object");
   const std::string method = q.value("quant_method", std::string());
+  if (method == "mxfp4") return std::nullopt;
   if (method != "fp8") {
-    fail_unsupported(where + ": quantization_config.quant_method '" + method + "' is not supported (supported: fp8)");
+    fail_unsupported(where + ": quantization_config.quant_method '" + method +
+                     "' is not supported (supported: fp8, and mxfp4 for gpt-oss experts)");
   }
   // DeepSeek-V3 spells the format "e4m3", MiniMax-M2 "float8_e4m3fn": the same bytes.
   if (q.contains("fmt") && q["fmt"] != "e4m3" && q["fmt"] != "float8_e4m3fn") {
@@ -542,7 +546,7 @@ ExpertSlices Checkpoint::locate_gpt_oss_expert(const std::string& prefix, const 
     if (t == nullptr) fail_invalid(dir_.string() + ": tensor '" + prefix + "." + name + "' not found");
     if (t->block_type || t->dtype == DType::kF8E4M3) {
       fail_unsupported(t->file.string() + ": tensor '" + t->name + "' is quantised; gpt-oss experts are read in " +
-                       "f32, f16 or bf16 (MXFP4 *_blocks / *_scales: not yet)");
+                       "f32, f16 or bf16, or as MXFP4 *_blocks / *_scales");
     }
     if (t->shape.size() != shape.size() || !std::equal(shape.begin() + 1, shape.end(), t->shape.begin() + 1)) {
       shape[0] = t->shape.empty() ? 0 : t->shape[0];
@@ -555,14 +559,50 @@ ExpertSlices Checkpoint::locate_gpt_oss_expert(const std::string& prefix, const 
     return *t;
   };
   const auto e = static_cast<uint64_t>(expert);
-  const TensorInfo& gate_up = tensor(names.gate_up, {0, H, 2 * I}, "experts, hidden_size, 2 * intermediate_size");
-  const TensorInfo& down = tensor(names.down, {0, I, H}, "experts, intermediate_size, hidden_size");
   const TensorInfo& gate_up_bias = tensor(names.gate_up + "_bias", {0, 2 * I}, "experts, 2 * intermediate_size");
   const TensorInfo& down_bias = tensor(names.down + "_bias", {0, H}, "experts, hidden_size");
   ExpertSlices out;
   out.transposed = true;
-  out.gate = slice_of(gate_up, e * static_cast<uint64_t>(H * 2 * I), H, 2 * I);
-  out.down = slice_of(down, e * static_cast<uint64_t>(I * H), I, H);
+  if (find(prefix + "." + names.gate_up) == nullptr && find(prefix + "." + names.gate_up + "_blocks") != nullptr) {
+    // MXFP4 (openai/gpt-oss-* as shipped): [E, out, in / 32, 16] blocks and [E, out, in / 32] scales.
+    if (H % 32 != 0 || I % 32 != 0) {
+      fail_invalid(dir_.string() + ": MXFP4 experts need hidden_size (" + std::to_string(H) +
+                   ") and intermediate_size (" + std::to_string(I) + ") divisible by 32");
+    }
+    auto packed = [&](const std::string& name, int64_t rows, int64_t in, bool blocks) -> const TensorInfo& {
+      std::vector<int64_t> shape{0, rows, in / 32};
+      if (blocks) shape.push_back(16);
+      const TensorInfo* t = find(prefix + "." + name);
+      if (t == nullptr) fail_invalid(dir_.string() + ": tensor '" + prefix + "." + name + "' not found");
+      if (t->dtype != DType::kU8) {
+        fail_invalid(t->file.string() + ": tensor '" + t->name + "' is " + dtype_name(t->dtype) +
+                     "; MXFP4 blocks and scales are U8");
+      }
+      if (t->shape.size() != shape.size() || !std::equal(shape.begin() + 1, shape.end(), t->shape.begin() + 1)) {
+        shape[0] = t->shape.empty() ? 0 : t->shape[0];
+        expect_shape(*t, shape, blocks ? "experts, out, in / 32, 16 (MXFP4 blocks)" : "experts, out, in / 32 (E8M0 scales)");
+      }
+      if (expert >= t->shape[0]) {
+        fail_invalid(t->file.string() + ": tensor '" + t->name + "' holds " + std::to_string(t->shape[0]) +
+                     " experts, expert " + std::to_string(expert) + " requested");
+      }
+      return *t;
+    };
+    const TensorInfo& gu_blocks = packed(names.gate_up + "_blocks", 2 * I, H, true);
+    const TensorInfo& gu_scales = packed(names.gate_up + "_scales", 2 * I, H, false);
+    const TensorInfo& d_blocks = packed(names.down + "_blocks", H, I, true);
+    const TensorInfo& d_scales = packed(names.down + "_scales", H, I, false);
+    out.mxfp4 = true;
+    out.gate = slice_of(gu_blocks, e * static_cast<uint64_t>(2 * I * H / 2), 2 * I, H / 2);
+    out.gate_up_scales = slice_of(gu_scales, e * static_cast<uint64_t>(2 * I * H / 32), 2 * I, H / 32);
+    out.down = slice_of(d_blocks, e * static_cast<uint64_t>(H * I / 2), H, I / 2);
+    out.down_scales = slice_of(d_scales, e * static_cast<uint64_t>(H * I / 32), H, I / 32);
+  } else {
+    const TensorInfo& gate_up = tensor(names.gate_up, {0, H, 2 * I}, "experts, hidden_size, 2 * intermediate_size");
+    const TensorInfo& down = tensor(names.down, {0, I, H}, "experts, intermediate_size, hidden_size");
+    out.gate = slice_of(gate_up, e * static_cast<uint64_t>(H * 2 * I), H, 2 * I);
+    out.down = slice_of(down, e * static_cast<uint64_t>(I * H), I, H);
+  }
   out.gate_up_bias = slice_of(gate_up_bias, e * static_cast<uint64_t>(2 * I), 1, 2 * I);
   out.down_bias = slice_of(down_bias, e * static_cast<uint64_t>(H), 1, H);
   return out;

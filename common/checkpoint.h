@@ -54,11 +54,16 @@ struct ExpertSlice {
 /// up is empty (no tensor) and down is its down_proj block [I, H]: readers transpose them
 /// into the [out, in] matrices above (worker/experts/expert_source.h), which only moves
 /// values. gate_up_bias [2I] (interleaved as gate_up) and down_bias [H] are set only for
-/// experts with biases.
+/// experts with biases. With `mxfp4` (the hub's gpt-oss checkpoints as shipped) gate and
+/// down are instead the expert's `*_blocks` (U8 [2I, H/32 * 16] and [H, I/32 * 16]: rows
+/// are output features, so no transpose) and gate_up_scales / down_scales its `*_scales`
+/// (U8 [2I, H/32] and [H, I/32]); readers decode them with common/mxfp4.h.
 struct ExpertSlices {
   ExpertSlice gate, up, down;
   bool transposed = false;
   ExpertSlice gate_up_bias, down_bias;
+  bool mxfp4 = false;
+  ExpertSlice gate_up_scales, down_scales;
 };
 
 /// An open checkpoint directory. Thread-safety: const methods are safe concurrently.

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <limits>
 
+#include "common/error.h"
+
 namespace charm {
 
 size_t dtype_size(DType dtype) {
@@ -13,6 +15,7 @@ size_t dtype_size(DType dtype) {
     case DType::kF16: return 2;
     case DType::kBF16: return 2;
     case DType::kF8E4M3: return 1;
+    case DType::kU8: return 1;
   }
   return 0;
 }
@@ -23,6 +26,7 @@ const char* dtype_name(DType dtype) {
     case DType::kF16: return "F16";
     case DType::kBF16: return "BF16";
     case DType::kF8E4M3: return "F8_E4M3";
+    case DType::kU8: return "U8";
   }
   return "?";
 }
@@ -32,6 +36,7 @@ std::optional<DType> parse_dtype(std::string_view name) {
   if (name == "F16") return DType::kF16;
   if (name == "BF16") return DType::kBF16;
   if (name == "F8_E4M3") return DType::kF8E4M3;
+  if (name == "U8") return DType::kU8;
   return std::nullopt;
 }
 
@@ -105,6 +110,8 @@ void convert_to_f32(DType dtype, const void* src, float* dst, size_t count) {
     case DType::kF8E4M3:
       for (size_t i = 0; i < count; ++i) dst[i] = f8e4m3_to_f32(bytes[i]);
       return;
+    case DType::kU8:
+      fail_unsupported("a U8 tensor holds packed data (MXFP4 blocks or scales), not float values to read");
   }
 }
 
@@ -144,6 +151,7 @@ uint64_t first_non_finite(DType dtype, const void* data, uint64_t count) {
     case DType::kF16: return first_with_mask<uint16_t>(bytes, count, 0x7c00u);
     case DType::kBF16: return first_with_mask<uint16_t>(bytes, count, 0x7f80u);
     case DType::kF8E4M3: return first_with_mask<uint8_t>(bytes, count, 0x7fu);  // S 1111 111: NaN
+    case DType::kU8: return count;  // integers: never NaN or infinite
   }
   return count;
 }

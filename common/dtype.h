@@ -12,7 +12,9 @@ namespace charm {
 /// Element type of a stored tensor. Compute is always f32 (issue 2); storage may be any.
 /// kF8E4M3 is float8_e4m3fn (OCP FP8 E4M3: bias 7, no infinities, one NaN pattern per
 /// sign), stored block-scaled in DeepSeek-V3 checkpoints (see Checkpoint::load_f32).
-enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kF8E4M3 = 3 };
+/// kU8: raw bytes that are no float values (gpt-oss's MXFP4 `*_blocks` / `*_scales`,
+/// common/mxfp4.h); convert_to_f32 and weight_format_of refuse it.
+enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kF8E4M3 = 3, kU8 = 4 };
 
 /// Bytes per element of `dtype`.
 size_t dtype_size(DType dtype);
@@ -43,13 +45,14 @@ float f8e4m3_to_f32(uint8_t bits);
 /// f32 -> bfloat16 bits, round to nearest even (as torch does); NaN stays NaN.
 uint16_t f32_to_bf16(float value);
 
-/// Converts `count` elements of `dtype` at `src` (any alignment) to f32 at `dst`.
+/// Converts `count` elements of `dtype` at `src` (any alignment) to f32 at `dst`. Throws
+/// Error(kUnsupported) for kU8 (packed data, not numbers to widen).
 void convert_to_f32(DType dtype, const void* src, float* dst, size_t count);
 
 /// The index of the first NaN or infinity among `count` elements of `dtype` at `data`
 /// (any alignment), or `count` when every one is finite. float8_e4m3fn has no
 /// infinities: its NaN codes (S 1111 111) are the only non-finite values. One pass over
-/// the bytes, vectorised; thread-safe.
+/// the bytes, vectorised; thread-safe. kU8 bytes are always finite (`count`).
 uint64_t first_non_finite(DType dtype, const void* data, uint64_t count);
 
 /// "NaN", "+Inf" or "-Inf" for a non-finite `value`, for error messages.

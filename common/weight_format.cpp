@@ -59,6 +59,7 @@ WeightFormat weight_format_of(DType dtype) {
     case DType::kF16: return WeightFormat::kF16;
     case DType::kBF16: return WeightFormat::kBF16;
     case DType::kF8E4M3: return WeightFormat::kF8E4M3Block;
+    case DType::kU8: fail_unsupported("a U8 tensor (packed MXFP4 data) is no weight matrix of its own");
   }
   return WeightFormat::kF32;
 }

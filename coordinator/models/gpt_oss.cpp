@@ -56,7 +56,8 @@ class GptOss final : public LayerStack<GptOssLayer> {
 /// applies to the layer_types "sliding_attention" layers, by default the even ones; with
 /// neither rope_scaling nor rope_parameters, GptOssConfig's YaRN (factor 32, beta 32/1,
 /// original 4096, truncate false). MXFP4 checkpoints (quantization_config quant_method
-/// "mxfp4", the hub's *_blocks / *_scales experts) are refused until charm reads them.
+/// "mxfp4", the hub's *_blocks / *_scales experts) are read too: the expert reader decodes
+/// them losslessly into bf16 (common/mxfp4.h; 16 bits per weight in RAM instead of 4.25).
 void read_gpt_oss_config(const nlohmann::json& j, const std::string& source, ModelConfig& c) {
   c.moe_intermediate_size = c.intermediate_size;
   c.attention_bias = hf::get_bool(j, source, "attention_bias", true);
@@ -72,12 +73,6 @@ void read_gpt_oss_config(const nlohmann::json& j, const std::string& source, Mod
   if (!j.contains("rope_scaling") && !j.contains("rope_parameters")) {
     c.yarn = YarnRopeScaling{.factor = 32.0, .original_max_position_embeddings = 4096, .beta_fast = 32.0,
                              .beta_slow = 1.0, .truncate = false};
-  }
-  const auto* q = j.contains("quantization_config") ? &j["quantization_config"] : nullptr;
-  if (q != nullptr && q->is_object() && q->value("quant_method", "") == "mxfp4") {
-    fail_unsupported(source + ": quantization_config quant_method 'mxfp4' is not supported yet for " +
-                     c.architecture + " (its experts' *_blocks / *_scales tensors); a bf16 checkpoint of the "
-                     "same model runs");
   }
 }
 

@@ -88,6 +88,9 @@ inline std::string encode(DType dtype, const std::vector<float>& values) {
   for (float v : values) {
     if (dtype == DType::kF8E4M3) {
       out.push_back(static_cast<char>(f8e4m3_code(v)));
+    } else if (dtype == DType::kU8) {  // raw bytes: values 0..255
+      if (!(v >= 0 && v <= 255 && v == static_cast<float>(static_cast<int>(v)))) throw std::runtime_error("U8 value");
+      out.push_back(static_cast<char>(static_cast<uint8_t>(v)));
     } else if (dtype == DType::kF32) {
       out.append(reinterpret_cast<const char*>(&v), 4);
     } else {

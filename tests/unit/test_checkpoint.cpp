@@ -467,7 +467,7 @@ TEST_CASE("quantization_config: other methods, formats and bad block sizes are r
     ErrorCategory category;
   };
   const Case cases[] = {
-      {R"({"quant_method": "mxfp4"})", "quant_method 'mxfp4' is not supported", ErrorCategory::kUnsupported},
+      {R"({"quant_method": "awq"})", "quant_method 'awq' is not supported", ErrorCategory::kUnsupported},
       {R"({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [2, 2]})", "fmt \"e5m2\" is not supported",
        ErrorCategory::kUnsupported},
       {R"({"quant_method": "fp8", "weight_block_size": [0, 2]})", "weight_block_size must be two positive integers",

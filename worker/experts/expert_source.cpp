@@ -1,10 +1,12 @@
 #include "worker/experts/expert_source.h"
 
+#include <cmath>
 #include <cstring>
 #include <new>
 #include <vector>
 
 #include "common/error.h"
+#include "common/mxfp4.h"
 
 namespace charm {
 
@@ -25,8 +27,10 @@ ExpertLayout layout_of(const ExpertSlices& slices) {
     return MatrixShape{weight_format_of(s.tensor->dtype), s.rows, s.cols, 0, s.block_rows, s.block_cols};
   };
   if (slices.transposed) {  // gpt-oss: gate [H, 2I] and down [I, H] become [I, H] x 2 and [H, I]
-    const DType dtype = slices.gate.tensor->dtype;
-    const int64_t H = slices.gate.rows, I = slices.gate.cols / 2;
+    // MXFP4 experts are decoded into bf16, which holds every MXFP4 value exactly.
+    const DType dtype = slices.mxfp4 ? DType::kBF16 : slices.gate.tensor->dtype;
+    const int64_t H = slices.mxfp4 ? slices.down.rows : slices.gate.rows;
+    const int64_t I = slices.mxfp4 ? slices.gate.rows / 2 : slices.gate.cols / 2;
     const MatrixShape in_to_inter{weight_format_of(dtype), I, H}, inter_to_in{weight_format_of(dtype), H, I};
     return ExpertLayout::make(in_to_inter, in_to_inter, inter_to_in, slices.down_bias.tensor != nullptr);
   }
@@ -34,6 +38,66 @@ ExpertLayout layout_of(const ExpertSlices& slices) {
 }
 
 namespace {
+
+/// The biases of a gpt-oss expert, widened to f32, gate_up's split into gate (even) and up
+/// (odd) as the weights are. Returns the bytes read.
+uint64_t read_gpt_oss_biases(const Checkpoint& checkpoint, const ExpertSlices& slices, const ExpertLayout& layout,
+                             size_t I, uint8_t* dst) {
+  const std::vector<float> gate_up_bias = checkpoint.slice_f32(slices.gate_up_bias);
+  auto* gate_bias = reinterpret_cast<float*>(dst + layout.gate_bias.offset);
+  auto* up_bias = reinterpret_cast<float*>(dst + layout.up_bias.offset);
+  for (size_t i = 0; i < I; ++i) {
+    gate_bias[i] = gate_up_bias[2 * i];
+    up_bias[i] = gate_up_bias[2 * i + 1];
+  }
+  const std::vector<float> down_bias = checkpoint.slice_f32(slices.down_bias);
+  std::memcpy(dst + layout.down_bias.offset, down_bias.data(), down_bias.size() * sizeof(float));
+  return slices.gate_up_bias.bytes + slices.down_bias.bytes;
+}
+
+/// An MXFP4 tensor's rows [rows, in] (blocks and scales of one expert) decoded to bf16 bits;
+/// throws naming the tensor for a value bf16 cannot hold exactly or that is not finite.
+std::vector<uint16_t> decode_mxfp4_bf16(const Checkpoint& checkpoint, const ExpertSlice& blocks,
+                                        const ExpertSlice& scales) {
+  std::vector<uint8_t> packed(blocks.bytes), e8m0(scales.bytes);
+  checkpoint.read_slice(blocks, packed.data());
+  checkpoint.read_slice(scales, e8m0.data());
+  const auto rows = static_cast<size_t>(scales.rows), groups = static_cast<size_t>(scales.cols);
+  std::vector<float> values(rows * groups * kMxfp4GroupSize);
+  decode_mxfp4_rows(packed.data(), e8m0.data(), rows, groups, values.data());
+  std::vector<uint16_t> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &values[i], sizeof bits);
+    if (!std::isfinite(values[i]) || (bits & 0xFFFFu) != 0) {
+      fail_invalid(blocks.tensor->file.string() + ": tensor '" + scales.tensor->name + "' scales a value of row " +
+                   std::to_string(i / (groups * kMxfp4GroupSize)) + " out of range (E8M0 " +
+                   std::to_string(e8m0[i / kMxfp4GroupSize]) + ")");
+    }
+    out[i] = static_cast<uint16_t>(bits >> 16);
+  }
+  return out;
+}
+
+/// gpt-oss's MXFP4 expert into the blob's bf16 [out, in] matrices: gate_up's decoded rows
+/// [2I, H] are its output features (GptOssExperts' gate_up_proj is their transpose), gate
+/// the even ones and up the odd ones; down's decoded [H, I] is the blob's down as it is.
+uint64_t read_mxfp4_expert(const Checkpoint& checkpoint, const ExpertSlices& slices, const ExpertLayout& layout,
+                           uint8_t* dst) {
+  const auto I = static_cast<size_t>(slices.gate.rows / 2), H = static_cast<size_t>(slices.down.rows);
+  const std::vector<uint16_t> gate_up = decode_mxfp4_bf16(checkpoint, slices.gate, slices.gate_up_scales);
+  auto* gate = reinterpret_cast<uint16_t*>(dst + layout.gate.data_offset);
+  auto* up = reinterpret_cast<uint16_t*>(dst + layout.up.data_offset);
+  for (size_t i = 0; i < I; ++i) {
+    std::memcpy(gate + i * H, gate_up.data() + (2 * i) * H, H * sizeof(uint16_t));
+    std::memcpy(up + i * H, gate_up.data() + (2 * i + 1) * H, H * sizeof(uint16_t));
+  }
+  const std::vector<uint16_t> down = decode_mxfp4_bf16(checkpoint, slices.down, slices.down_scales);
+  std::memcpy(dst + layout.down.data_offset, down.data(), down.size() * sizeof(uint16_t));
+  uint64_t bytes = slices.gate.bytes + slices.gate_up_scales.bytes + slices.down.bytes + slices.down_scales.bytes;
+  if (layout.has_biases()) bytes += read_gpt_oss_biases(checkpoint, slices, layout, I, dst);
+  return bytes;
+}
 
 /// gpt-oss's expert blocks into the blob's [out, in] matrices, element bytes moved as
 /// they are: gate[i][h] = gate_up[h][2i], up[i][h] = gate_up[h][2i + 1] (GptOssExperts:
@@ -60,18 +124,7 @@ uint64_t read_transposed_expert(const Checkpoint& checkpoint, const ExpertSlices
     for (size_t h = 0; h < H; ++h) std::memcpy(down + (h * I + i) * esize, block.data() + (i * H + h) * esize, esize);
   }
   uint64_t bytes = slices.gate.bytes + slices.down.bytes;
-  if (layout.has_biases()) {
-    const std::vector<float> gate_up_bias = checkpoint.slice_f32(slices.gate_up_bias);
-    auto* gate_bias = reinterpret_cast<float*>(dst + layout.gate_bias.offset);
-    auto* up_bias = reinterpret_cast<float*>(dst + layout.up_bias.offset);
-    for (size_t i = 0; i < I; ++i) {
-      gate_bias[i] = gate_up_bias[2 * i];
-      up_bias[i] = gate_up_bias[2 * i + 1];
-    }
-    const std::vector<float> down_bias = checkpoint.slice_f32(slices.down_bias);
-    std::memcpy(dst + layout.down_bias.offset, down_bias.data(), down_bias.size() * sizeof(float));
-    bytes += slices.gate_up_bias.bytes + slices.down_bias.bytes;
-  }
+  if (layout.has_biases()) bytes += read_gpt_oss_biases(checkpoint, slices, layout, I, dst);
   return bytes;
 }
 
@@ -91,6 +144,7 @@ ContentHash blob_identity(const ExpertLayout& layout, const uint8_t* blob) {
 
 uint64_t read_checkpoint_expert(const Checkpoint& checkpoint, const ExpertSlices& slices, const ExpertLayout& layout,
                                 uint8_t* dst) {
+  if (slices.mxfp4) return read_mxfp4_expert(checkpoint, slices, layout, dst);
   if (slices.transposed) return read_transposed_expert(checkpoint, slices, layout, dst);
   uint64_t bytes = 0;
   for (auto [slice, part] : {std::pair{&slices.gate, &layout.gate}, {&slices.up, &layout.up},
