@@ -71,8 +71,13 @@ void read_gpt_oss_config(const nlohmann::json& j, const std::string& source, Mod
   for (size_t i = 0; i < sliding.size(); ++i) sliding[i] = (i + 1) % 2 != 0;
   hf::set_sliding_window(source, "sliding_window", window, sliding, c);
   if (!j.contains("rope_scaling") && !j.contains("rope_parameters")) {
-    c.yarn = YarnRopeScaling{.factor = 32.0, .original_max_position_embeddings = 4096, .beta_fast = 32.0,
-                             .beta_slow = 1.0, .truncate = false};
+    YarnRopeScaling yarn;  // the other fields keep their defaults (no mscale, no explicit attention_factor)
+    yarn.factor = 32.0;
+    yarn.original_max_position_embeddings = 4096;
+    yarn.beta_fast = 32.0;
+    yarn.beta_slow = 1.0;
+    yarn.truncate = false;
+    c.yarn = yarn;
   }
 }
 
