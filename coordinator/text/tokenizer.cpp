@@ -344,7 +344,8 @@ void BpeTokenizer::load_normalizer(const json& normalizer) {
   const std::string type = normalizer.value("type", "");
   if (type == "NFC") {
     normalizers_.push_back({NormalizerStep::kNfc, "", ""});
-  } else if (type == "Prepend" && normalizer.contains("prepend") && normalizer["prepend"].is_string()) {
+  } else if (type == "Prepend") {
+    if (!normalizer.contains("prepend") || !normalizer["prepend"].is_string()) bad("normalizer Prepend.prepend is not a string");
     normalizers_.push_back({NormalizerStep::kPrepend, normalizer["prepend"].get<std::string>(), ""});
   } else if (type == "Replace") {
     const json pattern = normalizer.value("pattern", json());
@@ -445,12 +446,14 @@ void BpeTokenizer::load_decoder(const json& decoder) {
 void BpeTokenizer::load_post_processor(const json& post, const json& root) {
   const std::string type = post.is_object() ? post.value("type", "") : "";
   if (post.is_null() || type == "ByteLevel") return;
-  if (type == "Sequence" && post.contains("processors") && post["processors"].is_array()) {
+  if (type == "Sequence") {
+    if (!post.contains("processors") || !post["processors"].is_array()) bad("post_processor.processors is not an array");
     for (const json& p : post["processors"]) load_post_processor(p, root);
     return;
   }
-  if (type != "TemplateProcessing" || !post.contains("single") || !post["single"].is_array())
-    unsupported("post_processor of type \"" + type + "\" is not implemented (ByteLevel, TemplateProcessing)");
+  if (type != "TemplateProcessing")
+    unsupported("post_processor of type \"" + type + "\" is not implemented (ByteLevel, TemplateProcessing, Sequence)");
+  if (!post.contains("single") || !post["single"].is_array()) bad("post_processor.single is missing or not an array");
   const json table = post.value("special_tokens", json::object());
   bool seen_sequence = false;
   for (const json& piece : post["single"]) {

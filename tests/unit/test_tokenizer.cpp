@@ -208,6 +208,10 @@ TEST_CASE("encode_prompt puts the post-processor's special tokens around the tex
   charm::test::expect_error([&] { Tokenizer::from_json(j, "pp.json"); }, C::kInvalidInput, {"pp.json", "40000"});
   j["post_processor"]["single"][2] = json::parse(R"({"SpecialToken": {"id": "<x>", "type_id": 0}})");
   charm::test::expect_error([&] { Tokenizer::from_json(j, "pp.json"); }, C::kInvalidInput, {"pp.json", "<x>"});
+  j["post_processor"].erase("single");
+  charm::test::expect_error([&] { Tokenizer::from_json(j, "pp.json"); }, C::kInvalidInput, {"post_processor.single is missing"});
+  j["post_processor"] = {{"type", "Sequence"}, {"processors", "ByteLevel"}};
+  charm::test::expect_error([&] { Tokenizer::from_json(j, "pp.json"); }, C::kInvalidInput, {"processors is not an array"});
   j["post_processor"] = {{"type", "RobertaProcessing"}};
   charm::test::expect_error([&] { Tokenizer::from_json(j, "pp.json"); }, C::kUnsupported, {"RobertaProcessing"});
 }
@@ -232,6 +236,9 @@ TEST_CASE("sentencepiece-style tokenizer.json: unsupported variants are named") 
   j = json::parse(read_file(kFixtures / "tokenizer.json"));
   j["decoder"] = spm_json()["decoder"];  // ByteLevel pre-tokenizer, sentencepiece decoder
   charm::test::expect_error([&] { Tokenizer::from_json(j, "mix.json"); }, C::kUnsupported, {"mix.json", "ByteLevel pre-tokenizer"});
+  j = spm_json();
+  j["normalizer"]["normalizers"][0]["prepend"] = 7;
+  charm::test::expect_error([&] { Tokenizer::from_json(j, "pre.json"); }, C::kInvalidInput, {"pre.json", "Prepend.prepend is not a string"});
   j = spm_json();
   j["model"]["unk_token"] = "<nope>";
   charm::test::expect_error([&] { Tokenizer::from_json(j, "u.json"); }, C::kInvalidInput, {"u.json", "<nope>"});
