@@ -190,6 +190,12 @@ void DenseMlp::operator()(const float* x, size_t rows, float* y) const {
   down(g.data(), rows, y);
 }
 
+void top_k_by(std::vector<uint32_t>& order, size_t k, const std::vector<float>& value) {
+  std::iota(order.begin(), order.end(), 0u);
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                    [&](uint32_t a, uint32_t b) { return value[a] > value[b] || (value[a] == value[b] && a < b); });
+}
+
 Routing softmax_topk(const float* router_logits, size_t rows, size_t num_experts, size_t top_k, bool norm_topk_prob) {
   Routing routing;
   routing.top_k = top_k;
@@ -200,10 +206,7 @@ Routing softmax_topk(const float* router_logits, size_t rows, size_t num_experts
   for (size_t r = 0; r < rows; ++r) {
     std::copy(router_logits + r * num_experts, router_logits + (r + 1) * num_experts, probs.begin());
     softmax(probs.data(), num_experts);
-    std::iota(order.begin(), order.end(), 0u);
-    std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [&](uint32_t a, uint32_t b) {
-      return probs[a] > probs[b] || (probs[a] == probs[b] && a < b);
-    });
+    top_k_by(order, top_k, probs);
     float sum = 0;
     for (size_t k = 0; k < top_k; ++k) sum += probs[order[k]];
     for (size_t k = 0; k < top_k; ++k) {

@@ -182,6 +182,11 @@ struct Routing {
 /// first), renormalised to sum 1 when `norm_topk_prob` (Qwen3MoeTopKRouter, OlmoeTopKRouter).
 Routing softmax_topk(const float* router_logits, size_t rows, size_t num_experts, size_t top_k, bool norm_topk_prob);
 
+/// Sets order (size n) to 0..n-1 with its first `k` the indices of the k largest of
+/// value[0..n), in descending order, ties to the lower index (torch.topk's order on the
+/// routers' fixtures). The one ordering rule every router uses.
+void top_k_by(std::vector<uint32_t>& order, size_t k, const std::vector<float>& value);
+
 /// The router of a MoE block: which experts each position goes to, with what weights.
 class Router {
  public:

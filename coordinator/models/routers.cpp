@@ -4,21 +4,10 @@
 #include <cmath>
 #include <limits>
 #include <memory>
-#include <numeric>
 
 #include "common/kernels.h"
 
 namespace charm {
-namespace {
-
-/// The first `k` of `order` by descending value, ties to the lower index.
-void top_k_by(std::vector<uint32_t>& order, size_t k, const std::vector<float>& value) {
-  std::iota(order.begin(), order.end(), 0u);
-  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
-                    [&](uint32_t a, uint32_t b) { return value[a] > value[b] || (value[a] == value[b] && a < b); });
-}
-
-}  // namespace
 
 Routing topk_softmax(const float* router_logits, size_t rows, size_t num_experts, size_t top_k) {
   Routing routing;
