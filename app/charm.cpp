@@ -106,10 +106,11 @@ void print_prefetch_stats(const Engine& engine) {
 
 /// The command line's overrides of the topology's `serving:` section.
 struct ServingFlags {
-  std::optional<int64_t> max_batch_tokens, max_num_seqs, max_waiting;
+  std::optional<int64_t> max_batch_tokens, max_num_seqs, max_waiting, micro_batches;
   std::optional<double> kv_cache_gb;
 
-  /// Adds --max-batch-tokens, --max-num-seqs, --max-waiting and --kv-cache-gb to `cmd`.
+  /// Adds --max-batch-tokens, --max-num-seqs, --max-waiting, --kv-cache-gb and
+  /// --micro-batches to `cmd`.
   void add_to(CLI::App& cmd) {
     cmd.add_option("--max-batch-tokens", max_batch_tokens,
                    "Tokens per engine step, decodes and prompt chunks together (default: serving.max_batch_tokens, 256)")
@@ -122,6 +123,10 @@ struct ServingFlags {
     cmd.add_option("--kv-cache-gb", kv_cache_gb,
                    "GiB for the paged KV cache (default: serving.kv_cache_gb, else 20 % of available memory, at most "
                    "max_num_seqs full contexts)");
+    cmd.add_option("--micro-batches", micro_batches,
+                   "Ping-pong micro-batches per step: 1, 2, or 0 = 2 with workers, 1 single-node (default: "
+                   "serving.micro_batches, 0); never changes an output")
+        ->check(CLI::Range(0, 2));
   }
   /// Writes the flags given over `serving`; Error(kInvalidInput) when the result has
   /// max_batch_tokens < max_num_seqs, or --kv-cache-gb is not in (0, kMaxKvCacheGb].
@@ -129,6 +134,7 @@ struct ServingFlags {
     if (max_batch_tokens) serving.max_batch_tokens = *max_batch_tokens;
     if (max_num_seqs) serving.max_num_seqs = *max_num_seqs;
     if (max_waiting) serving.max_waiting = *max_waiting;
+    if (micro_batches) serving.micro_batches = *micro_batches;
     if (kv_cache_gb) {
       if (!(*kv_cache_gb > 0 && *kv_cache_gb <= kMaxKvCacheGb)) {  // NaN fails too
         fail_invalid("--kv-cache-gb: must be a number of GiB in (0, " + std::to_string(int64_t(kMaxKvCacheGb)) +

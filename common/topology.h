@@ -38,6 +38,9 @@ struct ServingSpec {
   int64_t max_num_seqs = 32;       ///< sequences running at once
   int64_t max_waiting = 128;       ///< requests queued beyond those; more get 429
   std::optional<double> kv_cache_gb;  ///< GiB for the paged KV cache; nullopt = the default share
+  /// Ping-pong micro-batches per step: 1, 2, or 0 = automatic (2 when the experts run on
+  /// workers, 1 in single-node mode). Never changes an output (Model::set_micro_batches).
+  int64_t micro_batches = 0;
 };
 
 /// The largest serving.kv_cache_gb / --kv-cache-gb accepted (GiB): 1 PiB.

@@ -56,6 +56,8 @@ constexpr uint32_t kMaxWireHiddenSize = 1u << 20;
 /// (a helloReply lists every expert held), so whatever answers at an address cannot make
 /// either side allocate kDefaultMaxFrameBytes.
 constexpr uint64_t kHandshakeMaxFrameBytes = 64 * 1024;
+/// Frames a FrameConnection reads ahead while it sends (set_read_while_sending), at most.
+constexpr size_t kMaxReadAheadFrames = 8;
 
 /// Upper bounds on text fields: names (clientName, workerName), fingerprints, and error
 /// or state texts, in bytes. Names reach the logs, so they are also printable ASCII.
@@ -320,6 +322,14 @@ class FrameConnection {
   /// per source by. Empty when the socket could not tell.
   const std::string& remote_address() const { return remote_address_; }
   void set_max_frame_bytes(uint64_t bytes) { max_frame_bytes_ = bytes; }
+
+  /// Whether send() keeps reading while it writes (off by default): frames that arrive
+  /// meanwhile, up to kMaxReadAheadFrames of them under max_frame_bytes, are kept and
+  /// returned by the next receive() calls in order (wait_readable counts them); an error
+  /// such a read meets is raised by the receive() after them. A client that pipelines
+  /// requests needs this: its send of request B must not wait for a peer that is itself
+  /// blocked sending the reply to A, which only a read unblocks. Owner thread only.
+  void set_read_while_sending(bool on);
   uint64_t max_frame_bytes() const { return max_frame_bytes_; }
 
   struct Impl;  ///< the Asio socket and its io_context (common/wire_socket.cpp)
@@ -329,6 +339,10 @@ class FrameConnection {
  private:
   friend std::vector<size_t> wait_readable(const std::vector<FrameConnection*>& connections,
                                            std::chrono::milliseconds timeout);
+
+  // send()'s write loop with reads alongside (set_read_while_sending); false when the
+  // deadline passed first (everything pending is then cancelled and drained).
+  bool send_while_reading(const bool& written, std::chrono::steady_clock::time_point deadline);
 
   std::unique_ptr<Impl> impl_;
   std::string peer_;

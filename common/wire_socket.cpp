@@ -15,8 +15,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <deque>
+#include <exception>
+#include <functional>
 #include <mutex>
 #include <string>
+#include <utility>
 
 namespace charm {
 
@@ -29,6 +33,11 @@ struct FrameConnection::Impl {
   std::atomic<bool> aborted{false};
   std::atomic<bool> interrupted{false};  // set by interrupt() from any thread
   bool busy = false;  // a read or write is pending; touched on the owner's thread only
+  // set_read_while_sending: frames read during a send, returned by the next receives,
+  // and the error that ended such a read (raised by the receive after them). Owner only.
+  bool read_while_sending = false;
+  std::deque<FrameBody> inbox;
+  std::exception_ptr read_error;
 };
 
 struct FrameListener::Impl {
@@ -146,8 +155,14 @@ uint64_t FrameConnection::send(const Frame& frame, std::chrono::milliseconds tim
     ec = e;
     done = true;
   });
+  const auto deadline = deadline_after(timeout);
   impl_->busy = true;
-  const bool completed = run_until(impl_->io, done, deadline_after(timeout), nullptr);
+  bool completed = false;
+  if (impl_->read_while_sending && !impl_->read_error && impl_->inbox.size() < kMaxReadAheadFrames) {
+    completed = send_while_reading(done, deadline);
+  } else {
+    completed = run_until(impl_->io, done, deadline, nullptr);
+  }
   impl_->busy = false;
   if (!completed) {
     abandon(impl_->io, impl_->socket);
@@ -166,6 +181,13 @@ uint64_t FrameConnection::send(const Frame& frame, std::chrono::milliseconds tim
 FrameBody FrameConnection::receive(std::chrono::milliseconds timeout,
                                    const std::atomic<bool>* stop) {
   if (aborted()) fail_unavailable("connection to " + peer_ + " was aborted");
+  // Frames read during a send came before anything that happened after them.
+  if (impl_ && !impl_->inbox.empty()) {
+    FrameBody body = std::move(impl_->inbox.front());
+    impl_->inbox.pop_front();
+    return body;
+  }
+  if (impl_ && impl_->read_error) std::rethrow_exception(std::exchange(impl_->read_error, nullptr));
   if (!is_open()) fail_unavailable("connection to " + peer_ + " is closed");
   const auto interrupted_text = [&] { return "reading from " + peer_ + " interrupted"; };
   if (interrupted()) fail_unavailable(interrupted_text());
@@ -240,6 +262,75 @@ void FrameConnection::close() {
   }
 }
 
+void FrameConnection::set_read_while_sending(bool on) { impl_->read_while_sending = on; }
+
+bool FrameConnection::send_while_reading(const bool& written, std::chrono::steady_clock::time_point deadline) {
+  // One frame at a time: wait until the socket is readable, read a whole frame, repeat
+  // while the write is still going; a frame begun is finished before returning (the peer
+  // sends whole frames), one not begun is not (its wait is cancelled). A read error is
+  // kept for the next receive(): the write itself may well succeed.
+  Impl& impl = *impl_;
+  enum class Reading { kIdle, kWaiting, kFrame } reading = Reading::kIdle;
+  uint8_t prefix[4];
+  FrameBody body;
+  const auto fail_read = [&](std::exception_ptr e) {
+    impl.read_error = std::move(e);
+    reading = Reading::kIdle;
+  };
+  const auto read_error = [&](const asio::error_code& e, const char* what) {
+    if (e == asio::error::eof) {
+      return std::make_exception_ptr(Error(ErrorCategory::kUnavailable, peer_ + " closed the connection"));
+    }
+    return std::make_exception_ptr(
+        Error(ErrorCategory::kUnavailable, "cannot read " + std::string(what) + " from " + peer_ + ": " + e.message()));
+  };
+  std::function<void()> wait_next = [&] {
+    if (written || impl.read_error || impl.inbox.size() >= kMaxReadAheadFrames) {
+      reading = Reading::kIdle;
+      return;
+    }
+    reading = Reading::kWaiting;
+    impl.socket.async_wait(asio::ip::tcp::socket::wait_read, [&](const asio::error_code& e) {
+      if (e) return fail_read(e == asio::error::operation_aborted ? nullptr : read_error(e, "a frame"));
+      reading = Reading::kFrame;
+      asio::async_read(impl.socket, asio::buffer(prefix), [&](const asio::error_code& e1, size_t) {
+        if (e1) return fail_read(read_error(e1, "a frame length"));
+        try {
+          body.bytes = frame_length(prefix, max_frame_bytes_, peer_);
+        } catch (const Error&) {
+          return fail_read(std::current_exception());  // the stream is unusable from here
+        }
+        body.words.assign(body.bytes / 8, 0);
+        asio::async_read(impl.socket, asio::buffer(body.words.data(), body.bytes), [&](const asio::error_code& e2, size_t) {
+          if (e2) return fail_read(read_error(e2, "the rest of a frame"));
+          impl.inbox.push_back(std::move(body));
+          body = FrameBody{};
+          wait_next();
+        });
+      });
+    });
+  };
+  wait_next();
+  bool cancelled = false;
+  while (!written || reading != Reading::kIdle) {
+    if (written && reading == Reading::kWaiting && !cancelled) {
+      asio::error_code ignored;
+      impl.socket.cancel(ignored);  // only the wait is pending: nothing of a frame is lost
+      cancelled = true;
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      abandon(impl.io, impl.socket);  // the handlers hold this frame's locals: run them now
+      return false;
+    }
+    const auto left = deadline - now;
+    impl.io.restart();
+    impl.io.run_for(left < kSlice ? std::chrono::duration_cast<std::chrono::nanoseconds>(left)
+                                  : std::chrono::nanoseconds(kSlice));
+  }
+  return true;
+}
+
 bool FrameConnection::is_open() const { return impl_ && impl_->socket.is_open(); }
 
 void FrameConnection::abort() {
@@ -260,7 +351,7 @@ std::vector<size_t> wait_readable(const std::vector<FrameConnection*>& connectio
   std::vector<size_t> ready;
   for (size_t i = 0; i < connections.size(); ++i) {
     FrameConnection& c = *connections[i];
-    if (!c.is_open() || c.aborted()) {
+    if (!c.is_open() || c.aborted() || (c.impl_ && (!c.impl_->inbox.empty() || c.impl_->read_error))) {
       ready.push_back(i);  // a receive fails at once: nothing to wait for
       continue;
     }

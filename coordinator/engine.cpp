@@ -188,6 +188,7 @@ class EngineImpl final : public Engine {
                  fmt::join(eos_ids_, ", "), model_->kv_layout().bytes_per_token());
     pool_ = std::make_unique<KvBlockPool>(model_->kv_layout(), kv_blocks(topology.serving, options));
     const ServingSpec& serving = topology.serving;
+    model_->set_micro_batches(static_cast<size_t>(serving.micro_batches));
     scheduler_ = std::make_unique<Scheduler>(
         *pool_, SchedulerOptions{static_cast<size_t>(serving.max_batch_tokens),
                                  static_cast<size_t>(serving.max_num_seqs), static_cast<size_t>(serving.max_waiting)});

@@ -68,6 +68,7 @@ std::vector<std::string> slow_workers(const std::vector<double>& p50, const std:
 
 // One worker's share of a layer in one round.
 struct ClusterDispatcher::Batch {
+  PendingLayer* pending = nullptr;  // the layer it is part of
   std::vector<uint32_t> local_row;  // global row -> row in request (UINT32_MAX: unused)
   std::vector<uint32_t> rows;       // request row -> global row
   std::vector<uint32_t> origin;     // request assignment -> index in the caller's list
@@ -86,14 +87,10 @@ struct ClusterDispatcher::PendingLayer {
   int64_t* sums = nullptr;   // [num_rows, hidden_size]: each reply added whole, once
   bool abandoned = false;  // the caller has gone (threw, or the layer failed): replies dropped
   const std::vector<std::vector<int>>* owners = nullptr;
-  std::vector<std::deque<Batch>> inflight;  // per worker, in send order (its replies' order)
-  std::vector<bool> failed;                 // failed in this layer: not chosen again for it
-  std::vector<uint32_t> retry;              // assignments of failed workers, to resend
-  std::vector<std::string> failures;        // "worker 'b' (addr): why", in order
-
-  bool any_inflight() const {
-    return std::any_of(inflight.begin(), inflight.end(), [](const auto& q) { return !q.empty(); });
-  }
+  size_t outstanding = 0;             // its batches in inflight_, replies not yet read
+  std::vector<bool> failed;           // failed in this layer: not chosen again for it
+  std::vector<uint32_t> retry;        // assignments of failed workers, to resend
+  std::vector<std::string> failures;  // "worker 'b' (addr): why", in order
 };
 
 // One authenticated connection and what its handshake and first health reply said.
@@ -158,6 +155,7 @@ ClusterDispatcher::ClusterDispatcher(const Topology& topology, Placement placeme
     worker->backoff = rejoin_min_;
     workers_.push_back(std::move(worker));
   }
+  inflight_.resize(workers_.size());
   for (const auto& [layer, owners] : placement_) {
     for (size_t e = 0; e < owners.size(); ++e) {
       if (!identities_.count({static_cast<uint32_t>(layer), static_cast<uint32_t>(e)})) {
@@ -316,6 +314,7 @@ void ClusterDispatcher::connect(Worker& worker) {
   // requests and hints, the probe connection healthRequests only, so a probe never queues
   // behind a computation (the worker serves each connection on its own thread).
   Opened data = open(worker);
+  data.conn->set_read_while_sending(true);  // layer requests are pipelined on it
   Opened probe = open(worker);
   probe.conn->set_max_frame_bytes(max_health_reply_bytes_);  // it only ever reads health replies
   worker.probe = std::move(probe.conn);
@@ -397,19 +396,19 @@ void ClusterDispatcher::progressed(size_t w) {
   // A reply came (the worker lives: the countdown restarts for the next one), or the worker
   // failed (nothing is awaited from it any more).
   Worker& worker = *workers_[w];
-  const std::deque<Batch>* queue = pending_ ? &pending_->inflight[w] : nullptr;
-  if (queue == nullptr || queue->empty()) {
+  const std::deque<Batch>& queue = inflight_[w];
+  if (queue.empty()) {
     worker.waiting_since = 0;
     worker.waiting_rows = 0;
     return;
   }
   worker.waiting_since = ticks(Clock::now());
-  worker.waiting_rows = queue->front().request.num_rows;
+  worker.waiting_rows = queue.front().request.num_rows;
 }
 
 void ClusterDispatcher::send_request(size_t w, Batch& batch) {
   Worker& worker = *workers_[w];
-  const PendingLayer& p = *pending_;
+  const PendingLayer& p = *batch.pending;
   LayerRequest& req = batch.request;
   req.request_id = next_request_id_++;
   req.layer = p.layer;
@@ -436,12 +435,15 @@ void ClusterDispatcher::send_request(size_t w, Batch& batch) {
 }
 
 void ClusterDispatcher::receive_reply(Worker& worker, Batch& batch) {
-  const PendingLayer& p = *pending_;
+  const PendingLayer& p = *batch.pending;
   // Called once the reply has begun to arrive; the rest of it within the request's time
   // (a worker frozen mid-frame is aborted by its health thread before that).
   FrameBody body = batch.conn->receive(std::max(ms_until(batch.sent_at + request_timeout_), milliseconds(1)));
+  // From when the worker could start on it: a pipelined request waits for the one before.
+  const auto now = Clock::now();
   const double rtt_ms =
-      std::chrono::duration<double, std::milli>(Clock::now() - batch.sent_at).count();
+      std::chrono::duration<double, std::milli>(now - std::max(batch.sent_at, worker.last_reply_at)).count();
+  worker.last_reply_at = now;
   {
     std::lock_guard<std::mutex> lock(stats_mutex_);
     worker.bytes_in += body.bytes + 4;
@@ -498,16 +500,16 @@ void ClusterDispatcher::check_partial_sums(const Batch& batch, std::span<const i
 
 void ClusterDispatcher::fail_worker(size_t w, const Error& e) {
   Worker& worker = *workers_[w];
-  PendingLayer& p = *pending_;
-  std::deque<Batch>& queue = p.inflight[w];
+  std::deque<Batch>& queue = inflight_[w];
   const FrameConnection* conn = queue.empty() ? nullptr : queue.front().conn.get();
+  const uint32_t layer = queue.empty() ? 0 : queue.front().pending->layer;
   // An aborted connection's own error ("was aborted") is not why: the abort's reason is.
   std::string why = e.message();
   if (conn != nullptr && conn->aborted()) {
     std::lock_guard<std::mutex> lock(stats_mutex_);
     if (!worker.down_reason.empty()) why = worker.down_reason;
   }
-  const std::string reason = "layer " + std::to_string(p.layer) + ": " + why;
+  const std::string reason = "layer " + std::to_string(layer) + ": " + why;
   mark_down(worker, conn, reason);
   {
     std::lock_guard<std::mutex> lock(stats_mutex_);
@@ -524,23 +526,27 @@ void ClusterDispatcher::fail_worker(size_t w, const Error& e) {
     metrics_->worker_error(worker.spec.name);
     metrics_->failover(worker.spec.name);
   }
-  p.failed[w] = true;
-  p.failures.push_back(worker.label + ": " + why);
-  size_t resent = 0;
+  // Every layer it had requests of (pipelined: up to kMaxLayersInFlight) resends them.
+  std::map<PendingLayer*, size_t> resent;
   for (const Batch& b : queue) {
-    p.retry.insert(p.retry.end(), b.origin.begin(), b.origin.end());
-    resent += b.origin.size();
+    PendingLayer& p = *b.pending;
+    if (!p.failed[w]) p.failures.push_back(worker.label + ": " + why);
+    p.failed[w] = true;
+    --p.outstanding;
+    if (!p.abandoned) p.retry.insert(p.retry.end(), b.origin.begin(), b.origin.end());
+    resent[&p] += b.origin.size();
   }
   queue.clear();
   progressed(w);
-  if (!p.abandoned) {
-    spdlog::warn("coordinator: layer {}: {} failed ({}); resending its {} assignments to replicas", p.layer,
-                 worker.label, why, resent);
+  for (const auto& [p, n] : resent) {
+    if (p->abandoned) continue;
+    spdlog::warn("coordinator: layer {}: {} failed ({}); resending its {} assignments to replicas", p->layer,
+                 worker.label, why, n);
   }
+  collect_finished();
 }
 
-void ClusterDispatcher::fail_uncovered(const std::vector<int64_t>& experts) {
-  PendingLayer& p = *pending_;
+void ClusterDispatcher::fail_uncovered(PendingLayer& p, const std::vector<int64_t>& experts) {
   std::string owners;
   {
     std::lock_guard<std::mutex> lock(stats_mutex_);
@@ -561,17 +567,14 @@ void ClusterDispatcher::fail_uncovered(const std::vector<int64_t>& experts) {
                               (experts.size() == 1 ? " " : "s ") + id_ranges(experts) +
                               "; workers tried in this layer: " + (tried.empty() ? "none" : tried) +
                               "; their owners: " + owners;
-  // Requests still in flight to other workers are drained (and dropped) by the next
-  // begin_layer, so their replies are never read as another layer's; the error is not
-  // held back for them.
-  p.abandoned = true;
-  p.retry.clear();
-  if (!p.any_inflight()) pending_.reset();
+  // Requests still in flight to other workers are read (and dropped) in their turn, so
+  // their replies are never taken for another layer's; the error is not held back for
+  // them. The caller's forward pass ends here, so every layer it began goes too.
+  drop_unfinished();
   fail_unavailable(message);
 }
 
-void ClusterDispatcher::send_round(const std::vector<uint32_t>& which) {
-  PendingLayer& p = *pending_;
+void ClusterDispatcher::send_round(PendingLayer& p, const std::vector<uint32_t>& which) {
   // Usable replicas: up ones first; a suspect one (probed, reply late) only when no replica
   // of an expert is up; never one that failed in this layer.
   std::vector<int> rank(workers_.size(), 0);
@@ -607,10 +610,11 @@ void ClusterDispatcher::send_round(const std::vector<uint32_t>& which) {
     load[static_cast<size_t>(best)] += n;
     chosen[expert] = best;
   }
-  if (!uncovered.empty()) fail_uncovered(uncovered);
+  if (!uncovered.empty()) fail_uncovered(p, uncovered);
 
   // Group by chosen worker in assignment order, remapping rows to each worker's own rows.
   std::vector<Batch> batches(workers_.size());
+  for (Batch& b : batches) b.pending = &p;
   for (uint32_t i : which) {
     const ExpertAssignment& a = p.assignments[i];
     Batch& b = batches[static_cast<size_t>(chosen.at(a.expert))];
@@ -625,9 +629,10 @@ void ClusterDispatcher::send_round(const std::vector<uint32_t>& which) {
   // Every request goes out before any reply is read, so the workers compute in parallel.
   for (size_t w = 0; w < workers_.size(); ++w) {
     if (batches[w].origin.empty()) continue;
-    p.inflight[w].push_back(std::move(batches[w]));
+    inflight_[w].push_back(std::move(batches[w]));
+    ++p.outstanding;
     try {
-      send_request(w, p.inflight[w].back());
+      send_request(w, inflight_[w].back());
     } catch (const Error& e) {
       fail_worker(w, e);
     }
@@ -635,15 +640,14 @@ void ClusterDispatcher::send_round(const std::vector<uint32_t>& which) {
 }
 
 void ClusterDispatcher::read_replies() {
-  PendingLayer& p = *pending_;
   // Every worker's next reply at once, read in the order they arrive: one slow or frozen
   // worker neither delays reading the others nor inflates their round trips.
   std::vector<size_t> who;
   std::vector<FrameConnection*> conns;
   auto deadline = Clock::time_point::max();
   for (size_t w = 0; w < workers_.size(); ++w) {
-    if (p.inflight[w].empty()) continue;
-    const Batch& front = p.inflight[w].front();
+    if (inflight_[w].empty()) continue;
+    const Batch& front = inflight_[w].front();
     who.push_back(w);
     conns.push_back(front.conn.get());
     deadline = std::min(deadline, front.sent_at + request_timeout_);
@@ -651,8 +655,10 @@ void ClusterDispatcher::read_replies() {
   for (size_t i : wait_readable(conns, ms_until(deadline))) {
     const size_t w = who[i];
     try {
-      receive_reply(*workers_[w], p.inflight[w].front());
-      p.inflight[w].pop_front();
+      Batch& batch = inflight_[w].front();
+      receive_reply(*workers_[w], batch);
+      --batch.pending->outstanding;
+      inflight_[w].pop_front();
       progressed(w);
     } catch (const Error& e) {
       fail_worker(w, e);
@@ -662,7 +668,7 @@ void ClusterDispatcher::read_replies() {
   // its request's time is up.
   const auto now = Clock::now();
   for (size_t w : who) {
-    if (p.inflight[w].empty() || now < p.inflight[w].front().sent_at + request_timeout_) continue;
+    if (inflight_[w].empty() || now < inflight_[w].front().sent_at + request_timeout_) continue;
     fail_worker(w, Error(ErrorCategory::kUnavailable,
                          "timed out after " + std::to_string(request_timeout_.count()) +
                              " ms waiting for a layer reply from " + workers_[w]->label));
@@ -673,17 +679,9 @@ void ClusterDispatcher::begin_layer(uint32_t layer, const float* hidden, uint32_
                                     uint32_t hidden_size,
                                     const std::vector<ExpertAssignment>& assignments,
                                     int64_t* sums) {
-  if (pending_) {
-    // The caller threw between begin and finish, or the layer failed with requests still
-    // out: read the stale replies so every connection is back in step, and drop them (its
-    // outputs may be gone). Bounded: a frozen worker is aborted by its health thread.
-    pending_->abandoned = true;
-    while (pending_->any_inflight()) {
-      pending_->retry.clear();
-      read_replies();
-    }
-    spdlog::warn("coordinator: dropped an unfinished layer {}", pending_->layer);
-    pending_.reset();
+  if (unfinished() >= kMaxLayersInFlight) {
+    spdlog::warn("coordinator: {} layers begun and not finished; dropping them", unfinished());
+    drop_unfinished();
   }
   const auto found = placement_.find(layer);
   if (found == placement_.end()) {
@@ -719,31 +717,54 @@ void ClusterDispatcher::begin_layer(uint32_t layer, const float* hidden, uint32_
   }
   std::fill_n(sums, size_t{num_rows} * hidden_size, int64_t{0});
   p->owners = &found->second;
-  p->inflight.resize(workers_.size());
   p->failed.assign(workers_.size(), false);
-  pending_ = std::move(p);
+  layers_.push_back(std::move(p));
   std::vector<uint32_t> all(assignments.size());
   std::iota(all.begin(), all.end(), 0u);
-  send_round(all);
+  send_round(*layers_.back(), all);
+}
+
+size_t ClusterDispatcher::unfinished() const {
+  return static_cast<size_t>(std::count_if(layers_.begin(), layers_.end(), [](const auto& p) { return !p->abandoned; }));
+}
+
+void ClusterDispatcher::drop_unfinished() {
+  for (auto& p : layers_) {
+    if (!p->abandoned) spdlog::debug("coordinator: dropped an unfinished layer {}", p->layer);
+    p->abandoned = true;
+    p->retry.clear();
+  }
+  collect_finished();
+}
+
+void ClusterDispatcher::collect_finished() {
+  // An abandoned layer lives while its requests are out: their batches point at it.
+  std::erase_if(layers_, [](const auto& p) { return p->abandoned && p->outstanding == 0; });
 }
 
 void ClusterDispatcher::finish_layer() {
-  if (!pending_ || pending_->abandoned) fail_internal("finish_layer without begin_layer");
-  PendingLayer& p = *pending_;
+  const auto oldest = std::find_if(layers_.begin(), layers_.end(), [](const auto& p) { return !p->abandoned; });
+  if (oldest == layers_.end()) fail_internal("finish_layer without begin_layer");
+  PendingLayer& p = **oldest;
   // What a failed worker had is resent to other replicas at once, while the rest of the
-  // layer's replies keep arriving.
+  // replies keep arriving: the newer layer's too, so its resend does not wait for this one.
   for (;;) {
-    if (!p.retry.empty()) {
-      std::vector<uint32_t> retry = std::move(p.retry);
-      p.retry.clear();
+    bool resent = false;
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      PendingLayer& q = *layers_[i];
+      if (q.abandoned || q.retry.empty()) continue;
+      std::vector<uint32_t> retry = std::move(q.retry);
+      q.retry.clear();
       std::sort(retry.begin(), retry.end());
-      send_round(retry);  // throws when an expert has no live replica
-      continue;
+      send_round(q, retry);  // throws when an expert has no live replica
+      resent = true;
     }
-    if (!p.any_inflight()) break;
+    if (resent) continue;
+    if (p.outstanding == 0) break;
     read_replies();
   }
-  pending_.reset();
+  layers_.erase(std::find_if(layers_.begin(), layers_.end(), [&](const auto& q) { return q.get() == &p; }));
+  collect_finished();
 }
 
 void ClusterDispatcher::hint_layer(uint32_t layer, const std::vector<uint32_t>& experts) {
@@ -778,7 +799,7 @@ void ClusterDispatcher::hint_layer(uint32_t layer, const std::vector<uint32_t>& 
     } catch (const Error& e) {
       spdlog::debug("coordinator: prefetch hint to {} dropped: {}", worker.label, e.message());
     }
-    if (!pending_ || pending_->inflight[w].empty()) {
+    if (inflight_[w].empty()) {
       worker.waiting_since = 0;
       worker.waiting_rows = 0;
     }

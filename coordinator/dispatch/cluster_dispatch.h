@@ -74,14 +74,19 @@ class ClusterDispatcher final : public ExpertDispatcher {
   /// live replica with the fewest assignments so far in this layer, ties to the lower
   /// worker index; a "suspect" one only when no other is up) and sends each chosen worker
   /// one layerRequest holding only the rows its assignments use (row ids remapped); every
-  /// request goes out before any reply is read, so the workers compute in parallel. Throws
+  /// request goes out before any reply is read, so the workers compute in parallel. A
+  /// second layer begun before the first is finished is pipelined: its requests follow the
+  /// first's on the same connections (each worker answers in order) while the caller
+  /// computes; the data connections read while they send, so a request to a worker busy
+  /// sending a reply never waits on it (FrameConnection::set_read_while_sending). Throws
   /// Error(kInvalidInput) for a layer absent from the placement or an expert id out of
   /// range, Error(kUnavailable) (see finish_layer) when an expert has no live replica. A
   /// worker that cannot be sent to is failed over by finish_layer.
   void begin_layer(uint32_t layer, const float* hidden, uint32_t num_rows, uint32_t hidden_size,
                    const std::vector<ExpertAssignment>& assignments, int64_t* sums) override;
 
-  /// Reads the replies of the begun layer as they arrive, each within
+  /// Reads the replies of the oldest unfinished layer (and, as they come, the newer one's)
+  /// as they arrive, each within
   /// topology.request_timeout_ms of its send, and adds each reply's partial sums, whole
   /// and once, into the rows of `sums` its request carried (fixed_add). A worker that fails
   /// (connection reset, timeout, malformed reply, an error reply, or frozen: its reply late
@@ -90,6 +95,12 @@ class ClusterDispatcher final : public ExpertDispatcher {
   /// answered. Throws Error(kUnavailable) naming the layer, the experts left without a live
   /// replica and every worker tried (with why it failed) when that cannot be done.
   void finish_layer() override;
+
+  /// Abandons every unfinished layer: their replies are read in their turn and dropped.
+  void drop_unfinished() override;
+
+  /// True: the experts run on other machines, so the caller's compute overlaps them.
+  bool runs_remotely() const override { return true; }
 
   /// Splits `experts` by owning worker (every replica) and sends each one prefetchHint on
   /// its data connection (no reply is read: the protocol's one fire-and-forget message).
@@ -125,7 +136,7 @@ class ClusterDispatcher final : public ExpertDispatcher {
   void require_coverage(const std::string& why) const;
   void mark_down(Worker& worker, const FrameConnection* conn, const std::string& reason);
   // The engine thread's side of a layer.
-  void send_round(const std::vector<uint32_t>& which);
+  void send_round(PendingLayer& p, const std::vector<uint32_t>& which);
   void send_request(size_t w, Batch& batch);
   void read_replies();
   void receive_reply(Worker& worker, Batch& batch);
@@ -133,7 +144,9 @@ class ClusterDispatcher final : public ExpertDispatcher {
   /// row of `batch`, each in range for the number of terms that row has there.
   static void check_partial_sums(const Batch& batch, std::span<const int64_t> sums, uint32_t hidden_size);
   void fail_worker(size_t w, const Error& e);
-  [[noreturn]] void fail_uncovered(const std::vector<int64_t>& experts);
+  [[noreturn]] void fail_uncovered(PendingLayer& p, const std::vector<int64_t>& experts);
+  size_t unfinished() const;  // layers begun, not finished and not abandoned
+  void collect_finished();    // forgets abandoned layers with no request left out
   void waiting(Worker& worker, uint32_t rows);
   void progressed(size_t w);
   // The health threads' side.
@@ -172,7 +185,12 @@ class ClusterDispatcher final : public ExpertDispatcher {
   uint64_t max_health_reply_bytes_ = 0;
   std::vector<std::unique_ptr<Worker>> workers_;
   uint64_t next_request_id_ = 1;  // engine thread only
-  std::unique_ptr<PendingLayer> pending_;  // the begun layer, between begin and finish
+  // Begun layers, oldest first: the unfinished ones (at most kMaxLayersInFlight) and the
+  // abandoned ones whose requests are still out. Engine thread only.
+  std::deque<std::unique_ptr<PendingLayer>> layers_;
+  // Per worker, the batches sent on its data connection and not answered, in send order
+  // (the order of its replies), whichever layers they belong to. Engine thread only.
+  std::vector<std::deque<Batch>> inflight_;
   Metrics* metrics_ = nullptr;  // set before the first layer; may be null
   mutable std::mutex stats_mutex_;  // guards every Worker's state, statistics and `conn`
   uint64_t token_layers_ = 0;       // sum of num_rows over begin_layer calls; stats_mutex_

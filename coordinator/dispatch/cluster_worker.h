@@ -77,6 +77,7 @@ struct ClusterDispatcher::Worker {
   uint64_t failovers = 0;
   uint64_t rejoins = 0;
   std::optional<Clock::time_point> last_seen;      // last handshake, reply or probe answer
+  Clock::time_point last_reply_at;  // the last layer reply's arrival (engine thread only)
   std::optional<Clock::time_point> last_probe_ok;  // last probe answer (the worker lives)
   std::optional<uint64_t> ram_slots;  // HealthReply.slots of its last probe since connecting
   std::map<uint32_t, TierCounters> tier_layers;     // HealthReply.tierLayers, likewise

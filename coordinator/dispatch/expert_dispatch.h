@@ -18,7 +18,12 @@ namespace charm {
 /// whatever order their partial sums arrive (docs/architecture.md).
 /// A layer is started with begin_layer and completed with finish_layer, so the caller can
 /// compute something else (a shared expert) while remote workers are busy.
-/// Thread-safety: one layer at a time (the engine loop is the only caller).
+/// Up to kMaxLayersInFlight layers may be begun and not yet finished (ping-pong
+/// micro-batches: one half's experts run while the other half's attention does);
+/// finish_layer completes them in the order they were begun.
+/// Thread-safety: the engine loop is the only caller.
+inline constexpr size_t kMaxLayersInFlight = 2;
+
 class ExpertDispatcher {
  public:
   virtual ~ExpertDispatcher() = default;
@@ -29,18 +34,27 @@ class ExpertDispatcher {
   /// valid, so a failed-over share is never counted twice). Each row may have at most
   /// kMaxTermsPerRow assignments. Cluster mode sends the requests and returns; in-process
   /// mode may defer the work to finish_layer. `hidden`, `assignments` and `sums` must stay
-  /// valid and unchanged until finish_layer returns. A begin_layer while another layer is
-  /// unfinished (its caller threw) first drains that layer and drops its results. Throws
+  /// valid and unchanged until its finish_layer returns. A begin_layer while
+  /// kMaxLayersInFlight layers are unfinished first drops them all (drop_unfinished). Throws
   /// Error(kInvalidInput) for a layer or expert the placement does not have, or a row
   /// with too many assignments; worker failures may surface here or in finish_layer.
   virtual void begin_layer(uint32_t layer, const float* hidden, uint32_t num_rows, uint32_t hidden_size,
                            const std::vector<ExpertAssignment>& assignments, int64_t* sums) = 0;
 
-  /// Waits for the layer started by the last begin_layer; `sums` is complete on return.
+  /// Waits for the oldest unfinished layer; its `sums` are complete on return.
   /// Throws Error(kUnavailable) naming the layer, experts and workers when a failed or
   /// timed-out worker's share cannot be served by a replica (then `sums` holds only
   /// part of the layer and must not be used), Error(kInternal) without a begun layer.
   virtual void finish_layer() = 0;
+
+  /// Forgets every unfinished layer (a forward pass that threw left them): their results
+  /// are dropped, and the next finish_layer is for a layer begun after this. Call at the
+  /// start of every forward pass.
+  virtual void drop_unfinished() = 0;
+
+  /// Whether the experts run elsewhere (other machines), so that the caller's own compute
+  /// between begin_layer and finish_layer overlaps them; micro-batches pay only then.
+  virtual bool runs_remotely() const { return false; }
 
   /// begin_layer then finish_layer.
   void run_layer(uint32_t layer, const float* hidden, uint32_t num_rows, uint32_t hidden_size,

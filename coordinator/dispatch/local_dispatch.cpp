@@ -28,16 +28,19 @@ void LocalDispatcher::begin_layer(uint32_t layer, const float* hidden, uint32_t 
   if (hidden_size != executor_.store().hidden_size()) {
     fail_internal("hidden_size " + std::to_string(hidden_size) + " does not match the expert store's");
   }
-  deferred_hints_.clear();  // hints behind an abandoned layer go with it
-  pending_ = Pending{layer, hidden, num_rows, hidden_size, &assignments, sums};
+  if (pending_.size() >= kMaxLayersInFlight) drop_unfinished();
+  pending_.push_back(Pending{layer, hidden, num_rows, hidden_size, &assignments, sums, {}});
+}
+
+void LocalDispatcher::drop_unfinished() {
+  pending_.clear();  // hints behind an abandoned layer go with it
 }
 
 void LocalDispatcher::finish_layer() {
-  if (!pending_) fail_internal("finish_layer without begin_layer");
-  const Pending p = *pending_;
-  pending_.reset();
-  auto hints = std::move(deferred_hints_);
-  deferred_hints_.clear();
+  if (pending_.empty()) fail_internal("finish_layer without begin_layer");
+  const Pending p = std::move(pending_.front());
+  pending_.pop_front();
+  const auto& hints = p.hints;
   std::fill_n(p.sums, size_t{p.num_rows} * p.hidden_size, int64_t{0});
   const LayerStats stats = executor_.run_into(p.layer, p.hidden, p.num_rows, *p.assignments, p.sums);
   ++requests_;
@@ -48,8 +51,8 @@ void LocalDispatcher::finish_layer() {
 
 void LocalDispatcher::hint_layer(uint32_t layer, const std::vector<uint32_t>& experts) {
   if (!prefetch_) return;
-  if (pending_) {
-    deferred_hints_.emplace_back(layer, experts);
+  if (!pending_.empty()) {
+    pending_.back().hints.emplace_back(layer, experts);
   } else {
     issue_hint(prefetch_, layer, experts);
   }

@@ -3,8 +3,8 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <functional>
-#include <optional>
 
 #include "coordinator/dispatch/expert_dispatch.h"
 #include "worker/experts/expert_executor.h"
@@ -24,11 +24,12 @@ class LocalDispatcher final : public ExpertDispatcher {
   explicit LocalDispatcher(const ExpertExecutor& executor, PrefetchFn prefetch = nullptr, Metrics* metrics = nullptr)
       : executor_(executor), prefetch_(std::move(prefetch)), metrics_(metrics) {}
 
-  /// Records the layer; the experts run in finish_layer, on the same cores a shared
+  /// Records the layer (behind any unfinished one); the experts run in finish_layer, on the same cores a shared
   /// expert would use, so deferring loses nothing.
   void begin_layer(uint32_t layer, const float* hidden, uint32_t num_rows, uint32_t hidden_size,
                    const std::vector<ExpertAssignment>& assignments, int64_t* sums) override;
   void finish_layer() override;
+  void drop_unfinished() override;
   /// Passes the hint to the store's prefetch now, or right after the pending layer's
   /// experts have run (as a worker would read it after answering that layer).
   void hint_layer(uint32_t layer, const std::vector<uint32_t>& experts) override;
@@ -42,13 +43,13 @@ class LocalDispatcher final : public ExpertDispatcher {
     uint32_t hidden_size = 0;
     const std::vector<ExpertAssignment>* assignments = nullptr;
     int64_t* sums = nullptr;
+    std::vector<std::pair<uint32_t, std::vector<uint32_t>>> hints;  // given behind it
   };
 
   const ExpertExecutor& executor_;
   PrefetchFn prefetch_;
   Metrics* metrics_;
-  std::optional<Pending> pending_;
-  std::vector<std::pair<uint32_t, std::vector<uint32_t>>> deferred_hints_;  // behind pending_
+  std::deque<Pending> pending_;  // begun, oldest first (at most kMaxLayersInFlight)
   std::atomic<uint64_t> requests_{0};
 };
 

@@ -61,6 +61,10 @@ void RoutingObserver::begin_layer(uint32_t layer, const float* hidden, uint32_t 
 
 void RoutingObserver::finish_layer() { inner_->finish_layer(); }
 
+void RoutingObserver::drop_unfinished() { inner_->drop_unfinished(); }
+
+bool RoutingObserver::runs_remotely() const { return inner_->runs_remotely(); }
+
 void RoutingObserver::hint_layer(uint32_t layer, const std::vector<uint32_t>& experts) {
   hints_[layer] = experts;
   if (options_.prefetch) inner_->hint_layer(layer, experts);

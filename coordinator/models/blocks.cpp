@@ -302,16 +302,23 @@ void hint_next_moe_layer(ExpertDispatcher& dispatcher, uint32_t next_layer, cons
   dispatcher.hint_layer(next_layer, next_router.predict(x.data(), rows));
 }
 
-void MoeBlock::operator()(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows,
-                          const NextMoeLayer* next, float* out) const {
+MoeCall MoeBlock::begin(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows,
+                        const NextMoeLayer* next) const {
   const size_t hidden = router->hidden();
-  RoutedExpertsCall routed(dispatcher, layer, x, rows, hidden, router->route(x, rows));
+  MoeCall call;
+  call.routed_ = std::make_unique<RoutedExpertsCall>(dispatcher, layer, x, rows, hidden, router->route(x, rows));
   // While the routed experts are out: the next layer's hint, then the shared expert.
   if (next != nullptr) hint_next_moe_layer(dispatcher, next->layer, *next->norm, *next->router, next->hidden, rows);
-  std::vector<float> shared(shared_expert ? rows * hidden : 0);
-  if (shared_expert) shared_expert(x, rows, shared.data());
-  routed.finish(out);
-  if (shared_expert) add_residual(out, shared.data(), shared.size());
+  if (shared_expert) {
+    call.shared_.resize(rows * hidden);
+    shared_expert(x, rows, call.shared_.data());
+  }
+  return call;
+}
+
+void MoeCall::finish(float* out) {
+  routed_->finish(out);
+  if (!shared_.empty()) add_residual(out, shared_.data(), shared_.size());
 }
 
 GatedSharedExpert GatedSharedExpert::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,

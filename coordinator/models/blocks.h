@@ -271,6 +271,22 @@ struct NextMoeLayer {
   const float* hidden = nullptr;      ///< this layer's residual stream [rows, hidden_size]
 };
 
+/// A MoE block's call while its routed experts are out (MoeBlock::begin): the routed
+/// step in flight and the shared expert's output, computed meanwhile. Move-only; the
+/// dispatcher holds addresses inside it (the routed call is on the heap, so moving the
+/// MoeCall moves nothing it points at).
+class MoeCall {
+ public:
+  /// out [rows, hidden] = routed + shared (RoutedExpertsCall::finish, then the shared
+  /// output added). Call once. Errors as RoutedExpertsCall::finish.
+  void finish(float* out);
+
+ private:
+  friend struct MoeBlock;
+  std::unique_ptr<RoutedExpertsCall> routed_;
+  std::vector<float> shared_;  // [rows, hidden]; empty without a shared expert
+};
+
 /// The MoE block of every family (Qwen3MoeSparseMoeBlock, OlmoeSparseMoeBlock,
 /// MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock, DeepseekV3MoE): routed experts through
 /// the dispatcher, plus, where the family has one, a shared expert that runs here while
@@ -281,13 +297,18 @@ struct MoeBlock {
   /// (Qwen2-MoE: GatedSharedExpert; DeepSeek-V3: a DenseMlp of the shared experts).
   std::function<void(const float* x, size_t rows, float* out)> shared_expert;
 
-  /// out [rows, hidden] = routed(x) + shared_expert(x), for normed rows x of `layer`.
-  /// Sends the routed experts, then, while they run, the prefetch hint for `next` (when
-  /// not null) and the shared expert; then combines (RoutedExpertsCall::finish) and adds
-  /// the shared output. `x` and next->hidden must stay unchanged until it returns. Errors
-  /// as RoutedExpertsCall.
+  /// Starts the block for normed rows x [rows, hidden] of `layer`: sends the routed
+  /// experts, then, while they run, the prefetch hint for `next` (when not null; read
+  /// here only) and the shared expert. `x` must stay unchanged until the call's finish.
+  /// Errors as RoutedExpertsCall.
+  MoeCall begin(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows,
+                const NextMoeLayer* next) const;
+
+  /// out [rows, hidden] = routed(x) + shared_expert(x): begin, then finish at once.
   void operator()(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows, const NextMoeLayer* next,
-                  float* out) const;
+                  float* out) const {
+    begin(dispatcher, layer, x, rows, next).finish(out);
+  }
 };
 
 }  // namespace charm

@@ -30,8 +30,7 @@ KvLayout DecoderModel::kv_layout() const {
   return KvLayout{static_cast<size_t>(config_.num_hidden_layers), kv_dim, kv_dim};
 }
 
-std::vector<SequenceRows> DecoderModel::begin_forward(std::span<const SequenceStep> batch, float* hidden) const {
-  // Everything is checked before any cache moves: a refused batch leaves them all as they were.
+void DecoderModel::check_batch(std::span<const SequenceStep> batch) const {
   for (const SequenceStep& s : batch) {
     if (s.n == 0 || s.cache == nullptr) fail_invalid("a batch part must hold at least one token and a cache");
     check_token_ids(s.tokens, s.n, config_.vocab_size);
@@ -40,6 +39,9 @@ std::vector<SequenceRows> DecoderModel::begin_forward(std::span<const SequenceSt
                    " tokens exceeds the KV cache capacity of " + std::to_string(s.cache->capacity()));
     }
   }
+}
+
+std::vector<SequenceRows> DecoderModel::begin_forward(std::span<const SequenceStep> batch, float* hidden) const {
   std::vector<SequenceRows> rows;
   size_t row0 = 0;
   const size_t h = config_.hidden_size;
@@ -52,28 +54,74 @@ std::vector<SequenceRows> DecoderModel::begin_forward(std::span<const SequenceSt
   return rows;
 }
 
-void DecoderModel::forward_batch(std::span<const SequenceStep> batch) {
-  const size_t h = config_.hidden_size;
-  size_t n = 0;
-  for (const SequenceStep& s : batch) n += s.n;
-  std::vector<float> hidden(n * h), x(n * h), delta(n * h);
-  const std::vector<SequenceRows> rows = begin_forward(batch, hidden.data());
-  for (size_t l = 0; l < num_layers(); ++l) {
-    input_norm(l)(hidden.data(), n, x.data());
-    attention(l, x.data(), n, rows, delta.data());
-    add_residual(hidden.data(), delta.data(), n * h);
-    post_attention_norm(l)(hidden.data(), n, x.data());
-    feed_forward(l, x.data(), hidden.data(), n, delta.data());
-    add_residual(hidden.data(), delta.data(), n * h);
-  }
-  end_forward(hidden.data(), batch, rows);
+// One micro-batch of a step: some of its sequences, with their own activations.
+struct DecoderModel::MicroBatch {
+  std::span<const SequenceStep> steps;
+  std::vector<SequenceRows> rows;
+  size_t n = 0;  // rows
+  std::vector<float> hidden, x, delta;  // [n, hidden_size]
+  std::optional<MoeCall> moe;           // its MoE layer in flight (x holds its input)
+};
+
+std::vector<std::span<const SequenceStep>> split_micro_batches(std::span<const SequenceStep> batch, size_t parts) {
+  if (parts < 2 || batch.size() < 2) return {batch};
+  // Two halves of about equal rows, each whole sequences (attention is per sequence).
+  size_t total = 0;
+  for (const SequenceStep& s : batch) total += s.n;
+  size_t cut = 1, before = batch[0].n;
+  while (cut + 1 < batch.size() && 2 * (before + batch[cut].n) <= total) before += batch[cut++].n;
+  return {batch.first(cut), batch.subspan(cut)};
 }
 
-void DecoderModel::feed_forward(size_t layer, const float* x, const float* hidden, size_t n, float* out) {
+void DecoderModel::forward_batch(std::span<const SequenceStep> batch) {
+  dispatcher_.drop_unfinished();  // a forward that threw may have left layers begun
+  // Everything is checked before any cache moves: a refused batch leaves them all as they were.
+  check_batch(batch);
+  const size_t h = config_.hidden_size;
+  const size_t parts = micro_batches_ > 0 ? micro_batches_ : dispatcher_.runs_remotely() ? 2 : 1;
+  std::vector<MicroBatch> micro;
+  for (std::span<const SequenceStep> steps : split_micro_batches(batch, parts)) {
+    MicroBatch& m = micro.emplace_back();
+    m.steps = steps;
+    for (const SequenceStep& s : steps) m.n += s.n;
+    m.hidden.resize(m.n * h);
+    m.x.resize(m.n * h);
+    m.delta.resize(m.n * h);
+    m.rows = begin_forward(steps, m.hidden.data());
+  }
+  // Ping-pong (two-batch overlap): each micro-batch's attention runs while the other's
+  // routed experts are out. Every sequence's arithmetic is what it would be alone (batch
+  // invariance), so the split changes no bit of any output.
+  for (size_t l = 0; l < num_layers(); ++l) {
+    for (MicroBatch& m : micro) {
+      finish_moe(m);
+      input_norm(l)(m.hidden.data(), m.n, m.x.data());
+      attention(l, m.x.data(), m.n, m.rows, m.delta.data());
+      add_residual(m.hidden.data(), m.delta.data(), m.n * h);
+      post_attention_norm(l)(m.hidden.data(), m.n, m.x.data());
+      feed_forward(l, m);
+    }
+  }
+  for (MicroBatch& m : micro) finish_moe(m);
+  for (const MicroBatch& m : micro) end_forward(m.hidden.data(), m.steps, m.rows);
+}
+
+void DecoderModel::feed_forward(size_t layer, MicroBatch& m) {
   const MoeBlock* moe = moe_block(layer);
-  if (moe == nullptr) return dense_mlp(layer)(x, n, out);
-  const std::optional<NextMoeLayer> next = next_moe_layer(layer, hidden);
-  (*moe)(dispatcher_, static_cast<uint32_t>(layer), x, n, next ? &*next : nullptr, out);
+  if (moe == nullptr) {
+    dense_mlp(layer)(m.x.data(), m.n, m.delta.data());
+    add_residual(m.hidden.data(), m.delta.data(), m.delta.size());
+    return;
+  }
+  const std::optional<NextMoeLayer> next = next_moe_layer(layer, m.hidden.data());
+  m.moe = moe->begin(dispatcher_, static_cast<uint32_t>(layer), m.x.data(), m.n, next ? &*next : nullptr);
+}
+
+void DecoderModel::finish_moe(MicroBatch& m) {
+  if (!m.moe) return;
+  m.moe->finish(m.delta.data());
+  m.moe.reset();
+  add_residual(m.hidden.data(), m.delta.data(), m.delta.size());
 }
 
 std::optional<NextMoeLayer> DecoderModel::next_moe_layer(size_t layer, const float* hidden) const {

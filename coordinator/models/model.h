@@ -56,7 +56,18 @@ class Model {
   KvCache new_cache(size_t max_tokens) const { return KvCache(kv_layout(), max_tokens); }
 
   virtual const ModelConfig& config() const = 0;
+
+  /// How many micro-batches a step's sequences are split into (ping-pong: 1 or 2;
+  /// 0 = automatic: 2 when the experts run remotely, else 1). Never changes an output.
+  void set_micro_batches(size_t n) { micro_batches_ = n; }
+
+ protected:
+  size_t micro_batches_ = 0;
 };
+
+/// `batch` as `parts` micro-batches of whole sequences (parts 1 or fewer than two
+/// sequences: the batch itself; else two, the first with about half the rows).
+std::vector<std::span<const SequenceStep>> split_micro_batches(std::span<const SequenceStep> batch, size_t parts);
 
 /// What every decoder family here has besides its layers: the config, the expert
 /// dispatcher, RoPE, the token embeddings and the output head, and a GQA KV cache.
@@ -72,7 +83,9 @@ class DecoderModel : public Model {
   /// modeling file): per layer, hidden += attention(input_norm(hidden)), then
   /// hidden += feed_forward(post_attention_norm(hidden)); then the output head. The
   /// feed-forward block is the layer's MoE block (blocks.h: MoeBlock, with the next MoE
-  /// layer's prefetch hint) or, on dense layers, its dense MLP.
+  /// layer's prefetch hint) or, on dense layers, its dense MLP. With two micro-batches
+  /// (set_micro_batches) the layers of the two halves interleave, each half's MoE layer
+  /// finishing just before its next attention.
   void forward_batch(std::span<const SequenceStep> batch) final;
 
  protected:
@@ -96,12 +109,17 @@ class DecoderModel : public Model {
   OutputHead head_;
 
  private:
-  /// Checks every part of `batch` and marks its positions stored in its cache; returns
-  /// where each sequence's rows are and writes their embeddings to hidden [rows, hidden_size].
+  struct MicroBatch;
+  /// Throws Error(kInvalidInput) for a part of `batch` that forward_batch refuses.
+  void check_batch(std::span<const SequenceStep> batch) const;
+  /// Marks the positions of every part of `batch` stored in its cache; returns where each
+  /// sequence's rows are and writes their embeddings to hidden [rows, hidden_size].
   std::vector<SequenceRows> begin_forward(std::span<const SequenceStep> batch, float* hidden) const;
-  /// out = the MoE block or dense MLP of `layer` for normed rows x; `hidden` is the
-  /// residual stream the rows were normed from (what the prefetch hint predicts from).
-  void feed_forward(size_t layer, const float* x, const float* hidden, size_t n, float* out);
+  /// The MoE block (begun, left in flight in m.moe) or dense MLP (added to m.hidden) of
+  /// `layer` for m's normed rows m.x; the hint predicts from m.hidden.
+  void feed_forward(size_t layer, MicroBatch& m);
+  /// Finishes m's MoE layer in flight, if any, and adds it to m.hidden.
+  void finish_moe(MicroBatch& m);
   /// The first MoE layer after `layer`, which the hint of `layer` is about; nullopt when none.
   std::optional<NextMoeLayer> next_moe_layer(size_t layer, const float* hidden) const;
   /// The logits [vocab] of each part's last row that asks for them (final norm + lm_head

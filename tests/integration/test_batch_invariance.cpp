@@ -169,10 +169,18 @@ TEST_CASE("batch invariance: every request of a random concurrent mix equals the
     check_same(expected, run_together(*together.engine, mix));
     CHECK(together.engine->load().preemptions > 0);
   }
-  SUBCASE("two workers: one request per worker per layer carries every sequence's rows") {
+  SUBCASE("two workers, ping-pong micro-batches (the default with workers): two requests per worker per layer") {
     Served together({"\"0-7\"", "\"8-15\""}, "max_batch_tokens: 32");
     check_same(expected, run_together(*together.engine, mix));
     for (const WorkerStatus& w : together.engine->cluster_status()) CHECK(w.requests > 0);
+  }
+  SUBCASE("two workers, one micro-batch: one request per worker per layer carries every sequence's rows") {
+    Served together({"\"0-7\"", "\"8-15\""}, "max_batch_tokens: 32, micro_batches: 1");
+    check_same(expected, run_together(*together.engine, mix));
+  }
+  SUBCASE("single node, two micro-batches forced") {
+    Served together({}, "max_batch_tokens: 7, max_num_seqs: 6, micro_batches: 2");
+    check_same(expected, run_together(*together.engine, mix));
   }
 }
 

@@ -80,6 +80,28 @@ TEST_CASE("a worker killed mid-layer: its share goes to the replica, bytes uncha
   CHECK(r.b.server->health().requests_served == before + 1);  // it takes traffic again
 }
 
+TEST_CASE("a worker killed with two layers in flight: both its shares go to the replica, bytes unchanged") {
+  Replicas r(300ms);
+  ClusterDispatcher d(r.topology, r.placement, r.model.fingerprint, r.model.identities);
+  const uint32_t rows = 5;
+  const std::vector<float> h0 = noise(rows * kHidden, 15), h2 = noise(rows * kHidden, 16);
+  const auto assignments = routing(rows);
+  const auto want0 = expected(r.model, 0, h0, rows, assignments);
+  const auto want2 = expected(r.model, 2, h2, rows, assignments);
+  std::vector<int64_t> got0(want0.size(), -7), got2(want2.size(), -7);
+  d.begin_layer(0, h0.data(), rows, kHidden, assignments, got0.data());
+  d.begin_layer(2, h2.data(), rows, kHidden, assignments, got2.data());
+  r.b.server->stop();  // both of b's requests are lost
+  d.finish_layer();
+  CHECK(same_bytes(want0, got0));
+  d.finish_layer();
+  CHECK(same_bytes(want2, got2));
+  const WorkerStatus b = named(d.status(), "b");
+  CHECK(b.state == "down");
+  CHECK(b.failovers == 1);  // one failure, which both layers recovered from
+  CHECK(named(d.status(), "a").requests == 4);  // its two shares, then b's two
+}
+
 TEST_CASE("a worker that does not answer within request_ms is failed over") {
   Replicas r(3000ms);
   r.topology.request_timeout_ms = 150;

@@ -81,7 +81,7 @@ TEST_CASE("two remote workers produce the bytes the local executor produces") {
   CHECK(health.bytes_out == status[0].bytes_in);
 }
 
-TEST_CASE("begin_layer returns with requests in flight; an abandoned layer is drained") {
+TEST_CASE("begin_layer returns with requests in flight; an abandoned layer is read and dropped") {
   Cluster cluster;
   auto local_store = cluster.model.store({0, 1, 2, 3});
   ExpertExecutor local(*local_store);
@@ -94,13 +94,47 @@ TEST_CASE("begin_layer returns with requests in flight; an abandoned layer is dr
   // Begun and never finished (the caller threw): its replies are still on the wire.
   std::vector<int64_t> abandoned(5 * kHidden);
   dispatcher.begin_layer(2, hidden.data(), 5, kHidden, assignments, abandoned.data());
+  dispatcher.drop_unfinished();  // the next forward pass starts
 
   std::vector<int64_t> got(5 * kHidden, -7);
   dispatcher.begin_layer(2, hidden.data(), 5, kHidden, assignments, got.data());
+  std::fill(abandoned.begin(), abandoned.end(), 0);  // zeroed by its begin_layer; must stay so
   dispatcher.finish_layer();
   CHECK(cluster.a.server->health().requests_served == 2);  // the abandoned one was answered and dropped
   CHECK(want == got);  // its replies were not added twice
   CHECK(std::all_of(abandoned.begin(), abandoned.end(), [](int64_t v) { return v == 0; }));  // nor into the old buffer
+  test::expect_error([&] { dispatcher.finish_layer(); }, ErrorCategory::kInternal, {"begin_layer"});
+}
+
+TEST_CASE("two layers in flight (pipelined on each connection) finish in order with the bytes of each alone") {
+  Cluster cluster;
+  auto local_store = cluster.model.store({0, 1, 2, 3});
+  ExpertExecutor local(*local_store);
+  ClusterDispatcher dispatcher(cluster.topology, cluster.placement, cluster.model.fingerprint, cluster.model.identities);
+  for (uint32_t rows : {1u, 7u, 64u}) {
+    const std::vector<float> h0 = noise(rows * kHidden, 300 + rows), h1 = noise(rows * kHidden, 400 + rows);
+    const auto assignments = routing(rows);
+    std::vector<int64_t> want0(rows * kHidden, 0), want1(rows * kHidden, 0);
+    local.run_into(0, h0.data(), rows, assignments, want0.data());
+    local.run_into(2, h1.data(), rows, assignments, want1.data());
+    std::vector<int64_t> got0(rows * kHidden, -7), got1(rows * kHidden, -7);
+    dispatcher.begin_layer(0, h0.data(), rows, kHidden, assignments, got0.data());
+    dispatcher.begin_layer(2, h1.data(), rows, kHidden, assignments, got1.data());
+    dispatcher.finish_layer();  // the older one
+    CHECK(want0 == got0);
+    dispatcher.finish_layer();
+    CHECK(want1 == got1);
+  }
+  // A third begin while two are unfinished drops them (their caller threw).
+  const std::vector<float> h = noise(3 * kHidden, 9);
+  const auto assignments = routing(3);
+  std::vector<int64_t> a(3 * kHidden), b(3 * kHidden), c(3 * kHidden, -7), want(3 * kHidden, 0);
+  local.run_into(0, h.data(), 3, assignments, want.data());
+  dispatcher.begin_layer(0, h.data(), 3, kHidden, assignments, a.data());
+  dispatcher.begin_layer(0, h.data(), 3, kHidden, assignments, b.data());
+  dispatcher.begin_layer(0, h.data(), 3, kHidden, assignments, c.data());
+  dispatcher.finish_layer();
+  CHECK(want == c);
   test::expect_error([&] { dispatcher.finish_layer(); }, ErrorCategory::kInternal, {"begin_layer"});
 }
 

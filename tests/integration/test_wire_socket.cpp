@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include "common/error.h"
@@ -94,4 +95,52 @@ TEST_CASE("wait_readable wakes when another thread aborts a connection it waits 
   CHECK(wait_readable({p.client.get()}, 20000ms) == std::vector<size_t>{0});
   CHECK(ms_since(start) < 5000);
   aborter.join();
+}
+
+TEST_CASE("read_while_sending: two peers sending big frames at once both finish; frames read meanwhile come in order") {
+  // Each side's 16 MiB frame is far beyond what the socket buffers hold, so without reads
+  // alongside the sends both would block until their timeouts (the pipelining deadlock).
+  Pair p;
+  REQUIRE(p.server);
+  p.client->set_max_frame_bytes(kDefaultMaxFrameBytes);
+  p.server->set_max_frame_bytes(kDefaultMaxFrameBytes);
+  p.client->set_read_while_sending(true);
+  const Frame big_up = encode_error(std::string(16u << 20, 'u'));
+  const Frame big_down = encode_error(std::string(16u << 20, 'd'));
+  const Frame small = encode_health_request();
+  std::thread server([&] {
+    // Sends two frames before reading anything, as a worker answering two pipelined
+    // requests would.
+    p.server->send(big_down, 20s);
+    p.server->send(small, 20s);
+    const FrameBody got = p.server->receive(20s);
+    CHECK(got.bytes + 4 == big_up.size());
+  });
+  p.client->send(big_up, 20s);  // reads the server's frames meanwhile
+  const std::vector<size_t> ready = wait_readable({p.client.get()}, 0ms);
+  CHECK(ready.size() == 1);  // what it read is ready without touching the socket
+  const FrameBody first = p.client->receive(20s);
+  CHECK(first.bytes + 4 == big_down.size());
+  CHECK(std::memcmp(first.words.data(), big_down.data() + 4, first.bytes) == 0);
+  const FrameBody second = p.client->receive(20s);
+  CHECK(second.bytes + 4 == small.size());
+  server.join();
+}
+
+TEST_CASE("read_while_sending: a peer that closes during the send is reported by the next receive") {
+  Pair p;
+  REQUIRE(p.server);
+  p.client->set_read_while_sending(true);
+  p.server->send(encode_health_request(), 5s);
+  p.server->close();
+  std::this_thread::sleep_for(50ms);
+  // The send may succeed or fail (the peer is gone); what was read before the close is
+  // returned first either way, then the close itself.
+  try {
+    p.client->send(encode_health_request(), 5s);
+  } catch (const Error&) {
+  }
+  const FrameBody first = p.client->receive(5s);
+  CHECK(first.bytes + 4 == encode_health_request().size());
+  test::expect_error([&] { p.client->receive(5s); }, ErrorCategory::kUnavailable, {});
 }

@@ -208,6 +208,7 @@ class HintRecorder : public ExpertDispatcher {
     inner_.begin_layer(layer, hidden, num_rows, hidden_size, assignments, sums);
   }
   void finish_layer() override { inner_.finish_layer(); }
+  void drop_unfinished() override { inner_.drop_unfinished(); }
   void hint_layer(uint32_t layer, const std::vector<uint32_t>& experts) override {
     hinted.push_back(static_cast<int64_t>(layer));
     CHECK(!experts.empty());
@@ -246,5 +247,87 @@ TEST_CASE("every family sends the next MoE layer's prefetch hint, and hints chan
     const std::vector<int64_t> moe = config.moe_layer_ids();
     REQUIRE(moe.size() >= 2);
     CHECK(recorder.hinted == std::vector<int64_t>(moe.begin() + 1, moe.end()));
+  }
+}
+
+// --- Ping-pong micro-batches (issue 17, item 3) -------------------------------------------------
+
+namespace {
+
+// Forwards to `inner` and records the order of begins (with their rows) and finishes.
+class OrderRecorder : public ExpertDispatcher {
+ public:
+  explicit OrderRecorder(ExpertDispatcher& inner) : inner_(inner) {}
+  void begin_layer(uint32_t layer, const float* hidden, uint32_t num_rows, uint32_t hidden_size,
+                   const std::vector<ExpertAssignment>& assignments, int64_t* sums) override {
+    calls.push_back("begin " + std::to_string(layer) + " x" + std::to_string(num_rows));
+    inner_.begin_layer(layer, hidden, num_rows, hidden_size, assignments, sums);
+  }
+  void finish_layer() override {
+    calls.push_back("finish");
+    inner_.finish_layer();
+  }
+  void drop_unfinished() override { inner_.drop_unfinished(); }
+  std::vector<WorkerStatus> status() const override { return inner_.status(); }
+  std::vector<std::string> calls;
+
+ private:
+  ExpertDispatcher& inner_;
+};
+
+}  // namespace
+
+TEST_CASE("split_micro_batches: whole sequences, two halves of about equal rows") {
+  std::vector<SequenceStep> steps(4);
+  for (size_t i = 0; i < steps.size(); ++i) steps[i].n = std::vector<size_t>{5, 1, 1, 3}[i];
+  CHECK(split_micro_batches(steps, 1).size() == 1);
+  CHECK(split_micro_batches(std::span(steps).first(1), 2).size() == 1);  // one sequence: not split
+  const auto halves = split_micro_batches(steps, 2);
+  REQUIRE(halves.size() == 2);
+  CHECK(halves[0].size() == 1);  // 5 rows | 5 rows
+  CHECK(halves[1].size() == 3);
+  for (size_t i = 0; i < steps.size(); ++i) steps[i].n = 1;
+  const auto even = split_micro_batches(steps, 2);
+  CHECK(even[0].size() == 2);
+  CHECK(even[1].size() == 2);
+}
+
+TEST_CASE("two micro-batches interleave their MoE layers and change no bit of any sequence's logits") {
+  for (const std::string name : {"qwen3-moe-tiny", "qwen2-moe-tiny", "deepseek-v3-tiny", "kimi-k2-tiny",
+                                 "gpt-oss-tiny", "mixtral-swa-tiny"}) {
+    CAPTURE(name);
+    SingleNode node(name);
+    const ModelConfig& config = node.config;
+    const std::vector<std::vector<int32_t>> prompts = {{1, 7, 3, 9, 4}, {2}, {5, 6}, {8, 1, 2}};
+    auto run = [&](ExpertDispatcher& d, size_t micro) {
+      auto model = load_model(*node.ckpt, config, d);
+      model->set_micro_batches(micro);
+      std::vector<KvCache> caches;
+      caches.reserve(prompts.size());
+      for (const auto& p : prompts) caches.push_back(model->new_cache(p.size()));
+      std::vector<std::vector<float>> logits(prompts.size(), std::vector<float>(config.vocab_size));
+      std::vector<SequenceStep> batch;
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        batch.push_back({prompts[i].data(), prompts[i].size(), &caches[i], logits[i].data()});
+      }
+      model->forward_batch(batch);
+      return logits;
+    };
+    OrderRecorder one(*node.dispatcher), two(*node.dispatcher);
+    const auto whole = run(one, 1);
+    const auto split = run(two, 2);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      CAPTURE(i);
+      CHECK(std::memcmp(whole[i].data(), split[i].data(), whole[i].size() * sizeof(float)) == 0);
+    }
+    // 11 rows: 5 | 6. Each half's layer finishes just before that half's next attention,
+    // so the other half's layer is begun in between.
+    const int64_t first = config.moe_layer_ids().front();
+    const std::string l = std::to_string(first);
+    REQUIRE(two.calls.size() >= 4);
+    CHECK(std::vector<std::string>(two.calls.begin(), two.calls.begin() + 3) ==
+          std::vector<std::string>{"begin " + l + " x5", "begin " + l + " x6", "finish"});
+    CHECK(std::vector<std::string>(one.calls.begin(), one.calls.begin() + 2) ==
+          std::vector<std::string>{"begin " + l + " x11", "finish"});
   }
 }

@@ -70,6 +70,7 @@ class RecordingDispatcher : public ExpertDispatcher {
       add_weighted_term(y.data(), a.weight, hidden_size, sums + size_t{a.row} * hidden_size, saturated);
     }
   }
+  void drop_unfinished() override {}
   std::vector<WorkerStatus> status() const override { return {}; }
 };
 }  // namespace

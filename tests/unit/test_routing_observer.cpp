@@ -32,6 +32,7 @@ class FakeDispatcher final : public ExpertDispatcher {
     std::fill(sums, sums + size_t{num_rows} * hidden_size, 0);
   }
   void finish_layer() override { calls.push_back("finish"); }
+  void drop_unfinished() override { calls.push_back("drop"); }
   void hint_layer(uint32_t layer, const std::vector<uint32_t>& experts) override {
     calls.push_back("hint " + std::to_string(layer) + " x" + std::to_string(experts.size()));
   }

@@ -206,6 +206,16 @@ TEST_CASE("prefetch is off unless the key says true") {
   CHECK_FALSE(load_text(dir, kModel + "mode: single-node\nprefetch: false\n").prefetch);
 }
 
+TEST_CASE("serving.micro_batches: automatic (0) unless given; only 0, 1 and 2") {
+  TempDir dir("topo");
+  const std::string single = kModel + "mode: single-node\n";
+  CHECK(load_text(dir, single).serving.micro_batches == 0);
+  CHECK(load_text(dir, single + "serving: {micro_batches: 2}\n").serving.micro_batches == 2);
+  CHECK(load_text(dir, single + "serving: {micro_batches: 1}\n").serving.micro_batches == 1);
+  expect_invalid(single + "serving: {micro_batches: 3}\n", "serving.micro_batches", "expected an integer 0-2");
+  expect_invalid(single + "serving: {micro_batches: -1}\n", "serving.micro_batches", "expected an integer 0-2");
+}
+
 TEST_CASE("activations: f32 unless the key says q8; any other value is refused naming the key") {
   TempDir dir("topo");
   CHECK(load_text(dir, kModel + "mode: single-node\n").activations == ActivationMode::kF32);
