@@ -88,7 +88,7 @@ void serve_in_place(FrameConnection& conn, int n) {
 // The coordinator side, before: rows gathered into a LayerRequest, owning reply decode,
 // then each partial-sum row added into the caller's buffer.
 void round_trip_copying(FrameConnection& conn, const Layer& l, uint32_t h, uint64_t id, int64_t* out) {
-  LayerRequest req{id, 3, h, static_cast<uint32_t>(l.rows.size()), {}, l.assignments};
+  LayerRequest req{id, 3, h, static_cast<uint32_t>(l.rows.size()), {}, l.assignments, std::nullopt};
   req.hidden.resize(l.rows.size() * h);
   for (size_t r = 0; r < l.rows.size(); ++r) std::memcpy(&req.hidden[r * h], &l.hidden[size_t{l.rows[r]} * h], h * 4);
   conn.send(encode_layer_request(req), kTimeout);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -21,6 +22,13 @@ struct ExpertAssignment {
   float weight = 1.0f;
 };
 
+/// `prefetchHint` (a message that gets no reply), or a layerRequest's `prefetch`: experts a
+/// coming layerRequest is predicted to use.
+struct PrefetchHintMsg {
+  uint32_t layer = 0;             ///< decoder layer index of the predicted request
+  std::vector<uint32_t> experts;  ///< predicted expert ids held by the receiving worker
+};
+
 /// Work for one worker on one MoE layer (schema/charm.capnp `LayerRequest`): the hidden
 /// rows of the positions that route to it and their assignments. Rows are the
 /// post-attention-norm hidden states.
@@ -31,6 +39,9 @@ struct LayerRequest {
   uint32_t num_rows = 0;
   std::vector<float> hidden;                   ///< [num_rows, hidden_size] f32
   std::vector<ExpertAssignment> assignments;   ///< grouped by expert is not required
+  /// The next MoE layer's predicted experts, to start reading while this one computes
+  /// (protocol 5); nullopt: none.
+  std::optional<PrefetchHintMsg> prefetch;
 };
 
 /// A worker's expert-tier counters (schema/charm.capnp `TierCounters`;

@@ -45,6 +45,18 @@ unsigned first_segment_words(uint64_t payload_bytes) {
   return static_cast<unsigned>(payload_bytes / sizeof(capnp::word) + 64);
 }
 
+// A prefetchHint's fields (the message, or a layerRequest's prefetch). Throws
+// Error(kInvalidInput) for more than kMaxHintExperts experts.
+void set_prefetch_hint(wire::PrefetchHint::Builder r, const PrefetchHintMsg& hint) {
+  if (hint.experts.size() > kMaxHintExperts) {
+    fail_invalid("prefetch hint for layer " + std::to_string(hint.layer) + " names " +
+                 std::to_string(hint.experts.size()) + " experts, over the cap " + std::to_string(kMaxHintExperts));
+  }
+  r.setLayer(hint.layer);
+  auto list = r.initExperts(static_cast<unsigned>(hint.experts.size()));
+  for (unsigned i = 0; i < hint.experts.size(); ++i) list.set(i, hint.experts[i]);
+}
+
 // A layerRequest frame whose rows `fill(dst)` writes straight into the message's hidden
 // field (dst: [num_rows, hidden_size] f32), so the rows are copied once into the message.
 template <typename Fill>
@@ -66,6 +78,7 @@ Frame encode_layer_request_with(const LayerRequestHeader& header, uint32_t num_r
     list[i].setExpert(assignments[i].expert);
     list[i].setWeight(assignments[i].weight);
   }
+  if (header.prefetch) set_prefetch_hint(r.initPrefetch(), *header.prefetch);
   return finish_frame(builder);
 }
 
@@ -141,6 +154,20 @@ std::string bytes_of(capnp::Data::Reader data, const char* field, size_t size,
   return std::string(reinterpret_cast<const char*>(data.begin()), data.size());
 }
 
+// Reads and checks a prefetchHint (the message, or a layerRequest's prefetch).
+PrefetchHintMsg decode_prefetch_hint(wire::PrefetchHint::Reader r, const char* field = "prefetchHint") {
+  PrefetchHintMsg msg;
+  msg.layer = r.getLayer();
+  auto experts = r.getExperts();
+  if (experts.size() > kMaxHintExperts) {
+    fail_protocol(std::string(field) + ".experts has " + std::to_string(experts.size()) + " entries, over the cap " +
+                  std::to_string(kMaxHintExperts));
+  }
+  msg.experts.reserve(experts.size());
+  for (uint32_t e : experts) msg.experts.push_back(e);
+  return msg;
+}
+
 // Reads and checks a layerRequest into `req` (a LayerRequest or a LayerRequestView: all
 // but the rows), returning its rows in place. The one place a layerRequest is validated.
 template <typename Out>
@@ -173,6 +200,7 @@ std::span<const float> read_layer_request(wire::LayerRequest::Reader r, Out& req
     }
     req.assignments.push_back({row, assignments[i].getExpert(), assignments[i].getWeight()});
   }
+  if (r.hasPrefetch()) req.prefetch = decode_prefetch_hint(r.getPrefetch(), "layerRequest.prefetch");
   return rows;
 }
 
@@ -356,18 +384,6 @@ HealthReplyMsg decode_health_reply(wire::HealthReply::Reader r) {
   return msg;
 }
 
-PrefetchHintMsg decode_prefetch_hint(wire::PrefetchHint::Reader r) {
-  PrefetchHintMsg msg;
-  msg.layer = r.getLayer();
-  auto experts = r.getExperts();
-  if (experts.size() > kMaxHintExperts) {
-    fail_protocol("prefetchHint.experts has " + std::to_string(experts.size()) + " entries, over the cap " +
-                  std::to_string(kMaxHintExperts));
-  }
-  msg.experts.reserve(experts.size());
-  for (uint32_t e : experts) msg.experts.push_back(e);
-  return msg;
-}
 
 WireMessage decode_root(wire::Message::Reader m) {
   switch (m.which()) {
@@ -527,7 +543,8 @@ Frame encode_layer_request(const LayerRequest& request) {
                  std::to_string(request.num_rows) + ") * hidden_size (" +
                  std::to_string(request.hidden_size) + ")");
   }
-  return encode_layer_request_with({request.request_id, request.layer, request.hidden_size}, request.num_rows,
+  const PrefetchHintMsg* prefetch = request.prefetch ? &*request.prefetch : nullptr;
+  return encode_layer_request_with({request.request_id, request.layer, request.hidden_size, prefetch}, request.num_rows,
                                    request.assignments, [&](float* dst) {
                                      std::copy(request.hidden.begin(), request.hidden.end(), dst);
                                    });
@@ -599,15 +616,8 @@ Frame encode_error(const std::string& message) {
 }
 
 Frame encode_prefetch_hint(const PrefetchHintMsg& hint) {
-  if (hint.experts.size() > kMaxHintExperts) {
-    fail_invalid("prefetch hint for layer " + std::to_string(hint.layer) + " names " +
-                 std::to_string(hint.experts.size()) + " experts, over the cap " + std::to_string(kMaxHintExperts));
-  }
   capnp::MallocMessageBuilder builder;
-  auto r = builder.initRoot<wire::Message>().initPrefetchHint();
-  r.setLayer(hint.layer);
-  auto list = r.initExperts(static_cast<unsigned>(hint.experts.size()));
-  for (unsigned i = 0; i < hint.experts.size(); ++i) list.set(i, hint.experts[i]);
+  set_prefetch_hint(builder.initRoot<wire::Message>().initPrefetchHint(), hint);
   return finish_frame(builder);
 }
 

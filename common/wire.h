@@ -38,7 +38,10 @@ namespace charm {
 /// 4: replies at the minimum: assignments carry the router weight, and a layerResponse
 /// holds one int64 fixed-point row per request row (the weighted sum of that row's
 /// outputs, common/fixed_point.h) instead of one f32 row per assignment; stats.saturated.
-constexpr uint32_t kProtocolVersion = 4;
+/// 5: a layerRequest may carry the next MoE layer's prefetch (layerRequest.prefetch),
+/// which the worker starts while it computes the request; a protocol-4 worker would
+/// silently ignore it, so the bump makes a mixed cluster an error at hello instead.
+constexpr uint32_t kProtocolVersion = 5;
 
 /// Upper bound on the experts one prefetchHint may name (no layer has more experts).
 constexpr uint32_t kMaxHintExperts = 1u << 16;
@@ -163,12 +166,6 @@ struct ErrorMsg {
   std::string message;
 };
 
-/// `prefetchHint`: experts a coming layerRequest is predicted to use. Gets no reply.
-struct PrefetchHintMsg {
-  uint32_t layer = 0;             ///< decoder layer index of the predicted request
-  std::vector<uint32_t> experts;  ///< predicted expert ids held by the receiving worker
-};
-
 /// Any decoded message; the alternative is the union member the frame carried.
 using WireMessage = std::variant<HelloMsg, HelloReplyMsg, LayerRequest, LayerResponseMsg,
                                  HealthRequestMsg, HealthReplyMsg, ErrorMsg, AuthChallengeMsg,
@@ -219,8 +216,9 @@ FrameBody split_frame(const uint8_t* data, size_t size,
 /// printable; in
 /// a layerRequest: hiddenSize 0 or over kMaxWireHiddenSize, a hidden payload that is not
 /// a multiple of 4 bytes or not numRows * hiddenSize * 4 bytes, an assignment row >=
-/// numRows; in a layerResponse: outputs not a multiple of 8 bytes (int64), stats.hits +
-/// stats.misses other than 0 or expertsComputed, prefetchHits > hits; in a healthReply:
+/// numRows, a prefetch naming more than kMaxHintExperts experts; in a layerResponse:
+/// outputs not a multiple of 8 bytes (int64), stats.hits + stats.misses other than 0 or
+/// expertsComputed, prefetchHits > hits; in a healthReply:
 /// tierLayers not ascending / a layer twice, prefetchHits > prefetchIssued; in a
 /// prefetchHint: more than kMaxHintExperts experts. What needs the model's shape (layer
 /// and expert ids) is checked by check_layer_request and check_prefetch_hint.

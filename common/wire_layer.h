@@ -26,6 +26,7 @@ struct LayerRequestView {
   uint32_t num_rows = 0;
   std::span<const float> hidden;             ///< [num_rows, hidden_size] f32, in `body`
   std::vector<ExpertAssignment> assignments;
+  std::optional<PrefetchHintMsg> prefetch;   ///< as LayerRequest::prefetch
 };
 
 /// A `layerResponse` read in place; `outputs` points into `body` as LayerRequestView's
@@ -57,6 +58,7 @@ struct LayerRequestHeader {
   uint64_t request_id = 0;
   uint32_t layer = 0;
   uint32_t hidden_size = 0;
+  const PrefetchHintMsg* prefetch = nullptr;  ///< layerRequest.prefetch; null: none
 };
 
 /// Encodes a layerRequest whose row r is hidden[rows[r] * hidden_size ..], gathering each

@@ -85,6 +85,11 @@ struct LayerRequest {
   numRows @3 :UInt32;           # rows in `hidden`
   hidden @4 :Data;              # [numRows, hiddenSize] f32 LE: numRows*hiddenSize*4 bytes
   assignments @5 :List(Assignment);  # any order; at most 256 per row (the sums' headroom)
+  prefetch @6 :PrefetchHint;    # protocol 5, optional: the experts of a coming layer (the
+                                # next MoE layer) predicted for these rows, this worker's
+                                # only. The worker starts reading them once this request's
+                                # own reads are queued, while it computes; advice, as a
+                                # prefetchHint message is (the same rules and limits)
 }
 
 # What a worker measured while serving one layer request.

@@ -38,7 +38,8 @@ separate machines shows when expert compute dominates cannot be shown by this be
 
 Usage (as root; build first: cmake --build build --target charm):
   scripts/lan_testbed.py [--model DIR|fixture] [--workers 1,2,4] [--rtt-ms 0.2,1,5]
-      [--rate 1gbit] [--streams 1,16] [--tokens 32] [--threads 2] [--time-limit 180] [--json FILE]
+      [--rate 1gbit] [--streams 1,16] [--tokens 32] [--threads 2] [--micro-batches 0|1|2]
+      [--time-limit 180] [--json FILE]
 Default model: the demo checkpoint scripts/serve.sh builds
 (~/.cache/charm/models/qwen2.5-0.5b-moe/checkpoint); `fixture` = the tiny Qwen3-MoE test
 fixture (no download; network-bound, compute negligible).
@@ -92,7 +93,7 @@ def expert_ranges(num_experts: int, n: int) -> list[str]:
 
 
 def write_topologies(folder: Path, model: Path, threads: int, api_port: int, worker_hosts: list[tuple[str, int]],
-                     relay_ports: list[int], secret: Path) -> tuple[Path, Path]:
+                     relay_ports: list[int], secret: Path, micro_batches: int = 0) -> tuple[Path, Path]:
     """The workers' topology (each listens on its namespace address) and the coordinator's
     (each worker reached through its relay on 127.0.0.1): the same workers and experts, and
     the cluster secret a LAN needs (the authenticated handshake, as users run it)."""
@@ -101,7 +102,8 @@ def write_topologies(folder: Path, model: Path, threads: int, api_port: int, wor
     ranges = expert_ranges(num_experts, len(worker_hosts))
     head = (f"model: {model}\nmodel_name: lan\nthreads: {threads}\nmode: cluster\n"
             f"api: {{host: 127.0.0.1, port: {api_port}}}\ncluster: {{secret_file: {secret}}}\n"
-            "timeouts: {connect_ms: 10000, request_ms: 600000}\nworkers:\n")
+            "timeouts: {connect_ms: 10000, request_ms: 600000}\n"
+            f"serving: {{micro_batches: {micro_batches}}}\nworkers:\n")
     paths = []
     for tag, addrs in (("workers", worker_hosts), ("coordinator", [("127.0.0.1", p) for p in relay_ports])):
         text = head + "".join(f"  - {{name: w{i}, host: {h}, port: {p}, experts: \"{r}\"}}\n"
@@ -206,7 +208,7 @@ def run_cluster(args, folder: Path, n: int, t_compute: dict[int, float], layers:
         if not secret.exists():
             subprocess.run([str(args.charm), "secret", "new", str(secret)], check=True, capture_output=True)
         wcfg, ccfg = write_topologies(folder, args.model, args.threads, server.port, worker_hosts, relay.ports,
-                                      secret)
+                                      secret, args.micro_batches)
         for i in range(n):
             server.spawn(ns.prefix(i) + [args.charm, "worker", "--config", wcfg, "--name", f"w{i}"], f"w{i}")
         server.spawn([args.charm, "serve", "--config", ccfg], "serve")
@@ -237,7 +239,8 @@ def run_cluster(args, folder: Path, n: int, t_compute: dict[int, float], layers:
 
 def print_report(res: dict) -> None:
     print(f"\nmodel {res['model']} ({res['moe_layers']} MoE layers), link {res['rate']}, "
-          f"{res['tokens']} tokens per stream, threads {res['threads']}, commit {res['commit']}")
+          f"{res['tokens']} tokens per stream, threads {res['threads']}, "
+          f"micro_batches {res.get('micro_batches', 0)}, commit {res['commit']}")
     print("single node, ms per decode step: " +
           ", ".join(f"{s} streams {t * 1e3:.1f}" for s, t in res["t_compute_s"].items()))
     print(f"{'workers':>7} {'RTT ms':>6} {'added':>6} {'streams':>7} {'tok/s':>8} {'ceiling':>8} {'of ceil':>7} "
@@ -304,6 +307,8 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=32, help="tokens per stream")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--seed", type=int, default=17)
+    ap.add_argument("--micro-batches", type=int, default=0, choices=[0, 1, 2],
+                    help="the coordinator's serving.micro_batches (0: automatic, 2 in cluster mode)")
     ap.add_argument("--repeat", type=int, default=3, help="loads per row; the fastest is reported")
     ap.add_argument("--time-limit", type=float, default=180, help="hard limit of one load, s")
     ap.add_argument("--startup-timeout", type=float, default=300)
@@ -334,7 +339,7 @@ def main() -> int:
     # their barriers would take the cores the others need (the tests set the same).
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")
     res = {"model": str(args.model), "moe_layers": layers, "rate": args.rate, "tokens": args.tokens,
-           "threads": args.threads, "machine": machine(folder), "rows": [],
+           "threads": args.threads, "micro_batches": args.micro_batches, "machine": machine(folder), "rows": [],
            "commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                                     capture_output=True, text=True).stdout.strip()}
     res["t_compute_s"] = run_single_node(args, folder)

@@ -387,7 +387,10 @@ LayerStats ExecutorService::run_in_place(const LayerRequestView& request, int64_
     fail_invalid("layer " + std::to_string(request.layer) + ": hidden_size " + std::to_string(request.hidden_size) +
                  " does not match the model's " + std::to_string(executor_.store().hidden_size()));
   }
-  return executor_.run_into(request.layer, request.hidden.data(), request.num_rows, request.assignments, outputs);
+  std::function<void()> prefetch;
+  if (request.prefetch) prefetch = [&] { executor_.start_prefetch(*request.prefetch); };
+  return executor_.run_into(request.layer, request.hidden.data(), request.num_rows, request.assignments, outputs,
+                            prefetch);
 }
 
 namespace {
@@ -395,13 +398,25 @@ namespace {
 // The owning copy of a view, for services that do not run in place.
 LayerRequest owned(const LayerRequestView& view) {
   return {view.request_id, view.layer, view.hidden_size, view.num_rows,
-          std::vector<float>(view.hidden.begin(), view.hidden.end()), view.assignments};
+          std::vector<float>(view.hidden.begin(), view.hidden.end()), view.assignments, view.prefetch};
 }
 
 }  // namespace
 
 bool WorkerServer::handle_layer(LayerRequestView& request, Session& session) {
   if (!debug_delay_elapsed()) return false;  // stopped while "computing": no reply
+  if (request.prefetch) {
+    // Advice riding on the request: one the model's shape rules out is dropped, the
+    // request still served (as a prefetchHint message would be dropped).
+    ++hints_received_;
+    try {
+      check_prefetch_hint(*request.prefetch, options_.limits);
+    } catch (const Error& e) {
+      spdlog::warn("worker {}: request {} carries a prefetch it must not: {}; dropped", options_.worker_name,
+                   request.request_id, e.message());
+      request.prefetch.reset();
+    }
+  }
   Frame frame;
   if (session.hello_ok && service_.runs_in_place()) {
     try {

@@ -28,7 +28,9 @@ namespace charm {
 class LayerService {
  public:
   virtual ~LayerService() = default;
-  /// Runs one request whose shapes the wire decoder has already validated. Throws
+  /// Runs one request whose shapes the wire decoder has already validated (its prefetch,
+  /// if any, checked by check_prefetch_hint too). A service that can prefetch starts
+  /// request.prefetch once the request's own reads are queued; others ignore it. Throws
   /// charm::Error (or any std::exception); its text goes back as layerResponse.error.
   virtual LayerResponse run(const LayerRequest& request) = 0;
   /// Whether run_in_place serves requests (then the worker reads a request's rows from
@@ -62,7 +64,8 @@ class ExecutorService final : public LayerService {
   explicit ExecutorService(const ExpertExecutor& executor) : executor_(executor) {}
   LayerResponse run(const LayerRequest& request) override { return executor_.run(request); }
   bool runs_in_place() const override { return true; }
-  /// Gathers the request's rows from the frame straight into the executor's inputs.
+  /// Gathers the request's rows from the frame straight into the executor's inputs;
+  /// starts its prefetch once its own reads are queued.
   LayerStats run_in_place(const LayerRequestView& request, int64_t* outputs) override;
   std::map<uint32_t, std::vector<uint32_t>> held() const override {
     return executor_.store().held();
@@ -166,7 +169,8 @@ class WorkerServer {
   /// and options.model_fingerprint (so `charm status` can spot a worker serving another
   /// model).
   HealthReplyMsg health() const;
-  /// prefetchHint messages received since start (all connections, dropped ones too).
+  /// Prefetch hints received since start: prefetchHint messages and layerRequests that
+  /// carry one (all connections, dropped ones too).
   uint64_t hints_received() const { return hints_received_.load(); }
 
  private:

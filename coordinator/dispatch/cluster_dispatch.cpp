@@ -156,6 +156,7 @@ ClusterDispatcher::ClusterDispatcher(const Topology& topology, Placement placeme
     workers_.push_back(std::move(worker));
   }
   inflight_.resize(workers_.size());
+  staged_hints_.resize(workers_.size());
   for (const auto& [layer, owners] : placement_) {
     for (size_t e = 0; e < owners.size(); ++e) {
       if (!identities_.count({static_cast<uint32_t>(layer), static_cast<uint32_t>(e)})) {
@@ -416,8 +417,12 @@ void ClusterDispatcher::send_request(size_t w, Batch& batch) {
   req.num_rows = static_cast<uint32_t>(batch.rows.size());
   // The rows go from the caller's hidden states straight into the frame (req.hidden stays
   // empty: the batch keeps the request's ids and assignments only).
-  const Frame frame = encode_layer_request_rows({req.request_id, req.layer, req.hidden_size}, p.hidden, batch.rows,
-                                                req.assignments);
+  // A staged prefetch hint rides on this request (the worker starts it while computing).
+  PrefetchHintMsg& staged = staged_hints_[w];
+  const PrefetchHintMsg* prefetch = staged.experts.empty() ? nullptr : &staged;
+  const Frame frame = encode_layer_request_rows({req.request_id, req.layer, req.hidden_size, prefetch}, p.hidden,
+                                                batch.rows, req.assignments);
+  staged = {};
   {
     // Marked down by its health thread since this round chose it: fail over like any
     // send error.
@@ -722,6 +727,7 @@ void ClusterDispatcher::begin_layer(uint32_t layer, const float* hidden, uint32_
   std::vector<uint32_t> all(assignments.size());
   std::iota(all.begin(), all.end(), 0u);
   send_round(*layers_.back(), all);
+  send_staged_hints();  // the workers without a part in this layer
 }
 
 size_t ClusterDispatcher::unfinished() const {
@@ -729,6 +735,7 @@ size_t ClusterDispatcher::unfinished() const {
 }
 
 void ClusterDispatcher::drop_unfinished() {
+  for (PrefetchHintMsg& hint : staged_hints_) hint = {};
   for (auto& p : layers_) {
     if (!p->abandoned) spdlog::debug("coordinator: dropped an unfinished layer {}", p->layer);
     p->abandoned = true;
@@ -768,41 +775,50 @@ void ClusterDispatcher::finish_layer() {
 }
 
 void ClusterDispatcher::hint_layer(uint32_t layer, const std::vector<uint32_t>& experts) {
+  send_staged_hints();  // one staged hint per worker: an older one goes alone
   const auto found = placement_.find(layer);
   if (found == placement_.end()) return;
   const std::vector<std::vector<int>>& owners = found->second;
   // Every replica of a predicted expert gets the hint: which one serves the request is
   // decided when it is sent (the first live one), and a spare warm copy helps a failover.
-  std::vector<PrefetchHintMsg> hints(workers_.size());
   for (uint32_t e : experts) {
     if (e >= owners.size()) continue;
-    for (int w : owners[e]) hints.at(static_cast<size_t>(w)).experts.push_back(e);
+    for (int w : owners[e]) staged_hints_.at(static_cast<size_t>(w)).experts.push_back(e);
   }
+  for (PrefetchHintMsg& hint : staged_hints_) hint.layer = layer;
+}
+
+void ClusterDispatcher::send_staged_hints() {
   for (size_t w = 0; w < workers_.size(); ++w) {
-    Worker& worker = *workers_[w];
-    if (hints[w].experts.empty()) continue;
-    hints[w].layer = layer;
-    std::shared_ptr<FrameConnection> conn;
-    {
-      // No reconnect for a hint: a broken connection is the next request's to report.
-      std::lock_guard<std::mutex> lock(stats_mutex_);
-      if (!worker.conn || !worker.conn->is_open()) continue;
-      conn = worker.conn;
-    }
-    // It has no reply, so a layer request in flight still gets the next frame back. A send
-    // that blocks (the worker stopped reading) is watched like a late reply.
-    waiting(worker, 0);
-    try {
-      const uint64_t out = conn->send(encode_prefetch_hint(hints[w]), request_timeout_);
-      std::lock_guard<std::mutex> lock(stats_mutex_);
-      worker.bytes_out += out;
-    } catch (const Error& e) {
-      spdlog::debug("coordinator: prefetch hint to {} dropped: {}", worker.label, e.message());
-    }
-    if (inflight_[w].empty()) {
-      worker.waiting_since = 0;
-      worker.waiting_rows = 0;
-    }
+    if (staged_hints_[w].experts.empty()) continue;
+    const PrefetchHintMsg hint = std::move(staged_hints_[w]);
+    staged_hints_[w] = {};
+    send_hint(w, hint);
+  }
+}
+
+void ClusterDispatcher::send_hint(size_t w, const PrefetchHintMsg& hint) {
+  Worker& worker = *workers_[w];
+  std::shared_ptr<FrameConnection> conn;
+  {
+    // No reconnect for a hint: a broken connection is the next request's to report.
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    if (!worker.conn || !worker.conn->is_open()) return;
+    conn = worker.conn;
+  }
+  // It has no reply, so a layer request in flight still gets the next frame back. A send
+  // that blocks (the worker stopped reading) is watched like a late reply.
+  waiting(worker, 0);
+  try {
+    const uint64_t out = conn->send(encode_prefetch_hint(hint), request_timeout_);
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    worker.bytes_out += out;
+  } catch (const Error& e) {
+    spdlog::debug("coordinator: prefetch hint to {} dropped: {}", worker.label, e.message());
+  }
+  if (inflight_[w].empty()) {
+    worker.waiting_since = 0;
+    worker.waiting_rows = 0;
   }
 }
 

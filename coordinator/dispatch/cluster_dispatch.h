@@ -102,11 +102,15 @@ class ClusterDispatcher final : public ExpertDispatcher {
   /// True: the experts run on other machines, so the caller's compute overlaps them.
   bool runs_remotely() const override { return true; }
 
-  /// Splits `experts` by owning worker (every replica) and sends each one prefetchHint on
-  /// its data connection (no reply is read: the protocol's one fire-and-forget message).
-  /// Workers that are down, and a layer absent from the placement, get nothing; a send that
-  /// fails is logged and left for the next request on that connection to report. A send
-  /// to a frozen worker is aborted with it.
+  /// Splits `experts` by owning worker (every replica) and stages each one's share: it
+  /// rides on the next layerRequest sent to that worker (layerRequest.prefetch), so the
+  /// worker starts the reads as soon as that request's own are queued. A share no request
+  /// has taken by the end of the next begin_layer (the worker has no part in that layer),
+  /// or still staged at the next hint_layer, goes alone as a prefetchHint message (no reply
+  /// is read: the protocol's one fire-and-forget message). Workers that are down, and a
+  /// layer absent from the placement, get nothing; a send that fails is logged and left
+  /// for the next request on that connection to report. A send to a frozen worker is
+  /// aborted with it.
   void hint_layer(uint32_t layer, const std::vector<uint32_t>& experts) override;
 
   /// One entry per worker: "up" while connected, "suspect" while a probe of it is
@@ -138,6 +142,8 @@ class ClusterDispatcher final : public ExpertDispatcher {
   // The engine thread's side of a layer.
   void send_round(PendingLayer& p, const std::vector<uint32_t>& which);
   void send_request(size_t w, Batch& batch);
+  void send_staged_hints();  // each staged hint alone, as a prefetchHint message
+  void send_hint(size_t w, const PrefetchHintMsg& hint);
   void read_replies();
   void receive_reply(Worker& worker, Batch& batch);
   /// Throws Error(kProtocol) unless `sums` is one row of hidden_size values per request
@@ -191,6 +197,9 @@ class ClusterDispatcher final : public ExpertDispatcher {
   // Per worker, the batches sent on its data connection and not answered, in send order
   // (the order of its replies), whichever layers they belong to. Engine thread only.
   std::vector<std::deque<Batch>> inflight_;
+  // Per worker, the hint_layer share waiting for its next request (no experts: none).
+  // Engine thread only.
+  std::vector<PrefetchHintMsg> staged_hints_;
   Metrics* metrics_ = nullptr;  // set before the first layer; may be null
   mutable std::mutex stats_mutex_;  // guards every Worker's state, statistics and `conn`
   uint64_t token_layers_ = 0;       // sum of num_rows over begin_layer calls; stats_mutex_

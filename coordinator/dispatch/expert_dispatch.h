@@ -64,10 +64,12 @@ class ExpertDispatcher {
   }
 
   /// Fire-and-forget prefetch hint: `experts` (ascending) of MoE layer `layer` are
-  /// predicted for a coming begin_layer. Delivered after the layer in flight (if any), so
-  /// a worker reads it once it has answered that layer. Never changes any output and
-  /// never throws for a worker that cannot take it (the hint is dropped). The default
-  /// drops every hint.
+  /// predicted for a coming begin_layer. Call it just before the begin_layer it should
+  /// travel with (the layer before `layer`): the hint goes with that layer's work, and the
+  /// experts' owners start reading them once that layer's own reads are queued, while they
+  /// compute it, so the reads overlap a whole layer. Never changes any output and never
+  /// throws for a worker that cannot take it (the hint is dropped). The default drops
+  /// every hint.
   virtual void hint_layer(uint32_t /*layer*/, const std::vector<uint32_t>& /*experts*/) {}
 
   /// Whether the model should compute predictions for hint_layer at all (prefetch on, or

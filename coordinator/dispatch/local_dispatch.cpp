@@ -13,11 +13,11 @@ namespace charm {
 namespace {
 
 // A hint is advice: a store that cannot take it must not fail the generation.
-void issue_hint(const LocalDispatcher::PrefetchFn& prefetch, uint32_t layer, const std::vector<uint32_t>& experts) {
+void issue_hint(const LocalDispatcher::PrefetchFn& prefetch, const PrefetchHintMsg& hint) noexcept {
   try {
-    prefetch(layer, experts);
+    prefetch(hint.layer, hint.experts);
   } catch (const std::exception& e) {
-    spdlog::debug("local experts: prefetch hint for layer {} dropped: {}", layer, e.what());
+    spdlog::debug("local experts: prefetch hint for layer {} dropped: {}", hint.layer, e.what());
   }
 }
 
@@ -29,33 +29,32 @@ void LocalDispatcher::begin_layer(uint32_t layer, const float* hidden, uint32_t 
     fail_internal("hidden_size " + std::to_string(hidden_size) + " does not match the expert store's");
   }
   if (pending_.size() >= kMaxLayersInFlight) drop_unfinished();
-  pending_.push_back(Pending{layer, hidden, num_rows, hidden_size, &assignments, sums, {}});
+  pending_.push_back(Pending{layer, hidden, num_rows, hidden_size, &assignments, sums, std::move(staged_)});
+  staged_.reset();
 }
 
 void LocalDispatcher::drop_unfinished() {
-  pending_.clear();  // hints behind an abandoned layer go with it
+  pending_.clear();  // the hints kept with an abandoned layer go with it
+  staged_.reset();
 }
 
 void LocalDispatcher::finish_layer() {
   if (pending_.empty()) fail_internal("finish_layer without begin_layer");
   const Pending p = std::move(pending_.front());
   pending_.pop_front();
-  const auto& hints = p.hints;
   std::fill_n(p.sums, size_t{p.num_rows} * p.hidden_size, int64_t{0});
-  const LayerStats stats = executor_.run_into(p.layer, p.hidden, p.num_rows, *p.assignments, p.sums);
+  std::function<void()> prefetch;
+  if (p.prefetch) prefetch = [&] { issue_hint(prefetch_, *p.prefetch); };
+  const LayerStats stats = executor_.run_into(p.layer, p.hidden, p.num_rows, *p.assignments, p.sums, prefetch);
   ++requests_;
   warn_saturated_once(stats.saturated, "layer " + std::to_string(p.layer));
   if (metrics_) metrics_->expert_stats("local", stats.hits, stats.misses, stats.bytes_read);
-  for (const auto& [layer, experts] : hints) issue_hint(prefetch_, layer, experts);
 }
 
 void LocalDispatcher::hint_layer(uint32_t layer, const std::vector<uint32_t>& experts) {
   if (!prefetch_) return;
-  if (!pending_.empty()) {
-    pending_.back().hints.emplace_back(layer, experts);
-  } else {
-    issue_hint(prefetch_, layer, experts);
-  }
+  if (staged_) issue_hint(prefetch_, *staged_);
+  staged_ = PrefetchHintMsg{layer, experts};
 }
 
 std::vector<WorkerStatus> LocalDispatcher::status() const {

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <deque>
 #include <functional>
+#include <optional>
 
 #include "coordinator/dispatch/expert_dispatch.h"
 #include "worker/experts/expert_executor.h"
@@ -30,8 +31,10 @@ class LocalDispatcher final : public ExpertDispatcher {
                    const std::vector<ExpertAssignment>& assignments, int64_t* sums) override;
   void finish_layer() override;
   void drop_unfinished() override;
-  /// Passes the hint to the store's prefetch now, or right after the pending layer's
-  /// experts have run (as a worker would read it after answering that layer).
+  /// Keeps the hint for the next begin_layer: when that layer runs (finish_layer), the hint
+  /// goes to `prefetch` right after the layer's own reads are queued, as a worker starts a
+  /// hint carried by a request. A hint already kept (no begin_layer came between) goes to
+  /// `prefetch` at once.
   void hint_layer(uint32_t layer, const std::vector<uint32_t>& experts) override;
   std::vector<WorkerStatus> status() const override;
 
@@ -43,13 +46,14 @@ class LocalDispatcher final : public ExpertDispatcher {
     uint32_t hidden_size = 0;
     const std::vector<ExpertAssignment>* assignments = nullptr;
     int64_t* sums = nullptr;
-    std::vector<std::pair<uint32_t, std::vector<uint32_t>>> hints;  // given behind it
+    std::optional<PrefetchHintMsg> prefetch;  // the hint given just before it
   };
 
   const ExpertExecutor& executor_;
   PrefetchFn prefetch_;
   Metrics* metrics_;
   std::deque<Pending> pending_;  // begun, oldest first (at most kMaxLayersInFlight)
+  std::optional<PrefetchHintMsg> staged_;  // hint_layer's, for the next begin_layer
   std::atomic<uint64_t> requests_{0};
 };
 

@@ -51,8 +51,10 @@ void RoutingObserver::begin_layer(uint32_t layer, const float* hidden, uint32_t 
   const std::vector<uint32_t> used = batch_union(assignments);
   std::optional<std::vector<uint32_t>> predicted;
   if (auto it = hints_.find(layer); it != hints_.end()) {
-    predicted = std::move(it->second);
-    hints_.erase(it);
+    // Oldest first: with two micro-batches, each half's hint is for its own next layer.
+    predicted = std::move(it->second.front());
+    it->second.pop_front();
+    if (it->second.empty()) hints_.erase(it);
   }
   record(layer, num_rows, assignments, used, predicted);
   counts_.add(layer, assignments);
@@ -66,7 +68,9 @@ void RoutingObserver::drop_unfinished() { inner_->drop_unfinished(); }
 bool RoutingObserver::runs_remotely() const { return inner_->runs_remotely(); }
 
 void RoutingObserver::hint_layer(uint32_t layer, const std::vector<uint32_t>& experts) {
-  hints_[layer] = experts;
+  std::deque<std::vector<uint32_t>>& queue = hints_[layer];
+  queue.push_back(experts);
+  if (queue.size() > kMaxLayersInFlight) queue.pop_front();  // a hint no begin_layer took
   if (options_.prefetch) inner_->hint_layer(layer, experts);
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -82,7 +83,9 @@ class RoutingObserver final : public ExpertDispatcher {
   std::unique_ptr<ExpertDispatcher> inner_;
   RoutingObserverOptions options_;
   std::ofstream trace_;
-  std::map<uint32_t, std::vector<uint32_t>> hints_;  // layer -> latest prediction, ascending
+  // layer -> its predictions not yet matched by a begin_layer, oldest first (one per
+  // micro-batch in flight), each ascending
+  std::map<uint32_t, std::deque<std::vector<uint32_t>>> hints_;
   std::map<uint32_t, PrefetchLayerStats> stats_;
   RoutingCounts counts_;
   int64_t step_ = -1;

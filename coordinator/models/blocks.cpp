@@ -306,9 +306,11 @@ MoeCall MoeBlock::begin(ExpertDispatcher& dispatcher, uint32_t layer, const floa
                         const NextMoeLayer* next) const {
   const size_t hidden = router->hidden();
   MoeCall call;
-  call.routed_ = std::make_unique<RoutedExpertsCall>(dispatcher, layer, x, rows, hidden, router->route(x, rows));
-  // While the routed experts are out: the next layer's hint, then the shared expert.
+  // The next layer's hint first: it travels with this layer's requests, so the owners
+  // read those experts while they compute this layer.
   if (next != nullptr) hint_next_moe_layer(dispatcher, next->layer, *next->norm, *next->router, next->hidden, rows);
+  call.routed_ = std::make_unique<RoutedExpertsCall>(dispatcher, layer, x, rows, hidden, router->route(x, rows));
+  // While the routed experts are out: the shared expert.
   if (shared_expert) {
     call.shared_.resize(rows * hidden);
     shared_expert(x, rows, call.shared_.data());

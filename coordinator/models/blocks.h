@@ -297,9 +297,9 @@ struct MoeBlock {
   /// (Qwen2-MoE: GatedSharedExpert; DeepSeek-V3: a DenseMlp of the shared experts).
   std::function<void(const float* x, size_t rows, float* out)> shared_expert;
 
-  /// Starts the block for normed rows x [rows, hidden] of `layer`: sends the routed
-  /// experts, then, while they run, the prefetch hint for `next` (when not null; read
-  /// here only) and the shared expert. `x` must stay unchanged until the call's finish.
+  /// Starts the block for normed rows x [rows, hidden] of `layer`: the prefetch hint for
+  /// `next` (when not null; read here only), which travels with this layer's work, then
+  /// the routed experts, then, while they run, the shared expert. `x` must stay unchanged until the call's finish.
   /// Errors as RoutedExpertsCall.
   MoeCall begin(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows,
                 const NextMoeLayer* next) const;

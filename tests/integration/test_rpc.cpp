@@ -504,7 +504,13 @@ namespace {
 class RecordingService final : public LayerService {
  public:
   explicit RecordingService(const ExpertExecutor& executor) : inner_(executor) {}
-  LayerResponse run(const LayerRequest& request) override { return inner_.run(request); }
+  LayerResponse run(const LayerRequest& request) override {
+    if (request.prefetch) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      carried_.emplace_back(request.request_id, *request.prefetch);
+    }
+    return inner_.run(request);
+  }
   std::map<uint32_t, std::vector<uint32_t>> held() const override { return inner_.held(); }
   ExpertIdentities identities() const override { return inner_.identities(); }
   void prefetch(uint32_t layer, const std::vector<uint32_t>& experts) override {
@@ -516,11 +522,17 @@ class RecordingService final : public LayerService {
     std::lock_guard<std::mutex> lock(mutex_);
     return hints_;
   }
+  /// The prefetches carried by layer requests: (request id, hint).
+  std::vector<std::pair<uint64_t, PrefetchHintMsg>> carried() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return carried_;
+  }
 
  private:
   ExecutorService inner_;
   mutable std::mutex mutex_;
-  std::vector<std::pair<uint32_t, std::vector<uint32_t>>> hints_;
+  std::vector<std::pair<uint32_t, std::vector<uint32_t>>> hints_;  // prefetchHint messages
+  std::vector<std::pair<uint64_t, PrefetchHintMsg>> carried_;
 };
 
 // A worker like TestWorker whose service records hints.
@@ -586,9 +598,54 @@ TEST_CASE("prefetchHint gets no reply: the replies that follow stay in step") {
   CHECK(hints[0].second == std::vector<uint32_t>{1, 3});
   CHECK(hints[1].first == 99);
   CHECK(worker.server->hints_received() == 3);
+
+  // A prefetch carried by a request reaches the service with it, and changes no bit.
+  req.request_id = 43;
+  req.prefetch = PrefetchHintMsg{2, {0, 3}};
+  conn->send(encode_layer_request(req), 5s);
+  const auto third = decode_as<LayerResponseMsg>(conn->receive(5s));
+  CHECK(third.error.empty());
+  CHECK(third.response.outputs == first.response.outputs);
+  const auto carried = worker.service->carried();
+  REQUIRE(carried.size() == 1);
+  CHECK(carried[0].first == 43);
+  CHECK(carried[0].second.experts == std::vector<uint32_t>{0, 3});
+  CHECK(worker.server->hints_received() == 4);
 }
 
-TEST_CASE("ClusterDispatcher::hint_layer sends each owner only its experts, behind the layer in flight") {
+TEST_CASE("a prefetch carried by a request that the model rules out is dropped; the request is served") {
+  TinyModel model;
+  auto store = model.store({0, 1, 2, 3});
+  ExpertExecutor executor(*store);
+  RecordingService service(executor);
+  WorkerServerOptions options;
+  options.worker_name = "a";
+  options.model_fingerprint = model.fingerprint;
+  options.limits = ModelLimits{3, 4, kHidden, {0, 2}};
+  WorkerServer server(options, service);
+  server.start();
+  auto conn = FrameConnection::connect("127.0.0.1", server.port(), 5s, "a");
+  conn->send(encode_hello(HelloMsg{kProtocolVersion, model.fingerprint, "t"}), 5s);
+  REQUIRE(decode_as<HelloReplyMsg>(conn->receive(5s)).ok);
+  LayerRequest req{1, 0, kHidden, 1, noise(kHidden, 3), {{0, 1}}, std::nullopt};
+  for (const PrefetchHintMsg& bad : {PrefetchHintMsg{1, {0}},     // layer 1 is dense
+                                     PrefetchHintMsg{2, {0, 4}},  // expert 4 >= num_experts
+                                     PrefetchHintMsg{9, {0}}}) {  // no layer 9
+    req.prefetch = bad;
+    conn->send(encode_layer_request(req), 5s);
+    const auto reply = decode_as<LayerResponseMsg>(conn->receive(5s));
+    CHECK(reply.error.empty());
+  }
+  CHECK(service.carried().empty());
+  CHECK(server.hints_received() == 3);
+  req.prefetch = PrefetchHintMsg{2, {3}};
+  conn->send(encode_layer_request(req), 5s);
+  CHECK(decode_as<LayerResponseMsg>(conn->receive(5s)).error.empty());
+  REQUIRE(service.carried().size() == 1);
+  server.stop();
+}
+
+TEST_CASE("ClusterDispatcher::hint_layer: each owner's share rides on its next request, or goes alone") {
   TinyModel model;
   HintWorker a(model, "a", {0, 2});
   HintWorker b(model, "b", {1, 3});
@@ -601,27 +658,46 @@ TEST_CASE("ClusterDispatcher::hint_layer sends each owner only its experts, behi
   ClusterDispatcher dispatcher(topology, placement, model.fingerprint, model.identities);
 
   const std::vector<float> hidden = noise(3 * kHidden, 5);
-  const auto assignments = routing(3);
+  const auto assignments = routing(3);  // experts on both workers
   std::vector<int64_t> plain(3 * kHidden), hinted(3 * kHidden);
   dispatcher.run_layer(0, hidden.data(), 3, kHidden, assignments, plain.data());
 
-  dispatcher.begin_layer(0, hidden.data(), 3, kHidden, assignments, hinted.data());
-  dispatcher.hint_layer(2, {0, 1, 3});   // a gets {0}, b gets {1, 3}
   dispatcher.hint_layer(1, {0});         // not a MoE layer of the placement: sent nowhere
-  dispatcher.hint_layer(2, {2, 17});     // 17 is out of range: dropped; a gets {2}
+  dispatcher.hint_layer(2, {0, 1, 3, 17});  // a gets {0}, b gets {1, 3}; 17 is out of range
+  dispatcher.begin_layer(0, hidden.data(), 3, kHidden, assignments, hinted.data());
   dispatcher.finish_layer();
   CHECK(plain == hinted);
-  // The hints follow the layer request on each connection; one more layer round trip
-  // guarantees the workers have read them.
-  dispatcher.run_layer(2, hidden.data(), 3, kHidden, assignments, hinted.data());
+  auto ca = a.service->carried();
+  auto cb = b.service->carried();
+  REQUIRE(ca.size() == 1);
+  REQUIRE(cb.size() == 1);
+  CHECK(ca[0].second.layer == 2);
+  CHECK(ca[0].second.experts == std::vector<uint32_t>{0});
+  CHECK(cb[0].second.layer == 2);
+  CHECK(cb[0].second.experts == std::vector<uint32_t>{1, 3});
+  CHECK(a.service->hints().empty());
+  CHECK(b.service->hints().empty());
 
-  const auto ha = a.service->hints();
+  // b has no part in a layer that only uses expert 0: its share goes alone, and a hint
+  // still staged at the next hint_layer goes alone too.
+  const std::vector<ExpertAssignment> only_a = {{0, 0, 1.0f}, {1, 0, 0.5f}, {2, 2, 0.25f}};
+  dispatcher.hint_layer(2, {2, 3});  // a {2}, b {3}
+  dispatcher.run_layer(0, hidden.data(), 3, kHidden, only_a, hinted.data());
+  dispatcher.hint_layer(0, {1});     // b {1}, staged ...
+  dispatcher.hint_layer(2, {0});     // ... then sent alone by this one; a {0} staged
+  dispatcher.run_layer(2, hidden.data(), 3, kHidden, only_a, hinted.data());
+  // One more round trip to b guarantees it has read the hints sent alone.
+  dispatcher.run_layer(2, hidden.data(), 3, kHidden, assignments, hinted.data());
+  ca = a.service->carried();
+  REQUIRE(ca.size() == 3);
+  CHECK(ca[1].second.experts == std::vector<uint32_t>{2});
+  CHECK(ca[2].second.layer == 2);
+  CHECK(ca[2].second.experts == std::vector<uint32_t>{0});
+  CHECK(b.service->carried().size() == 1);
   const auto hb = b.service->hints();
-  REQUIRE(ha.size() == 2);
-  CHECK(ha[0] == std::pair<uint32_t, std::vector<uint32_t>>{2, {0}});
-  CHECK(ha[1] == std::pair<uint32_t, std::vector<uint32_t>>{2, {2}});
-  REQUIRE(hb.size() == 1);
-  CHECK(hb[0] == std::pair<uint32_t, std::vector<uint32_t>>{2, {1, 3}});
+  REQUIRE(hb.size() == 2);
+  CHECK(hb[0] == std::pair<uint32_t, std::vector<uint32_t>>{2, {3}});
+  CHECK(hb[1] == std::pair<uint32_t, std::vector<uint32_t>>{0, {1}});
 }
 
 TEST_CASE("health carries the worker's tier counters; charm status shows hit rate, bytes read and layers") {

@@ -81,6 +81,18 @@ TEST_CASE("recall and precision per layer are counted against the batch-union") 
   for (const auto& c : inner->calls) CHECK(c.rfind("hint", 0) != 0);
 }
 
+TEST_CASE("two hints for one layer (two micro-batches) are matched oldest first") {
+  RoutingObserver observer(std::make_unique<FakeDispatcher>(), RoutingObserverOptions{false, ""});
+  observer.hint_layer(2, {1});  // half A's prediction
+  observer.hint_layer(2, {5});  // half B's
+  run(observer, 2, {{0, 1}}, 1);  // A: predicted {1}
+  run(observer, 2, {{0, 5}}, 1);  // B: predicted {5}
+  const PrefetchLayerStats& s = observer.prefetch_stats().at(2);
+  CHECK(s.steps == 2);
+  CHECK(s.correct == 2);
+  CHECK(s.recall() == doctest::Approx(1.0));
+}
+
 TEST_CASE("prefetch on forwards hints in call order; outputs are the inner dispatcher's") {
   auto fake = std::make_unique<FakeDispatcher>();
   FakeDispatcher* inner = fake.get();
@@ -145,7 +157,7 @@ TEST_CASE("hint_next_moe_layer sends what the next router picks on the normalise
   CHECK(plain.calls.empty());
 }
 
-TEST_CASE("LocalDispatcher passes a hint to the store after the pending layer's experts ran") {
+TEST_CASE("LocalDispatcher starts a hint with the next layer it runs, once that layer's reads are queued") {
   TempDir dir("charm-local-hint");
   std::vector<TensorSpec> tensors;
   for (int e = 0; e < 2; ++e) {
@@ -161,21 +173,30 @@ TEST_CASE("LocalDispatcher passes a hint to the store after the pending layer's 
   ExpertExecutor executor(store);
   std::vector<std::string> events;
   LocalDispatcher local(executor, [&](uint32_t layer, const std::vector<uint32_t>& experts) {
+    // Started inside run_into, before the experts compute: the sums are still zero.
     events.push_back("prefetch " + std::to_string(layer) + " x" + std::to_string(experts.size()));
     if (layer == 9) throw Error(ErrorCategory::kIo, "disk gone");  // a failing prefetch is dropped
   });
   const std::vector<float> hidden = {1, 2};
   const std::vector<ExpertAssignment> a = {{0, 0}, {0, 1}};
   std::vector<int64_t> out(2, -1);
-  local.hint_layer(3, {1});  // nothing pending: now
-  local.begin_layer(0, hidden.data(), 1, 2, a, out.data());
-  local.hint_layer(0, {0, 1});
-  local.hint_layer(9, {0});
+  local.hint_layer(3, {1});
+  local.hint_layer(9, {0});  // a second hint before any begin: the first goes at once
   CHECK(events == std::vector<std::string>{"prefetch 3 x1"});
-  CHECK(out[0] == -1);  // the experts have not run yet
+  local.begin_layer(0, hidden.data(), 1, 2, a, out.data());
+  CHECK(events.size() == 1);  // kept with the layer, which has not run yet
+  CHECK(out[0] == -1);
   local.finish_layer();
   CHECK(out[0] != -1);
-  CHECK(events == std::vector<std::string>{"prefetch 3 x1", "prefetch 0 x2", "prefetch 9 x1"});
+  CHECK(events == std::vector<std::string>{"prefetch 3 x1", "prefetch 9 x1"});
+  // A hint kept for a layer that is dropped goes with it.
+  local.hint_layer(0, {0, 1});
+  local.begin_layer(0, hidden.data(), 1, 2, a, out.data());
+  local.drop_unfinished();
+  local.hint_layer(0, {1});
+  local.begin_layer(0, hidden.data(), 1, 2, a, out.data());
+  local.finish_layer();
+  CHECK(events == std::vector<std::string>{"prefetch 3 x1", "prefetch 9 x1", "prefetch 0 x1"});
 }
 
 TEST_CASE("routing counts: every assignment counted per (layer, expert), every MoE layer from the start") {

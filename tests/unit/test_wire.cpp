@@ -301,6 +301,38 @@ TEST_CASE("prefetchHint: more than kMaxHintExperts experts is refused by the enc
   test::expect_error([&] { decode_message(body_of(frame_from(builder))); }, ErrorCategory::kProtocol, {"prefetchHint.experts"});
 }
 
+TEST_CASE("layerRequest.prefetch (protocol 5): carried, read in place alike, absent by default, capped") {
+  LayerRequest req{7, 2, 3, 1, {1, 2, 3}, {{0, 5}}, std::nullopt};
+  CHECK_FALSE(decode_as<LayerRequest>(body_of(encode_layer_request(req))).prefetch.has_value());
+  CHECK_FALSE(decode_layer_request_view(body_of(encode_layer_request(req))).prefetch.has_value());
+  req.prefetch = PrefetchHintMsg{3, {0, 4, 15}};
+  const Frame frame = encode_layer_request(req);
+  const LayerRequest got = decode_as<LayerRequest>(body_of(frame));
+  REQUIRE(got.prefetch.has_value());
+  CHECK(got.prefetch->layer == 3);
+  CHECK(got.prefetch->experts == std::vector<uint32_t>{0, 4, 15});
+  const LayerRequestView view = decode_layer_request_view(body_of(frame));
+  REQUIRE(view.prefetch.has_value());
+  CHECK(view.prefetch->experts == got.prefetch->experts);
+  // The gathering encoder carries it the same way, byte for byte.
+  const std::vector<float> all = {9, 9, 9, 1, 2, 3};
+  const std::vector<uint32_t> rows = {1};
+  CHECK(encode_layer_request_rows({7, 2, 3, &*req.prefetch}, all.data(), rows, req.assignments) == frame);
+  // An empty prefetch list is still a prefetch (for no experts).
+  req.prefetch = PrefetchHintMsg{3, {}};
+  CHECK(decode_as<LayerRequest>(body_of(encode_layer_request(req))).prefetch->experts.empty());
+
+  req.prefetch = PrefetchHintMsg{1, std::vector<uint32_t>(kMaxHintExperts + 1, 3)};
+  CHECK_THROWS_AS(encode_layer_request(req), Error);
+  capnp::MallocMessageBuilder builder;
+  auto r = builder.initRoot<wire::Message>().initLayerRequest();
+  r.setHiddenSize(1);
+  r.initPrefetch().initExperts(kMaxHintExperts + 1);
+  const FrameBody big = body_of(frame_from(builder));
+  test::expect_error([&] { decode_message(big); }, ErrorCategory::kProtocol, {"layerRequest.prefetch.experts", "over the cap"});
+  test::expect_error([&] { decode_layer_request_view(big); }, ErrorCategory::kProtocol, {"layerRequest.prefetch.experts"});
+}
+
 TEST_CASE("prefetchHint: a truncated experts list is a malformed message") {
   Frame frame = encode_prefetch_hint(PrefetchHintMsg{2, {1, 2, 3, 4, 5, 6}});
   // Claim one more segment word than the frame carries: the list pointer runs out of bounds.
@@ -514,7 +546,7 @@ TEST_CASE("frame_length: the one length check, naming the peer and the cap") {
 }
 
 TEST_CASE("layerRequest and layerResponse read in place: the same values, the same frames, the same errors") {
-  LayerRequest req{7, 2, 3, 2, {1, 2, 3, 4, 5, 6}, {{0, 5}, {1, 9}, {0, 9}}};
+  LayerRequest req{7, 2, 3, 2, {1, 2, 3, 4, 5, 6}, {{0, 5}, {1, 9}, {0, 9}}, std::nullopt};
   const Frame frame = encode_layer_request(req);
   // Gathering rows straight into the frame gives the owning encoder's bytes.
   const std::vector<float> all = {9, 9, 9, 1, 2, 3, 4, 5, 6};

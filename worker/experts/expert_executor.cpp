@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
 #include "common/error.h"
 #include "common/fixed_point.h"
 #include "worker/experts/swiglu_batch.h"
@@ -14,7 +16,8 @@
 namespace charm {
 
 LayerStats ExpertExecutor::run_into(uint32_t layer, const float* hidden, uint32_t num_rows,
-                                     const std::vector<ExpertAssignment>& assignments, int64_t* sums) const {
+                                     const std::vector<ExpertAssignment>& assignments, int64_t* sums,
+                                     const std::function<void()>& after_fetch) const {
   const auto start = std::chrono::steady_clock::now();
   const int64_t h = store_.hidden_size();
   const int64_t inter = store_.intermediate_size();
@@ -39,6 +42,7 @@ LayerStats ExpertExecutor::run_into(uint32_t layer, const float* hidden, uint32_
   std::vector<uint32_t> distinct;
   for (const auto& [expert, rows] : rows_of) distinct.push_back(expert);
   std::unique_ptr<ExpertFetch> fetch = store_.fetch(layer, distinct);
+  if (after_fetch) after_fetch();
   // Resident experts come first, missing ones as their reads land. Each expert's rows
   // are gathered into one block and computed as GEMMs (worker/experts/swiglu_batch.h), whose
   // bits for a row never depend on the other rows, the batch or the thread count.
@@ -101,9 +105,19 @@ LayerResponse ExpertExecutor::run(const LayerRequest& request) const {
   LayerResponse response;
   response.request_id = request.request_id;
   response.outputs.assign(size_t{request.num_rows} * request.hidden_size, 0);
+  std::function<void()> prefetch;
+  if (request.prefetch) prefetch = [&] { start_prefetch(*request.prefetch); };
   response.stats = run_into(request.layer, request.hidden.data(), request.num_rows, request.assignments,
-                            response.outputs.data());
+                            response.outputs.data(), prefetch);
   return response;
+}
+
+void ExpertExecutor::start_prefetch(const PrefetchHintMsg& hint) const noexcept {
+  try {
+    store_.prefetch(hint.layer, hint.experts);
+  } catch (const std::exception& e) {
+    spdlog::debug("experts: prefetch of layer {} dropped: {}", hint.layer, e.what());
+  }
 }
 
 }  // namespace charm

@@ -9,6 +9,8 @@
 // workers add up to the same bits.
 #pragma once
 
+#include <functional>
+
 #include "common/moe_types.h"
 #include "worker/experts/expert_store.h"
 
@@ -19,7 +21,7 @@ class ExpertExecutor {
   explicit ExpertExecutor(const ExpertStore& store) : store_(store) {}
 
   /// Computes every assignment of `request`; outputs are [num_rows, hidden] int64 sums.
-  /// Throws Error(kInvalidInput) naming the layer and expert when an assignment names an
+  /// Its prefetch, if any, is started as run_into's `after_fetch` (start_prefetch). Throws Error(kInvalidInput) naming the layer and expert when an assignment names an
   /// expert this store does not hold, a row out of range or with more than
   /// kMaxTermsPerRow assignments, or when hidden_size / hidden.size() disagree with the
   /// store; Error(kIo) when an expert cannot be read from disk.
@@ -28,8 +30,16 @@ class ExpertExecutor {
   /// Same, ADDING each row's terms into `sums` ([num_rows, hidden] int64 fixed point,
   /// fixed_add) directly, for the in-process path and the in-place reply. A row no
   /// assignment names is left as it was. stats.saturated counts clamped terms.
+  /// `after_fetch` (when set) is called once, right after this layer's reads are queued
+  /// and before any expert computes: the place to start the next layer's prefetch, so
+  /// its reads queue behind this layer's and overlap its compute. It must not throw.
   LayerStats run_into(uint32_t layer, const float* hidden, uint32_t num_rows,
-                       const std::vector<ExpertAssignment>& assignments, int64_t* sums) const;
+                       const std::vector<ExpertAssignment>& assignments, int64_t* sums,
+                       const std::function<void()>& after_fetch = {}) const;
+
+  /// Starts the store's prefetch of `hint` (ExpertStore::prefetch); a hint is advice, so
+  /// a failure is logged and dropped, never thrown.
+  void start_prefetch(const PrefetchHintMsg& hint) const noexcept;
 
   const ExpertStore& store() const { return store_; }
 
