@@ -384,7 +384,6 @@ HealthReplyMsg decode_health_reply(wire::HealthReply::Reader r) {
   return msg;
 }
 
-
 WireMessage decode_root(wire::Message::Reader m) {
   switch (m.which()) {
     case wire::Message::HELLO: return decode_hello(m.getHello());

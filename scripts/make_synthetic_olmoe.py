@@ -10,7 +10,9 @@ shards with a model.safetensors.index.json as transformers writes them.
 
 Deviations from the real checkpoint (all stated in docs/benchmarks.md):
   * vocab_size 50304 as OLMoE's, but the tokenizer is the Qwen2 byte-level BPE fixture of
-    this repository (tests/fixtures/tokenizer); prompts must use ids < 50304.
+    this repository (tests/fixtures/tokenizer) cut to fit: its first 50278 tokens, the
+    merges among them, and its 26 added tokens renumbered 50278-50303 (charm refuses a
+    tokenizer with ids past vocab_size). --tokenizer-only rewrites just these files.
   * Weights are N(0, std^2) with std 0.02 (initializer_range), cut from one seeded pool of
     64 Mi values at random offsets instead of drawn afresh per tensor (writing 13 GB of
     fresh normals would take far longer on a 2-core machine; nothing measured depends on
@@ -27,7 +29,7 @@ Deviations from the real checkpoint (all stated in docs/benchmarks.md):
 Memory: one tensor at a time (at most vocab x hidden f32, 412 MB); never the whole model.
 Disk: about 13.5 GB (experts 12.9 GB). Run time: a few minutes, mostly disk writes.
 
-Usage: scripts/make_synthetic_olmoe.py [--out DIR] [--layers N] [--vocab N] [--seed S]
+Usage: scripts/make_synthetic_olmoe.py [--out DIR] [--layers N] [--vocab N] [--seed S] [--tokenizer-only]
 """
 from __future__ import annotations
 
@@ -208,11 +210,52 @@ def write_shard(path: Path, entries: list[tuple[str, list[int]]], writer: Writer
     os.replace(tmp, path)
 
 
+def cut_tokenizer(tokenizer: dict, tokenizer_config: dict, vocab: int) -> tuple[dict, dict, int]:
+    """The fixture's byte-level BPE cut to `vocab` ids: the first vocab - len(added_tokens)
+    base tokens (BPE ids follow merge order, so every kept token's merges are kept), the
+    merges whose parts and result are all kept, and the added tokens renumbered after
+    them. Returns (tokenizer.json, tokenizer_config.json, the new id of <|endoftext|>,
+    the fixture's EOS). Raises ValueError when vocab cannot hold the added tokens and the 256 bytes."""
+    added = tokenizer["added_tokens"]
+    base = vocab - len(added)
+    if base < 256:
+        raise ValueError(f"vocab {vocab} leaves {base} base tokens: fewer than the 256 byte tokens")
+    tok = json.loads(json.dumps(tokenizer))
+    model = tok["model"]
+    model["vocab"] = {t: i for t, i in model["vocab"].items() if i < base}
+    kept = model["vocab"]
+
+    def parts(m):
+        return m.split(" ", 1) if isinstance(m, str) else m
+    model["merges"] = [m for m in model["merges"] if all(p in kept for p in parts(m)) and "".join(parts(m)) in kept]
+    renumber = {a["id"]: base + i for i, a in enumerate(added)}
+    for a in tok["added_tokens"]:
+        a["id"] = renumber[a["id"]]
+    cfg = json.loads(json.dumps(tokenizer_config))
+    cfg["added_tokens_decoder"] = {str(renumber[int(k)]): v for k, v in tokenizer_config["added_tokens_decoder"].items()}
+    eos = next(a["id"] for a in tok["added_tokens"] if a["content"] == "<|endoftext|>")
+    return tok, cfg, eos
+
+
+def write_tokenizer(out: Path, vocab: int) -> None:
+    """tokenizer.json, tokenizer_config.json and generation_config.json into out, and the
+    EOS / pad ids into its config.json (written first)."""
+    src = REPO / "tests/fixtures/tokenizer"
+    tok, cfg, eos = cut_tokenizer(json.loads((src / "tokenizer.json").read_text()),
+                                  json.loads((src / "tokenizer_config.json").read_text()), vocab)
+    (out / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False) + "\n")
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, ensure_ascii=False, indent=2) + "\n")
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}) + "\n")
+    model_config = json.loads((out / "config.json").read_text())
+    model_config.update(eos_token_id=eos, pad_token_id=eos)
+    (out / "config.json").write_text(json.dumps(model_config, indent=2) + "\n")
+
+
 def config(layers: int, vocab: int) -> dict:
     return {
         "architectures": ["OlmoeForCausalLM"], "model_type": "olmoe",
         "attention_bias": False, "attention_dropout": 0.0, "clip_qkv": None,
-        "bos_token_id": None, "eos_token_id": 151643, "pad_token_id": 151643,
+        "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,  # set by write_tokenizer
         "hidden_act": "silu", "hidden_size": HIDDEN, "intermediate_size": MOE_INTER,
         "initializer_range": STD, "max_position_embeddings": 4096,
         "norm_topk_prob": False, "num_attention_heads": HEADS, "num_key_value_heads": HEADS,
@@ -237,7 +280,12 @@ def main() -> int:
                     help="RMS of the token-specific part of the embeddings (the shared part has RMS 1)")
     ap.add_argument("--rewrite-routers", action="store_true",
                     help="only overwrite the embeddings and routers of an existing checkpoint")
+    ap.add_argument("--tokenizer-only", action="store_true",
+                    help="only rewrite the tokenizer files of an existing checkpoint (cut to --vocab)")
     args = ap.parse_args()
+    if args.tokenizer_only:
+        write_tokenizer(args.out, args.vocab)
+        return 0
     if args.rewrite_routers:
         rewrite_routers(args.out, Writer(np.random.default_rng(args.seed), args.vocab, args.seed, args.router_bias,
                                          args.embed_rms))
@@ -269,10 +317,7 @@ def main() -> int:
         for name, _ in shards[key]:
             weight_map[name] = fname
     (args.out / "config.json").write_text(json.dumps(config(args.layers, args.vocab), indent=2) + "\n")
-    (args.out / "generation_config.json").write_text(json.dumps({"eos_token_id": 151643}) + "\n")
-    tok = REPO / "tests/fixtures/tokenizer"
-    shutil.copyfile(tok / "tokenizer.json", args.out / "tokenizer.json")
-    shutil.copyfile(tok / "tokenizer_config.json", args.out / "tokenizer_config.json")
+    write_tokenizer(args.out, args.vocab)
     # The index last: its presence marks a complete checkpoint.
     index = {"metadata": {"total_size": need}, "weight_map": weight_map}
     (args.out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")

@@ -299,7 +299,8 @@ struct MoeBlock {
 
   /// Starts the block for normed rows x [rows, hidden] of `layer`: the prefetch hint for
   /// `next` (when not null; read here only), which travels with this layer's work, then
-  /// the routed experts, then, while they run, the shared expert. `x` must stay unchanged until the call's finish.
+  /// the routed experts, then, while they run, the shared expert. `x` must stay unchanged
+  /// until the call's finish.
   /// Errors as RoutedExpertsCall.
   MoeCall begin(ExpertDispatcher& dispatcher, uint32_t layer, const float* x, size_t rows,
                 const NextMoeLayer* next) const;

@@ -21,7 +21,8 @@ class ExpertExecutor {
   explicit ExpertExecutor(const ExpertStore& store) : store_(store) {}
 
   /// Computes every assignment of `request`; outputs are [num_rows, hidden] int64 sums.
-  /// Its prefetch, if any, is started as run_into's `after_fetch` (start_prefetch). Throws Error(kInvalidInput) naming the layer and expert when an assignment names an
+  /// Its prefetch, if any, is started as run_into's `after_fetch` (start_prefetch).
+  /// Throws Error(kInvalidInput) naming the layer and expert when an assignment names an
   /// expert this store does not hold, a row out of range or with more than
   /// kMaxTermsPerRow assignments, or when hidden_size / hidden.size() disagree with the
   /// store; Error(kIo) when an expert cannot be read from disk.
