@@ -33,13 +33,20 @@ RTT), t_0 being the same cluster's measured step time with no added delay (its c
 framing and bytes on the link): what one round trip per MoE layer allows.
 
 On one machine the workers share its cores with the coordinator, so more workers cannot
-add compute here: the growth of aggregate throughput with workers that a real LAN of
-separate machines shows when expert compute dominates cannot be shown by this bed.
+add compute here, unless each worker is given a machine's worth of CPU of its own:
+--worker-cpu F puts every worker in its own cgroup (v1 `cpu` controller) limited to F cores
+(cpu.cfs_quota_us = F x cpu.cfs_period_us), so N workers hold N x F cores between them,
+as N small machines would; with F small the workers' expert compute dominates a step, and
+the report's `x 1w` column (tok/s over the 1-worker row of the same RTT and streams) shows
+whether aggregate throughput grows with the number of workers, and the JSON's
+workers_throttled_s (per worker, the seconds it waited for quota during a row's loads) which
+side was the bottleneck. N x F plus the coordinator's share must fit the machine's cores
+for the emulation to hold.
 
 Usage (as root; build first: cmake --build build --target charm):
   scripts/lan_testbed.py [--model DIR|fixture] [--workers 1,2,4] [--rtt-ms 0.2,1,5]
       [--rate 1gbit] [--streams 1,16] [--tokens 32] [--threads 2] [--micro-batches 0|1|2]
-      [--time-limit 180] [--json FILE]
+      [--worker-cpu F] [--time-limit 180] [--json FILE]
 Default model: the demo checkpoint scripts/serve.sh builds
 (~/.cache/charm/models/qwen2.5-0.5b-moe/checkpoint); `fixture` = the tiny Qwen3-MoE test
 fixture (no download; network-bound, compute negligible).
@@ -48,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -93,19 +101,22 @@ def expert_ranges(num_experts: int, n: int) -> list[str]:
 
 
 def write_topologies(folder: Path, model: Path, threads: int, api_port: int, worker_hosts: list[tuple[str, int]],
-                     relay_ports: list[int], secret: Path, micro_batches: int = 0) -> tuple[Path, Path]:
+                     relay_ports: list[int], secret: Path, micro_batches: int = 0,
+                     worker_threads: int | None = None) -> tuple[Path, Path]:
     """The workers' topology (each listens on its namespace address) and the coordinator's
     (each worker reached through its relay on 127.0.0.1): the same workers and experts, and
-    the cluster secret a LAN needs (the authenticated handshake, as users run it)."""
+    the cluster secret a LAN needs (the authenticated handshake, as users run it).
+    `worker_threads`: the workers' thread count where it differs from the coordinator's."""
     num_experts = json.loads((model / "config.json").read_text()).get("num_experts") or \
         json.loads((model / "config.json").read_text()).get("num_local_experts")
     ranges = expert_ranges(num_experts, len(worker_hosts))
-    head = (f"model: {model}\nmodel_name: lan\nthreads: {threads}\nmode: cluster\n"
-            f"api: {{host: 127.0.0.1, port: {api_port}}}\ncluster: {{secret_file: {secret}}}\n"
-            "timeouts: {connect_ms: 10000, request_ms: 600000}\n"
-            f"serving: {{micro_batches: {micro_batches}}}\nworkers:\n")
     paths = []
-    for tag, addrs in (("workers", worker_hosts), ("coordinator", [("127.0.0.1", p) for p in relay_ports])):
+    for tag, addrs, t in (("workers", worker_hosts, worker_threads or threads),
+                          ("coordinator", [("127.0.0.1", p) for p in relay_ports], threads)):
+        head = (f"model: {model}\nmodel_name: lan\nthreads: {t}\nmode: cluster\n"
+                f"api: {{host: 127.0.0.1, port: {api_port}}}\ncluster: {{secret_file: {secret}}}\n"
+                "timeouts: {connect_ms: 10000, request_ms: 600000}\n"
+                f"serving: {{micro_batches: {micro_batches}}}\nworkers:\n")
         text = head + "".join(f"  - {{name: w{i}, host: {h}, port: {p}, experts: \"{r}\"}}\n"
                               for i, ((h, p), r) in enumerate(zip(addrs, ranges)))
         path = folder / f"lan-{len(worker_hosts)}w-{tag}.yaml"
@@ -145,6 +156,50 @@ class Relay:
                 self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+
+
+class CpuCaps:
+    """One cgroup (v1 `cpu` controller) per worker, each limited to `cores` CPUs by CFS
+    quota: the workers then compute as N separate small machines would, not on a shared pool.
+    Removed by cleanup() once the processes in it have exited."""
+
+    ROOT = Path("/sys/fs/cgroup/cpu")
+
+    def __init__(self, cores: float):
+        if not (self.ROOT / "cpu.cfs_quota_us").exists():
+            raise RuntimeError(f"--worker-cpu needs the cgroup v1 cpu controller at {self.ROOT}")
+        self.cores, self.groups = cores, []
+
+    def add(self, pid: int) -> None:
+        """A new group for process `pid` (all its threads, and those it starts later)."""
+        group = self.ROOT / f"charm-lan-{os.getpid()}-{len(self.groups)}"
+        group.mkdir()
+        self.groups.append(group)
+        period = int((group / "cpu.cfs_period_us").read_text())
+        (group / "cpu.cfs_quota_us").write_text(str(max(1000, round(self.cores * period))))
+        (group / "cgroup.procs").write_text(str(pid))
+        if str(pid) not in (group / "cgroup.procs").read_text().split():
+            raise RuntimeError(f"process {pid} did not enter {group}")
+
+    def throttled_s(self) -> list[float]:
+        """Per group, the seconds its processes waited for quota so far."""
+        out = []
+        for g in self.groups:
+            stat = dict(line.split() for line in (g / "cpu.stat").read_text().splitlines())
+            out.append(int(stat.get("throttled_time", 0)) / 1e9)
+        return out
+
+    def cleanup(self) -> None:
+        for g in self.groups:
+            for _ in range(50):  # the processes may still be exiting
+                try:
+                    g.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            else:
+                log(f"could not remove {g} (processes still in it)")
+        self.groups = []
 
 
 def measure(port: int, streams: int, tokens: int, time_limit: float, seed: int, wire: bool = True) -> dict:
@@ -196,6 +251,7 @@ def run_single_node(args, folder: Path) -> dict[int, float]:
 def run_cluster(args, folder: Path, n: int, t_compute: dict[int, float], layers: int) -> list[dict]:
     ns = Namespaces(n, rate=args.rate)
     relay, server = None, Server(folder, f"cluster{n}")
+    caps = CpuCaps(args.worker_cpu) if args.worker_cpu else None
     rows = []
     try:
         why = ns.setup()
@@ -208,9 +264,14 @@ def run_cluster(args, folder: Path, n: int, t_compute: dict[int, float], layers:
         if not secret.exists():
             subprocess.run([str(args.charm), "secret", "new", str(secret)], check=True, capture_output=True)
         wcfg, ccfg = write_topologies(folder, args.model, args.threads, server.port, worker_hosts, relay.ports,
-                                      secret, args.micro_batches)
+                                      secret, args.micro_batches, caps and max(1, math.ceil(args.worker_cpu)))
         for i in range(n):
             server.spawn(ns.prefix(i) + [args.charm, "worker", "--config", wcfg, "--name", f"w{i}"], f"w{i}")
+            if caps:
+                caps.add(server.pids()[-1])  # `ip netns exec` execs the worker: the same pid
+        # The relay accepts at once and resets when its worker is not listening yet, which
+        # the coordinator's start-up takes for a dead worker: wait for every worker first.
+        wait_listening(server, folder, [f"w{i}" for i in range(n)], args.startup_timeout)
         server.spawn([args.charm, "serve", "--config", ccfg], "serve")
         wait_ready(server, "completions", None, args.startup_timeout)
         bw = rate_bits(args.rate) / 8
@@ -219,12 +280,15 @@ def run_cluster(args, folder: Path, n: int, t_compute: dict[int, float], layers:
             wait_ready(server, "completions", None, args.startup_timeout)  # connections warm at this delay
             relay.command("stats")
             for s in args.streams:
+                throttled = caps.throttled_s() if caps else []
                 repeats = [measure(server.port, s, args.tokens, args.time_limit, args.seed) for _ in range(args.repeat)]
                 row = max(repeats, key=lambda r: r["decode_tok_s"] or 0)  # the best: this machine is shared
                 added = relay.command("stats")
                 per_step = t_compute[s] + layers * rtt / 1e3 + s * (row["bytes_per_position"] or 0) / bw
                 row.update({"workers": n, "rtt_ms": rtt, "relay_added_ms_mean": added["added_ms_mean"],
                             "ceiling_tok_s": s / per_step})
+                if caps:  # per worker, the seconds it waited for quota during these loads
+                    row["workers_throttled_s"] = [b - a for a, b in zip(throttled, caps.throttled_s())]
                 row["of_ceiling"] = row["decode_tok_s"] / row["ceiling_tok_s"] if row["decode_tok_s"] else None
                 rows.append(row)
                 log(f"{n} workers, RTT {rtt} ms, {s} streams: {row['decode_tok_s'] or 0:.2f} tok/s "
@@ -235,16 +299,31 @@ def run_cluster(args, folder: Path, n: int, t_compute: dict[int, float], layers:
         if relay:
             relay.stop()
         ns.cleanup()
+        if caps:
+            caps.cleanup()
+
+
+def wait_listening(server: Server, folder: Path, tags: list[str], timeout: float) -> None:
+    """Until every worker's log says it listens; RuntimeError if one exits or `timeout` s pass."""
+    deadline = time.monotonic() + timeout
+    for tag in tags:
+        log_file = folder / f"{server.name}-{tag}.log"
+        while "listening on" not in (log_file.read_text() if log_file.exists() else ""):
+            server.check_alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"worker {tag} not listening after {timeout} s (see {log_file})")
+            time.sleep(0.2)
 
 
 def print_report(res: dict) -> None:
     print(f"\nmodel {res['model']} ({res['moe_layers']} MoE layers), link {res['rate']}, "
           f"{res['tokens']} tokens per stream, threads {res['threads']}, "
-          f"micro_batches {res.get('micro_batches', 0)}, commit {res['commit']}")
+          f"micro_batches {res.get('micro_batches', 0)}, "
+          f"worker cpu {res.get('worker_cpu') or 'unlimited'}, commit {res['commit']}")
     print("single node, ms per decode step: " +
           ", ".join(f"{s} streams {t * 1e3:.1f}" for s, t in res["t_compute_s"].items()))
     print(f"{'workers':>7} {'RTT ms':>6} {'added':>6} {'streams':>7} {'tok/s':>8} {'ceiling':>8} {'of ceil':>7} "
-          f"{'bed ceil':>8} {'of bed':>6} {'B/pos':>8} {'B/pos/layer':>11} {'failed':>6}")
+          f"{'bed ceil':>8} {'of bed':>6} {'x 1w':>5} {'B/pos':>8} {'B/pos/layer':>11} {'failed':>6}")
     for r in res["rows"]:
         def f(v, d=2):
             return "-" if v is None else f"{v:.{d}f}"
@@ -253,10 +332,19 @@ def print_report(res: dict) -> None:
         print(f"{r['workers']:>7} {r['rtt_ms']:>6.1f} {f(r['relay_added_ms_mean'] and 2 * r['relay_added_ms_mean']):>6} "
               f"{r['streams']:>7} {f(r['decode_tok_s']):>8} {f(r['ceiling_tok_s']):>8} {f(r['of_ceiling']):>7} "
               f"{f(bed):>8} {f(bed and r['decode_tok_s'] and r['decode_tok_s'] / bed):>6} "
+              f"{f(versus_one_worker(res, r)):>5} "
               f"{f(r['bytes_per_position'], 0):>8} {f(per_layer, 0):>11} {r['failed']:>6}")
     print("added = 2 x the relay's measured mean one-way delay (what a round trip gained); "
           "ceiling = streams / (t_compute + moe_layers x RTT + streams x B/pos / bandwidth); "
-          "bed ceil = streams / (t_0 + moe_layers x RTT), t_0 this cluster's step at RTT 0")
+          "bed ceil = streams / (t_0 + moe_layers x RTT), t_0 this cluster's step at RTT 0; "
+          "x 1w = tok/s over the 1-worker row of the same RTT and streams")
+
+
+def versus_one_worker(res: dict, row: dict) -> float | None:
+    """tok/s of `row` over that of 1 worker at the same RTT and streams: the growth with workers."""
+    one = next((r for r in res["rows"] if r["workers"] == 1 and r["streams"] == row["streams"]
+                and r["rtt_ms"] == row["rtt_ms"] and r["decode_tok_s"]), None)
+    return row["decode_tok_s"] / one["decode_tok_s"] if one and row["decode_tok_s"] else None
 
 
 def bed_ceiling(res: dict, row: dict) -> float | None:
@@ -284,6 +372,8 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for name, value in (("--tokens", args.tokens), ("--repeat", args.repeat)):
         if value < 1:
             ap.error(f"{name} {value}: at least 1")
+    if args.worker_cpu < 0:
+        ap.error(f"--worker-cpu {args.worker_cpu}: a number of cores, not negative")
     for name, value in (("--time-limit", args.time_limit), ("--startup-timeout", args.startup_timeout)):
         if not value > 0:
             ap.error(f"{name} {value}: must be positive")
@@ -309,6 +399,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=17)
     ap.add_argument("--micro-batches", type=int, default=0, choices=[0, 1, 2],
                     help="the coordinator's serving.micro_batches (0: automatic, 2 in cluster mode)")
+    ap.add_argument("--worker-cpu", type=float, default=0.0,
+                    help="limit each worker to this many cores (its own cgroup): N small machines; 0: no limit")
     ap.add_argument("--repeat", type=int, default=3, help="loads per row; the fastest is reported")
     ap.add_argument("--time-limit", type=float, default=180, help="hard limit of one load, s")
     ap.add_argument("--startup-timeout", type=float, default=300)
@@ -339,7 +431,8 @@ def main() -> int:
     # their barriers would take the cores the others need (the tests set the same).
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")
     res = {"model": str(args.model), "moe_layers": layers, "rate": args.rate, "tokens": args.tokens,
-           "threads": args.threads, "micro_batches": args.micro_batches, "machine": machine(folder), "rows": [],
+           "threads": args.threads, "micro_batches": args.micro_batches,
+           "worker_cpu": args.worker_cpu, "machine": machine(folder), "rows": [],
            "commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                                     capture_output=True, text=True).stdout.strip()}
     res["t_compute_s"] = run_single_node(args, folder)

@@ -106,6 +106,7 @@ class ArgumentsTest(unittest.TestCase):
                               (["--rtt-ms", "-5"], "--rtt-ms: round-trip times are not negative"),
                               (["--repeat", "0"], "--repeat 0: at least 1"),
                               (["--rate", "0gbit"], "--rate 0gbit: must be positive"),
+                              (["--worker-cpu", "-1"], "--worker-cpu -1.0: a number of cores, not negative"),
                               (["--report", "/nonexistent/lan.json"], "no such file")):
             r = subprocess.run([sys.executable, str(REPO / "scripts/lan_testbed.py"), *argv],
                                capture_output=True, text=True, timeout=60)
@@ -117,6 +118,16 @@ class ArgumentsTest(unittest.TestCase):
         self.assertEqual(bed.rate_bits("2.5mbit"), 2.5e6)
         with self.assertRaises(SystemExit):
             bed.rate_bits("1gbps")
+
+    def test_growth_is_read_against_one_worker_at_the_same_rtt_and_streams(self):
+        def row(workers, rtt, streams, tok_s):
+            return {"workers": workers, "rtt_ms": rtt, "streams": streams, "decode_tok_s": tok_s}
+        res = {"rows": [row(1, 0.0, 16, 10.0), row(1, 1.0, 16, 8.0), row(1, 1.0, 1, 2.0),
+                        row(2, 1.0, 16, 12.0), row(2, 1.0, 1, 2.0), row(4, 5.0, 16, 9.0), row(2, 0.0, 16, None)]}
+        self.assertEqual(bed.versus_one_worker(res, res["rows"][3]), 1.5)
+        self.assertEqual(bed.versus_one_worker(res, res["rows"][4]), 1.0)
+        self.assertIsNone(bed.versus_one_worker(res, res["rows"][5]))  # no 1-worker row at 5 ms
+        self.assertIsNone(bed.versus_one_worker(res, res["rows"][6]))  # that load measured nothing
 
     def test_experts_split_evenly_by_id(self):
         self.assertEqual(bed.expert_ranges(16, 1), ["0-15"])
