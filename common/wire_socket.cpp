@@ -325,8 +325,10 @@ bool FrameConnection::send_while_reading(const bool& written, std::chrono::stead
     }
     const auto left = deadline - now;
     impl.io.restart();
-    impl.io.run_for(left < kSlice ? std::chrono::duration_cast<std::chrono::nanoseconds>(left)
-                                  : std::chrono::nanoseconds(kSlice));
+    // One handler at a time, so the loop sees the write finish: run_for would go on
+    // waiting for the read (the peer's reply, a whole round trip away) before returning.
+    impl.io.run_one_for(left < kSlice ? std::chrono::duration_cast<std::chrono::nanoseconds>(left)
+                                      : std::chrono::nanoseconds(kSlice));
   }
   return true;
 }

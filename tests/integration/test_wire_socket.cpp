@@ -4,6 +4,7 @@
 // of 20 s within a few seconds), not speed assertions.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -124,6 +125,27 @@ TEST_CASE("read_while_sending: two peers sending big frames at once both finish;
   CHECK(std::memcmp(first.words.data(), big_down.data() + 4, first.bytes) == 0);
   const FrameBody second = p.client->receive(20s);
   CHECK(second.bytes + 4 == small.size());
+  server.join();
+}
+
+TEST_CASE("read_while_sending: a send returns once written, without waiting for the peer's reply") {
+  // A pipelined request must not wait a round trip for the previous request's reply (it
+  // did: the read alongside kept the event loop running until the peer answered or a
+  // 100 ms slice ended, serialising the round trips to every worker). The peer here
+  // answers only after the send returned; a send given 90 ms, less than that slice, then
+  // times out if it waits for a read.
+  Pair p;
+  REQUIRE(p.server);
+  p.client->set_read_while_sending(true);
+  std::atomic<bool> sent{false};
+  std::thread server([&] {
+    CHECK(p.server->receive(20s).bytes + 4 == encode_health_request().size());
+    for (int i = 0; i < 2000 && !sent; ++i) std::this_thread::sleep_for(10ms);
+    p.server->send(encode_health_request(), 5s);
+  });
+  CHECK_NOTHROW(p.client->send(encode_health_request(), 90ms));
+  sent = true;
+  CHECK(p.client->receive(20s).bytes + 4 == encode_health_request().size());
   server.join();
 }
 
