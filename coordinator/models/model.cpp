@@ -103,7 +103,7 @@ void DecoderModel::forward_batch(std::span<const SequenceStep> batch) {
     }
   }
   for (MicroBatch& m : micro) finish_moe(m);
-  for (const MicroBatch& m : micro) end_forward(m.hidden.data(), m.steps, m.rows);
+  end_forward(micro);
 }
 
 void DecoderModel::feed_forward(size_t layer, MicroBatch& m) {
@@ -133,16 +133,19 @@ std::optional<NextMoeLayer> DecoderModel::next_moe_layer(size_t layer, const flo
   return std::nullopt;
 }
 
-void DecoderModel::end_forward(const float* hidden, std::span<const SequenceStep> batch,
-                               std::span<const SequenceRows> rows) const {
+void DecoderModel::end_forward(std::span<const MicroBatch> micro) const {
   const size_t h = config_.hidden_size;
+  // One output head over every micro-batch's rows: per half, its weights (the largest
+  // matrix of a small model) would stream from memory twice per step.
   std::vector<float> last;  // the last row of every part that wants logits
   std::vector<float*> outputs;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    if (batch[i].logits == nullptr) continue;
-    const float* row = hidden + (rows[i].row0 + rows[i].rows - 1) * h;
-    last.insert(last.end(), row, row + h);
-    outputs.push_back(batch[i].logits);
+  for (const MicroBatch& m : micro) {
+    for (size_t i = 0; i < m.steps.size(); ++i) {
+      if (m.steps[i].logits == nullptr) continue;
+      const float* row = m.hidden.data() + (m.rows[i].row0 + m.rows[i].rows - 1) * h;
+      last.insert(last.end(), row, row + h);
+      outputs.push_back(m.steps[i].logits);
+    }
   }
   if (outputs.empty()) return;
   std::vector<float> logits(outputs.size() * config_.vocab_size);

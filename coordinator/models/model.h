@@ -122,9 +122,9 @@ class DecoderModel : public Model {
   void finish_moe(MicroBatch& m);
   /// The first MoE layer after `layer`, which the hint of `layer` is about; nullopt when none.
   std::optional<NextMoeLayer> next_moe_layer(size_t layer, const float* hidden) const;
-  /// The logits [vocab] of each part's last row that asks for them (final norm + lm_head
-  /// over those rows at once).
-  void end_forward(const float* hidden, std::span<const SequenceStep> batch, std::span<const SequenceRows> rows) const;
+  /// The logits [vocab] of each part's last row that asks for them, in every micro-batch
+  /// (final norm + lm_head over all those rows at once).
+  void end_forward(std::span<const MicroBatch> micro) const;
 };
 
 /// A DecoderModel whose layers are a vector of the family's `Layer` struct, with the HF
