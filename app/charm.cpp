@@ -124,7 +124,7 @@ struct ServingFlags {
                    "GiB for the paged KV cache (default: serving.kv_cache_gb, else 20 % of available memory, at most "
                    "max_num_seqs full contexts)");
     cmd.add_option("--micro-batches", micro_batches,
-                   "Ping-pong micro-batches per step: 1, 2, or 0 = 2 with workers, 1 single-node (default: "
+                   "Ping-pong micro-batches per step: 1, 2, or 0 = automatic, now 1 (default: "
                    "serving.micro_batches, 0); never changes an output")
         ->check(CLI::Range(0, 2));
   }

@@ -38,8 +38,8 @@ struct ServingSpec {
   int64_t max_num_seqs = 32;       ///< sequences running at once
   int64_t max_waiting = 128;       ///< requests queued beyond those; more get 429
   std::optional<double> kv_cache_gb;  ///< GiB for the paged KV cache; nullopt = the default share
-  /// Ping-pong micro-batches per step: 1, 2, or 0 = automatic (2 when the experts run on
-  /// workers, 1 in single-node mode). Never changes an output (Model::set_micro_batches).
+  /// Ping-pong micro-batches per step: 1, 2, or 0 = automatic (1: two halves have not won
+  /// where measured, docs/benchmarks.md). Never changes an output (Model::set_micro_batches).
   int64_t micro_batches = 0;
 };
 

@@ -398,7 +398,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--seed", type=int, default=17)
     ap.add_argument("--micro-batches", type=int, default=0, choices=[0, 1, 2],
-                    help="the coordinator's serving.micro_batches (0: automatic, 2 in cluster mode)")
+                    help="the coordinator's serving.micro_batches (0: automatic, now 1)")
     ap.add_argument("--worker-cpu", type=float, default=0.0,
                     help="limit each worker to this many cores (its own cgroup): N small machines; 0: no limit")
     ap.add_argument("--repeat", type=int, default=3, help="loads per row; the fastest is reported")

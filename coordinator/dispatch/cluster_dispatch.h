@@ -99,9 +99,6 @@ class ClusterDispatcher final : public ExpertDispatcher {
   /// Abandons every unfinished layer: their replies are read in their turn and dropped.
   void drop_unfinished() override;
 
-  /// True: the experts run on other machines, so the caller's compute overlaps them.
-  bool runs_remotely() const override { return true; }
-
   /// Splits `experts` by owning worker (every replica) and stages each one's share: it
   /// rides on the next layerRequest sent to that worker (layerRequest.prefetch), so the
   /// worker starts the reads as soon as that request's own are queued. A share no request

@@ -52,10 +52,6 @@ class ExpertDispatcher {
   /// start of every forward pass.
   virtual void drop_unfinished() = 0;
 
-  /// Whether the experts run elsewhere (other machines), so that the caller's own compute
-  /// between begin_layer and finish_layer overlaps them; micro-batches pay only then.
-  virtual bool runs_remotely() const { return false; }
-
   /// begin_layer then finish_layer.
   void run_layer(uint32_t layer, const float* hidden, uint32_t num_rows, uint32_t hidden_size,
                  const std::vector<ExpertAssignment>& assignments, int64_t* sums) {

@@ -65,8 +65,6 @@ void RoutingObserver::finish_layer() { inner_->finish_layer(); }
 
 void RoutingObserver::drop_unfinished() { inner_->drop_unfinished(); }
 
-bool RoutingObserver::runs_remotely() const { return inner_->runs_remotely(); }
-
 void RoutingObserver::hint_layer(uint32_t layer, const std::vector<uint32_t>& experts) {
   std::deque<std::vector<uint32_t>>& queue = hints_[layer];
   queue.push_back(experts);

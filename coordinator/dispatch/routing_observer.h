@@ -61,7 +61,6 @@ class RoutingObserver final : public ExpertDispatcher {
                    const std::vector<ExpertAssignment>& assignments, int64_t* sums) override;
   void finish_layer() override;
   void drop_unfinished() override;
-  bool runs_remotely() const override;
   /// Remembers the prediction for recall and the trace; forwards it when prefetch is on.
   void hint_layer(uint32_t layer, const std::vector<uint32_t>& experts) override;
   /// True when prefetch is on or a trace is written.

@@ -78,7 +78,9 @@ void DecoderModel::forward_batch(std::span<const SequenceStep> batch) {
   // Everything is checked before any cache moves: a refused batch leaves them all as they were.
   check_batch(batch);
   const size_t h = config_.hidden_size;
-  const size_t parts = micro_batches_ > 0 ? micro_batches_ : dispatcher_.runs_remotely() ? 2 : 1;
+  // Automatic (0) is one batch: two halves measured slower on the LAN bed (docs/benchmarks.md),
+  // each streaming the coordinator's dense weights once more per step.
+  const size_t parts = micro_batches_ > 0 ? micro_batches_ : 1;
   std::vector<MicroBatch> micro;
   for (std::span<const SequenceStep> steps : split_micro_batches(batch, parts)) {
     MicroBatch& m = micro.emplace_back();
