@@ -133,20 +133,32 @@ TEST_CASE("read_while_sending: a send returns once written, without waiting for 
   // did: the read alongside kept the event loop running until the peer answered or a
   // 100 ms slice ended, serialising the round trips to every worker). The peer here
   // answers only after the send returned; a send given 90 ms, less than that slice, then
-  // times out if it waits for a read.
-  Pair p;
-  REQUIRE(p.server);
-  p.client->set_read_while_sending(true);
-  std::atomic<bool> sent{false};
-  std::thread server([&] {
-    CHECK(p.server->receive(20s).bytes + 4 == encode_health_request().size());
-    for (int i = 0; i < 2000 && !sent; ++i) std::this_thread::sleep_for(10ms);
-    p.server->send(encode_health_request(), 5s);
-  });
-  CHECK_NOTHROW(p.client->send(encode_health_request(), 90ms));
-  sent = true;
-  CHECK(p.client->receive(20s).bytes + 4 == encode_health_request().size());
-  server.join();
+  // times out if it waits for a read. Up to three tries on fresh connections, so a
+  // scheduling stall on a loaded machine does not fail it; waiting for the read fails all.
+  bool returned_in_time = false;
+  for (int attempt = 0; attempt < 3 && !returned_in_time; ++attempt) {
+    Pair p;
+    REQUIRE(p.server);
+    p.client->set_read_while_sending(true);
+    std::atomic<bool> sent{false};
+    std::thread server([&] {
+      CHECK(p.server->receive(20s).bytes + 4 == encode_health_request().size());
+      for (int i = 0; i < 2000 && !sent; ++i) std::this_thread::sleep_for(10ms);
+      try {
+        p.server->send(encode_health_request(), 5s);
+      } catch (const Error&) {  // the client gave up and closed: that try failed already
+      }
+    });
+    try {
+      p.client->send(encode_health_request(), 90ms);
+      returned_in_time = true;
+    } catch (const Error&) {
+    }
+    sent = true;
+    if (returned_in_time) CHECK(p.client->receive(20s).bytes + 4 == encode_health_request().size());
+    server.join();
+  }
+  CHECK(returned_in_time);
 }
 
 TEST_CASE("read_while_sending: a peer that closes during the send is reported by the next receive") {
