@@ -107,8 +107,8 @@ def write_topologies(folder: Path, model: Path, threads: int, api_port: int, wor
     (each worker reached through its relay on 127.0.0.1): the same workers and experts, and
     the cluster secret a LAN needs (the authenticated handshake, as users run it).
     `worker_threads`: the workers' thread count where it differs from the coordinator's."""
-    num_experts = json.loads((model / "config.json").read_text()).get("num_experts") or \
-        json.loads((model / "config.json").read_text()).get("num_local_experts")
+    config = json.loads((model / "config.json").read_text())
+    num_experts = config.get("num_experts") or config.get("num_local_experts")
     ranges = expert_ranges(num_experts, len(worker_hosts))
     paths = []
     for tag, addrs, t in (("workers", worker_hosts, worker_threads or threads),
@@ -166,9 +166,11 @@ class CpuCaps:
     ROOT = Path("/sys/fs/cgroup/cpu")
 
     def __init__(self, cores: float):
-        if not (self.ROOT / "cpu.cfs_quota_us").exists():
-            raise RuntimeError(f"--worker-cpu needs the cgroup v1 cpu controller at {self.ROOT}")
         self.cores, self.groups = cores, []
+
+    @classmethod
+    def available(cls) -> bool:
+        return (cls.ROOT / "cpu.cfs_quota_us").exists()
 
     def add(self, pid: int) -> None:
         """A new group for process `pid` (all its threads, and those it starts later)."""
@@ -342,16 +344,20 @@ def print_report(res: dict) -> None:
 
 def versus_one_worker(res: dict, row: dict) -> float | None:
     """tok/s of `row` over that of 1 worker at the same RTT and streams: the growth with workers."""
-    one = next((r for r in res["rows"] if r["workers"] == 1 and r["streams"] == row["streams"]
-                and r["rtt_ms"] == row["rtt_ms"] and r["decode_tok_s"]), None)
+    one = measured_row(res, 1, row["rtt_ms"], row["streams"])
     return row["decode_tok_s"] / one["decode_tok_s"] if one and row["decode_tok_s"] else None
+
+
+def measured_row(res: dict, workers: int, rtt_ms: float, streams: int) -> dict | None:
+    """The row of that configuration whose load measured a rate, or None."""
+    return next((r for r in res["rows"] if r["workers"] == workers and r["rtt_ms"] == rtt_ms
+                 and r["streams"] == streams and r["decode_tok_s"]), None)
 
 
 def bed_ceiling(res: dict, row: dict) -> float | None:
     """streams / (t_0 + moe_layers x RTT): t_0 the step time of the same workers and streams
     at no added delay (measured), so only the added round trips are modelled."""
-    base = next((r for r in res["rows"] if r["workers"] == row["workers"] and r["streams"] == row["streams"]
-                 and r["rtt_ms"] == 0 and r["decode_tok_s"]), None)
+    base = measured_row(res, row["workers"], 0, row["streams"])
     if base is None:
         return None
     t0 = row["streams"] / base["decode_tok_s"]
@@ -420,6 +426,8 @@ def main() -> int:
     args.model = FIXTURE if args.model == "fixture" else Path(args.model).resolve()
     if os.geteuid() != 0:
         ap.error("needs root (ip netns, tc)")
+    if args.worker_cpu and not CpuCaps.available():
+        ap.error(f"--worker-cpu needs the cgroup v1 cpu controller at {CpuCaps.ROOT}")
     if not args.charm.exists():
         ap.error(f"{args.charm}: no charm binary (cmake --build build --target charm)")
     if not (args.model / "config.json").exists():
