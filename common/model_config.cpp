@@ -196,9 +196,9 @@ void read_layer_types(const json& j, const std::string& source, const Checkpoint
   std::vector<bool> sliding(types->size(), false);
   for (size_t i = 0; i < types->size(); ++i) {
     sliding[i] = family.sliding_window && (*types)[i] == "sliding_attention";
-    if ((*types)[i] != "full_attention" && !sliding[i]) {
+    if ((*types)[i] != family.full_layer_type && !sliding[i]) {
       fail_unsupported(source + ": layer_types[" + std::to_string(i) + "] is " + (*types)[i].dump() + "; only " +
-                       (family.sliding_window ? "full_attention and sliding_attention are" : "full_attention is") +
+                       family.full_layer_type + (family.sliding_window ? " and sliding_attention are" : " is") +
                        " implemented for " + c.architecture);
     }
   }

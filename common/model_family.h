@@ -38,6 +38,9 @@ struct CheckpointFamily {
   /// "sliding_attention" (read into ModelConfig::sliding_layers, for read_fields to finish
   /// with the family's defaults and window); else any layer type but full_attention is refused.
   bool sliding_window = false;
+  /// The layer_types value of its layers that do not slide: transformers writes
+  /// "full_attention", GlmMoeDsaConfig "indexed_attention" (every layer DSA).
+  std::string full_layer_type = "full_attention";
   /// Reads the family's own fields of `config` (by their HF names) into `c`, after
   /// ModelConfig::parse has read the generic ones. Throws as ModelConfig::parse documents,
   /// naming `source` and the field.

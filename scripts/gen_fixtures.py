@@ -464,6 +464,61 @@ PROMPTS = [
     {"name": "one_token", "text": "Hello"},
 ]
 
+# --- GLM-5 with DeepSeek Sparse Attention (issue 16 item 2) ------------------------------
+# glm-moe-dsa-tiny: GlmMoeDsaForCausalLM with GlmMoeDsaConfig's fields (written from
+# transformers' configuration_glm_moe_dsa.py; zai-org/GLM-5's config.json could not be
+# downloaded here), shrunk. MLA attention (q_lora_rank is required: the indexer reads the
+# query latent) with interleaved RoPE, the lightning indexer (index_n_heads x index_head_dim
+# keys and queries, LayerNorm'd keys, per-head weights), group-limited sigmoid routing with
+# a random e_score_correction_bias, a shared expert, a dense first layer. Changed to bite:
+# index_topk 2048 -> 5, so the indexer drops keys for most positions of the prompts (1 to
+# ~40 tokens) and the 16 generated ones (the script checks it does: "indexer_bites");
+# indexer_types with one "shared" layer, which reuses the previous layer's selection;
+# n_group 4 / topk_group 2 (GLM-5 has 1 / 1). Tied embeddings to keep the fixture small.
+GLM_MOE_DSA_CONFIG = {
+    "architectures": ["GlmMoeDsaForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "first_k_dense_replace": 1,
+    "hidden_act": "silu",
+    "hidden_size": 32,
+    "index_head_dim": 16,
+    "index_n_heads": 8,
+    "index_topk": 5,
+    "indexer_types": ["full", "full", "shared", "full"],
+    "initializer_range": 0.3,
+    "intermediate_size": 64,
+    "kv_lora_rank": 32,
+    "max_position_embeddings": 2048,
+    "model_type": "glm_moe_dsa",
+    "moe_intermediate_size": 16,
+    "n_group": 4,
+    "n_routed_experts": 16,
+    "n_shared_experts": 1,
+    "norm_topk_prob": True,
+    "num_attention_heads": 4,
+    "num_experts_per_tok": 4,
+    "num_hidden_layers": 4,
+    "num_key_value_heads": 4,
+    "q_lora_rank": 24,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": None,
+    "rope_theta": 1000000.0,
+    "routed_scaling_factor": 2.5,
+    "tie_word_embeddings": True,
+    "topk_group": 2,
+    "torch_dtype": "bfloat16",
+    "transformers_version": transformers.__version__,
+    "use_cache": True,
+    "v_head_dim": 16,
+    "vocab_size": 151936,
+}
+MIN_INDEXER_MARGIN = 1e-4  # k-th minus (k+1)-th index score, every query that drops keys
+
 MODELS = [
     {"dir": "qwen3-moe-tiny", "config": QWEN3_CONFIG, "eos": QWEN3_EOS, "seed": 1000,
      "expert_layout": "per_expert", "shards": 2, "template": "qwen3"},
@@ -497,6 +552,11 @@ MODELS = [
     {"dir": "minimax-m2-tiny", "config": MINIMAX_M2_CONFIG, "eos": 151645, "seed": 7000,
      "expert_layout": "mixtral", "shards": 1, "template": "qwen3", "router_bias": True,
      "min_router_margin": MIN_SIGMOID_ROUTER_MARGIN},
+    # GLM-5's DSA: the indexer's choice must bite ("indexer_bites": checked against the same
+    # weights with index_topk beyond every length) and keep a margin at the k-th key.
+    {"dir": "glm-moe-dsa-tiny", "config": GLM_MOE_DSA_CONFIG, "eos": QWEN3_EOS, "seed": 11000,
+     "expert_layout": "per_expert", "shards": 1, "template": "qwen3", "router_bias": True,
+     "min_router_margin": MIN_SIGMOID_ROUTER_MARGIN, "indexer_bites": True},
 ]
 
 LOAD_KW = {"dtype": torch.float32, "attn_implementation": "eager",
@@ -689,6 +749,48 @@ class RouterProbe:
             h.remove()
 
 
+class IndexerProbe:
+    """GLM-5's lightning indexers (GlmMoeDsaIndexer): the smallest k-th minus (k+1)-th index
+    score over every query with more than index_topk keys it may attend, and how many such
+    queries there were (where the selection drops keys). The indexer returns only the
+    indices, so its forward runs with Tensor.topk wrapped to see the scores."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.min_margin = float("inf")
+        self.dropping = 0
+        self.indexers = [m for m in model.modules() if type(m).__name__ == "GlmMoeDsaIndexer"]
+        self.saved = []
+        for m in self.indexers:
+            self.saved.append(m.forward)
+            m.forward = self._wrapped(m.forward)
+
+    def _wrapped(self, forward):
+        def run(*args, **kwargs):
+            original = torch.Tensor.topk
+            def topk(scores, k, dim=-1, *rest, **kw):
+                self._record(scores.detach(), k)
+                return original(scores, k, dim, *rest, **kw)
+            torch.Tensor.topk = topk
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                torch.Tensor.topk = original
+        return run
+
+    def _record(self, scores: torch.Tensor, k: int) -> None:
+        rows = scores.reshape(-1, scores.shape[-1])
+        allowed = (rows > -1e30).sum(dim=-1)  # masked keys carry -inf or finfo.min
+        for row, n in zip(rows, allowed.tolist()):
+            if n > k:
+                ordered = row.sort(descending=True).values
+                self.min_margin = min(self.min_margin, float(ordered[k - 1] - ordered[k]))
+                self.dropping += 1
+
+    def remove(self) -> None:
+        for m, forward in zip(self.indexers, self.saved):
+            m.forward = forward
+
+
 class ClipProbe:
     """For OLMoE's clip_qkv: counts q/k/v entries beyond the clip value (before the clamp)."""
 
@@ -764,6 +866,7 @@ def compute_reference(model, prompts: list[dict], eos: list[int]) -> dict:
     """Runs every prompt: first-step logits, greedy continuation, gaps, router choices of
     the first prompt, routing diversity and clip statistics."""
     router = RouterProbe(model)
+    indexer = IndexerProbe(model)
     clip = ClipProbe(model, getattr(model.config, "clip_qkv", None))
     results = []
     experts_used: dict[int, set] = {}
@@ -796,6 +899,7 @@ def compute_reference(model, prompts: list[dict], eos: list[int]) -> dict:
                                        for v, t in zip(top5.values, top5.indices)],
                         "eos_stop_index": eos_at, "logits": first_logits})
     router.remove()
+    indexer.remove()
     clip.remove()
     return {
         "prompts": results,
@@ -803,6 +907,8 @@ def compute_reference(model, prompts: list[dict], eos: list[int]) -> dict:
         "hidden_rms": hidden_rms,
         "min_gap": min(min(r["top_gaps"]) for r in results),
         "min_router_margin": router.min_margin,
+        "min_indexer_margin": indexer.min_margin if indexer.indexers else None,
+        "indexer_dropping_queries": indexer.dropping,
         "experts_used": {k: sorted(v) for k, v in sorted(experts_used.items())},
         "clip_fraction": (clip.beyond / clip.total) if clip.total else None,
         "bias_changed_fraction": (router.bias_changed / router.positions) if router.positions else None,
@@ -815,6 +921,8 @@ def acceptable(ref: dict, num_experts: int, min_router_margin: float = MIN_ROUTE
         return f"min top-1/top-2 gap {ref['min_gap']:.2e} < {MIN_TOP_GAP}"
     if ref["min_router_margin"] < min_router_margin:
         return f"min router margin {ref['min_router_margin']:.2e} < {min_router_margin}"
+    if ref["min_indexer_margin"] is not None and ref["min_indexer_margin"] < MIN_INDEXER_MARGIN:
+        return f"min indexer margin {ref['min_indexer_margin']:.2e} < {MIN_INDEXER_MARGIN}"
     for layer, used in ref["experts_used"].items():
         if len(used) < num_experts // 2:
             return f"layer {layer} routes to only {len(used)} of {num_experts} experts"
@@ -901,23 +1009,45 @@ def f64_distance(model, prompts: list[dict]) -> float:
     return worst
 
 
-def check_window_bites(model, model_dir: Path, ref: dict) -> int:
-    """The same weights with every layer attending in full must give other first-step
-    logits for most prompts, or the fixture would not test the window. Returns how many
-    prompts' greedy tokens differ too."""
+def changed_by(model, ref: dict, edit) -> tuple[int, int]:
+    """The same weights under the config `edit` changes: how many prompts' first-step
+    logits (by more than 1e-3) and greedy tokens differ from the reference's."""
     config = copy.deepcopy(model.config)
-    config.sliding_window = 10**6  # longer than any prompt: the same as full attention
-    full = AutoModelForCausalLM.from_config(config, **LOAD_KW).eval()
-    full.load_state_dict(model.state_dict())
+    edit(config)
+    other = AutoModelForCausalLM.from_config(config, **LOAD_KW).eval()
+    other.load_state_dict(model.state_dict())
     changed_logits = changed_tokens = 0
     with torch.no_grad():
         for p in ref["prompts"]:
             ids = p["prompt_ids"]
-            logits = full(torch.tensor([ids]), use_cache=False).logits[0, -1]
+            logits = other(torch.tensor([ids]), use_cache=False).logits[0, -1]
             changed_logits += int((logits - p["logits"]).abs().max() > 1e-3)
-            changed_tokens += int(no_cache_greedy(full, ids) != p["new_ids"])
+            changed_tokens += int(no_cache_greedy(other, ids) != p["new_ids"])
+    return changed_logits, changed_tokens
+
+
+def check_window_bites(model, model_dir: Path, ref: dict) -> int:
+    """The same weights with every layer attending in full must give other first-step
+    logits for most prompts, or the fixture would not test the window. Returns how many
+    prompts' greedy tokens differ too."""
+    def full(config):
+        config.sliding_window = 10**6  # longer than any prompt: the same as full attention
+    changed_logits, changed_tokens = changed_by(model, ref, full)
     assert changed_tokens > 0 and changed_logits > 0, f"{model_dir.name}: the window never bites"
     print(f"  window check: full attention changes the first-step logits of {changed_logits} and "
+          f"the greedy tokens of {changed_tokens} of {len(ref['prompts'])} prompts")
+    return changed_tokens
+
+
+def check_indexer_bites(model, model_dir: Path, ref: dict) -> int:
+    """GLM-5's DSA: the same weights with index_topk beyond every length (each query attends
+    all its keys: dense MLA) must change the greedy tokens of some prompts, or the fixture
+    would not test the selection. Returns how many prompts' greedy tokens differ."""
+    def dense(config):
+        config.index_topk = 10**6
+    changed_logits, changed_tokens = changed_by(model, ref, dense)
+    assert changed_tokens > 0 and changed_logits > 0, f"{model_dir.name}: the indexer never bites"
+    print(f"  indexer check: dense attention changes the first-step logits of {changed_logits} and "
           f"the greedy tokens of {changed_tokens} of {len(ref['prompts'])} prompts")
     return changed_tokens
 
@@ -1094,6 +1224,12 @@ def generate_model(spec: dict, base_tok) -> dict:
         changed = check_window_bites(model, model_dir, ref)
         extra["sliding_window_note"] = (f"with full attention instead, the greedy tokens of {changed} "
                                         f"of {len(ref['prompts'])} prompts differ")
+    if spec.get("indexer_bites"):
+        changed = check_indexer_bites(model, model_dir, ref)
+        extra["indexer_note"] = (f"index_topk {cfg['index_topk']}: the selection drops keys for "
+                                 f"{ref['indexer_dropping_queries']} indexer queries, smallest k-th/(k+1)-th "
+                                 f"score margin {ref['min_indexer_margin']:.2e}; with dense attention instead, "
+                                 f"the greedy tokens of {changed} of {len(ref['prompts'])} prompts differ")
     if cfg.get("model_type") == "gpt_oss":
         extra["swiglu_clamped_fraction"] = round(swiglu_clamped_fraction(model, ref["prompts"]), 6)
     if spec.get("router_bias"):
@@ -1402,11 +1538,12 @@ def kv_cache_note(cfg: dict) -> dict:
     """KV cache bytes per token (f32) of the compressed MLA cache charm keeps, and of the
     full per-head K/V the reference expands it to."""
     layers = cfg["num_hidden_layers"]
-    compressed = layers * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * 4
+    # GLM-5's DSA: charm keeps the indexer's key [index_head_dim] in the same row.
+    compressed = layers * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"] + cfg.get("index_head_dim", 0)) * 4
     full = layers * cfg["num_attention_heads"] * (cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
                                                   + cfg["v_head_dim"]) * 4
     return {"bytes_per_token_f32": compressed, "full_kv_bytes_per_token_f32": full,
-            "note": "compressed = num_hidden_layers * (kv_lora_rank + qk_rope_head_dim) * 4; "
+            "note": "compressed = num_hidden_layers * (kv_lora_rank + qk_rope_head_dim [+ index_head_dim]) * 4; "
                     "full = num_hidden_layers * num_attention_heads * (qk_nope_head_dim + "
                     "qk_rope_head_dim + v_head_dim) * 4"}
 

@@ -6,7 +6,6 @@
 // (coordinator/models/routers.h), the routed experts through the ExpertDispatcher, plus the
 // shared experts computed here on the coordinator while the routed requests are out.
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "common/config_fields.h"
@@ -57,50 +56,18 @@ class DeepseekV3 final : public LayerStack<DeepseekV3Layer> {
 using nlohmann::json;
 using namespace hf;
 
-/// The DeepseekV3Config fields (MLA attention, group-limited sigmoid routing, shared
-/// experts, dense first layers, YaRN), checked for consistency.
+/// The DeepseekV3Config fields besides MLA's: group-limited sigmoid routing, shared
+/// experts, dense first layers, the RoPE layout, and the router choices transformers fixes.
 void read_deepseek_v3_fields(const json& j, const std::string& source, ModelConfig& c) {
-  // q_lora_rank may be null (a plain q_proj) but must be spelled out: transformers'
-  // default (1536) belongs to the full-size model.
-  if (!j.contains("q_lora_rank")) fail_invalid(source + ": missing required field 'q_lora_rank'");
-  c.q_lora_rank = get_int(j, source, "q_lora_rank", 0);
-  if (c.q_lora_rank < 0) fail_invalid(source + ": field 'q_lora_rank' must be positive or null");
-  c.kv_lora_rank = get_int(j, source, "kv_lora_rank", std::nullopt);
-  c.qk_nope_head_dim = get_int(j, source, "qk_nope_head_dim", std::nullopt);
-  c.qk_rope_head_dim = get_int(j, source, "qk_rope_head_dim", std::nullopt);
-  c.v_head_dim = get_int(j, source, "v_head_dim", std::nullopt);
+  read_mla_fields(j, source, c);
   read_group_limited_moe(j, source, c);
   c.rope_interleave = get_bool(j, source, "rope_interleave", true);
-  for (auto [key, value] : {std::pair{"kv_lora_rank", c.kv_lora_rank}, {"qk_nope_head_dim", c.qk_nope_head_dim},
-                            {"qk_rope_head_dim", c.qk_rope_head_dim}, {"v_head_dim", c.v_head_dim}}) {
-    require_positive(source, key, value);
-  }
-  if (c.qk_rope_head_dim % 2 != 0) fail_invalid(source + ": field 'qk_rope_head_dim' must be even");
-  // MLA expands the latent to one key/value per query head; transformers' repeat_kv
-  // would break for any other num_key_value_heads.
-  if (c.num_key_value_heads != c.num_attention_heads) {
-    fail_unsupported(source + ": num_key_value_heads " + std::to_string(c.num_key_value_heads) +
-                     " differs from num_attention_heads " + std::to_string(c.num_attention_heads) +
-                     " (MLA has one key per head)");
-  }
   // Fields transformers does not read; only the value it implements is accepted.
   require_value(j, source, "scoring_func", "sigmoid");
   require_value(j, source, "topk_method", "noaux_tc");
   if (j.contains("moe_layer_freq") && get_int(j, source, "moe_layer_freq", 1) != 1) {
     fail_unsupported(source + ": moe_layer_freq " + j["moe_layer_freq"].dump() + " is not supported (supported: 1)");
   }
-  // DeepseekV3Config.__post_init__ derives head_dim and qk_head_dim, and both versions of
-  // transformers write them back; a saved value that disagrees is not this model.
-  const int64_t qk_head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim;
-  for (auto [key, derived, from] : {std::tuple{"head_dim", c.qk_rope_head_dim, "qk_rope_head_dim"},
-                                    {"qk_head_dim", qk_head_dim, "qk_nope_head_dim + qk_rope_head_dim"}}) {
-    const int64_t saved = get_int(j, source, key, derived);
-    if (saved != derived) {
-      fail_invalid(source + ": field '" + key + "' is " + std::to_string(saved) + " but " + from + " is " +
-                   std::to_string(derived) + "; DeepseekV3Config derives one from the other");
-    }
-  }
-  c.head_dim = c.qk_rope_head_dim;
 }
 
 /// DeepseekV3Config's fields on top of the generic ones: the experts' width and the

@@ -15,6 +15,7 @@ const ModelFamily& deepseek_v3_family();
 const ModelFamily& glm4_moe_family();
 const ModelFamily& minimax_m2_family();
 const ModelFamily& gpt_oss_family();
+const ModelFamily& glm_moe_dsa_family();
 
 std::span<const ModelFamily* const> model_families() {
   // The table: one line per family. Built on first use, after every family's record.
@@ -27,6 +28,7 @@ std::span<const ModelFamily* const> model_families() {
       &glm4_moe_family(),
       &minimax_m2_family(),
       &gpt_oss_family(),
+      &glm_moe_dsa_family(),
   };
   return table;
 }

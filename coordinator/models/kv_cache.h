@@ -7,7 +7,9 @@
 //    kv_dim = num_key_value_heads * head_dim each (DecoderModel::kv_layout).
 //  - MLA, compressed: per layer and position one row [kv_lora_rank latent |
 //    qk_rope_head_dim rotated key] and no values; keys and values of every head are
-//    computed from the latent at attention time (coordinator/models/mla_attention.h).
+//    computed from the latent at attention time (coordinator/models/mla_attention.h);
+//    under DeepSeek Sparse Attention (GLM-5) the lightning indexer's key follows in the
+//    same row (coordinator/models/dsa_indexer.h).
 // A position's rows depend only on the tokens up to it (the batch-invariance contract of
 // DESIGN.md), so a block computed by one sequence is, bit for bit, the block any other
 // sequence with the same prefix would compute: sharing it changes nothing.

@@ -279,6 +279,16 @@ TEST_CASE("gpt-oss-tiny (biased experts, clamped SwiGLU on the workers): single 
   for (const auto& w : two.status) CHECK(w.requests > 0);
 }
 
+TEST_CASE("glm-moe-dsa-tiny (DeepSeek Sparse Attention, a shared-selection layer): single node and two workers give bit-identical logits") {
+  const Outcome single = run_split("glm-moe-dsa-tiny", {});
+  const Outcome two = run_split("glm-moe-dsa-tiny", {"\"0-7\"", "\"8-15\""});
+  check_identical(single, two);
+  REQUIRE(two.status.size() == 2);
+  CHECK(two.status[0].experts_held == 8 * 3);  // 3 MoE layers: first_k_dense_replace = 1
+  CHECK(two.status[1].experts_held == 8 * 3);
+  for (const auto& w : two.status) CHECK(w.requests > 0);
+}
+
 TEST_CASE("mixtral-swa-tiny and qwen2-moe-swa-tiny (sliding windows): single node and two workers give bit-identical logits") {
   check_identical(run_split("mixtral-swa-tiny", {}), run_split("mixtral-swa-tiny", {"\"0-3\"", "\"4-7\""}));
   check_identical(run_split("qwen2-moe-swa-tiny", {}), run_split("qwen2-moe-swa-tiny", {"\"0-7\"", "\"8-15\""}));

@@ -408,6 +408,9 @@ TEST_CASE("GLM-4.5 and Kimi K2 configs saved by transformers 4 and 5 parse to th
   check_spellings("glm4-moe-tiny");
   check_spellings("kimi-k2-tiny", "deepseek_v3");
 }
+TEST_CASE("GLM-5 configs saved by transformers 5 (layer_types indexed_attention, mlp_layer_types, rope_parameters) parse to the hub config's model") {
+  check_spellings("glm-moe-dsa-tiny", "", false);
+}
 TEST_CASE("MiniMax-M2 configs saved by transformers 5 (rotary_dim beside rope_parameters) parse to the hub config's model") {
   check_spellings("minimax-m2-tiny", "", false);
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 
 #include <nlohmann/json.hpp>
 
@@ -54,41 +55,64 @@ struct SingleNode {
   std::unique_ptr<ExpertDispatcher> dispatcher;
 };
 
-/// Runs every reference prompt of fixture `name` and checks logits and greedy tokens.
-void check_fixture(const std::string& name) {
+/// One reference prompt as charm ran it.
+struct PromptOutcome {
+  std::string name;
+  float max_diff = 0;              ///< max |logit - reference| after the prompt
+  bool tokens_match = false;       ///< the greedy continuation is the reference's
+  size_t kv_bytes_per_token = 0;   ///< of the cache it ran with
+};
+
+/// Runs every reference prompt of fixture `name` with its config changed by `edit`.
+std::vector<PromptOutcome> run_fixture(const std::string& name, const std::function<void(ModelConfig&)>& edit = {}) {
   SingleNode node(name);
   const auto& dir = node.dir;
+  if (edit) edit(node.config);
   const ModelConfig& config = node.config;
   auto model = load_model(*node.ckpt, config, *node.dispatcher);
 
   std::ifstream in(dir / "reference.json");
   const auto reference = nlohmann::json::parse(in);
+  std::vector<PromptOutcome> outcomes;
   for (const auto& prompt : reference["prompts"]) {
-    CAPTURE(name);
-    CAPTURE(prompt["name"].get<std::string>());
     const auto ids = prompt["prompt_ids"].get<std::vector<int32_t>>();
     const auto expected_new = prompt["new_ids"].get<std::vector<int32_t>>();
     const auto expected_logits = read_f32_file(dir / prompt["logits_file"].get<std::string>());
     REQUIRE(expected_logits.size() == static_cast<size_t>(config.vocab_size));
 
+    PromptOutcome outcome{prompt["name"].get<std::string>()};
     KvCache cache = model->new_cache(ids.size() + expected_new.size());
-    if (reference.contains("kv_cache")) {  // DeepSeek-V3: the compressed MLA cache's size
-      CHECK(cache.bytes_per_token() == reference["kv_cache"]["bytes_per_token_f32"].get<size_t>());
-    }
+    outcome.kv_bytes_per_token = cache.bytes_per_token();
     std::vector<float> logits(config.vocab_size);
     model->forward(ids.data(), ids.size(), cache, logits.data());
-    float max_diff = 0;
-    for (size_t i = 0; i < logits.size(); ++i) max_diff = std::max(max_diff, std::fabs(logits[i] - expected_logits[i]));
-    CHECK(max_diff < 1e-4f);
-    MESSAGE(name << " " << prompt["name"].get<std::string>() << ": max |logit - reference| = " << max_diff);
-
+    for (size_t i = 0; i < logits.size(); ++i) {
+      outcome.max_diff = std::max(outcome.max_diff, std::fabs(logits[i] - expected_logits[i]));
+    }
     std::vector<int32_t> generated;
     for (size_t step = 0; step < expected_new.size(); ++step) {
       const int32_t token = static_cast<int32_t>(argmax(logits.data(), logits.size()));
       generated.push_back(token);
       if (step + 1 < expected_new.size()) model->forward(&token, 1, cache, logits.data());
     }
-    CHECK(generated == expected_new);
+    outcome.tokens_match = generated == expected_new;
+    outcomes.push_back(outcome);
+  }
+  return outcomes;
+}
+
+/// Runs every reference prompt of fixture `name` and checks logits and greedy tokens.
+void check_fixture(const std::string& name) {
+  std::ifstream in(kModels / name / "reference.json");
+  const auto reference = nlohmann::json::parse(in);
+  for (const PromptOutcome& outcome : run_fixture(name)) {
+    CAPTURE(name);
+    CAPTURE(outcome.name);
+    if (reference.contains("kv_cache")) {  // DeepSeek-V3: the compressed MLA cache's size
+      CHECK(outcome.kv_bytes_per_token == reference["kv_cache"]["bytes_per_token_f32"].get<size_t>());
+    }
+    CHECK(outcome.max_diff < 1e-4f);
+    MESSAGE(name << " " << outcome.name << ": max |logit - reference| = " << outcome.max_diff);
+    CHECK(outcome.tokens_match);
   }
 }
 
@@ -150,12 +174,32 @@ TEST_CASE("gpt-oss-tiny (sinks, alternating sliding/full layers, YaRN, biased ex
   check_fixture("gpt-oss-tiny");
 }
 
+// --- GLM-5 with DeepSeek Sparse Attention (issue 16, item 2) -----------------------------------
+
+TEST_CASE("glm-moe-dsa-tiny (MLA with the lightning indexer's top-5 keys, a shared-selection layer) matches transformers") {
+  check_fixture("glm-moe-dsa-tiny");
+}
+
+TEST_CASE("glm-moe-dsa-tiny catches an indexer off by one: index_topk 4 or 6 instead of 5 fails the reference") {
+  for (int64_t topk : {4, 6}) {
+    CAPTURE(topk);
+    size_t failing = 0;
+    for (const PromptOutcome& outcome : run_fixture("glm-moe-dsa-tiny", [&](ModelConfig& c) { c.index_topk = topk; })) {
+      MESSAGE("index_topk " << topk << ", " << outcome.name << ": max |logit - reference| = " << outcome.max_diff
+                            << std::string(outcome.tokens_match ? "" : ", greedy tokens differ"));
+      failing += outcome.max_diff >= 1e-4f || !outcome.tokens_match;
+    }
+    CHECK(failing >= 4);  // of 5 prompts; one_token has a single key, which any index_topk keeps
+  }
+}
+
 // --- Chunked prefill (issue 6) -------------------------------------------------------------
 
 TEST_CASE("chunked prefill gives the logits of one whole-prompt forward, bit for bit, for every family") {
   for (const std::string name : {"qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny",
                                  "deepseek-v3-tiny-fp8", "glm4-moe-tiny", "kimi-k2-tiny",
-                                 "minimax-m2-tiny", "mixtral-swa-tiny", "qwen2-moe-swa-tiny", "gpt-oss-tiny"}) {
+                                 "minimax-m2-tiny", "mixtral-swa-tiny", "qwen2-moe-swa-tiny", "gpt-oss-tiny",
+                                 "glm-moe-dsa-tiny"}) {
     CAPTURE(name);
     Topology topology;
     topology.model = kModels / name;
@@ -227,7 +271,8 @@ TEST_CASE("every family sends the next MoE layer's prefetch hint, and hints chan
   // The MoE block is shared, so a family that skipped the hint (DeepSeek-V3 did) fails here.
   for (const std::string name : {"qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny",
                                  "deepseek-v3-tiny-fp8", "glm4-moe-tiny", "kimi-k2-tiny",
-                                 "minimax-m2-tiny", "mixtral-swa-tiny", "qwen2-moe-swa-tiny", "gpt-oss-tiny"}) {
+                                 "minimax-m2-tiny", "mixtral-swa-tiny", "qwen2-moe-swa-tiny", "gpt-oss-tiny",
+                                 "glm-moe-dsa-tiny"}) {
     CAPTURE(name);
     SingleNode node(name);
     const ModelConfig& config = node.config;
