@@ -22,6 +22,8 @@ void rms_norm(const float* x, const float* weight, size_t rows, size_t n, float 
 
 /// SiLU(x) = x / (1 + exp(-x)), elementwise.
 inline float silu(float x);
+/// sigmoid(x) = 1 / (1 + exp(-x)).
+inline float sigmoid(float x);
 
 /// Numerically stable softmax of n values in place (max-subtracted, f32).
 void softmax(float* x, size_t n);
@@ -33,3 +35,4 @@ size_t argmax(const float* x, size_t n);
 
 #include <cmath>
 inline float charm::silu(float x) { return x / (1.0f + std::exp(-x)); }
+inline float charm::sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }

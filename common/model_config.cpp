@@ -193,16 +193,20 @@ void read_layer_types(const json& j, const std::string& source, const Checkpoint
     fail_invalid(source + ": field 'layer_types' must be a list of num_hidden_layers (" +
                  std::to_string(c.num_hidden_layers) + ") strings, got " + types->dump());
   }
-  std::vector<bool> sliding(types->size(), false);
+  std::vector<bool> sliding(types->size(), false), linear(types->size(), false);
+  const std::string also = family.sliding_window     ? " and sliding_attention are"
+                           : family.linear_attention ? " and linear_attention are"
+                                                     : " is";
   for (size_t i = 0; i < types->size(); ++i) {
     sliding[i] = family.sliding_window && (*types)[i] == "sliding_attention";
-    if ((*types)[i] != family.full_layer_type && !sliding[i]) {
+    linear[i] = family.linear_attention && (*types)[i] == "linear_attention";
+    if ((*types)[i] != family.full_layer_type && !sliding[i] && !linear[i]) {
       fail_unsupported(source + ": layer_types[" + std::to_string(i) + "] is " + (*types)[i].dump() + "; only " +
-                       family.full_layer_type + (family.sliding_window ? " and sliding_attention are" : " is") +
-                       " implemented for " + c.architecture);
+                       family.full_layer_type + also + " implemented for " + c.architecture);
     }
   }
   if (family.sliding_window) c.sliding_layers = std::move(sliding);
+  if (family.linear_attention) c.linear_attention_layers = std::move(linear);
 }
 
 }  // namespace

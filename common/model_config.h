@@ -100,6 +100,17 @@ struct ModelConfig {
   /// which reuses the previous layer's selection and has no indexer of its own.
   std::vector<bool> indexer_shared;
 
+  // ---- Qwen3-Next (Qwen3NextConfig; coordinator/models/qwen3_next.cpp): gated DeltaNet
+  // linear attention beside gated full attention. ----
+  int64_t linear_num_key_heads = 0;
+  int64_t linear_num_value_heads = 0;  ///< a multiple of linear_num_key_heads
+  int64_t linear_key_head_dim = 0;
+  int64_t linear_value_head_dim = 0;
+  int64_t linear_conv_kernel_dim = 0;  ///< the depthwise causal conv1d's kernel
+  /// [num_hidden_layers] for a family with linear attention (CheckpointFamily::
+  /// linear_attention): true for a "linear_attention" layer; empty otherwise.
+  std::vector<bool> linear_attention_layers;
+
   // ---- GLM-4.5 (Glm4MoeConfig; coordinator/models/glm4_moe.cpp). It also reads the
   // DeepSeek-V3 MoE fields above (n_shared_experts .. routed_scaling_factor) and
   // partial_rotary_factor. ----

@@ -41,6 +41,10 @@ struct CheckpointFamily {
   /// The layer_types value of its layers that do not slide: transformers writes
   /// "full_attention", GlmMoeDsaConfig "indexed_attention" (every layer DSA).
   std::string full_layer_type = "full_attention";
+  /// True when the family has linear-attention layers: layer_types may name
+  /// "linear_attention" (read into ModelConfig::linear_attention_layers, for read_fields
+  /// to fill from the family's default pattern when layer_types is absent).
+  bool linear_attention = false;
   /// Reads the family's own fields of `config` (by their HF names) into `c`, after
   /// ModelConfig::parse has read the generic ones. Throws as ModelConfig::parse documents,
   /// naming `source` and the field.

@@ -99,6 +99,7 @@ void Scheduler::preempt_newest(StepPlan& plan) {
 }
 
 void Scheduler::attach_cached_prefix(Sequence* s) {
+  if (!prefix_cache_enabled()) return;
   const size_t reusable = (s->tokens.size() - 1) / kBlock;
   // A sequence that waited holds the blocks it found before: go on from there.
   for (size_t b = s->published_blocks; b < reusable; ++b) {
@@ -135,6 +136,7 @@ void Scheduler::admit(StepPlan& plan, size_t& budget) {
 }
 
 bool Scheduler::waits_for_shared_prefix(const Sequence& s) const {
+  if (!prefix_cache_enabled()) return false;
   const size_t b = s.published_blocks;  // its first block the cache did not have
   if ((b + 1) * kBlock > s.tokens.size() - 1) return false;
   const uint64_t key = prefix_block_key(s.last_block_key, block_tokens(s, b));
@@ -153,6 +155,7 @@ void Scheduler::release_unadmitted(Sequence* s) {
 }
 
 void Scheduler::publish_full_blocks(Sequence* s) {
+  if (!prefix_cache_enabled()) return;
   const size_t full = s->cache.length() / kBlock;
   for (size_t b = s->published_blocks; b < full; ++b) {
     const uint64_t key = prefix_block_key(s->last_block_key, block_tokens(*s, b));

@@ -98,6 +98,9 @@ class Scheduler {
   void release_unadmitted(Sequence* s);
   /// Offers the sequence's full blocks not yet published to the prefix cache.
   void publish_full_blocks(Sequence* sequence);
+  /// False for a model with per-sequence state (KvLayout::state_floats: linear attention),
+  /// whose state after a prefix is not in the blocks: every sequence computes its prompt.
+  bool prefix_cache_enabled() const { return pool_.layout().state_floats == 0; }
 
   KvBlockPool& pool_;
   SchedulerOptions options_;

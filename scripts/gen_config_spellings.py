@@ -34,7 +34,8 @@ MODELS = ROOT / "tests" / "fixtures" / "models"
 OUT = ROOT / "tests" / "fixtures" / "configs"
 FIXTURES = ["qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny",
             "deepseek-v3-tiny-fp8", "glm4-moe-tiny", "kimi-k2-tiny", "minimax-m2-tiny", "mixtral-swa-tiny",
-            "qwen2-moe-swa-tiny", "gpt-oss-tiny", "glm-moe-dsa-tiny"]
+            "qwen2-moe-swa-tiny", "gpt-oss-tiny", "glm-moe-dsa-tiny",
+            "qwen3-next-tiny"]
 # model_types transformers does not know, read with the class their checkpoints' remote
 # code uses (Kimi K2's auto_map names DeepseekV3Config).
 CONFIG_TYPE = {"kimi_k2": "deepseek_v3"}

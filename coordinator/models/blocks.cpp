@@ -24,9 +24,12 @@ void Linear::operator()(const float* x, size_t rows, float* y) const {
   matmul(weight.view(), x, rows, bias.empty() ? nullptr : bias.data(), y);
 }
 
-RmsNorm RmsNorm::load(const Checkpoint& ckpt, const std::string& name, size_t n, double eps) {
+RmsNorm RmsNorm::load(const Checkpoint& ckpt, const std::string& name, size_t n, double eps, bool unit_offset) {
   RmsNorm norm;
   norm.weight = ckpt.load_f32(name + ".weight", {static_cast<int64_t>(n)});
+  if (unit_offset) {
+    for (float& w : norm.weight) w = 1.0f + w;
+  }
   norm.eps = static_cast<float>(eps);
   return norm;
 }
@@ -129,17 +132,33 @@ RopeGqaAttention RopeGqaAttention::load(const Checkpoint& ckpt, const std::strin
   a.num_kv_heads = num_kv_heads;
   a.head_dim = head_dim;
   a.options = options;
-  a.q_proj = Linear::load(ckpt, prefix + ".q_proj", num_heads * head_dim, hidden, options.qkv_bias);
+  const size_t q_rows = num_heads * head_dim * (options.output_gate ? 2 : 1);
+  a.q_proj = Linear::load(ckpt, prefix + ".q_proj", q_rows, hidden, options.qkv_bias);
   a.k_proj = Linear::load(ckpt, prefix + ".k_proj", num_kv_heads * head_dim, hidden, options.qkv_bias);
   a.v_proj = Linear::load(ckpt, prefix + ".v_proj", num_kv_heads * head_dim, hidden, options.qkv_bias);
   a.o_proj = Linear::load(ckpt, prefix + ".o_proj", hidden, num_heads * head_dim, options.o_bias);
   if (options.qk_norm != QkNorm::kNone) {
     const bool per_head = options.qk_norm == QkNorm::kPerHead;
-    a.q_norm = RmsNorm::load(ckpt, prefix + ".q_norm", per_head ? head_dim : num_heads * head_dim, options.norm_eps);
-    a.k_norm = RmsNorm::load(ckpt, prefix + ".k_norm", per_head ? head_dim : num_kv_heads * head_dim, options.norm_eps);
+    const bool offset = options.norm_unit_offset;
+    a.q_norm = RmsNorm::load(ckpt, prefix + ".q_norm", per_head ? head_dim : num_heads * head_dim, options.norm_eps,
+                             offset);
+    a.k_norm = RmsNorm::load(ckpt, prefix + ".k_norm", per_head ? head_dim : num_kv_heads * head_dim,
+                             options.norm_eps, offset);
   }
   if (options.sinks) a.sinks = ckpt.load_f32(prefix + ".sinks", {static_cast<int64_t>(num_heads)});
   return a;
+}
+
+void RopeGqaAttention::split_query_gate(std::vector<float>& q, size_t rows, std::vector<float>& gate) const {
+  const size_t heads = rows * num_heads;
+  std::vector<float> query(heads * head_dim);
+  gate.resize(heads * head_dim);
+  for (size_t i = 0; i < heads; ++i) {
+    const float* both = q.data() + i * 2 * head_dim;
+    std::copy(both, both + head_dim, query.data() + i * head_dim);
+    std::copy(both + head_dim, both + 2 * head_dim, gate.data() + i * head_dim);
+  }
+  q = std::move(query);
 }
 
 void RopeGqaAttention::normalise_qkv(float* q, float* k, float* v, size_t rows) const {
@@ -161,17 +180,20 @@ void RopeGqaAttention::normalise_qkv(float* q, float* k, float* v, size_t rows) 
 
 void RopeGqaAttention::operator()(const Rope& rope, const float* x, size_t rows, std::span<const SequenceRows> batch,
                                   size_t layer, float* out) const {
-  std::vector<float> q(rows * q_proj.out()), k(rows * k_proj.out()), v(rows * v_proj.out());
+  const size_t q_dim = num_heads * head_dim, kv_dim = k_proj.out();
+  std::vector<float> q(rows * q_proj.out()), k(rows * kv_dim), v(rows * v_proj.out());
   q_proj(x, rows, q.data());
   k_proj(x, rows, k.data());
   v_proj(x, rows, v.data());
+  std::vector<float> gate;
+  if (options.output_gate) split_query_gate(q, rows, gate);
   normalise_qkv(q.data(), k.data(), v.data(), rows);
-  const size_t q_dim = q_proj.out(), kv_dim = k_proj.out();
   std::vector<float> attn(rows * q_dim);
   for (const SequenceRows& seq : batch) {
     rope_attention(rope, q.data() + seq.row0 * q_dim, k.data() + seq.row0 * kv_dim, v.data() + seq.row0 * kv_dim, seq,
                    layer, *this, attn.data() + seq.row0 * q_dim);
   }
+  for (size_t i = 0; i < gate.size(); ++i) attn[i] = attn[i] * sigmoid(gate[i]);
   o_proj(attn.data(), rows, out);
 }
 
@@ -335,7 +357,7 @@ void GatedSharedExpert::operator()(const float* x, size_t rows, float* out) cons
   gate(x, rows, g.data());
   mlp(x, rows, out);
   for (size_t r = 0; r < rows; ++r) {
-    const float scale = 1.0f / (1.0f + std::exp(-g[r]));  // sigmoid
+    const float scale = sigmoid(g[r]);
     for (size_t d = 0; d < hidden; ++d) out[r * hidden + d] *= scale;
   }
 }

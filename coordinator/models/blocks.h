@@ -48,7 +48,10 @@ struct Linear {
 struct RmsNorm {
   std::vector<float> weight;
   float eps = 1e-6f;
-  static RmsNorm load(const Checkpoint& ckpt, const std::string& name, size_t n, double eps);
+  /// Loads "<name>.weight" [n]. With unit_offset the checkpoint stores weight - 1 and the
+  /// norm scales by 1 + stored (Qwen3NextRMSNorm's zero-centred weight: 1 + w in f32,
+  /// the value transformers multiplies by).
+  static RmsNorm load(const Checkpoint& ckpt, const std::string& name, size_t n, double eps, bool unit_offset = false);
   /// Normalises `rows` rows of width weight.size(); in place allowed.
   void operator()(const float* x, size_t rows, float* y) const;
 };
@@ -117,6 +120,10 @@ struct GqaOptions {
   /// (MixtralAttention, Qwen2MoeAttention and GptOssAttention on "sliding_attention" layers).
   size_t sliding_window = 0;
   bool sinks = false;            ///< learned per-head sink logits "<prefix>.sinks" (GptOssAttention)
+  bool norm_unit_offset = false; ///< q_norm / k_norm scale by 1 + weight (Qwen3NextRMSNorm)
+  /// q_proj also projects a gate: per head [head_dim query | head_dim gate], and the
+  /// attention output is multiplied by sigmoid(gate) before o_proj (Qwen3NextAttention).
+  bool output_gate = false;
 };
 
 /// The RoPE GQA attention block of the Llama-style families: q/k/v projections, the
@@ -143,6 +150,9 @@ struct RopeGqaAttention {
   /// Applies the q/k norm and the clamp to q [rows, num_heads * head_dim], k and v
   /// [rows, num_kv_heads * head_dim], in place.
   void normalise_qkv(float* q, float* k, float* v, size_t rows) const;
+  /// With options.output_gate: q [rows, num_heads, 2 * head_dim] becomes the queries
+  /// [rows, num_heads * head_dim], their gates go to `gate` (same shape).
+  void split_query_gate(std::vector<float>& q, size_t rows, std::vector<float>& gate) const;
 };
 
 /// Dense SwiGLU MLP: down(silu(gate(x)) * up(x)) (Qwen3MoeMLP).

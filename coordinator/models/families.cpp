@@ -16,6 +16,7 @@ const ModelFamily& glm4_moe_family();
 const ModelFamily& minimax_m2_family();
 const ModelFamily& gpt_oss_family();
 const ModelFamily& glm_moe_dsa_family();
+const ModelFamily& qwen3_next_family();
 
 std::span<const ModelFamily* const> model_families() {
   // The table: one line per family. Built on first use, after every family's record.
@@ -29,6 +30,7 @@ std::span<const ModelFamily* const> model_families() {
       &minimax_m2_family(),
       &gpt_oss_family(),
       &glm_moe_dsa_family(),
+      &qwen3_next_family(),
   };
   return table;
 }

@@ -103,12 +103,13 @@ void KvBlockPool::unpublish(uint32_t block) {
   cached_.erase(it);
 }
 
-KvCache::KvCache(KvBlockPool& pool) : pool_(&pool) {}
+KvCache::KvCache(KvBlockPool& pool) : pool_(&pool), state_(pool.layout().state_floats, 0.0f) {}
 
 KvCache::KvCache(const KvLayout& layout, size_t max_tokens)
     : own_pool_(std::make_unique<KvBlockPool>(
           layout, std::max<size_t>(1, max_tokens / kBlock + (max_tokens % kBlock != 0)))),
-      pool_(own_pool_.get()) {
+      pool_(own_pool_.get()),
+      state_(layout.state_floats, 0.0f) {
   reserve(max_tokens);
 }
 
@@ -124,9 +125,11 @@ KvCache::KvCache(KvCache&& other) noexcept
     : own_pool_(std::move(other.own_pool_)),
       pool_(other.pool_),
       blocks_(std::move(other.blocks_)),
-      length_(other.length_) {
+      length_(other.length_),
+      state_(std::move(other.state_)) {
   other.blocks_.clear();
   other.length_ = 0;
+  other.state_.assign(pool_ ? pool_->layout().state_floats : 0, 0.0f);
 }
 
 KvCache& KvCache::operator=(KvCache&& other) noexcept {
@@ -136,8 +139,10 @@ KvCache& KvCache::operator=(KvCache&& other) noexcept {
   pool_ = other.pool_;
   blocks_ = std::move(other.blocks_);
   length_ = other.length_;
+  state_ = std::move(other.state_);
   other.blocks_.clear();
   other.length_ = 0;
+  other.state_.assign(pool_ ? pool_->layout().state_floats : 0, 0.0f);
   return *this;
 }
 
@@ -160,6 +165,7 @@ bool KvCache::reserve(size_t positions) {
 
 void KvCache::append_cached(uint32_t block) {
   if (length_ != capacity()) fail_internal("KvCache::append_cached with reserved positions not yet stored");
+  if (!state_.empty()) fail_internal("KvCache::append_cached on a cache with per-sequence state");
   blocks_.push_back(block);
   length_ += kBlock;
 }
@@ -169,6 +175,7 @@ void KvCache::clear() {
   for (uint32_t block : blocks_) pool_->release(block);
   blocks_.clear();
   length_ = 0;
+  std::fill(state_.begin(), state_.end(), 0.0f);
 }
 
 }  // namespace charm

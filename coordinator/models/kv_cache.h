@@ -10,6 +10,8 @@
 //    computed from the latent at attention time (coordinator/models/mla_attention.h);
 //    under DeepSeek Sparse Attention (GLM-5) the lightning indexer's key follows in the
 //    same row (coordinator/models/dsa_indexer.h).
+// A model with linear attention (Qwen3-Next's gated DeltaNet) also keeps a fixed-size
+// state per sequence beside its blocks (KvLayout::state_floats, KvCache::state()).
 // A position's rows depend only on the tokens up to it (the batch-invariance contract of
 // DESIGN.md), so a block computed by one sequence is, bit for bit, the block any other
 // sequence with the same prefix would compute: sharing it changes nothing.
@@ -31,6 +33,11 @@ struct KvLayout {
   size_t num_layers = 0;
   size_t key_dim = 0;    ///< floats per key row (MLA: the latent row)
   size_t value_dim = 0;  ///< floats per value row (0: no values, MLA)
+  /// Floats of fixed-size state per sequence, beside the rows: linear attention's
+  /// recurrent and convolution states (Qwen3-Next's gated DeltaNet), 0 for none. A
+  /// sequence's state sums up all its positions, so no block can be shared or resumed
+  /// from the prefix cache when this is > 0 (Scheduler::prefix_cache_enabled).
+  size_t state_floats = 0;
   /// Bytes per cached position over all layers (keys and values, f32).
   size_t bytes_per_token() const { return num_layers * (key_dim + value_dim) * sizeof(float); }
 };
@@ -164,6 +171,10 @@ class KvCache {
   void advance(size_t n);
   /// Bytes held per token over all layers (keys and values, f32), for reports.
   size_t bytes_per_token() const { return pool_->layout().bytes_per_token(); }
+  /// The sequence's state [layout().state_floats] f32: zeros while no position is stored
+  /// (a new cache, or after clear()); the model updates it as positions are stored.
+  float* state() { return state_.data(); }
+  const float* state() const { return state_.data(); }
 
   /// Takes blocks from the pool until capacity() >= positions. Returns false (holding
   /// what it took) when the pool runs out.
@@ -173,7 +184,7 @@ class KvCache {
   void append_cached(uint32_t block);
   /// The blocks held, in position order.
   std::span<const uint32_t> blocks() const { return blocks_; }
-  /// Releases every block and forgets every position.
+  /// Releases every block, forgets every position and zeroes the state.
   void clear();
 
  private:
@@ -184,6 +195,7 @@ class KvCache {
   KvBlockPool* pool_;
   std::vector<uint32_t> blocks_;
   size_t length_ = 0;
+  std::vector<float> state_;  // [layout.state_floats]
 };
 
 }  // namespace charm

@@ -12,6 +12,7 @@
 #include "coordinator/models/blocks.h"
 #include "coordinator/models/families.h"
 #include "coordinator/models/model.h"
+#include "coordinator/models/routers.h"
 
 namespace charm {
 namespace {
@@ -39,10 +40,7 @@ class Qwen2Moe final : public LayerStack<Qwen2MoeLayer> {
                                                GqaOptions{.qkv_bias = config.qkv_bias,
                                                           .sliding_window = config.attention_window(l)});
       if (config.is_moe_layer(l)) {
-        layer.sparse_moe.router = std::make_unique<SoftmaxTopkRouter>(SoftmaxTopkRouter::load(
-            ckpt, p + ".mlp", h, config.num_experts, config.num_experts_per_tok, config.norm_topk_prob));
-        layer.sparse_moe.shared_expert =
-            GatedSharedExpert::load(ckpt, p + ".mlp", h, config.shared_expert_intermediate_size);
+        layer.sparse_moe = load_gated_shared_moe(ckpt, p + ".mlp", config);
       } else {
         layer.mlp = DenseMlp::load(ckpt, p + ".mlp", h, config.intermediate_size);
       }

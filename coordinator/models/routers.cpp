@@ -55,7 +55,7 @@ Routing sigmoid_group_topk(const float* router_logits, size_t rows, size_t num_e
   for (size_t r = 0; r < rows; ++r) {
     const float* logits = router_logits + r * num_experts;
     for (size_t e = 0; e < num_experts; ++e) {
-      scores[e] = 1.0f / (1.0f + std::exp(-logits[e]));
+      scores[e] = sigmoid(logits[e]);
       choice[e] = scores[e] + bias[e];
     }
     // Group score: the sum of the group's two largest choice values.
@@ -122,6 +122,14 @@ MoeBlock load_group_limited_moe(const Checkpoint& ckpt, const std::string& prefi
     moe.shared_expert =
         DenseMlp::load(ckpt, prefix + ".shared_experts", c.hidden_size, c.n_shared_experts * c.moe_intermediate_size);
   }
+  return moe;
+}
+
+MoeBlock load_gated_shared_moe(const Checkpoint& ckpt, const std::string& prefix, const ModelConfig& c) {
+  MoeBlock moe;
+  moe.router = std::make_unique<SoftmaxTopkRouter>(
+      SoftmaxTopkRouter::load(ckpt, prefix, c.hidden_size, c.num_experts, c.num_experts_per_tok, c.norm_topk_prob));
+  moe.shared_expert = GatedSharedExpert::load(ckpt, prefix, c.hidden_size, c.shared_expert_intermediate_size);
   return moe;
 }
 

@@ -76,4 +76,11 @@ struct TopkSoftmaxRouter final : Router {
 /// Checkpoint::load_f32 / load_matrix throw for a missing or mis-shaped tensor.
 MoeBlock load_group_limited_moe(const Checkpoint& ckpt, const std::string& prefix, const ModelConfig& config);
 
+/// The MoE block of Qwen2MoeSparseMoeBlock and Qwen3NextSparseMoeBlock: the softmax top-k
+/// router "<prefix>.gate" (num_experts, num_experts_per_tok, norm_topk_prob), the routed
+/// experts through the dispatcher and the sigmoid-gated shared expert "<prefix>.shared_expert"
+/// of width shared_expert_intermediate_size, run on the coordinator. Throws what
+/// Checkpoint::load_f32 / load_matrix throw for a missing or mis-shaped tensor.
+MoeBlock load_gated_shared_moe(const Checkpoint& ckpt, const std::string& prefix, const ModelConfig& config);
+
 }  // namespace charm

@@ -186,7 +186,7 @@ TEST_CASE("batch invariance: every request of a random concurrent mix equals the
 
 // The families of issue 16 through the same mix: GLM-4.5 (GQA cache, partial rotary),
 // Kimi K2 (the compressed MLA cache), MiniMax-M2 (whole-projection q/k norm), gpt-oss and
-// the sliding-window fixtures, GLM-5's sparse attention.
+// the sliding-window fixtures, GLM-5's sparse attention, Qwen3-Next's linear attention.
 TEST_CASE("batch invariance holds for the issue 16 fixtures: chunked, preempted, two workers") {
   struct Fixture {
     std::string name;
@@ -201,7 +201,9 @@ TEST_CASE("batch invariance holds for the issue 16 fixtures: chunked, preempted,
                            Fixture{"mixtral-swa-tiny", {"\"0-3\"", "\"4-7\""}, 3 * 2 * 2 * 8 * 4},
                            Fixture{"qwen2-moe-swa-tiny", {"\"0-7\"", "\"8-15\""}, 4 * 2 * 2 * 8 * 4},
                            // issue 16 item 2: the indexer's keys ride in the MLA cache row
-                           Fixture{"glm-moe-dsa-tiny", {"\"0-7\"", "\"8-15\""}, 4 * (32 + 8 + 16) * 4}}) {
+                           Fixture{"glm-moe-dsa-tiny", {"\"0-7\"", "\"8-15\""}, 4 * (32 + 8 + 16) * 4},
+                           // issue 16 item 5: rows for the one full-attention layer, DeltaNet states beside
+                           Fixture{"qwen3-next-tiny", {"\"0-7\"", "\"8-15\""}, 1 * 2 * 2 * 16 * 4}}) {
     CAPTURE(f.name);
     const std::vector<Request> mix = request_mix(f.name);
     Served alone({}, "", f.name);

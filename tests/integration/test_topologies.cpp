@@ -289,6 +289,16 @@ TEST_CASE("glm-moe-dsa-tiny (DeepSeek Sparse Attention, a shared-selection layer
   for (const auto& w : two.status) CHECK(w.requests > 0);
 }
 
+TEST_CASE("qwen3-next-tiny (gated DeltaNet states, gated shared expert): single node and two workers give bit-identical logits") {
+  const Outcome single = run_split("qwen3-next-tiny", {});
+  const Outcome two = run_split("qwen3-next-tiny", {"\"0-7\"", "\"8-15\""});
+  check_identical(single, two);
+  REQUIRE(two.status.size() == 2);
+  CHECK(two.status[0].experts_held == 8 * 4);  // 4 MoE layers
+  CHECK(two.status[1].experts_held == 8 * 4);
+  for (const auto& w : two.status) CHECK(w.requests > 0);
+}
+
 TEST_CASE("mixtral-swa-tiny and qwen2-moe-swa-tiny (sliding windows): single node and two workers give bit-identical logits") {
   check_identical(run_split("mixtral-swa-tiny", {}), run_split("mixtral-swa-tiny", {"\"0-3\"", "\"4-7\""}));
   check_identical(run_split("qwen2-moe-swa-tiny", {}), run_split("qwen2-moe-swa-tiny", {"\"0-7\"", "\"8-15\""}));

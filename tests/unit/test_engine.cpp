@@ -62,7 +62,8 @@ TEST_CASE("padded vocabulary ids are never sampled, and the generation succeeds"
 TEST_CASE("the sampling mask leaves greedy generation as the reference has it, for every family") {
   for (const char* name : {"qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny",
                            "deepseek-v3-tiny-fp8", "glm4-moe-tiny", "kimi-k2-tiny", "minimax-m2-tiny",
-                           "mixtral-swa-tiny", "qwen2-moe-swa-tiny", "gpt-oss-tiny", "glm-moe-dsa-tiny"}) {
+                           "mixtral-swa-tiny", "qwen2-moe-swa-tiny", "gpt-oss-tiny", "glm-moe-dsa-tiny",
+                           "qwen3-next-tiny"}) {
     CAPTURE(name);
     auto engine = single_node(kModels / name);
     std::ifstream in(kModels / name / "reference.json");
@@ -182,4 +183,26 @@ TEST_CASE("a prompt served from the prefix cache has the logits and tokens it ha
   const uint64_t hits = engine->load().prefix_hits;
   engine->prompt_logits(follow_up);
   CHECK(engine->load().prefix_hits >= hits + 4);  // 71 tokens: 4 full blocks
+}
+
+// Qwen3-Next's DeltaNet state after a prefix is not in its KV blocks: a second sequence
+// with the same prompt must compute it again rather than resume from cached blocks, and
+// get the first one's logits bit for bit (a resumed one would start from a zero state).
+TEST_CASE("a model with linear-attention state never resumes from the prefix cache, and repeats its logits") {
+  auto engine = single_node(kModels / "qwen3-next-tiny");
+  std::ifstream in(kModels / "qwen3-next-tiny" / "reference.json");
+  const auto reference = nlohmann::json::parse(in);
+  std::vector<int32_t> prompt;  // two prompts back to back: several full blocks
+  for (const auto& p : reference["prompts"]) {
+    for (int32_t id : p["prompt_ids"].get<std::vector<int32_t>>()) prompt.push_back(id);
+    if (prompt.size() > 40) break;
+  }
+  REQUIRE(prompt.size() > 2 * KvBlockPool::kBlockSize);
+  const std::vector<float> first = engine->prompt_logits(prompt);
+  const std::vector<float> again = engine->prompt_logits(prompt);
+  REQUIRE(first.size() == again.size());
+  CHECK(std::memcmp(first.data(), again.data(), first.size() * sizeof(float)) == 0);
+  CHECK(engine->load().prefix_hits == 0);
+  const std::vector<float> fresh = single_node(kModels / "qwen3-next-tiny")->prompt_logits(prompt);
+  CHECK(std::memcmp(first.data(), fresh.data(), first.size() * sizeof(float)) == 0);
 }

@@ -411,6 +411,30 @@ TEST_CASE("GLM-4.5 and Kimi K2 configs saved by transformers 4 and 5 parse to th
 TEST_CASE("GLM-5 configs saved by transformers 5 (layer_types indexed_attention, mlp_layer_types, rope_parameters) parse to the hub config's model") {
   check_spellings("glm-moe-dsa-tiny", "", false);
 }
+TEST_CASE("Qwen3-Next configs saved by transformers 4 and 5 (full_attention_interval or layer_types) parse to the hub config's model") {
+  check_spellings("qwen3-next-tiny");
+}
+TEST_CASE("Qwen3-Next: layer_types with linear_attention, the interval default, and bad linear-attention fields") {
+  const fs::path hub = kFixtures / "models" / "qwen3-next-tiny" / "config.json";
+  json j = read_json_file(hub);
+  CHECK(ModelConfig::parse(j, "config.json", checkpoint_families()).linear_attention_layers ==
+        std::vector<bool>{true, true, true, false});
+  j["full_attention_interval"] = 2;
+  CHECK(ModelConfig::parse(j, "config.json", checkpoint_families()).linear_attention_layers ==
+        std::vector<bool>{true, false, true, false});
+  j["layer_types"] = {"full_attention", "linear_attention", "linear_attention", "linear_attention"};
+  CHECK(ModelConfig::parse(j, "config.json", checkpoint_families()).linear_attention_layers ==
+        std::vector<bool>{false, true, true, true});
+  j["layer_types"] = {"full_attention", "sliding_attention", "linear_attention", "linear_attention"};
+  CHECK(error_of(j).find("layer_types[1] is \"sliding_attention\"; only full_attention and linear_attention are") !=
+        std::string::npos);
+  j = read_json_file(hub);
+  j["linear_num_value_heads"] = 3;
+  CHECK(error_of(j).find("linear_num_value_heads 3 is not a multiple of linear_num_key_heads 2") != std::string::npos);
+  j = read_json_file(hub);
+  j["linear_conv_kernel_dim"] = 0;
+  CHECK(error_of(j).find("linear_conv_kernel_dim") != std::string::npos);
+}
 TEST_CASE("MiniMax-M2 configs saved by transformers 5 (rotary_dim beside rope_parameters) parse to the hub config's model") {
   check_spellings("minimax-m2-tiny", "", false);
 }

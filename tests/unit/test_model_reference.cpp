@@ -193,13 +193,19 @@ TEST_CASE("glm-moe-dsa-tiny catches an indexer off by one: index_topk 4 or 6 ins
   }
 }
 
+// --- Qwen3-Next: gated DeltaNet linear attention (issue 16, item 5) ----------------------------
+
+TEST_CASE("qwen3-next-tiny (gated DeltaNet layers, gated full attention, 1 + weight norms) matches transformers") {
+  check_fixture("qwen3-next-tiny");
+}
+
 // --- Chunked prefill (issue 6) -------------------------------------------------------------
 
 TEST_CASE("chunked prefill gives the logits of one whole-prompt forward, bit for bit, for every family") {
   for (const std::string name : {"qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny",
                                  "deepseek-v3-tiny-fp8", "glm4-moe-tiny", "kimi-k2-tiny",
                                  "minimax-m2-tiny", "mixtral-swa-tiny", "qwen2-moe-swa-tiny", "gpt-oss-tiny",
-                                 "glm-moe-dsa-tiny"}) {
+                                 "glm-moe-dsa-tiny", "qwen3-next-tiny"}) {
     CAPTURE(name);
     Topology topology;
     topology.model = kModels / name;
@@ -272,7 +278,7 @@ TEST_CASE("every family sends the next MoE layer's prefetch hint, and hints chan
   for (const std::string name : {"qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny",
                                  "deepseek-v3-tiny-fp8", "glm4-moe-tiny", "kimi-k2-tiny",
                                  "minimax-m2-tiny", "mixtral-swa-tiny", "qwen2-moe-swa-tiny", "gpt-oss-tiny",
-                                 "glm-moe-dsa-tiny"}) {
+                                 "glm-moe-dsa-tiny", "qwen3-next-tiny"}) {
     CAPTURE(name);
     SingleNode node(name);
     const ModelConfig& config = node.config;

@@ -102,7 +102,7 @@ TEST_CASE("a routed-experts call sends every (row, expert) once and sums weighte
 #include "coordinator/models/routers.h"
 
 namespace {
-float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+float expected_sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 }  // namespace
 
 TEST_CASE("sigmoid_group_topk: groups by top-2 biased sum, experts by biased score, weights unbiased") {
@@ -123,16 +123,16 @@ TEST_CASE("sigmoid_group_topk: groups by top-2 biased sum, experts by biased sco
   // Biased scores in g1/g3: e2 0.922, e3 0.899, e6 0.869, e7 0.953 -> e7, e2.
   CHECK(r.experts[0] == 7);
   CHECK(r.experts[1] == 2);
-  CHECK(r.weights[0] == sigmoid(3.0f) * 2.5f);
-  CHECK(r.weights[1] == sigmoid(0.5f) * 2.5f);
+  CHECK(r.weights[0] == expected_sigmoid(3.0f) * 2.5f);
+  CHECK(r.weights[1] == expected_sigmoid(0.5f) * 2.5f);
   // Expert 0 has the second-highest score overall but its group lost.
   CHECK(std::find(r.experts.begin(), r.experts.end(), 0u) == r.experts.end());
 
   p.norm_topk_prob = true;
   const Routing n = sigmoid_group_topk(logits, 1, 8, bias, p);
-  const float sum = sigmoid(3.0f) + sigmoid(0.5f) + 1e-20f;
-  CHECK(n.weights[0] == (sigmoid(3.0f) / sum) * 2.5f);
-  CHECK(n.weights[1] == (sigmoid(0.5f) / sum) * 2.5f);
+  const float sum = expected_sigmoid(3.0f) + expected_sigmoid(0.5f) + 1e-20f;
+  CHECK(n.weights[0] == (expected_sigmoid(3.0f) / sum) * 2.5f);
+  CHECK(n.weights[1] == (expected_sigmoid(0.5f) / sum) * 2.5f);
   CHECK(n.weights[0] + n.weights[1] == doctest::Approx(2.5f).epsilon(1e-6));
 }
 
