@@ -159,14 +159,15 @@ void read_sizes(const json& j, const std::string& source, const CheckpointFamily
 
   c.vocab_size = get_int(j, source, "vocab_size", std::nullopt);
   c.hidden_size = get_int(j, source, "hidden_size", std::nullopt);
-  c.intermediate_size = get_int(j, source, "intermediate_size", std::nullopt);
+  c.intermediate_size = get_int(j, source, "intermediate_size", family.dense_mlp ? std::optional<int64_t>() : 0);
   c.num_hidden_layers = get_int(j, source, "num_hidden_layers", std::nullopt);
   c.num_attention_heads = get_int(j, source, "num_attention_heads", std::nullopt);
   c.num_key_value_heads = get_int(j, source, "num_key_value_heads", c.num_attention_heads);
   c.num_experts = int_of(num_experts, source, std::nullopt);
   c.num_experts_per_tok = get_int(j, source, "num_experts_per_tok", std::nullopt);
+  if (family.dense_mlp) require_positive(source, "intermediate_size", c.intermediate_size);
   for (auto [key, value] : {std::pair{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
-                            {"intermediate_size", c.intermediate_size}, {"num_hidden_layers", c.num_hidden_layers},
+                            {"num_hidden_layers", c.num_hidden_layers},
                             {"num_attention_heads", c.num_attention_heads},
                             {"num_key_value_heads", c.num_key_value_heads}, {num_experts.key.c_str(), c.num_experts},
                             {"num_experts_per_tok", c.num_experts_per_tok}}) {

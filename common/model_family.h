@@ -45,6 +45,9 @@ struct CheckpointFamily {
   /// "linear_attention" (read into ModelConfig::linear_attention_layers, for read_fields
   /// to fill from the family's default pattern when layer_types is absent).
   bool linear_attention = false;
+  /// False when every layer is MoE and the config class has no intermediate_size
+  /// (Qwen3_5MoeTextConfig): the field is then optional (0 when absent).
+  bool dense_mlp = true;
   /// Reads the family's own fields of `config` (by their HF names) into `c`, after
   /// ModelConfig::parse has read the generic ones. Throws as ModelConfig::parse documents,
   /// naming `source` and the field.

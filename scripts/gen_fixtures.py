@@ -568,6 +568,15 @@ QWEN3_NEXT_CONFIG = {
     "use_cache": True,
     "vocab_size": 151936,
 }
+
+# qwen3.5-moe-tiny: Qwen3_5MoeForCausalLM (the text model of Qwen/Qwen3.5-35B-A3B and
+# -397B-A17B; their hub checkpoints are Qwen3_5MoeForConditionalGeneration, whose
+# text_config this is) with qwen3-next-tiny's sizes: Qwen3_5MoeTextConfig has no
+# decoder_sparse_step / mlp_only_layers (every layer MoE), and its DeltaNet has separate
+# in_proj_qkv / in_proj_z / in_proj_b / in_proj_a.
+QWEN3_5_MOE_CONFIG = {k: v for k, v in QWEN3_NEXT_CONFIG.items()
+                      if k not in ("decoder_sparse_step", "mlp_only_layers", "intermediate_size")}
+QWEN3_5_MOE_CONFIG.update({"architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe_text"})
   # k-th minus (k+1)-th index score, every query that drops keys
 
 MODELS = [
@@ -613,6 +622,9 @@ MODELS = [
     # f64_conditioning: transformers' chunked f32 delta rule is itself 5.6e-4 from the
     # float64 value on seed 12000's chat prompt; 5e-5 keeps the engine's share of 1e-4.
     {"dir": "qwen3-next-tiny", "config": QWEN3_NEXT_CONFIG, "eos": QWEN3_EOS, "seed": 12000,
+     "expert_layout": "per_expert", "shards": 1, "template": "qwen3", "zero_centred_norms": True,
+     "f64_conditioning": True, "f64_max_diff": 5e-5},
+    {"dir": "qwen3.5-moe-tiny", "config": QWEN3_5_MOE_CONFIG, "eos": QWEN3_EOS, "seed": 13000,
      "expert_layout": "per_expert", "shards": 1, "template": "qwen3", "zero_centred_norms": True,
      "f64_conditioning": True, "f64_max_diff": 5e-5},
 ]
@@ -1090,10 +1102,12 @@ def f64_distance(model, prompts: list[dict]) -> float:
     how much of the 1e-4 budget the reference's own rounding takes. Qwen3-Next's delta rule
     runs in float64 too (float64_delta_rule): its f32 chunked form can take most of it."""
     wide = copy.deepcopy(model).double()
-    qwen3_next = sys.modules.get("transformers.models.qwen3_next.modeling_qwen3_next")
-    saved = (qwen3_next.torch_chunk_gated_delta_rule, qwen3_next.torch_recurrent_gated_delta_rule) if qwen3_next else None
-    if saved:
-        qwen3_next.torch_chunk_gated_delta_rule = qwen3_next.torch_recurrent_gated_delta_rule = float64_delta_rule
+    modules = [sys.modules[name] for name in ("transformers.models.qwen3_next.modeling_qwen3_next",
+                                              "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
+               if name in sys.modules]
+    saved = [(m, m.torch_chunk_gated_delta_rule, m.torch_recurrent_gated_delta_rule) for m in modules]
+    for m in modules:
+        m.torch_chunk_gated_delta_rule = m.torch_recurrent_gated_delta_rule = float64_delta_rule
     worst = 0.0
     try:
         with torch.no_grad():
@@ -1101,8 +1115,8 @@ def f64_distance(model, prompts: list[dict]) -> float:
                 logits = wide(torch.tensor([p["prompt_ids"]]), use_cache=False).logits[0, -1]
                 worst = max(worst, float((logits - p["logits"].double()).abs().max()))
     finally:
-        if saved:
-            qwen3_next.torch_chunk_gated_delta_rule, qwen3_next.torch_recurrent_gated_delta_rule = saved
+        for m, chunk, recurrent in saved:
+            m.torch_chunk_gated_delta_rule, m.torch_recurrent_gated_delta_rule = chunk, recurrent
     return worst
 
 

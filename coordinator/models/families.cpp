@@ -17,6 +17,7 @@ const ModelFamily& minimax_m2_family();
 const ModelFamily& gpt_oss_family();
 const ModelFamily& glm_moe_dsa_family();
 const ModelFamily& qwen3_next_family();
+const ModelFamily& qwen3_5_moe_family();
 
 std::span<const ModelFamily* const> model_families() {
   // The table: one line per family. Built on first use, after every family's record.
@@ -31,6 +32,7 @@ std::span<const ModelFamily* const> model_families() {
       &gpt_oss_family(),
       &glm_moe_dsa_family(),
       &qwen3_next_family(),
+      &qwen3_5_moe_family(),
   };
   return table;
 }

@@ -44,8 +44,15 @@ GatedDeltaNet GatedDeltaNet::load(const Checkpoint& ckpt, const std::string& pre
   d.state_offset_ = state_offset;
   d.norm_eps_ = static_cast<float>(config.rms_norm_eps);
   const size_t h = config.hidden_size;
-  d.in_proj_qkvz_ = Linear::load(ckpt, prefix + ".in_proj_qkvz", 2 * d.key_dim_ + 2 * d.value_dim_, h);
-  d.in_proj_ba_ = Linear::load(ckpt, prefix + ".in_proj_ba", 2 * d.v_heads_, h);
+  if (ckpt.find(prefix + ".in_proj_qkvz.weight") != nullptr) {  // Qwen3-Next
+    d.in_proj_qkvz_ = Linear::load(ckpt, prefix + ".in_proj_qkvz", 2 * d.key_dim_ + 2 * d.value_dim_, h);
+    d.in_proj_ba_ = Linear::load(ckpt, prefix + ".in_proj_ba", 2 * d.v_heads_, h);
+  } else {  // Qwen3.5-MoE
+    d.in_proj_qkv_ = Linear::load(ckpt, prefix + ".in_proj_qkv", d.conv_dim_, h);
+    d.in_proj_z_ = Linear::load(ckpt, prefix + ".in_proj_z", d.value_dim_, h);
+    d.in_proj_b_ = Linear::load(ckpt, prefix + ".in_proj_b", d.v_heads_, h);
+    d.in_proj_a_ = Linear::load(ckpt, prefix + ".in_proj_a", d.v_heads_, h);
+  }
   d.out_proj_ = Linear::load(ckpt, prefix + ".out_proj", h, d.value_dim_);
   const auto n = [](size_t v) { return static_cast<int64_t>(v); };
   d.conv_weight_ = ckpt.load_f32(prefix + ".conv1d.weight", {n(d.conv_dim_), 1, n(d.kernel_)});
@@ -56,36 +63,50 @@ GatedDeltaNet GatedDeltaNet::load(const Checkpoint& ckpt, const std::string& pre
   return d;
 }
 
-void GatedDeltaNet::operator()(const float* x, size_t rows, std::span<const SequenceRows> batch, float* out) const {
+GatedDeltaNet::Projections GatedDeltaNet::project(const float* x, size_t rows) const {
+  Projections p{std::vector<float>(rows * conv_dim_), std::vector<float>(rows * value_dim_),
+                std::vector<float>(rows * v_heads_), std::vector<float>(rows * v_heads_)};
+  if (in_proj_qkvz_.out() == 0) {  // separate projections, already in this layout
+    in_proj_qkv_(x, rows, p.mixed.data());
+    in_proj_z_(x, rows, p.z.data());
+    in_proj_b_(x, rows, p.b.data());
+    in_proj_a_(x, rows, p.a.data());
+    return p;
+  }
   std::vector<float> qkvz(rows * in_proj_qkvz_.out()), ba(rows * in_proj_ba_.out());
   in_proj_qkvz_(x, rows, qkvz.data());
   in_proj_ba_(x, rows, ba.data());
-  // Per key head group g the projections hold [q | k | v (r heads) | z (r heads)] and
-  // [b (r) | a (r)]; regroup into mixed [q of every head | k | v], z, b and a.
+  // Per key head group g the fused projections hold [q | k | v (r heads) | z (r heads)]
+  // and [b (r) | a (r)] (fix_query_key_value_ordering).
   const size_t r = v_heads_ / k_heads_, group = 2 * dk_ + 2 * r * dv_;
-  std::vector<float> mixed(rows * conv_dim_), z(rows * value_dim_), b(rows * v_heads_), a(rows * v_heads_);
   for (size_t row = 0; row < rows; ++row) {
     for (size_t g = 0; g < k_heads_; ++g) {
       const float* src = qkvz.data() + row * in_proj_qkvz_.out() + g * group;
-      float* dst = mixed.data() + row * conv_dim_;
+      float* dst = p.mixed.data() + row * conv_dim_;
       std::copy(src, src + dk_, dst + g * dk_);
       std::copy(src + dk_, src + 2 * dk_, dst + key_dim_ + g * dk_);
       std::copy(src + 2 * dk_, src + 2 * dk_ + r * dv_, dst + 2 * key_dim_ + g * r * dv_);
-      std::copy(src + 2 * dk_ + r * dv_, src + group, z.data() + row * value_dim_ + g * r * dv_);
+      std::copy(src + 2 * dk_ + r * dv_, src + group, p.z.data() + row * value_dim_ + g * r * dv_);
       const float* src_ba = ba.data() + row * in_proj_ba_.out() + g * 2 * r;
-      std::copy(src_ba, src_ba + r, b.data() + row * v_heads_ + g * r);
-      std::copy(src_ba + r, src_ba + 2 * r, a.data() + row * v_heads_ + g * r);
+      std::copy(src_ba, src_ba + r, p.b.data() + row * v_heads_ + g * r);
+      std::copy(src_ba + r, src_ba + 2 * r, p.a.data() + row * v_heads_ + g * r);
     }
   }
+  return p;
+}
+
+void GatedDeltaNet::operator()(const float* x, size_t rows, std::span<const SequenceRows> batch, float* out) const {
+  Projections p = project(x, rows);
   std::vector<float> core(rows * value_dim_);
   for (const SequenceRows& seq : batch) {
-    run_sequence(mixed.data() + seq.row0 * conv_dim_, b.data() + seq.row0 * v_heads_, a.data() + seq.row0 * v_heads_,
-                 seq.cache->state() + state_offset_, seq.rows, core.data() + seq.row0 * value_dim_);
+    run_sequence(p.mixed.data() + seq.row0 * conv_dim_, p.b.data() + seq.row0 * v_heads_,
+                 p.a.data() + seq.row0 * v_heads_, seq.cache->state() + state_offset_, seq.rows,
+                 core.data() + seq.row0 * value_dim_);
   }
   // Qwen3NextRMSNormGated per value head: weight * norm(o) * silu(z).
   for (size_t i = 0; i < rows * v_heads_; ++i) {
     float* o = core.data() + i * dv_;
-    const float* gate = z.data() + i * dv_;
+    const float* gate = p.z.data() + i * dv_;
     float sum = 0.0f;
     for (size_t j = 0; j < dv_; ++j) sum += o[j] * o[j];
     const float inv = 1.0f / std::sqrt(sum / static_cast<float>(dv_) + norm_eps_);

@@ -1,7 +1,8 @@
 // Gated DeltaNet linear attention (Yang, Kautz, Hatamizadeh, "Gated Delta Networks:
-// Improving Mamba2 with Delta Rule", ICLR 2025) as Qwen3-Next runs it, following
-// transformers' models/qwen3_next/modeling_qwen3_next.py: Qwen3NextGatedDeltaNet with
-// torch_recurrent_gated_delta_rule.
+// Improving Mamba2 with Delta Rule", ICLR 2025) as Qwen3-Next and Qwen3.5-MoE run it,
+// following transformers' models/qwen3_next/modeling_qwen3_next.py: Qwen3NextGatedDeltaNet
+// with torch_recurrent_gated_delta_rule (Qwen3_5MoeGatedDeltaNet differs only in its
+// projections' layout).
 //
 // Per token: in_proj_qkvz and in_proj_ba give, per key head group, q and k [head_k_dim],
 // v and the output gate z [r, head_v_dim] (r = value heads per key head), b and a [r]; q, k
@@ -31,7 +32,10 @@ namespace charm {
 
 class GatedDeltaNet {
  public:
-  /// Loads "<prefix>.{in_proj_qkvz, in_proj_ba, conv1d, out_proj}.weight", "<prefix>.A_log",
+  /// Loads "<prefix>.{in_proj_qkvz, in_proj_ba}.weight" (Qwen3NextGatedDeltaNet: q, k, v, z
+  /// and b, a grouped per key head) or, when the checkpoint has no in_proj_qkvz,
+  /// "<prefix>.{in_proj_qkv, in_proj_z, in_proj_b, in_proj_a}.weight" (Qwen3_5MoeGatedDeltaNet),
+  /// then "<prefix>.{conv1d, out_proj}.weight", "<prefix>.A_log",
   /// "<prefix>.dt_bias" and "<prefix>.norm.weight" for config's linear_* fields; its state
   /// is floats [state_offset, state_offset + state_floats(config)) of each sequence's
   /// KvCache::state(). Throws what Checkpoint::load_f32 throws.
@@ -47,6 +51,12 @@ class GatedDeltaNet {
   void operator()(const float* x, size_t rows, std::span<const SequenceRows> batch, float* out) const;
 
  private:
+  /// x's rows projected and regrouped: mixed [rows, conv_dim] (q of every key head | k |
+  /// v of every value head, before the conv), z [rows, value_dim], b and a [rows, num_v_heads].
+  struct Projections {
+    std::vector<float> mixed, z, b, a;
+  };
+  Projections project(const float* x, size_t rows) const;
   /// One sequence: mixed [rows, conv_dim] (q | k | v, before the conv), z [rows, value_dim],
   /// b and a [rows, num_v_heads]; writes core [rows, value_dim] (before the gated norm).
   void run_sequence(float* mixed, const float* b, const float* a, float* state, size_t rows, float* core) const;
@@ -61,7 +71,9 @@ class GatedDeltaNet {
   size_t key_dim_ = 0, value_dim_ = 0, conv_dim_ = 0;
   size_t state_offset_ = 0;
   float norm_eps_ = 1e-6f;
-  Linear in_proj_qkvz_, in_proj_ba_, out_proj_;
+  Linear in_proj_qkvz_, in_proj_ba_;                     // Qwen3-Next: fused, grouped per key head
+  Linear in_proj_qkv_, in_proj_z_, in_proj_b_, in_proj_a_;  // Qwen3.5-MoE: one each
+  Linear out_proj_;
   std::vector<float> conv_weight_;  // [conv_dim, kernel]
   std::vector<float> a_neg_exp_;    // -exp(A_log) [num_v_heads], f32 as transformers computes it
   std::vector<float> dt_bias_;      // [num_v_heads]

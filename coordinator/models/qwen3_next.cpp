@@ -1,5 +1,6 @@
-// Qwen3-Next (Qwen3NextForCausalLM), following transformers' models/qwen3_next/
-// modeling_qwen3_next.py: a hybrid stack of gated DeltaNet linear-attention layers
+// Qwen3-Next (Qwen3NextForCausalLM) and Qwen3.5-MoE's text model (Qwen3_5MoeForCausalLM),
+// following transformers' models/qwen3_next/modeling_qwen3_next.py and
+// models/qwen3_5_moe/modeling_qwen3_5_moe.py: a hybrid stack of gated DeltaNet linear-attention layers
 // (coordinator/models/gated_deltanet.h, a fixed-size state per sequence) and gated full
 // attention (Qwen3NextAttention: GQA whose q_proj also projects a per-head output gate,
 // per-head q/k RMSNorm, partial rotary RoPE), every few layers (layer_types, or
@@ -87,13 +88,12 @@ class Qwen3Next final : public LayerStack<Qwen3NextLayer> {
 using nlohmann::json;
 using namespace hf;
 
-/// Qwen3NextConfig's own fields: the experts' width and dense layers as Qwen3-MoE spells
-/// them, the gated shared expert's width (default 512), the DeltaNet's linear_* fields
-/// (defaults 16 key / 32 value heads of 128, conv kernel 4) and, when layer_types is
-/// absent, full attention on every full_attention_interval-th layer (default 4).
-void read_qwen3_next_config(const json& j, const std::string& source, ModelConfig& c) {
+/// The fields Qwen3NextConfig and Qwen3_5MoeTextConfig share: the experts' width, the
+/// gated shared expert's width (default 512), the DeltaNet's linear_* fields (defaults 16
+/// key / 32 value heads of 128, conv kernel 4) and, when layer_types is absent, full
+/// attention on every full_attention_interval-th layer (default 4).
+void read_linear_attention_fields(const json& j, const std::string& source, ModelConfig& c) {
   read_moe_intermediate_size(j, source, c);
-  read_sparse_layers(j, source, c);
   c.shared_expert_intermediate_size = get_int(j, source, "shared_expert_intermediate_size", 512);
   c.linear_num_key_heads = get_int(j, source, "linear_num_key_heads", 16);
   c.linear_num_value_heads = get_int(j, source, "linear_num_value_heads", 32);
@@ -119,6 +119,13 @@ void read_qwen3_next_config(const json& j, const std::string& source, ModelConfi
   }
 }
 
+/// Qwen3NextConfig: the shared fields and the dense layers as Qwen3-MoE spells them
+/// (decoder_sparse_step, mlp_only_layers).
+void read_qwen3_next_config(const json& j, const std::string& source, ModelConfig& c) {
+  read_linear_attention_fields(j, source, c);
+  read_sparse_layers(j, source, c);
+}
+
 }  // namespace
 
 const ModelFamily& qwen3_next_family() {
@@ -129,6 +136,26 @@ const ModelFamily& qwen3_next_family() {
                      .default_partial_rotary_factor = 0.25,  // Qwen3NextConfig's
                      .linear_attention = true,
                      .read_fields = read_qwen3_next_config,
+                     .expert_tensors = ExpertTensorNames{}},  // the hub default names
+      .build = build_model<Qwen3Next>,
+  };
+  return family;
+}
+
+/// Qwen3.5-MoE's text model (Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig): the same
+/// layers (Qwen3_5MoeGatedDeltaNet's projections are separate, which GatedDeltaNet::load
+/// finds by name), every layer MoE (Qwen3_5MoeDecoderLayer has no dense MLP). Its
+/// multimodal RoPE gives a text token the same angle in all three sections, which is
+/// plain partial rotary RoPE.
+const ModelFamily& qwen3_5_moe_family() {
+  static const ModelFamily family{
+      .checkpoint = {.architectures = {"Qwen3_5MoeForCausalLM"},
+                     .num_experts_keys = {"num_experts"},
+                     .partial_rotary = true,
+                     .default_partial_rotary_factor = 0.25,  // Qwen3_5MoeTextConfig's
+                     .linear_attention = true,
+                     .dense_mlp = false,
+                     .read_fields = read_linear_attention_fields,
                      .expert_tensors = ExpertTensorNames{}},  // the hub default names
       .build = build_model<Qwen3Next>,
   };

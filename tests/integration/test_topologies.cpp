@@ -299,6 +299,10 @@ TEST_CASE("qwen3-next-tiny (gated DeltaNet states, gated shared expert): single 
   for (const auto& w : two.status) CHECK(w.requests > 0);
 }
 
+TEST_CASE("qwen3.5-moe-tiny (separate DeltaNet projections): single node and two workers give bit-identical logits") {
+  check_identical(run_split("qwen3.5-moe-tiny", {}), run_split("qwen3.5-moe-tiny", {"\"0-7\"", "\"8-15\""}));
+}
+
 TEST_CASE("mixtral-swa-tiny and qwen2-moe-swa-tiny (sliding windows): single node and two workers give bit-identical logits") {
   check_identical(run_split("mixtral-swa-tiny", {}), run_split("mixtral-swa-tiny", {"\"0-3\"", "\"4-7\""}));
   check_identical(run_split("qwen2-moe-swa-tiny", {}), run_split("qwen2-moe-swa-tiny", {"\"0-7\"", "\"8-15\""}));

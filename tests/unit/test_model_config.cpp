@@ -411,8 +411,9 @@ TEST_CASE("GLM-4.5 and Kimi K2 configs saved by transformers 4 and 5 parse to th
 TEST_CASE("GLM-5 configs saved by transformers 5 (layer_types indexed_attention, mlp_layer_types, rope_parameters) parse to the hub config's model") {
   check_spellings("glm-moe-dsa-tiny", "", false);
 }
-TEST_CASE("Qwen3-Next configs saved by transformers 4 and 5 (full_attention_interval or layer_types) parse to the hub config's model") {
+TEST_CASE("Qwen3-Next and Qwen3.5-MoE configs saved by transformers (full_attention_interval or layer_types) parse to the hub config's model") {
   check_spellings("qwen3-next-tiny");
+  check_spellings("qwen3.5-moe-tiny", "", false);  // transformers 4 has no Qwen3.5-MoE
 }
 TEST_CASE("Qwen3-Next: layer_types with linear_attention, the interval default, and bad linear-attention fields") {
   const fs::path hub = kFixtures / "models" / "qwen3-next-tiny" / "config.json";

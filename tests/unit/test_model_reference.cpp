@@ -199,13 +199,18 @@ TEST_CASE("qwen3-next-tiny (gated DeltaNet layers, gated full attention, 1 + wei
   check_fixture("qwen3-next-tiny");
 }
 
+TEST_CASE("qwen3.5-moe-tiny (Qwen3.5-MoE's text model: separate DeltaNet projections, every layer MoE) matches transformers") {
+  check_fixture("qwen3.5-moe-tiny");
+}
+
 // --- Chunked prefill (issue 6) -------------------------------------------------------------
 
 TEST_CASE("chunked prefill gives the logits of one whole-prompt forward, bit for bit, for every family") {
   for (const std::string name : {"qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny",
                                  "deepseek-v3-tiny-fp8", "glm4-moe-tiny", "kimi-k2-tiny",
                                  "minimax-m2-tiny", "mixtral-swa-tiny", "qwen2-moe-swa-tiny", "gpt-oss-tiny",
-                                 "glm-moe-dsa-tiny", "qwen3-next-tiny"}) {
+                                 "glm-moe-dsa-tiny", "qwen3-next-tiny",
+                                 "qwen3.5-moe-tiny"}) {
     CAPTURE(name);
     Topology topology;
     topology.model = kModels / name;
@@ -278,7 +283,8 @@ TEST_CASE("every family sends the next MoE layer's prefetch hint, and hints chan
   for (const std::string name : {"qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny",
                                  "deepseek-v3-tiny-fp8", "glm4-moe-tiny", "kimi-k2-tiny",
                                  "minimax-m2-tiny", "mixtral-swa-tiny", "qwen2-moe-swa-tiny", "gpt-oss-tiny",
-                                 "glm-moe-dsa-tiny", "qwen3-next-tiny"}) {
+                                 "glm-moe-dsa-tiny", "qwen3-next-tiny",
+                                 "qwen3.5-moe-tiny"}) {
     CAPTURE(name);
     SingleNode node(name);
     const ModelConfig& config = node.config;
