@@ -91,11 +91,15 @@ struct ModelConfig {
   bool rope_interleave = false;        ///< RoPE pairs (2i, 2i+1) instead of (i, i + d/2)
   std::optional<YarnRopeScaling> yarn; ///< set when rope scaling type is "yarn"
 
-  // ---- GLM-5 (GlmMoeDsaConfig; coordinator/models/glm_moe_dsa.cpp): DeepSeek Sparse
-  // Attention on top of the DeepSeek-V3 MLA and MoE fields above. ----
+  // ---- GLM-5 and DeepSeek-V3.2 (GlmMoeDsaConfig, DeepseekV32Config; coordinator/models/
+  // glm_moe_dsa.cpp): DeepSeek Sparse Attention on top of the DeepSeek-V3 MLA and MoE
+  // fields above. ----
   int64_t index_topk = 0;              ///< keys per query the lightning indexer keeps; 0: none (dense MLA)
   int64_t index_head_dim = 0;          ///< the indexer's query/key width (its first qk_rope_head_dim rotate)
   int64_t index_n_heads = 0;           ///< the indexer's query heads
+  /// The indexer's RoPE pairs: interleaved (GLM-5, as its MLA) or halves (DeepSeek-V3.2's
+  /// apply_rotary_pos_emb, while its MLA turns interleaved pairs).
+  bool index_rope_interleave = true;
   /// [num_hidden_layers] when index_topk > 0: true for an indexer_types "shared" layer,
   /// which reuses the previous layer's selection and has no indexer of its own.
   std::vector<bool> indexer_shared;

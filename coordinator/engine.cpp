@@ -303,6 +303,13 @@ class EngineImpl final : public Engine {
     spdlog::info("KV cache: {:.2f} GiB, {} blocks of {} tokens ({} tokens) ({})",
                  double(blocks * block_bytes) / (1ull << 30), blocks, KvBlockPool::kBlockSize,
                  blocks * KvBlockPool::kBlockSize, why);
+    if (const size_t state_bytes = model_->kv_layout().state_floats * sizeof(float); state_bytes > 0) {
+      // Linear attention's per-sequence state lives beside the pool, outside its budget.
+      spdlog::info("linear-attention state: {:.2f} MiB per running sequence, up to {:.2f} GiB for max_num_seqs ({}); "
+                   "the prefix cache is off for this model",
+                   double(state_bytes) / (1ull << 20), double(state_bytes) * double(serving.max_num_seqs) / (1ull << 30),
+                   serving.max_num_seqs);
+    }
     return blocks;
   }
 

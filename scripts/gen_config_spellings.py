@@ -35,14 +35,15 @@ OUT = ROOT / "tests" / "fixtures" / "configs"
 FIXTURES = ["qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny",
             "deepseek-v3-tiny-fp8", "glm4-moe-tiny", "kimi-k2-tiny", "minimax-m2-tiny", "mixtral-swa-tiny",
             "qwen2-moe-swa-tiny", "gpt-oss-tiny", "glm-moe-dsa-tiny",
-            "qwen3-next-tiny", "qwen3.5-moe-tiny"]
+            "qwen3-next-tiny", "qwen3.5-moe-tiny", "deepseek-v32-tiny"]
 # model_types transformers does not know, read with the class their checkpoints' remote
 # code uses (Kimi K2's auto_map names DeepseekV3Config).
 CONFIG_TYPE = {"kimi_k2": "deepseek_v3"}
 VERSIONS = {"tf4": "transformers<5", "tf5": "transformers>=5,<6"}
 # model_types a major version does not have (transformers 4.57 has no minimax_m2,
-# glm_moe_dsa or qwen3_5_moe_text: under 4.x those are hub remote code, not run here).
-ABSENT = {"4": {"minimax_m2", "glm_moe_dsa", "qwen3_5_moe_text"}}
+# glm_moe_dsa, qwen3_5_moe_text or deepseek_v32: under 4.x those are hub remote code, not
+# run here).
+ABSENT = {"4": {"minimax_m2", "glm_moe_dsa", "qwen3_5_moe_text", "deepseek_v32"}}
 
 
 def write_here():

@@ -517,6 +517,16 @@ GLM_MOE_DSA_CONFIG = {
     "v_head_dim": 16,
     "vocab_size": 151936,
 }
+
+# deepseek-v32-tiny: DeepseekV32ForCausalLM, GLM-5's tiny shapes with DeepseekV32Config's
+# layout (no indexer_types: an indexer on every layer), YaRN as deepseek-v3-tiny's, and
+# index_topk 5 so the selection bites; its indexer turns RoPE halves, not interleaved pairs.
+DEEPSEEK_V32_CONFIG = {k: v for k, v in GLM_MOE_DSA_CONFIG.items() if k != "indexer_types"}
+DEEPSEEK_V32_CONFIG.update({
+    "architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32", "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 0.8,
+                     "original_max_position_embeddings": 64, "type": "yarn"},
+    "rope_theta": 10000.0, "max_position_embeddings": 256})
 MIN_INDEXER_MARGIN = 1e-4
 
 # --- Qwen3-Next: gated DeltaNet linear attention (issue 16 item 5) ---------------------------
@@ -615,6 +625,9 @@ MODELS = [
     # GLM-5's DSA: the indexer's choice must bite ("indexer_bites": checked against the same
     # weights with index_topk beyond every length) and keep a margin at the k-th key.
     {"dir": "glm-moe-dsa-tiny", "config": GLM_MOE_DSA_CONFIG, "eos": QWEN3_EOS, "seed": 11000,
+     "expert_layout": "per_expert", "shards": 1, "template": "qwen3", "router_bias": True,
+     "min_router_margin": MIN_SIGMOID_ROUTER_MARGIN, "indexer_bites": True},
+    {"dir": "deepseek-v32-tiny", "config": DEEPSEEK_V32_CONFIG, "eos": QWEN3_EOS, "seed": 14000,
      "expert_layout": "per_expert", "shards": 1, "template": "qwen3", "router_bias": True,
      "min_router_margin": MIN_SIGMOID_ROUTER_MARGIN, "indexer_bites": True},
     # Qwen3-Next: zero-centred norm weights ("zero_centred_norms": N(0, spread), as trained
@@ -823,7 +836,7 @@ class RouterProbe:
 
 
 class IndexerProbe:
-    """GLM-5's lightning indexers (GlmMoeDsaIndexer): the smallest k-th minus (k+1)-th index
+    """GLM-5's and DeepSeek-V3.2's lightning indexers: the smallest k-th minus (k+1)-th index
     score over every query with more than index_topk keys it may attend, and how many such
     queries there were (where the selection drops keys). The indexer returns only the
     indices, so its forward runs with Tensor.topk wrapped to see the scores."""
@@ -831,7 +844,7 @@ class IndexerProbe:
     def __init__(self, model: torch.nn.Module):
         self.min_margin = float("inf")
         self.dropping = 0
-        self.indexers = [m for m in model.modules() if type(m).__name__ == "GlmMoeDsaIndexer"]
+        self.indexers = [m for m in model.modules() if type(m).__name__ in ("GlmMoeDsaIndexer", "DeepseekV32Indexer")]
         self.saved = []
         for m in self.indexers:
             self.saved.append(m.forward)

@@ -69,6 +69,8 @@ enum class RopeLayout {
 /// coordinator/models/rope_scaling.h).
 class Rope {
  public:
+  /// Rotates no dims (dim() 0): a placeholder until a real one is assigned.
+  Rope() = default;
   /// Plain RoPE: inv_freq = theta^(-2i/dim), computed in f32.
   Rope(size_t dim, double theta, RopeLayout layout = RopeLayout::kHalves);
   /// Given inverse frequencies [dim / 2], cos/sin scale and layout.
@@ -82,7 +84,7 @@ class Rope {
   size_t dim() const { return head_dim_; }
 
  private:
-  size_t head_dim_;  // the rotated dims
+  size_t head_dim_ = 0;  // the rotated dims
   std::vector<float> inv_freq_;
   float attention_factor_ = 1.0f;
   RopeLayout layout_ = RopeLayout::kHalves;

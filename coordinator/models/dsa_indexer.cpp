@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "coordinator/models/rope_scaling.h"
+
 namespace charm {
 
 namespace {
@@ -36,17 +38,20 @@ LightningIndexer LightningIndexer::load(const Checkpoint& ckpt, const std::strin
   ix.wq_b_ = Linear::load(ckpt, prefix + ".wq_b", ix.heads_ * ix.head_dim_, config.q_lora_rank);
   ix.wk_ = Linear::load(ckpt, prefix + ".wk", ix.head_dim_, h);
   ix.weights_proj_ = Linear::load(ckpt, prefix + ".weights_proj", ix.heads_, h);
+  ModelConfig rope_config = config;
+  rope_config.rope_interleave = config.index_rope_interleave;
+  ix.rope_ = make_rope(rope_config);
   const int64_t d = config.index_head_dim;
   ix.k_norm_weight_ = ckpt.load_f32(prefix + ".k_norm.weight", {d});
   ix.k_norm_bias_ = ckpt.load_f32(prefix + ".k_norm.bias", {d});
   return ix;
 }
 
-std::vector<float> LightningIndexer::keys(const Rope& rope, const float* x, size_t rows, size_t pos0) const {
+std::vector<float> LightningIndexer::keys(const float* x, size_t rows, size_t pos0) const {
   std::vector<float> k(rows * head_dim_);
   wk_(x, rows, k.data());
   for (size_t r = 0; r < rows; ++r) layer_norm(k.data() + r * head_dim_, head_dim_, k_norm_weight_, k_norm_bias_);
-  rope.apply(k.data(), rows, 1, pos0, head_dim_);  // the first qk_rope_head_dim dims turn
+  rope_.apply(k.data(), rows, 1, pos0, head_dim_);  // the first qk_rope_head_dim dims turn
   return k;
 }
 
@@ -75,9 +80,8 @@ std::vector<uint32_t> LightningIndexer::select_row(const float* q, const float* 
   return chosen;
 }
 
-MlaAttention::KeySelection LightningIndexer::select(const Rope& rope, const float* x, const std::vector<float>& q_latent,
-                                                    size_t rows, std::span<const SequenceRows> batch,
-                                                    size_t layer) const {
+MlaAttention::KeySelection LightningIndexer::select(const float* x, const std::vector<float>& q_latent, size_t rows,
+                                                    std::span<const SequenceRows> batch, size_t layer) const {
   std::vector<float> q(rows * heads_ * head_dim_);
   wq_b_(q_latent.data(), rows, q.data());
   std::vector<float> w(rows * heads_);
@@ -86,13 +90,13 @@ MlaAttention::KeySelection LightningIndexer::select(const Rope& rope, const floa
   MlaAttention::KeySelection selection(rows);
   for (const SequenceRows& seq : batch) {
     KvCache& cache = *seq.cache;
-    const std::vector<float> k = keys(rope, x + seq.row0 * wk_.in(), seq.rows, seq.pos0);
+    const std::vector<float> k = keys(x + seq.row0 * wk_.in(), seq.rows, seq.pos0);
     for (size_t r = 0; r < seq.rows; ++r) {
       std::copy(k.data() + r * head_dim_, k.data() + (r + 1) * head_dim_,
                 cache.key(layer, seq.pos0 + r) + key_offset_);
     }
     float* qs = q.data() + seq.row0 * heads_ * head_dim_;
-    rope.apply(qs, seq.rows, heads_, seq.pos0, head_dim_);
+    rope_.apply(qs, seq.rows, heads_, seq.pos0, head_dim_);
 #pragma omp parallel for schedule(dynamic) if (seq.rows > 1)
     for (size_t r = 0; r < seq.rows; ++r) {
       selection[seq.row0 + r] = select_row(qs + r * heads_ * head_dim_, w.data() + (seq.row0 + r) * heads_, cache,

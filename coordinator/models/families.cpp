@@ -16,6 +16,7 @@ const ModelFamily& glm4_moe_family();
 const ModelFamily& minimax_m2_family();
 const ModelFamily& gpt_oss_family();
 const ModelFamily& glm_moe_dsa_family();
+const ModelFamily& deepseek_v32_family();
 const ModelFamily& qwen3_next_family();
 const ModelFamily& qwen3_5_moe_family();
 
@@ -31,6 +32,7 @@ std::span<const ModelFamily* const> model_families() {
       &minimax_m2_family(),
       &gpt_oss_family(),
       &glm_moe_dsa_family(),
+      &deepseek_v32_family(),
       &qwen3_next_family(),
       &qwen3_5_moe_family(),
   };

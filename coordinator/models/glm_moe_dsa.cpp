@@ -1,11 +1,14 @@
-// GLM-5 (GlmMoeDsaForCausalLM), following transformers' models/glm_moe_dsa/
-// modeling_glm_moe_dsa.py: DeepSeek-V3's layers (coordinator/models/deepseek_v3.cpp: MLA
-// over the compressed cache, dense first layers, the group-limited sigmoid router with
-// e_score_correction_bias and shared experts) with DeepSeek Sparse Attention: each layer's
-// lightning indexer (coordinator/models/dsa_indexer.h) picks the index_topk keys every
-// query attends. RoPE turns interleaved pairs in MLA and in the indexer alike
-// (apply_rotary_pos_emb_interleave). A layer that indexer_types calls "shared" has no
-// indexer and reuses the previous layer's selection (GlmMoeDsaAttention.skip_topk). The
+// DeepSeek Sparse Attention models: GLM-5 (GlmMoeDsaForCausalLM) and DeepSeek-V3.2
+// (DeepseekV32ForCausalLM, a second record below), following transformers'
+// models/glm_moe_dsa/modeling_glm_moe_dsa.py and models/deepseek_v32/modeling_deepseek_v32.py:
+// DeepSeek-V3's layers (coordinator/models/deepseek_v3.cpp: MLA over the compressed cache,
+// dense first layers, the group-limited sigmoid router with e_score_correction_bias and
+// shared experts) with DeepSeek Sparse Attention: each layer's lightning indexer
+// (coordinator/models/dsa_indexer.h) picks the index_topk keys every query attends. MLA's
+// RoPE turns interleaved pairs (apply_rotary_pos_emb_interleave); the indexer's does too in
+// GLM-5 and turns halves in DeepSeek-V3.2. A layer that GLM-5's indexer_types calls
+// "shared" has no indexer and reuses the previous layer's selection
+// (GlmMoeDsaAttention.skip_topk). The
 // multi-token-prediction layer (num_nextn_predict_layers; model.layers.<num_hidden_layers>.*)
 // is not read: plain decoding does not use it.
 #include <optional>
@@ -69,7 +72,7 @@ class GlmMoeDsa final : public LayerStack<GlmMoeDsaLayer> {
     // Keyed by the micro-batch (its first sequence's cache): the two halves of a step
     // interleave their layers, and a "shared" layer reuses its own half's selection.
     const KvCache* half = batch.front().cache;
-    if (layer.indexer) selections_[half] = layer.indexer->select(rope_, x, q_latent, rows, batch, l);
+    if (layer.indexer) selections_[half] = layer.indexer->select(x, q_latent, rows, batch, l);
     const auto it = selections_.find(half);  // layer 0 always has an indexer (read_indexer_types)
     layer.self_attn.attend(rope_, x, q_latent, rows, batch, l, &it->second, out);
     if (l + 1 == layers_.size()) selections_.erase(it);
@@ -142,10 +145,10 @@ void read_indexer_types(const json& j, const std::string& source, ModelConfig& c
   }
 }
 
-/// GlmMoeDsaConfig: the experts' width, the DeepSeek-V3 MoE and MLA fields, the dense
-/// layers, the lightning indexer's fields (GlmMoeDsaConfig's defaults: index_topk 2048,
-/// index_head_dim 128, index_n_heads 32) and its per-layer types.
-void read_glm_moe_dsa_config(const json& j, const std::string& source, ModelConfig& c) {
+/// The fields GlmMoeDsaConfig and DeepseekV32Config share: the experts' width, the
+/// DeepSeek-V3 MoE and MLA fields, the dense layers, and the lightning indexer's
+/// (index_topk default 2048, index_head_dim 128, index_n_heads `default_heads`).
+void read_dsa_fields(const json& j, const std::string& source, int64_t default_heads, ModelConfig& c) {
   read_moe_intermediate_size(j, source, c);
   read_group_limited_moe(j, source, c);
   read_mlp_layer_types(j, source, c);
@@ -160,7 +163,7 @@ void read_glm_moe_dsa_config(const json& j, const std::string& source, ModelConf
   require_value(j, source, "topk_method", "noaux_tc");
   c.index_topk = get_int(j, source, "index_topk", 2048);
   c.index_head_dim = get_int(j, source, "index_head_dim", 128);
-  c.index_n_heads = get_int(j, source, "index_n_heads", 32);
+  c.index_n_heads = get_int(j, source, "index_n_heads", default_heads);
   for (auto [key, value] : {std::pair{"index_topk", c.index_topk}, {"index_head_dim", c.index_head_dim},
                             {"index_n_heads", c.index_n_heads}}) {
     require_positive(source, key, value);
@@ -169,7 +172,22 @@ void read_glm_moe_dsa_config(const json& j, const std::string& source, ModelConf
     fail_invalid(source + ": index_head_dim " + std::to_string(c.index_head_dim) + " is below qk_rope_head_dim " +
                  std::to_string(c.qk_rope_head_dim) + " (the indexer rotates its first qk_rope_head_dim dims)");
   }
+}
+
+/// GlmMoeDsaConfig: the DSA fields (32 indexer heads by default), the per-layer indexer
+/// types; the indexer's RoPE turns interleaved pairs, as MLA's.
+void read_glm_moe_dsa_config(const json& j, const std::string& source, ModelConfig& c) {
+  read_dsa_fields(j, source, 32, c);
   read_indexer_types(j, source, c);
+  c.index_rope_interleave = true;
+}
+
+/// DeepseekV32Config: the DSA fields (64 indexer heads by default), an indexer on every
+/// layer, whose RoPE turns halves (DeepseekV32Indexer's apply_rotary_pos_emb).
+void read_deepseek_v32_config(const json& j, const std::string& source, ModelConfig& c) {
+  read_dsa_fields(j, source, 64, c);
+  c.indexer_shared.assign(static_cast<size_t>(c.num_hidden_layers), false);
+  c.index_rope_interleave = false;
 }
 
 }  // namespace
@@ -183,6 +201,22 @@ const ModelFamily& glm_moe_dsa_family() {
                      .full_layer_type = "indexed_attention",  // GlmMoeDsaConfig's layer_types
                      .read_fields = read_glm_moe_dsa_config,
                      .expert_tensors = ExpertTensorNames{}},  // the hub default names
+      .build = build_model<GlmMoeDsa>,
+  };
+  return family;
+}
+
+/// DeepSeek-V3.2 (DeepseekV32ForCausalLM, transformers' models/deepseek_v32/
+/// modeling_deepseek_v32.py): the same layers with an indexer on each (no shared ones) and
+/// DeepseekV32Config's defaults.
+const ModelFamily& deepseek_v32_family() {
+  static const ModelFamily family{
+      .checkpoint = {.architectures = {"DeepseekV32ForCausalLM"},
+                     .num_experts_keys = {"n_routed_experts", "num_local_experts"},
+                     .yarn_rope = true,
+                     .full_layer_type = "indexed_attention",  // DeepseekV32Config's layer_types
+                     .read_fields = read_deepseek_v32_config,
+                     .expert_tensors = ExpertTensorNames{}},
       .build = build_model<GlmMoeDsa>,
   };
   return family;

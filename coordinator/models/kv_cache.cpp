@@ -103,13 +103,12 @@ void KvBlockPool::unpublish(uint32_t block) {
   cached_.erase(it);
 }
 
-KvCache::KvCache(KvBlockPool& pool) : pool_(&pool), state_(pool.layout().state_floats, 0.0f) {}
+KvCache::KvCache(KvBlockPool& pool) : pool_(&pool) {}
 
 KvCache::KvCache(const KvLayout& layout, size_t max_tokens)
     : own_pool_(std::make_unique<KvBlockPool>(
           layout, std::max<size_t>(1, max_tokens / kBlock + (max_tokens % kBlock != 0)))),
-      pool_(own_pool_.get()),
-      state_(layout.state_floats, 0.0f) {
+      pool_(own_pool_.get()) {
   reserve(max_tokens);
 }
 
@@ -129,7 +128,7 @@ KvCache::KvCache(KvCache&& other) noexcept
       state_(std::move(other.state_)) {
   other.blocks_.clear();
   other.length_ = 0;
-  other.state_.assign(pool_ ? pool_->layout().state_floats : 0, 0.0f);
+  other.state_.clear();
 }
 
 KvCache& KvCache::operator=(KvCache&& other) noexcept {
@@ -142,7 +141,7 @@ KvCache& KvCache::operator=(KvCache&& other) noexcept {
   state_ = std::move(other.state_);
   other.blocks_.clear();
   other.length_ = 0;
-  other.state_.assign(pool_ ? pool_->layout().state_floats : 0, 0.0f);
+  other.state_.clear();
   return *this;
 }
 
@@ -165,7 +164,7 @@ bool KvCache::reserve(size_t positions) {
 
 void KvCache::append_cached(uint32_t block) {
   if (length_ != capacity()) fail_internal("KvCache::append_cached with reserved positions not yet stored");
-  if (!state_.empty()) fail_internal("KvCache::append_cached on a cache with per-sequence state");
+  if (pool_->layout().state_floats > 0) fail_internal("KvCache::append_cached on a cache with per-sequence state");
   blocks_.push_back(block);
   length_ += kBlock;
 }
@@ -175,7 +174,12 @@ void KvCache::clear() {
   for (uint32_t block : blocks_) pool_->release(block);
   blocks_.clear();
   length_ = 0;
-  std::fill(state_.begin(), state_.end(), 0.0f);
+  std::vector<float>().swap(state_);
+}
+
+float* KvCache::state() {
+  if (state_.empty()) state_.assign(pool_->layout().state_floats, 0.0f);
+  return state_.data();
 }
 
 }  // namespace charm

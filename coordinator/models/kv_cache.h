@@ -172,9 +172,9 @@ class KvCache {
   /// Bytes held per token over all layers (keys and values, f32), for reports.
   size_t bytes_per_token() const { return pool_->layout().bytes_per_token(); }
   /// The sequence's state [layout().state_floats] f32: zeros while no position is stored
-  /// (a new cache, or after clear()); the model updates it as positions are stored.
-  float* state() { return state_.data(); }
-  const float* state() const { return state_.data(); }
+  /// (a new cache, or after clear()); the model updates it as positions are stored. Held
+  /// from the first call until clear(), so a queued sequence holds none.
+  float* state();
 
   /// Takes blocks from the pool until capacity() >= positions. Returns false (holding
   /// what it took) when the pool runs out.
@@ -184,7 +184,7 @@ class KvCache {
   void append_cached(uint32_t block);
   /// The blocks held, in position order.
   std::span<const uint32_t> blocks() const { return blocks_; }
-  /// Releases every block, forgets every position and zeroes the state.
+  /// Releases every block, forgets every position and drops the state.
   void clear();
 
  private:
@@ -195,7 +195,7 @@ class KvCache {
   KvBlockPool* pool_;
   std::vector<uint32_t> blocks_;
   size_t length_ = 0;
-  std::vector<float> state_;  // [layout.state_floats]
+  std::vector<float> state_;  // [layout.state_floats] once state() is called, else empty
 };
 
 }  // namespace charm

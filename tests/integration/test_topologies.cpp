@@ -289,6 +289,10 @@ TEST_CASE("glm-moe-dsa-tiny (DeepSeek Sparse Attention, a shared-selection layer
   for (const auto& w : two.status) CHECK(w.requests > 0);
 }
 
+TEST_CASE("deepseek-v32-tiny (an indexer on every layer): single node and two workers give bit-identical logits") {
+  check_identical(run_split("deepseek-v32-tiny", {}), run_split("deepseek-v32-tiny", {"\"0-7\"", "\"8-15\""}));
+}
+
 TEST_CASE("qwen3-next-tiny (gated DeltaNet states, gated shared expert): single node and two workers give bit-identical logits") {
   const Outcome single = run_split("qwen3-next-tiny", {});
   const Outcome two = run_split("qwen3-next-tiny", {"\"0-7\"", "\"8-15\""});

@@ -83,7 +83,7 @@ Outputs run_both(const DsaLayer& layer) {
     const SequenceRows d{0, rows, pos, &dense_cache}, s{0, rows, pos, &sparse_cache};
     layer.attention(rope, x.data(), rows, {&d, 1}, kLayer, dense.data());
     const std::vector<float> q_latent = layer.attention.query_latent(x.data(), rows);
-    MlaAttention::KeySelection selection = layer.indexer.select(rope, x.data(), q_latent, rows, {&s, 1}, kLayer);
+    MlaAttention::KeySelection selection = layer.indexer.select(x.data(), q_latent, rows, {&s, 1}, kLayer);
     layer.attention.attend(rope, x.data(), q_latent, rows, {&s, 1}, kLayer, &selection, sparse.data());
     out.dense.push_back(std::move(dense));
     out.sparse.push_back(std::move(sparse));

@@ -63,7 +63,7 @@ TEST_CASE("the sampling mask leaves greedy generation as the reference has it, f
   for (const char* name : {"qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny",
                            "deepseek-v3-tiny-fp8", "glm4-moe-tiny", "kimi-k2-tiny", "minimax-m2-tiny",
                            "mixtral-swa-tiny", "qwen2-moe-swa-tiny", "gpt-oss-tiny", "glm-moe-dsa-tiny",
-                           "qwen3-next-tiny", "qwen3.5-moe-tiny"}) {
+                           "qwen3-next-tiny", "qwen3.5-moe-tiny", "deepseek-v32-tiny"}) {
     CAPTURE(name);
     auto engine = single_node(kModels / name);
     std::ifstream in(kModels / name / "reference.json");

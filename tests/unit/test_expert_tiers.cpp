@@ -122,7 +122,7 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
 TEST_CASE("expert outputs are bit-identical for every tier, budget and source") {
   for (const char* name : {"qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny", "deepseek-v3-tiny-fp8",
                            "glm4-moe-tiny", "kimi-k2-tiny", "minimax-m2-tiny", "glm-moe-dsa-tiny",
-                           "qwen3-next-tiny", "qwen3.5-moe-tiny"}) {
+                           "qwen3-next-tiny", "qwen3.5-moe-tiny", "deepseek-v32-tiny"}) {
     INFO(name);
     const Case c(name);
     const std::vector<int64_t> want = c.reference();

@@ -408,8 +408,9 @@ TEST_CASE("GLM-4.5 and Kimi K2 configs saved by transformers 4 and 5 parse to th
   check_spellings("glm4-moe-tiny");
   check_spellings("kimi-k2-tiny", "deepseek_v3");
 }
-TEST_CASE("GLM-5 configs saved by transformers 5 (layer_types indexed_attention, mlp_layer_types, rope_parameters) parse to the hub config's model") {
+TEST_CASE("GLM-5 and DeepSeek-V3.2 configs saved by transformers 5 (layer_types indexed_attention, mlp_layer_types, rope_parameters) parse to the hub config's model") {
   check_spellings("glm-moe-dsa-tiny", "", false);
+  check_spellings("deepseek-v32-tiny", "", false);  // DeepSeek-V3.2: transformers 4 has neither
 }
 TEST_CASE("Qwen3-Next and Qwen3.5-MoE configs saved by transformers (full_attention_interval or layer_types) parse to the hub config's model") {
   check_spellings("qwen3-next-tiny");

@@ -180,6 +180,10 @@ TEST_CASE("glm-moe-dsa-tiny (MLA with the lightning indexer's top-5 keys, a shar
   check_fixture("glm-moe-dsa-tiny");
 }
 
+TEST_CASE("deepseek-v32-tiny (DeepSeek-V3.2: an indexer on every layer turning RoPE halves, YaRN) matches transformers") {
+  check_fixture("deepseek-v32-tiny");
+}
+
 TEST_CASE("glm-moe-dsa-tiny catches an indexer off by one: index_topk 4 or 6 instead of 5 fails the reference") {
   for (int64_t topk : {4, 6}) {
     CAPTURE(topk);
@@ -209,8 +213,8 @@ TEST_CASE("chunked prefill gives the logits of one whole-prompt forward, bit for
   for (const std::string name : {"qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny",
                                  "deepseek-v3-tiny-fp8", "glm4-moe-tiny", "kimi-k2-tiny",
                                  "minimax-m2-tiny", "mixtral-swa-tiny", "qwen2-moe-swa-tiny", "gpt-oss-tiny",
-                                 "glm-moe-dsa-tiny", "qwen3-next-tiny",
-                                 "qwen3.5-moe-tiny"}) {
+                                 "glm-moe-dsa-tiny", "deepseek-v32-tiny",
+                                 "qwen3-next-tiny", "qwen3.5-moe-tiny"}) {
     CAPTURE(name);
     Topology topology;
     topology.model = kModels / name;
@@ -283,8 +287,8 @@ TEST_CASE("every family sends the next MoE layer's prefetch hint, and hints chan
   for (const std::string name : {"qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny",
                                  "deepseek-v3-tiny-fp8", "glm4-moe-tiny", "kimi-k2-tiny",
                                  "minimax-m2-tiny", "mixtral-swa-tiny", "qwen2-moe-swa-tiny", "gpt-oss-tiny",
-                                 "glm-moe-dsa-tiny", "qwen3-next-tiny",
-                                 "qwen3.5-moe-tiny"}) {
+                                 "glm-moe-dsa-tiny", "deepseek-v32-tiny",
+                                 "qwen3-next-tiny", "qwen3.5-moe-tiny"}) {
     CAPTURE(name);
     SingleNode node(name);
     const ModelConfig& config = node.config;
