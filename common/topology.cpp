@@ -166,8 +166,8 @@ double number_value(const Reader& r, const YAML::Node& node, const std::string& 
   r.fail(path, "expected a positive number of GiB, got '" + (node.IsScalar() ? node.Scalar() : std::string("?")) + "'");
 }
 
-const std::vector<std::string> kStoreKeys = {"ram_gb", "pin", "container", "io", "io_threads", "cache_policy",
-                                             "usage_file"};
+const std::vector<std::string> kStoreKeys = {"ram_gb", "vram_gb", "pin", "container", "io", "io_threads",
+                                             "cache_policy", "usage_file"};
 
 /// The `serving:` section.
 ServingSpec parse_serving(const Reader& r, const YAML::Node& node) {
@@ -196,6 +196,7 @@ StoreSpec parse_store(const Reader& r, const YAML::Node& node, const std::string
   auto at = [&](const char* key) { return Reader::join(path, key); };
   auto resolve = [&](const std::string& p) { return UserPath::resolve(p, base); };
   if (node["ram_gb"]) s.ram_gb = number_value(r, node["ram_gb"], at("ram_gb"));
+  if (node["vram_gb"]) s.vram_gb = number_value(r, node["vram_gb"], at("vram_gb"));
   if (node["pin"]) {
     s.pin = r.string_value(node["pin"], at("pin"));
     if (s.pin != "auto" && s.pin != "none") s.pin_file = resolve(s.pin);

@@ -21,6 +21,9 @@ namespace charm {
 /// said, for messages (UserPath::describe).
 struct StoreSpec {
   std::optional<double> ram_gb;       ///< GiB for expert slots; nullopt = every owned expert resident
+  /// GiB of GPU memory for the hottest experts (the VRAM tier, issue 19): refused at start
+  /// for now, with the GPU's absence named when there is none (open_store).
+  std::optional<double> vram_gb;
   std::string pin = "auto";           ///< "auto", "none", or a usage-format file (pin_file)
   UserPath pin_file;                  ///< set when pin names a file
   UserPath container;                 ///< expert container dir; empty = read the checkpoint
@@ -57,7 +60,7 @@ struct WorkerSpec {
   /// `experts` are expert ids; an entry may be a range "a-b" in YAML.
   std::vector<int64_t> experts;
   std::vector<int64_t> layers;
-  StoreSpec store;  ///< ram_gb, pin, container, io, io_threads, cache_policy, usage_file
+  StoreSpec store;  ///< ram_gb, vram_gb, pin, container, io, io_threads, cache_policy, usage_file
 };
 
 /// placement[layer][expert] = indices into Topology::workers of every worker holding that

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/gpu_runtime.h"
 #include "common/topology.h"
 #include "coordinator/engine.h"
 #include "coordinator/models/kv_cache.h"
@@ -205,4 +206,21 @@ TEST_CASE("a model with linear-attention state never resumes from the prefix cac
   CHECK(engine->load().prefix_hits == 0);
   const std::vector<float> fresh = single_node(kModels / "qwen3-next-tiny")->prompt_logits(prompt);
   CHECK(std::memcmp(first.data(), fresh.data(), first.size() * sizeof(float)) == 0);
+}
+
+// The VRAM tier (issue 19) is not built yet: vram_gb is refused at start, and where no GPU
+// is usable the refusal says that first, with the runtime's reason.
+TEST_CASE("vram_gb is refused at start: the missing GPU named where there is none, else the tier not built") {
+  Topology topology;
+  topology.model = kModels / "qwen3-moe-tiny";
+  topology.single_node = true;
+  topology.store.vram_gb = 8;
+  const GpuAvailability gpu = gpu_availability();
+  if (!gpu.available) {
+    test::expect_error([&] { Engine::create(topology); }, ErrorCategory::kUnavailable,
+                       {"worker 'local': vram_gb 8 needs a CUDA GPU", gpu.why_not});
+  } else {
+    test::expect_error([&] { Engine::create(topology); }, ErrorCategory::kUnsupported,
+                       {"vram_gb 8", "VRAM expert tier is not implemented yet"});
+  }
 }

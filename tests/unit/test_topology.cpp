@@ -346,10 +346,11 @@ TEST_CASE("expert tier keys: defaults, values, paths resolved against the YAML f
   const Topology t = load_text(dir, kModel +
                                         "workers:\n"
                                         "  - {name: a, port: 7701, experts: \"0-3\"}\n"
-                                        "  - {name: b, port: 7702, experts: \"4-7\", ram_gb: 1.5, pin: hot.json,\n"
+                                        "  - {name: b, port: 7702, experts: \"4-7\", ram_gb: 1.5, vram_gb: 8, pin: hot.json,\n"
                                         "     container: ../experts-b, io: odirect, io_threads: 2, cache_policy: lrfu, usage_file: none}\n");
   const StoreSpec& a = t.workers[0].store;
   CHECK_FALSE(a.ram_gb.has_value());
+  CHECK_FALSE(a.vram_gb.has_value());
   CHECK(a.pin == "auto");
   CHECK(a.container.empty());
   CHECK(a.io == "pread");
@@ -358,6 +359,7 @@ TEST_CASE("expert tier keys: defaults, values, paths resolved against the YAML f
   CHECK(a.usage_file.empty());
   const StoreSpec& b = t.workers[1].store;
   CHECK(*b.ram_gb == 1.5);
+  CHECK(*b.vram_gb == 8);
   CHECK(b.pin_file == (dir.path() / "hot.json").lexically_normal());
   CHECK(b.container == (dir.path() / "../experts-b").lexically_normal());
   CHECK(b.io == "odirect");
@@ -374,6 +376,7 @@ TEST_CASE("expert tier keys: bad values are rejected naming the key") {
   const std::string w = kModel + "workers:\n  - {name: a, port: 7701, experts: 0, ";
   expect_invalid(w + "ram_gb: 0}\n", "workers[0].ram_gb", "expected a positive number of GiB, got '0'");
   expect_invalid(w + "ram_gb: lots}\n", "workers[0].ram_gb", "positive number of GiB");
+  expect_invalid(w + "vram_gb: -2}\n", "workers[0].vram_gb", "expected a positive number of GiB, got '-2'");
   expect_invalid(w + "io: uring}\n", "workers[0].io", "expected 'pread' or 'odirect', got 'uring'");
   expect_invalid(w + "io_threads: 0}\n", "workers[0].io_threads", "expected an integer 1-256");
   expect_invalid(w + "cache_policy: arc}\n", "workers[0].cache_policy", "expected 'lrfu' or 'lru', got 'arc'");

@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <cmath>
 
+#include <spdlog/fmt/fmt.h>
+
 #include "common/cache_root.h"
 #include "common/error.h"
+#include "common/gpu_runtime.h"
 #include "worker/experts/expert_container.h"
 #include "worker/experts/expert_manifest.h"
 
@@ -22,6 +25,14 @@ std::filesystem::path usage_file_for(const StoreSpec& spec, const std::string& f
 std::unique_ptr<ExpertStore> open_store(const StoreSpec& spec, const Checkpoint& checkpoint, const ModelConfig& config,
                                         const std::vector<ExpertKey>& owned, const std::string& worker_name,
                                         const std::string& fingerprint) {
+  if (spec.vram_gb) {
+    // The VRAM tier (issue 19): the GPU is checked first, so a machine without one is told
+    // so; the tier itself (experts resident and computed on the GPU) is not built yet.
+    const std::string what = "worker '" + worker_name + "': vram_gb " + fmt::format("{:g}", *spec.vram_gb);
+    require_gpu(what);
+    fail_unsupported(what + ": the VRAM expert tier is not implemented yet; leave vram_gb out to serve the experts "
+                     "from RAM and disk");
+  }
   const IoMode io = spec.io == "odirect" ? IoMode::kODirect : IoMode::kPread;
   std::unique_ptr<ExpertSource> source;
   if (!spec.container.empty()) {

@@ -1,0 +1,134 @@
+// GPU matrix products under common/matmul.h's bit contract (see cuda_api.h): the summation
+// order of common/kernels.h's `dot`, no fused multiply-add (__fmul_rn / __fadd_rn, and the
+// build passes -fmad=false), so a row's result on the GPU equals the CPU's bit for bit.
+// Memory-bound decode can afford the fixed order: eight threads share a row, thread k
+// summing elements k, k + 8, ..., so each step of the eight reads 32 contiguous bytes.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "common/cuda/cuda_api.h"
+
+namespace {
+
+constexpr int kLanes = 8;            // common/kernels.h dot's accumulators
+constexpr int kRowsPerBlock = 32;    // output rows per thread block (256 threads)
+
+template <int Format>
+__device__ float widen(const void* w, int64_t index) {
+  if constexpr (Format == CHARM_CUDA_F32) {
+    return static_cast<const float*>(w)[index];
+  } else if constexpr (Format == CHARM_CUDA_F16) {
+    return __half2float(static_cast<const __half*>(w)[index]);
+  } else {
+    return __bfloat162float(static_cast<const __nv_bfloat16*>(w)[index]);
+  }
+}
+
+/// One output element per group of eight threads: y[r][o] for r = blockIdx.y.
+template <int Format>
+__global__ void linear_kernel(const void* w, int64_t out, int64_t in, const float* x, const float* bias, float* y) {
+  const int lane = threadIdx.x % kLanes;
+  const int64_t o = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kLanes;
+  const int64_t r = blockIdx.y;
+  __shared__ float partial[kRowsPerBlock][kLanes];
+  __shared__ float tails[kRowsPerBlock];
+  const int slot = threadIdx.x / kLanes;
+  const int64_t whole = in / kLanes * kLanes;
+  float acc = 0.0f;
+  if (o < out) {
+    const float* xr = x + r * in;
+    const int64_t row = o * in;
+    for (int64_t i = lane; i < whole; i += kLanes) acc = __fadd_rn(acc, __fmul_rn(xr[i], widen<Format>(w, row + i)));
+    if (lane == 0) {
+      float tail = 0.0f;
+      for (int64_t i = whole; i < in; ++i) tail = __fadd_rn(tail, __fmul_rn(xr[i], widen<Format>(w, row + i)));
+      tails[slot] = tail;
+    }
+  }
+  partial[slot][lane] = acc;
+  __syncthreads();
+  if (o < out && lane == 0) {
+    const float* a = partial[slot];
+    float sum = __fadd_rn(__fadd_rn(__fadd_rn(a[0], a[1]), __fadd_rn(a[2], a[3])),
+                          __fadd_rn(__fadd_rn(a[4], a[5]), __fadd_rn(a[6], a[7])));
+    sum = __fadd_rn(sum, tails[slot]);
+    if (bias != nullptr) sum = __fadd_rn(sum, bias[o]);
+    y[r * out + o] = sum;
+  }
+}
+
+size_t element_bytes(int format) { return format == CHARM_CUDA_F32 ? 4 : 2; }
+
+bool failed(cudaError_t status, const char* what, char* err, size_t err_len) {
+  if (status == cudaSuccess) return false;
+  if (err != nullptr && err_len > 0) std::snprintf(err, err_len, "%s: %s", what, cudaGetErrorString(status));
+  return true;
+}
+
+/// Device buffers released on every path.
+struct DeviceBuffers {
+  void* w = nullptr;
+  float *x = nullptr, *bias = nullptr, *y = nullptr;
+  ~DeviceBuffers() {
+    cudaFree(w);
+    cudaFree(x);
+    cudaFree(bias);
+    cudaFree(y);
+  }
+};
+
+}  // namespace
+
+extern "C" int charm_cuda_api_version(void) { return CHARM_CUDA_API_VERSION; }
+
+extern "C" int charm_cuda_device_count(char* err, size_t err_len) {
+  int count = 0;
+  if (failed(cudaGetDeviceCount(&count), "cudaGetDeviceCount", err, err_len)) return -1;
+  return count;
+}
+
+extern "C" int charm_cuda_linear(const void* w, int format, int64_t out, int64_t in, const float* x, int64_t rows,
+                                 const float* bias, float* y, char* err, size_t err_len) {
+  if (format != CHARM_CUDA_F32 && format != CHARM_CUDA_F16 && format != CHARM_CUDA_BF16) {
+    std::snprintf(err, err_len, "weight format %d is not one the GPU kernels read (F32, F16, BF16)", format);
+    return -1;
+  }
+  if (out <= 0 || in <= 0 || rows <= 0 || rows > 65535) {
+    std::snprintf(err, err_len, "linear of %lld x %lld for %lld rows is out of range", static_cast<long long>(out),
+                  static_cast<long long>(in), static_cast<long long>(rows));
+    return -1;
+  }
+  DeviceBuffers d;
+  const size_t w_bytes = static_cast<size_t>(out * in) * element_bytes(format);
+  const size_t x_bytes = static_cast<size_t>(rows * in) * sizeof(float);
+  const size_t y_bytes = static_cast<size_t>(rows * out) * sizeof(float);
+  if (failed(cudaMalloc(&d.w, w_bytes), "cudaMalloc", err, err_len) ||
+      failed(cudaMalloc(reinterpret_cast<void**>(&d.x), x_bytes), "cudaMalloc", err, err_len) ||
+      failed(cudaMalloc(reinterpret_cast<void**>(&d.y), y_bytes), "cudaMalloc", err, err_len) ||
+      (bias != nullptr &&
+       failed(cudaMalloc(reinterpret_cast<void**>(&d.bias), static_cast<size_t>(out) * sizeof(float)), "cudaMalloc",
+              err, err_len)) ||
+      failed(cudaMemcpy(d.w, w, w_bytes, cudaMemcpyHostToDevice), "cudaMemcpy", err, err_len) ||
+      failed(cudaMemcpy(d.x, x, x_bytes, cudaMemcpyHostToDevice), "cudaMemcpy", err, err_len) ||
+      (bias != nullptr && failed(cudaMemcpy(d.bias, bias, static_cast<size_t>(out) * sizeof(float),
+                                            cudaMemcpyHostToDevice),
+                                 "cudaMemcpy", err, err_len))) {
+    return -1;
+  }
+  const dim3 grid(static_cast<unsigned>((out + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(rows));
+  const dim3 block(kRowsPerBlock * kLanes);
+  switch (format) {
+    case CHARM_CUDA_F32: linear_kernel<CHARM_CUDA_F32><<<grid, block>>>(d.w, out, in, d.x, d.bias, d.y); break;
+    case CHARM_CUDA_F16: linear_kernel<CHARM_CUDA_F16><<<grid, block>>>(d.w, out, in, d.x, d.bias, d.y); break;
+    default: linear_kernel<CHARM_CUDA_BF16><<<grid, block>>>(d.w, out, in, d.x, d.bias, d.y); break;
+  }
+  if (failed(cudaGetLastError(), "linear kernel launch", err, err_len) ||
+      failed(cudaMemcpy(y, d.y, y_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy", err, err_len)) {
+    return -1;
+  }
+  return 0;
+}
