@@ -49,16 +49,20 @@ CudaLibrary open_library() {
       tried += std::string(tried.empty() ? "" : "; ") + dlerror();
       continue;
     }
-    lib.api_version = reinterpret_cast<int (*)()>(dlsym(handle, "charm_cuda_api_version"));
-    lib.device_count = reinterpret_cast<decltype(lib.device_count)>(dlsym(handle, "charm_cuda_device_count"));
-    lib.linear = reinterpret_cast<decltype(lib.linear)>(dlsym(handle, "charm_cuda_linear"));
-    if (lib.api_version == nullptr || lib.device_count == nullptr || lib.linear == nullptr) {
-      lib.why_not = path + " lacks the charm_cuda_* entry points";
-    } else if (lib.api_version() != CHARM_CUDA_API_VERSION) {
-      lib.why_not = path + " has interface version " + std::to_string(lib.api_version()) + ", this charm needs " +
-                    std::to_string(CHARM_CUDA_API_VERSION) + " (rebuild both)";
+    CudaLibrary found;
+    found.api_version = reinterpret_cast<int (*)()>(dlsym(handle, "charm_cuda_api_version"));
+    found.device_count = reinterpret_cast<decltype(found.device_count)>(dlsym(handle, "charm_cuda_device_count"));
+    found.linear = reinterpret_cast<decltype(found.linear)>(dlsym(handle, "charm_cuda_linear"));
+    std::string wrong;
+    if (found.api_version == nullptr || found.device_count == nullptr || found.linear == nullptr) {
+      wrong = path + " lacks the charm_cuda_* entry points";
+    } else if (found.api_version() != CHARM_CUDA_API_VERSION) {
+      wrong = path + " has interface version " + std::to_string(found.api_version()) + ", this charm needs " +
+              std::to_string(CHARM_CUDA_API_VERSION) + " (rebuild both)";
     }
-    return lib;  // the handle stays open for the process
+    if (wrong.empty()) return found;  // the handle stays open for the process
+    dlclose(handle);
+    tried += (tried.empty() ? "" : "; ") + wrong;  // a stale library: try the next place
   }
   lib.why_not = "cannot load libcharm_cuda.so: " + tried;
   return lib;

@@ -28,7 +28,7 @@ int charm_cuda_device_count(char* err, size_t err_len);
 /// widened row w_o (eight lane sums over i = k mod 8 in order, combined as
 /// ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)) + tail, every multiply and add
 /// rounded separately: __fmul_rn / __fadd_rn), then + bias[o] — the CPU's bits. Returns
-/// 0, or -1 with the error text in err.
+/// 0 (rows 0: nothing done), or -1 with the error text in err.
 int charm_cuda_linear(const void* w, int format, int64_t out, int64_t in, const float* x, int64_t rows,
                       const float* bias, float* y, char* err, size_t err_len);
 

@@ -69,6 +69,14 @@ bool failed(cudaError_t status, const char* what, char* err, size_t err_len) {
   return true;
 }
 
+/// Writes `message` to err (when given) and returns -1.
+int refuse(const char* message, char* err, size_t err_len) {
+  if (err != nullptr && err_len > 0) std::snprintf(err, err_len, "%s", message);
+  return -1;
+}
+
+constexpr int64_t kMaxGridRows = 65535;  // grid.y's limit: longer batches go in slices
+
 /// Device buffers released on every path.
 struct DeviceBuffers {
   void* w = nullptr;
@@ -94,14 +102,10 @@ extern "C" int charm_cuda_device_count(char* err, size_t err_len) {
 extern "C" int charm_cuda_linear(const void* w, int format, int64_t out, int64_t in, const float* x, int64_t rows,
                                  const float* bias, float* y, char* err, size_t err_len) {
   if (format != CHARM_CUDA_F32 && format != CHARM_CUDA_F16 && format != CHARM_CUDA_BF16) {
-    std::snprintf(err, err_len, "weight format %d is not one the GPU kernels read (F32, F16, BF16)", format);
-    return -1;
+    return refuse("the weight format is not one the GPU kernels read (F32, F16, BF16)", err, err_len);
   }
-  if (out <= 0 || in <= 0 || rows <= 0 || rows > 65535) {
-    std::snprintf(err, err_len, "linear of %lld x %lld for %lld rows is out of range", static_cast<long long>(out),
-                  static_cast<long long>(in), static_cast<long long>(rows));
-    return -1;
-  }
+  if (out <= 0 || in <= 0 || rows < 0) return refuse("linear: a matrix dimension is not positive", err, err_len);
+  if (rows == 0) return 0;  // as matmul: nothing to compute
   DeviceBuffers d;
   const size_t w_bytes = static_cast<size_t>(out * in) * element_bytes(format);
   const size_t x_bytes = static_cast<size_t>(rows * in) * sizeof(float);
@@ -119,12 +123,17 @@ extern "C" int charm_cuda_linear(const void* w, int format, int64_t out, int64_t
                                  "cudaMemcpy", err, err_len))) {
     return -1;
   }
-  const dim3 grid(static_cast<unsigned>((out + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(rows));
   const dim3 block(kRowsPerBlock * kLanes);
-  switch (format) {
-    case CHARM_CUDA_F32: linear_kernel<CHARM_CUDA_F32><<<grid, block>>>(d.w, out, in, d.x, d.bias, d.y); break;
-    case CHARM_CUDA_F16: linear_kernel<CHARM_CUDA_F16><<<grid, block>>>(d.w, out, in, d.x, d.bias, d.y); break;
-    default: linear_kernel<CHARM_CUDA_BF16><<<grid, block>>>(d.w, out, in, d.x, d.bias, d.y); break;
+  for (int64_t r0 = 0; r0 < rows; r0 += kMaxGridRows) {
+    const int64_t n = rows - r0 < kMaxGridRows ? rows - r0 : kMaxGridRows;
+    const dim3 grid(static_cast<unsigned>((out + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(n));
+    const float* xs = d.x + r0 * in;
+    float* ys = d.y + r0 * out;
+    switch (format) {
+      case CHARM_CUDA_F32: linear_kernel<CHARM_CUDA_F32><<<grid, block>>>(d.w, out, in, xs, d.bias, ys); break;
+      case CHARM_CUDA_F16: linear_kernel<CHARM_CUDA_F16><<<grid, block>>>(d.w, out, in, xs, d.bias, ys); break;
+      default: linear_kernel<CHARM_CUDA_BF16><<<grid, block>>>(d.w, out, in, xs, d.bias, ys); break;
+    }
   }
   if (failed(cudaGetLastError(), "linear kernel launch", err, err_len) ||
       failed(cudaMemcpy(y, d.y, y_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy", err, err_len)) {

@@ -75,9 +75,10 @@ std::vector<uint32_t> LightningIndexer::select_row(const float* q, const float* 
   // The topk highest scores, the earlier position first among equal ones; then in order.
   const auto higher = [&](uint32_t a, uint32_t b) { return score[a] > score[b] || (score[a] == score[b] && a < b); };
   std::nth_element(chosen.begin(), chosen.begin() + static_cast<std::ptrdiff_t>(topk_ - 1), chosen.end(), higher);
-  chosen.resize(topk_);
-  std::sort(chosen.begin(), chosen.end());
-  return chosen;
+  // A vector of its own size: selections stay alive through every layer of the step.
+  std::vector<uint32_t> top(chosen.begin(), chosen.begin() + static_cast<std::ptrdiff_t>(topk_));
+  std::sort(top.begin(), top.end());
+  return top;
 }
 
 MlaAttention::KeySelection LightningIndexer::select(const float* x, const std::vector<float>& q_latent, size_t rows,

@@ -65,6 +65,7 @@ class GlmMoeDsa final : public LayerStack<GlmMoeDsaLayer> {
   }
 
  protected:
+  void begin_step() override { selections_.clear(); }  // a forward that threw may have left some
   void attention(size_t l, const float* x, size_t rows, std::span<const SequenceRows> batch, float* out) override {
     if (batch.empty()) return;
     const GlmMoeDsaLayer& layer = layers_[l];

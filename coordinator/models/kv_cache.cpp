@@ -129,6 +129,7 @@ KvCache::KvCache(KvCache&& other) noexcept
   other.blocks_.clear();
   other.length_ = 0;
   other.state_.clear();
+  other.pool_ = nullptr;  // the pool may be the one this cache now owns
 }
 
 KvCache& KvCache::operator=(KvCache&& other) noexcept {
@@ -142,6 +143,7 @@ KvCache& KvCache::operator=(KvCache&& other) noexcept {
   other.blocks_.clear();
   other.length_ = 0;
   other.state_.clear();
+  other.pool_ = nullptr;
   return *this;
 }
 

@@ -40,6 +40,7 @@ struct KvLayout {
   size_t state_floats = 0;
   /// Bytes per cached position over all layers (keys and values, f32).
   size_t bytes_per_token() const { return num_layers * (key_dim + value_dim) * sizeof(float); }
+  bool operator==(const KvLayout&) const = default;
 };
 
 /// The prefix-cache key of a full block: XXH3-64 of the block's kBlockSize token ids
@@ -165,6 +166,7 @@ class KvCache {
   size_t length() const { return length_; }
   /// Positions the held blocks have room for.
   size_t capacity() const { return blocks_.size() * kBlock; }
+  const KvLayout& layout() const { return pool_->layout(); }
   size_t key_dim() const { return pool_->layout().key_dim; }
   size_t value_dim() const { return pool_->layout().value_dim; }
   /// Marks `n` more positions as stored. Throws Error(kInvalidInput) past capacity().

@@ -33,6 +33,7 @@ KvLayout DecoderModel::kv_layout() const {
 void DecoderModel::check_batch(std::span<const SequenceStep> batch) const {
   for (const SequenceStep& s : batch) {
     if (s.n == 0 || s.cache == nullptr) fail_invalid("a batch part must hold at least one token and a cache");
+    if (s.cache->layout() != kv_layout()) fail_invalid("a batch part's KV cache has another layout than this model's");
     check_token_ids(s.tokens, s.n, config_.vocab_size);
     if (s.n > s.cache->capacity() - s.cache->length()) {
       fail_invalid("sequence of " + std::to_string(s.cache->length() + s.n) +
@@ -77,6 +78,7 @@ void DecoderModel::forward_batch(std::span<const SequenceStep> batch) {
   dispatcher_.drop_unfinished();  // a forward that threw may have left layers begun
   // Everything is checked before any cache moves: a refused batch leaves them all as they were.
   check_batch(batch);
+  begin_step();
   const size_t h = config_.hidden_size;
   // Automatic (0) is one batch: two halves measured slower on the LAN bed (docs/benchmarks.md),
   // each streaming the coordinator's dense weights once more per step.

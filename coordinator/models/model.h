@@ -101,6 +101,10 @@ class DecoderModel : public Model {
   virtual const MoeBlock* moe_block(size_t layer) const = 0;
   /// The dense MLP of a layer without a MoE block.
   virtual const DenseMlp& dense_mlp(size_t layer) const = 0;
+  /// Called at the start of every forward_batch, after its checks: a family that keeps
+  /// state across the layers of one step (GLM-5's shared selections) drops what a forward
+  /// that threw left behind.
+  virtual void begin_step() {}
 
   ModelConfig config_;
   ExpertDispatcher& dispatcher_;

@@ -9,6 +9,7 @@
 // norms, q/k norms, the final norm) scales by 1 + weight; the DeltaNet's gated norm by
 // weight. The KV cache holds rows only for the full-attention layers; the linear layers'
 // states make the prefix cache unusable for this family (KvLayout::state_floats).
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -117,6 +118,11 @@ void read_linear_attention_fields(const json& j, const std::string& source, Mode
     require_positive(source, "full_attention_interval", interval);
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) c.linear_attention_layers.push_back((i + 1) % interval != 0);
   }
+  if (std::find(c.linear_attention_layers.begin(), c.linear_attention_layers.end(), false) ==
+      c.linear_attention_layers.end()) {
+    fail_unsupported(source + ": every layer is linear attention; charm needs at least one full-attention layer "
+                     "(its KV cache holds rows only for those)");
+  }
 }
 
 /// Qwen3NextConfig: the shared fields and the dense layers as Qwen3-MoE spells them
@@ -124,6 +130,14 @@ void read_linear_attention_fields(const json& j, const std::string& source, Mode
 void read_qwen3_next_config(const json& j, const std::string& source, ModelConfig& c) {
   read_linear_attention_fields(j, source, c);
   read_sparse_layers(j, source, c);
+  c.norm_topk_prob = get_bool(j, source, "norm_topk_prob", true);  // Qwen3NextConfig's default
+}
+
+/// Qwen3_5MoeTextConfig: the shared fields; its router always renormalises the top-k
+/// (Qwen3_5MoeTopKRouter; the config class drops norm_topk_prob), and every layer is MoE.
+void read_qwen3_5_moe_config(const json& j, const std::string& source, ModelConfig& c) {
+  read_linear_attention_fields(j, source, c);
+  c.norm_topk_prob = true;
 }
 
 }  // namespace
@@ -155,7 +169,7 @@ const ModelFamily& qwen3_5_moe_family() {
                      .default_partial_rotary_factor = 0.25,  // Qwen3_5MoeTextConfig's
                      .linear_attention = true,
                      .dense_mlp = false,
-                     .read_fields = read_linear_attention_fields,
+                     .read_fields = read_qwen3_5_moe_config,
                      .expert_tensors = ExpertTensorNames{}},  // the hub default names
       .build = build_model<Qwen3Next>,
   };

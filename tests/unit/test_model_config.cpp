@@ -436,6 +436,16 @@ TEST_CASE("Qwen3-Next: layer_types with linear_attention, the interval default, 
   j = read_json_file(hub);
   j["linear_conv_kernel_dim"] = 0;
   CHECK(error_of(j).find("linear_conv_kernel_dim") != std::string::npos);
+  j = read_json_file(hub);
+  j["full_attention_interval"] = 5;  // 4 layers: none full
+  CHECK(error_of(j).find("every layer is linear attention") != std::string::npos);
+  j = read_json_file(hub);
+  j.erase("norm_topk_prob");  // Qwen3NextConfig's default is true
+  CHECK(ModelConfig::parse(j, "config.json", checkpoint_families()).norm_topk_prob);
+  // Qwen3_5MoeTextConfig has no norm_topk_prob: its router always renormalises.
+  json qwen35 = read_json_file(kFixtures / "models" / "qwen3.5-moe-tiny" / "config.json");
+  qwen35["norm_topk_prob"] = false;
+  CHECK(ModelConfig::parse(qwen35, "config.json", checkpoint_families()).norm_topk_prob);
 }
 TEST_CASE("MiniMax-M2 configs saved by transformers 5 (rotary_dim beside rope_parameters) parse to the hub config's model") {
   check_spellings("minimax-m2-tiny", "", false);
