@@ -142,7 +142,8 @@ void read_indexer_types(const json& j, const std::string& source, ModelConfig& c
     c.indexer_shared[i] = types[i] == "shared";
   }
   if (n > 0 && c.indexer_shared[0]) {
-    fail_invalid(source + ": layer 0 is a \"shared\" indexer layer, but there is no earlier layer to share with");
+    fail_invalid(source + ": " + (listed.value ? listed.key + "[0]" : std::string("index_skip_topk_offset")) +
+                 ": layer 0 is a \"shared\" indexer layer, but there is no earlier layer to share with");
   }
 }
 

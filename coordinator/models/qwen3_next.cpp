@@ -120,8 +120,9 @@ void read_linear_attention_fields(const json& j, const std::string& source, Mode
   }
   if (std::find(c.linear_attention_layers.begin(), c.linear_attention_layers.end(), false) ==
       c.linear_attention_layers.end()) {
-    fail_unsupported(source + ": every layer is linear attention; charm needs at least one full-attention layer "
-                     "(its KV cache holds rows only for those)");
+    fail_unsupported(source + ": every layer is linear attention (layer_types, or full_attention_interval above "
+                     "num_hidden_layers); charm needs at least one full-attention layer (its KV cache holds rows "
+                     "only for those)");
   }
 }
 
