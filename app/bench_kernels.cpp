@@ -16,6 +16,7 @@
 #include "common/ggml_type.h"
 #include "common/kernels.h"
 #include "common/matmul.h"
+#include "common/matmul_q8.h"
 #include "worker/experts/swiglu_batch.h"
 
 namespace charm {
@@ -32,6 +33,7 @@ struct BenchArgs {
   double seconds = 1.0;
   std::string part = "all";  ///< all, matmul, ggml or batch-union
   double copy_gbps = 0;      ///< `charm bench memory`'s copy rate: the GGML table's 100 %
+  std::string activations = "f32";  ///< the GGML table's activation mode (common/matmul_q8.h)
 };
 
 struct FormSpec {
@@ -127,7 +129,7 @@ std::vector<KernelPath> available_paths() {
 /// GEMV of GGML block matrices (the decode case of a GGUF model): GB/s of block bytes
 /// from RAM (distinct matrices, kStreamBytes in all) and from cache (one [kCacheRows x
 /// kHidden] matrix), and each as a share of `copy_gbps` when given.
-void bench_ggml(double seconds, double copy_gbps) {
+void bench_ggml(double seconds, double copy_gbps, ActivationMode activations) {
   // 0.1-0.6 MB: in L2 / L3, and large enough (16 tiles) that waking a second thread does
   // not dominate the call.
   constexpr int64_t kCacheRows = 256;
@@ -139,6 +141,10 @@ void bench_ggml(double seconds, double copy_gbps) {
               static_cast<unsigned long long>(kStreamBytes >> 20), static_cast<long long>(kCacheRows),
               static_cast<long long>(kHidden));
   if (copy_gbps > 0) std::printf("; %% of copy %.2f GB/s", copy_gbps);
+  std::printf("; activations %s", activation_mode_name(activations));
+  if (activations == ActivationMode::kQ8) std::printf(" (lossy; types without q8 kernels stay exact)");
+  const ActivationMode saved = active_activation_mode();
+  set_activation_mode(activations);
   std::printf("\n%-6s %-9s %12s %8s %14s %8s\n", "type", "path", "RAM GB/s", "% copy", "cache GB/s", "% copy");
   auto share = [&](double gbps) {  // "-" without --copy-gbps
     char text[16] = "-";
@@ -159,6 +165,7 @@ void bench_ggml(double seconds, double copy_gbps) {
       std::fflush(stdout);
     }
   }
+  set_activation_mode(saved);
 }
 
 void bench_matmul(double seconds) {
@@ -264,7 +271,7 @@ int bench_kernels(const BenchArgs& args) {
   std::printf("charm bench kernels: %d thread(s) (physical cores: %d), default kernel path %s, %.1f s per number (median call)\n",
               threads, physical_core_count(), kernel_path_name(saved), args.seconds);
   if (args.part == "all" || args.part == "matmul") bench_matmul(args.seconds);
-  if (args.part == "all" || args.part == "ggml") bench_ggml(args.seconds, args.copy_gbps);
+  if (args.part == "all" || args.part == "ggml") bench_ggml(args.seconds, args.copy_gbps, parse_activation_mode(args.activations, "--activations"));
   if (args.part == "all" || args.part == "batch-union") bench_batch_union(args.seconds);
   set_kernel_path(saved);
   return 0;
@@ -283,6 +290,9 @@ void add_bench_kernels(CLI::App& bench) {
   cmd->add_option("--copy-gbps", args->copy_gbps,
                   "Copy GB/s of `charm bench memory` at the same --threads: the GGML table's 100 %")
       ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--activations", args->activations,
+                  "The GGML table's activations: f32 (exact, default) or q8 (lossy integer dots)")
+      ->check(CLI::IsMember({"f32", "q8"}));
   cmd->callback([args] { bench_kernels(*args); });
 }
 

@@ -330,6 +330,15 @@ bool matmul_q8_tile(KernelPath path, const MatrixView& w, const float* x, size_t
     }
     return true;
   }
+  if (rows == 1 && path == KernelPath::kAvx2) {  // decode: the GEMV prefetches the rows ahead
+#if defined(__x86_64__) || defined(__i386__)
+    q8_gemv_avx2(type)(w.data, row_bytes, cache.row(0), o0, o1, y + o0);
+    if (bias) {
+      for (int64_t o = o0; o < o1; ++o) y[o] += bias[o];
+    }
+    return true;
+#endif
+  }
   for (int64_t o = o0; o < o1; ++o) {
     const uint8_t* wo = w.data + static_cast<uint64_t>(o) * row_bytes;
     for (size_t r = 0; r < rows; ++r) {

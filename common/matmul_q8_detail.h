@@ -45,6 +45,14 @@ constexpr size_t kQ8MaxRows = 8;
 /// The AVX2 multi-row dot of `type` (the K-quants), or null where the row dot is used.
 Q8RowsDot q8_rows_dot_avx2(GgmlType type);
 
+/// out[o - o0] = the row dot of weight row o (row_bytes apart from w) with `a`, for
+/// o0 <= o < o1: the decode GEMV, the same bits as the row dot of each row.
+using Q8Gemv = void (*)(const uint8_t* w, uint64_t row_bytes, const Q8Row& a, int64_t o0, int64_t o1, float* out);
+
+/// The AVX2 GEMV of `type`, or null for a type without one. Call only when
+/// cpu_supports_avx2().
+Q8Gemv q8_gemv_avx2(GgmlType type);
+
 /// The AVX2 row dot of `type` (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K), or null for a type without
 /// one. Same bits as the portable dot. Call only when cpu_supports_avx2().
 Q8RowDot q8_row_dot_avx2(GgmlType type);
