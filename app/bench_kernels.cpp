@@ -145,7 +145,8 @@ void bench_ggml(double seconds, double copy_gbps, ActivationMode activations) {
   if (activations == ActivationMode::kQ8) std::printf(" (lossy; types without q8 kernels stay exact)");
   const ActivationMode saved = active_activation_mode();
   set_activation_mode(activations);
-  std::printf("\n%-6s %-9s %12s %8s %14s %8s\n", "type", "path", "RAM GB/s", "% copy", "cache GB/s", "% copy");
+  std::printf("\n%-6s %-9s %12s %8s %14s %8s %16s\n", "type", "path", "RAM GB/s", "% copy", "cache GB/s", "% copy",
+              "GEMM r=16 GF/s");
   auto share = [&](double gbps) {  // "-" without --copy-gbps
     char text[16] = "-";
     if (copy_gbps > 0) std::snprintf(text, sizeof text, "%.0f", 100.0 * gbps / copy_gbps);
@@ -160,8 +161,9 @@ void bench_ggml(double seconds, double copy_gbps, ActivationMode activations) {
       set_kernel_path(path);
       const double from_ram = gemv_gbps(ram, seconds);
       const double from_cache = gemv_gbps(cache, seconds);
-      std::printf("%-6s %-9s %12.2f %8s %14.2f %8s\n", ggml_traits(type).name, kernel_path_name(path), from_ram,
-                  share(from_ram).c_str(), from_cache, share(from_cache).c_str());
+      const double g16 = gemm_gflops(ram, 16, seconds);
+      std::printf("%-6s %-9s %12.2f %8s %14.2f %8s %16.2f\n", ggml_traits(type).name, kernel_path_name(path), from_ram,
+                  share(from_ram).c_str(), from_cache, share(from_cache).c_str(), g16);
       std::fflush(stdout);
     }
   }

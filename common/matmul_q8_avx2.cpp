@@ -59,12 +59,6 @@ __m256i hsum8_i32(const __m256i* v) {
   return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31));
 }
 
-/// Eight i32 partial sums of the signed-byte dot w . a (32 bytes each).
-__m256i dot_s8(__m256i w, __m256i a) {
-  const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
-  return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-}
-
 /// Eight i32 partial sums of the dot of unsigned bytes q (< 128) with signed bytes a.
 __m256i dot_u8(__m256i q, __m256i a) { return _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), _mm256_set1_epi16(1)); }
 
@@ -82,8 +76,9 @@ __m256 scales8(const uint8_t* w, int64_t stride) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
 }
 
-/// One block's exact integers, as eight i32 partial sums each: the sum of `isum`'s lanes
-/// is the block's isum_b (common/matmul_q8.h, offsets included), of `msum`'s its msum_b.
+/// One block's exact integers for one activation row, as eight i32 partial sums each:
+/// the sum of `isum`'s lanes is the block's isum_b (common/matmul_q8.h; Q4_0's offset is
+/// applied later, kSumsOffset), of `msum`'s its msum_b.
 struct BlockTerms {
   __m256i isum;
   __m256i msum;
@@ -99,6 +94,9 @@ __m256i bit_to_16(__m256i v) {
   return _mm256_and_si256(v, sixteen);
 }
 
+// Each block type below gives terms<N>(wb, a, b, t): t[r] for activation rows a[0..N),
+// the weight block decoded once for all N rows.
+
 /// Q8_0 and Q4_0 (`kQ4`) against Q8_0 activations: isum_b = w . a (Q4_0: - 8 * sum(a)).
 template <bool kQ4>
 struct Block32 {
@@ -107,12 +105,19 @@ struct Block32 {
   static constexpr bool kHasMin = false;
   static constexpr int kScaleOffset = 0;
   static constexpr int kSumsOffset = kQ4 ? 8 : 0;  ///< isum_b -= kSumsOffset * a.sums[b]
-  static BlockTerms terms(const uint8_t* wb, const Q8Row& a, int64_t b) {
-    const __m256i ab = load32(a.qs + 32 * b);
-    if constexpr (kQ4) {  // the - 8 * sum(a) is row_dot's (kSumsOffset), for eight blocks at once
-      return {dot_u8(q4_0_quants(wb + 2), ab), _mm256_setzero_si256()};
-    } else {
-      return {dot_s8(load32(wb + 2), ab), _mm256_setzero_si256()};
+
+  template <int N>
+  static void terms(const uint8_t* wb, const Q8Row* a, int64_t b, BlockTerms* t) {
+    if constexpr (kQ4) {
+      const __m256i q = q4_0_quants(wb + 2);
+      for (int r = 0; r < N; ++r) t[r] = {dot_u8(q, load32(a[r].qs + 32 * b)), _mm256_setzero_si256()};
+    } else {  // maddubs takes unsigned x signed: |w| times a with w's sign
+      const __m256i w = load32(wb + 2);
+      const __m256i w_abs = _mm256_sign_epi8(w, w);
+      for (int r = 0; r < N; ++r) {
+        const __m256i p = _mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(load32(a[r].qs + 32 * b), w));
+        t[r] = {_mm256_madd_epi16(p, _mm256_set1_epi16(1)), _mm256_setzero_si256()};
+      }
     }
   }
 };
@@ -123,9 +128,9 @@ __m128i scales_mins_k4(const uint8_t* q) {
   uint32_t w[3];
   std::memcpy(w, q, 12);
   constexpr uint32_t kLow6 = 0x3F3F3F3F, kLow4 = 0x0F0F0F0F, kLow2 = 0x03030303;
-  const uint32_t scales_lo = w[0] & kLow6;                                 // j < 4: q[j] & 63
-  const uint32_t mins_lo = w[1] & kLow6;                                   // j < 4: q[j + 4] & 63
-  const uint32_t scales_hi = (w[2] & kLow4) | (((w[0] >> 6) & kLow2) << 4);  // q[j + 4] low, q[j - 4] top
+  const uint32_t scales_lo = w[0] & kLow6;                                        // j < 4: q[j] & 63
+  const uint32_t mins_lo = w[1] & kLow6;                                          // j < 4: q[j + 4] & 63
+  const uint32_t scales_hi = (w[2] & kLow4) | (((w[0] >> 6) & kLow2) << 4);         // q[j + 4] low, q[j - 4] top
   const uint32_t mins_hi = ((w[2] >> 4) & kLow4) | (((w[1] >> 6) & kLow2) << 4);  // q[j + 4] high, q[j] top
   return _mm_set_epi32(static_cast<int>(mins_hi), static_cast<int>(mins_lo), static_cast<int>(scales_hi),
                        static_cast<int>(scales_lo));
@@ -142,8 +147,9 @@ struct BlockQ45K {
   static constexpr int kScaleOffset = 0;  // d, then dmin at 2
   static constexpr int kSumsOffset = 0;
 
-  template <int k>
-  static __m256i pair(const uint8_t* qs, __m256i qh, const int8_t* ab, __m256i scales16, __m256i mask) {
+  template <int k, int N>
+  static void pair(const uint8_t* qs, __m256i qh, const Q8Row* a, int64_t b, __m256i scales16, BlockTerms* t) {
+    const __m256i mask = _mm256_set1_epi8(0x0F);
     const __m256i raw = load32(qs + 32 * k);
     __m256i lo = _mm256_and_si256(raw, mask);
     __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
@@ -152,30 +158,36 @@ struct BlockQ45K {
       hi = _mm256_or_si256(hi, bit_to_16<2 * k + 1>(qh));
     }
     // Sub-block s's scale in every i16 lane: bytes 2s, 2s + 1 of scales16.
-    const __m256i pick0 = _mm256_set1_epi16(static_cast<short>((4 * k) | ((4 * k + 1) << 8)));
-    const __m256i pick1 = _mm256_set1_epi16(static_cast<short>((4 * k + 2) | ((4 * k + 3) << 8)));
-    const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load32(ab + 64 * k)), _mm256_shuffle_epi8(scales16, pick0));
-    const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load32(ab + 64 * k + 32)), _mm256_shuffle_epi8(scales16, pick1));
-    return _mm256_add_epi32(p0, p1);
+    const __m256i s0 = _mm256_shuffle_epi8(scales16, _mm256_set1_epi16(static_cast<short>((4 * k) | ((4 * k + 1) << 8))));
+    const __m256i s1 =
+        _mm256_shuffle_epi8(scales16, _mm256_set1_epi16(static_cast<short>((4 * k + 2) | ((4 * k + 3) << 8))));
+    for (int r = 0; r < N; ++r) {
+      const int8_t* ab = a[r].qs + b * 256 + 64 * k;
+      const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load32(ab)), s0);
+      const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load32(ab + 32)), s1);
+      const __m256i both = _mm256_add_epi32(p0, p1);
+      t[r].isum = k == 0 ? both : _mm256_add_epi32(t[r].isum, both);
+    }
   }
 
-  static BlockTerms terms(const uint8_t* wb, const Q8Row& a, int64_t b) {
+  template <int N>
+  static void terms(const uint8_t* wb, const Q8Row* a, int64_t b, BlockTerms* t) {
     const uint8_t* qs = wb + (kFifthBit ? 48 : 16);
-    const int8_t* ab = a.qs + b * 256;
     const __m128i sm = scales_mins_k4(wb + 4);
     const __m256i scales16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
-    const __m256i mask = _mm256_set1_epi8(0x0F);
     const __m256i qh = kFifthBit ? load32(wb + 16) : _mm256_setzero_si256();
-    __m256i isum = pair<0>(qs, qh, ab, scales16, mask);
-    isum = _mm256_add_epi32(isum, pair<1>(qs, qh, ab, scales16, mask));
-    isum = _mm256_add_epi32(isum, pair<2>(qs, qh, ab, scales16, mask));
-    isum = _mm256_add_epi32(isum, pair<3>(qs, qh, ab, scales16, mask));
-    // msum_b = sum over s of min_s * (bsum[2s] + bsum[2s + 1]).
-    const int32_t* bsums = a.sums + b * 16;
-    const __m256i pairs = _mm256_hadd_epi32(load32(bsums), load32(bsums + 8));  // s = 0 1 4 5 | 2 3 6 7
-    const __m256i mins = _mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8));
-    const __m256i mins_hadd_order = _mm256_permutevar8x32_epi32(mins, _mm256_set_epi32(7, 6, 3, 2, 5, 4, 1, 0));
-    return {isum, _mm256_mullo_epi32(pairs, mins_hadd_order)};
+    pair<0, N>(qs, qh, a, b, scales16, t);
+    pair<1, N>(qs, qh, a, b, scales16, t);
+    pair<2, N>(qs, qh, a, b, scales16, t);
+    pair<3, N>(qs, qh, a, b, scales16, t);
+    // msum_b = sum over s of min_s * (bsum[2s] + bsum[2s + 1]); hadd leaves s in the order
+    // 0 1 4 5 | 2 3 6 7, so the mins are put in that order.
+    const __m256i mins = _mm256_permutevar8x32_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)),
+                                                     _mm256_set_epi32(7, 6, 3, 2, 5, 4, 1, 0));
+    for (int r = 0; r < N; ++r) {
+      const int32_t* bsums = a[r].sums + b * 16;
+      t[r].msum = _mm256_mullo_epi32(_mm256_hadd_epi32(load32(bsums), load32(bsums + 8)), mins);
+    }
   }
 };
 
@@ -199,56 +211,52 @@ struct BlockQ6K {
     return _mm256_shuffle_epi8(half, pick);
   }
 
-  template <int h>
-  static __m256i half_isum(const uint8_t* wb, const int8_t* ab, __m256i half) {
-    const __m256i mask4 = _mm256_set1_epi8(0x0F), mask2 = _mm256_set1_epi8(0x03);
-    const __m256i qh = load32(wb + 128 + 32 * h);
-    __m256i acc = _mm256_setzero_si256();
-    auto chunk = [&](auto cc) {
-      constexpr int c = decltype(cc)::value;
-      const __m256i q = q6k_quants(wb, qh, h, c, mask4, mask2);
-      const __m256i p = _mm256_maddubs_epi16(q, load32(ab + 128 * h + 32 * c));
-      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, chunk_scales<c>(half)));
-    };
-    chunk(std::integral_constant<int, 0>{});
-    chunk(std::integral_constant<int, 1>{});
-    chunk(std::integral_constant<int, 2>{});
-    chunk(std::integral_constant<int, 3>{});
-    return acc;
+  template <int h, int c, int N>
+  static void chunk(const uint8_t* wb, __m256i qh, __m256i half, const Q8Row* a, int64_t b, BlockTerms* t) {
+    const __m256i q = q6k_quants(wb, qh, h, c, _mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x03));
+    const __m256i sc = chunk_scales<c>(half);
+    for (int r = 0; r < N; ++r) {
+      const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, load32(a[r].qs + b * 256 + 128 * h + 32 * c)), sc);
+      t[r].isum = h == 0 && c == 0 ? p : _mm256_add_epi32(t[r].isum, p);
+    }
   }
 
-  static BlockTerms terms(const uint8_t* wb, const Q8Row& a, int64_t b) {
-    const int8_t* ab = a.qs + b * 256;
+  template <int h, int N>
+  static void half_terms(const uint8_t* wb, __m256i half, const Q8Row* a, int64_t b, BlockTerms* t) {
+    const __m256i qh = load32(wb + 128 + 32 * h);
+    chunk<h, 0, N>(wb, qh, half, a, b, t);
+    chunk<h, 1, N>(wb, qh, half, a, b, t);
+    chunk<h, 2, N>(wb, qh, half, a, b, t);
+    chunk<h, 3, N>(wb, qh, half, a, b, t);
+  }
+
+  template <int N>
+  static void terms(const uint8_t* wb, const Q8Row* a, int64_t b, BlockTerms* t) {
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 192));
     const __m256i s16 = _mm256_cvtepi8_epi16(raw);  // scales 0..7 | 8..15
-    const __m256i isum = _mm256_add_epi32(half_isum<0>(wb, ab, _mm256_permute2x128_si256(s16, s16, 0x00)),
-                                          half_isum<1>(wb, ab, _mm256_permute2x128_si256(s16, s16, 0x11)));
-    const int32_t* bsums = a.sums + b * 16;
-    const __m256i corr = _mm256_add_epi32(_mm256_mullo_epi32(_mm256_cvtepi8_epi32(raw), load32(bsums)),
-                                          _mm256_mullo_epi32(_mm256_cvtepi8_epi32(_mm_srli_si128(raw, 8)), load32(bsums + 8)));
-    return {_mm256_sub_epi32(isum, _mm256_slli_epi32(corr, 5)), _mm256_setzero_si256()};
+    half_terms<0, N>(wb, _mm256_permute2x128_si256(s16, s16, 0x00), a, b, t);
+    half_terms<1, N>(wb, _mm256_permute2x128_si256(s16, s16, 0x11), a, b, t);
+    const __m256i sc_lo = _mm256_cvtepi8_epi32(raw), sc_hi = _mm256_cvtepi8_epi32(_mm_srli_si128(raw, 8));
+    for (int r = 0; r < N; ++r) {
+      const int32_t* bsums = a[r].sums + b * 16;
+      const __m256i corr = _mm256_add_epi32(_mm256_mullo_epi32(sc_lo, load32(bsums)),
+                                            _mm256_mullo_epi32(sc_hi, load32(bsums + 8)));
+      t[r] = {_mm256_sub_epi32(t[r].isum, _mm256_slli_epi32(corr, 5)), _mm256_setzero_si256()};
+    }
   }
 };
 
-/// c_b for one block, in scalar f32 (the tail blocks): d * isum [- dmin * msum], with
-/// d = d_w * d_a and dmin = dmin_w * d_a.
-template <class B>
-float block_value(const uint8_t* wb, const Q8Row& a, int64_t b) {
-  const BlockTerms t = B::terms(wb, a, b);
-  const float d = f16_scale(wb + B::kScaleOffset) * a.d[b];
-  const float v = d * static_cast<float>(hsum_i32(t.isum) - B::kSumsOffset * a.sums[b]);
-  if constexpr (B::kHasMin) return v - (f16_scale(wb + 2) * a.d[b]) * static_cast<float>(hsum_i32(t.msum));
-  return v;
-}
-
-/// The row dot of common/matmul_q8.h for block type B: blocks in groups of eight, block
-/// g * 8 + l into lane l (their integers transposed into one vector, then c_b for all
-/// eight at once), then the tail one by one. While it reads a block it prefetches the
-/// same bytes of the row at `ahead` (a later row; may be null): the hardware prefetcher
-/// alone leaves a core far below the memory's pace (see common/matmul_avx2.cpp).
-template <class B>
-float row_dot(const uint8_t* w, const Q8Row& a, const uint8_t* ahead) {
-  const int64_t full = a.blocks / 8 * 8;
+/// out[r] = the row dot of common/matmul_q8.h of weight row `w` (block type B) with
+/// activation rows a[0..N): blocks in groups of eight, block g * 8 + l into lane l (their
+/// integers transposed into one vector, then c_b for all eight at once), then the tail
+/// one by one, each c_b = d * isum [- dmin * msum] with d = d_w * d_a, dmin = dmin_w * d_a.
+/// While it reads a block it prefetches the same bytes of the row at `ahead` (a later
+/// row; may be null): the hardware prefetcher alone leaves a core far below the memory's
+/// pace (see common/matmul_avx2.cpp).
+template <class B, int N>
+void rows_dot(const uint8_t* w, const Q8Row* a, float* out, const uint8_t* ahead) {
+  const int64_t blocks = a[0].blocks;
+  const int64_t full = blocks / 8 * 8;
   uint64_t line = 0;
   auto prefetch_to = [&](int64_t b) {
     if (!ahead) return;
@@ -256,149 +264,83 @@ float row_dot(const uint8_t* w, const Q8Row& a, const uint8_t* ahead) {
       _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
     }
   };
-  __m256 acc = _mm256_setzero_ps();
+  __m256 acc[N];
+  for (int r = 0; r < N; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < full; g += 8) {
-    __m256i isum[8], msum[8];
     if constexpr (B::kElements == 32) prefetch_to(g + 7);  // small blocks: a line per group
+    BlockTerms t[8][N];
     for (int k = 0; k < 8; ++k) {
       if constexpr (B::kElements != 32) prefetch_to(g + k);
-      const BlockTerms t = B::terms(w + (g + k) * B::kBytes, a, g + k);
-      isum[k] = t.isum;
-      msum[k] = t.msum;
+      B::template terms<N>(w + (g + k) * B::kBytes, a, g + k, t[k]);
     }
-    const __m256 da = _mm256_loadu_ps(a.d + g);
-    const __m256 d = _mm256_mul_ps(scales8(w + g * B::kBytes + B::kScaleOffset, B::kBytes), da);
-    __m256i isums = hsum8_i32(isum);
-    if constexpr (B::kSumsOffset != 0) isums = _mm256_sub_epi32(isums, _mm256_mullo_epi32(load32(a.sums + g), _mm256_set1_epi32(B::kSumsOffset)));
-    __m256 c = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isums));
-    if constexpr (B::kHasMin) {
-      const __m256 dmin = _mm256_mul_ps(scales8(w + g * B::kBytes + 2, B::kBytes), da);
-      c = _mm256_sub_ps(c, _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(hsum8_i32(msum))));
+    const __m256 dw = scales8(w + g * B::kBytes + B::kScaleOffset, B::kBytes);
+    __m256 dminw = _mm256_setzero_ps();
+    if constexpr (B::kHasMin) dminw = scales8(w + g * B::kBytes + 2, B::kBytes);
+    for (int r = 0; r < N; ++r) {
+      __m256i v[8];
+      for (int k = 0; k < 8; ++k) v[k] = t[k][r].isum;
+      __m256i isums = hsum8_i32(v);
+      if constexpr (B::kSumsOffset != 0) {
+        isums = _mm256_sub_epi32(isums, _mm256_mullo_epi32(load32(a[r].sums + g), _mm256_set1_epi32(B::kSumsOffset)));
+      }
+      const __m256 da = _mm256_loadu_ps(a[r].d + g);
+      __m256 c = _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isums));
+      if constexpr (B::kHasMin) {
+        for (int k = 0; k < 8; ++k) v[k] = t[k][r].msum;
+        c = _mm256_sub_ps(c, _mm256_mul_ps(_mm256_mul_ps(dminw, da), _mm256_cvtepi32_ps(hsum8_i32(v))));
+      }
+      acc[r] = _mm256_add_ps(acc[r], c);
     }
-    acc = _mm256_add_ps(acc, c);
   }
-  float lanes[8];
-  _mm256_storeu_ps(lanes, acc);
-  float s = reduce_lanes(lanes);
-  for (int64_t b = full; b < a.blocks; ++b) {
+  for (int r = 0; r < N; ++r) {
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc[r]);
+    out[r] = reduce_lanes(lanes);
+  }
+  for (int64_t b = full; b < blocks; ++b) {
     prefetch_to(b);
-    s += block_value<B>(w + b * B::kBytes, a, b);
+    const uint8_t* wb = w + b * B::kBytes;
+    BlockTerms t[N];
+    B::template terms<N>(wb, a, b, t);
+    const float dw = f16_scale(wb + B::kScaleOffset);
+    for (int r = 0; r < N; ++r) {
+      const float d = dw * a[r].d[b];
+      float c = d * static_cast<float>(hsum_i32(t[r].isum) - B::kSumsOffset * a[r].sums[b]);
+      if constexpr (B::kHasMin) c = c - (f16_scale(wb + 2) * a[r].d[b]) * static_cast<float>(hsum_i32(t[r].msum));
+      out[r] += c;
+    }
   }
-  return s;
 }
 
 template <class B>
-float row_dot_plain(const uint8_t* w, const Q8Row& a) {
-  return row_dot<B>(w, a, nullptr);
+float row_dot(const uint8_t* w, const Q8Row& a) {
+  float v;
+  rows_dot<B, 1>(w, &a, &v, nullptr);
+  return v;
 }
 
-/// GEMV: out[k] = the row dot of rows o0 + k, o0 <= o < o1, each prefetching the row
-/// kAhead later while it runs.
+/// out[r] for n <= kQ8MaxRows activation rows, four at a time.
+template <class B>
+void rows_dot_n(const uint8_t* w, const Q8Row* a, size_t n, float* out) {
+  size_t r = 0;
+  for (; r + 4 <= n; r += 4) rows_dot<B, 4>(w, a + r, out + r, nullptr);
+  switch (n - r) {
+    case 3: rows_dot<B, 3>(w, a + r, out + r, nullptr); break;
+    case 2: rows_dot<B, 2>(w, a + r, out + r, nullptr); break;
+    case 1: rows_dot<B, 1>(w, a + r, out + r, nullptr); break;
+    default: break;
+  }
+}
+
+/// GEMV: out[o - o0] = the row dot of row o, o0 <= o < o1, each prefetching the row
+/// kAhead later while it runs (two measured best on one core: 1 and 4 about 5 % slower,
+/// 8 and 16 10-25 % slower).
 template <class B>
 void gemv(const uint8_t* w, uint64_t row_bytes, const Q8Row& a, int64_t o0, int64_t o1, float* out) {
   constexpr int64_t kAhead = 2;
   for (int64_t o = o0; o < o1; ++o) {
     const uint8_t* row = w + static_cast<uint64_t>(o) * row_bytes;
-    out[o - o0] = row_dot<B>(row, a, o + kAhead < o1 ? row + kAhead * row_bytes : nullptr);
-  }
-}
-
-/// One K-quant super-block unpacked: quants 0..63 as bytes, a scale per 16 elements, and
-/// for Q4_K / Q5_K the 8 sub-block mins.
-struct UnpackedK {
-  alignas(32) uint8_t q[256];
-  int16_t sc[16];
-  int32_t mins[8];
-  float d, dmin;
-};
-
-template <GgmlType T>
-void unpack_k(const uint8_t* wb, UnpackedK& u) {
-  if constexpr (T == GgmlType::kQ6_K) {
-    const auto* scales = reinterpret_cast<const int8_t*>(wb + 192);
-    for (int g = 0; g < 16; ++g) u.sc[g] = scales[g];
-    const __m256i mask4 = _mm256_set1_epi8(0x0F), mask2 = _mm256_set1_epi8(0x03);
-    for (int h = 0; h < 2; ++h) {
-      const __m256i qh = load32(wb + 128 + 32 * h);
-      for (int c = 0; c < 4; ++c) {
-        _mm256_store_si256(reinterpret_cast<__m256i*>(u.q + 128 * h + 32 * c), q6k_quants(wb, qh, h, c, mask4, mask2));
-      }
-    }
-    u.d = f16_scale(wb + 208);
-  } else {
-    constexpr bool kFifthBit = T == GgmlType::kQ5_K;
-    const uint8_t* scales = wb + 4;
-    const uint8_t* qs = wb + (kFifthBit ? 48 : 16);
-    const __m256i mask = _mm256_set1_epi8(0x0F);
-    __m256i qh;
-    if constexpr (kFifthBit) qh = load32(wb + 16);
-    for (int k = 0; k < 4; ++k) {
-      const __m256i raw = load32(qs + 32 * k);
-      __m256i lo = _mm256_and_si256(raw, mask);
-      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
-      if constexpr (kFifthBit) {
-        const __m256i b0 = _mm256_set1_epi8(static_cast<char>(1 << (2 * k)));
-        const __m256i b1 = _mm256_set1_epi8(static_cast<char>(1 << (2 * k + 1)));
-        const __m256i sixteen = _mm256_set1_epi8(16);
-        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b0), b0), sixteen));
-        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1), sixteen));
-      }
-      _mm256_store_si256(reinterpret_cast<__m256i*>(u.q + 64 * k), lo);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(u.q + 64 * k + 32), hi);
-    }
-    for (int s = 0; s < 8; ++s) {
-      const ScaleMin sm = get_scale_min_k4(s, scales);
-      u.sc[2 * s] = u.sc[2 * s + 1] = sm.scale;
-      u.mins[s] = sm.min;
-    }
-    u.d = f16_scale(wb);
-    u.dmin = f16_scale(wb + 2);
-  }
-}
-
-/// Block b's c_b (common/matmul_q8.h) for one activation row, from the unpacked weights:
-/// the same integers and the same f32 operations as the row dots above.
-template <GgmlType T>
-float block_k(const UnpackedK& u, const Q8Row& a, int64_t b) {
-  const int8_t* ab = a.qs + b * 256;
-  const int32_t* bsums = a.sums + b * 16;
-  __m256i acc = _mm256_setzero_si256();
-  for (int j = 0; j < 8; ++j) {
-    const __m256i p = _mm256_maddubs_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(u.q + 32 * j)),
-                                           load32(ab + 32 * j));
-    const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(u.sc[2 * j + 1]), _mm_set1_epi16(u.sc[2 * j]));
-    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
-  }
-  int32_t isum = hsum_i32(acc);
-  if constexpr (T == GgmlType::kQ6_K) {
-    int32_t corr = 0;
-    for (int g = 0; g < 16; ++g) corr += u.sc[g] * bsums[g];
-    isum -= 32 * corr;
-    return (u.d * a.d[b]) * static_cast<float>(isum);
-  } else {
-    int32_t msum = 0;
-    for (int s = 0; s < 8; ++s) msum += u.mins[s] * (bsums[2 * s] + bsums[2 * s + 1]);
-    const float d = u.d * a.d[b];
-    const float dmin = u.dmin * a.d[b];
-    return d * static_cast<float>(isum) - dmin * static_cast<float>(msum);
-  }
-}
-
-template <GgmlType T>
-void rows_dot_k(const uint8_t* w, const Q8Row* a, size_t n, float* out) {
-  constexpr int64_t kBytes = T == GgmlType::kQ4_K ? 144 : (T == GgmlType::kQ5_K ? 176 : 210);
-  const int64_t blocks = a[0].blocks;
-  const int64_t full = blocks / 8 * 8;
-  float lanes[kQ8MaxRows][8] = {};
-  UnpackedK u;
-  for (int64_t b = 0; b < full; ++b) {
-    unpack_k<T>(w + b * kBytes, u);
-    for (size_t r = 0; r < n; ++r) lanes[r][b % 8] += block_k<T>(u, a[r], b);
-  }
-  for (size_t r = 0; r < n; ++r) out[r] = reduce_lanes(lanes[r]);
-  for (int64_t b = full; b < blocks; ++b) {
-    unpack_k<T>(w + b * kBytes, u);
-    for (size_t r = 0; r < n; ++r) out[r] += block_k<T>(u, a[r], b);
+    rows_dot<B, 1>(row, &a, out + (o - o0), o + kAhead < o1 ? row + kAhead * row_bytes : nullptr);
   }
 }
 
@@ -406,20 +348,22 @@ void rows_dot_k(const uint8_t* w, const Q8Row* a, size_t n, float* out) {
 
 Q8RowsDot q8_rows_dot_avx2(GgmlType type) {
   switch (type) {
-    case GgmlType::kQ4_K: return rows_dot_k<GgmlType::kQ4_K>;
-    case GgmlType::kQ5_K: return rows_dot_k<GgmlType::kQ5_K>;
-    case GgmlType::kQ6_K: return rows_dot_k<GgmlType::kQ6_K>;
+    case GgmlType::kQ8_0: return rows_dot_n<Block32<false>>;
+    case GgmlType::kQ4_0: return rows_dot_n<Block32<true>>;
+    case GgmlType::kQ4_K: return rows_dot_n<BlockQ45K<false>>;
+    case GgmlType::kQ5_K: return rows_dot_n<BlockQ45K<true>>;
+    case GgmlType::kQ6_K: return rows_dot_n<BlockQ6K>;
     default: return nullptr;
   }
 }
 
 Q8RowDot q8_row_dot_avx2(GgmlType type) {
   switch (type) {
-    case GgmlType::kQ8_0: return row_dot_plain<Block32<false>>;
-    case GgmlType::kQ4_0: return row_dot_plain<Block32<true>>;
-    case GgmlType::kQ4_K: return row_dot_plain<BlockQ45K<false>>;
-    case GgmlType::kQ5_K: return row_dot_plain<BlockQ45K<true>>;
-    case GgmlType::kQ6_K: return row_dot_plain<BlockQ6K>;
+    case GgmlType::kQ8_0: return row_dot<Block32<false>>;
+    case GgmlType::kQ4_0: return row_dot<Block32<true>>;
+    case GgmlType::kQ4_K: return row_dot<BlockQ45K<false>>;
+    case GgmlType::kQ5_K: return row_dot<BlockQ45K<true>>;
+    case GgmlType::kQ6_K: return row_dot<BlockQ6K>;
     default: return nullptr;
   }
 }

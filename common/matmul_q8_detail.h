@@ -42,7 +42,8 @@ inline float lane_sum(int64_t blocks, BlockFn&& c) {
 using Q8RowsDot = void (*)(const uint8_t* w, const Q8Row* a, size_t n, float* out);
 constexpr size_t kQ8MaxRows = 8;
 
-/// The AVX2 multi-row dot of `type` (the K-quants), or null where the row dot is used.
+/// The AVX2 multi-row dot of `type`, or null for a type without one. Call only when
+/// cpu_supports_avx2().
 Q8RowsDot q8_rows_dot_avx2(GgmlType type);
 
 /// out[o - o0] = the row dot of weight row o (row_bytes apart from w) with `a`, for
