@@ -67,10 +67,7 @@ void tile_on(KernelPath path, const MatrixView& w, const float* x, size_t rows, 
              int64_t o0, int64_t o1) {
   if (rows == 0 || o0 >= o1) return;
   // `activations: q8` (lossy, opt-in): GGML weights with a q8 kernel take it instead.
-  if (w.shape.format == WeightFormat::kGgml && active_activation_mode() == ActivationMode::kQ8 &&
-      matmul_q8_tile(path, w, x, rows, bias, y, o0, o1)) {
-    return;
-  }
+  if (uses_q8(w) && matmul_q8_tile(path, w, x, rows, bias, y, o0, o1)) return;
   if (path == KernelPath::kAvx2) {
     matmul_tile_avx2(w, x, rows, bias, y, o0, o1, avx2_scratch(w));
   } else {
@@ -175,6 +172,18 @@ void matmul(const MatrixView& w, const float* x, size_t rows, const float* bias,
   const int64_t tiles = (out + tile - 1) / tile;
   const bool parallel =
       tiles > 1 && static_cast<uint64_t>(out) * static_cast<uint64_t>(w.shape.cols) * rows >= kParallelMinWork;
+  if (uses_q8(w)) {  // `activations: q8`: x quantised once here, not per tile
+    thread_local Q8Activations mine;
+    const Q8Activations& q8 = mine;  // the team reads this thread's rows (a thread_local
+                                     // named inside the region would be each thread's own)
+    quantize_activations(w, x, rows, mine);
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t o0 = t * tile;
+      matmul_q8_tile(path, w, q8, bias, y, o0, o0 + tile < out ? o0 + tile : out);
+    }
+    return;
+  }
   // Each output is computed whole by one thread, so the bits do not depend on the team.
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t t = 0; t < tiles; ++t) {

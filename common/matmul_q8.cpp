@@ -221,55 +221,40 @@ Q8RowDot portable_dot(GgmlType type) {
   }
 }
 
+Q8Kind kind_for(GgmlType type) {
+  return type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0 ? Q8Kind::kQ8_0 : Q8Kind::kQ8_K;
+}
+
 /// This thread's quantised activation rows, with a copy of the f32 rows they came from:
 /// a later tile of the same product (same bits in x) reuses them instead of quantising
 /// again. Comparing the bits, not the pointer, keeps a reused buffer from ever meeting a
 /// stale quantisation.
 struct ActivationCache {
-  bool valid = false;
-  Q8Kind kind = Q8Kind::kQ8_0;
-  int64_t cols = 0;
-  size_t rows = 0;
   std::vector<float> x;
-  std::vector<int8_t> qs;
-  std::vector<float> d;
-  std::vector<int32_t> sums;
+  Q8Activations q;
+  bool valid = false;
 
-  /// The quantised rows of x [rows, cols] (quantising them unless cached).
-  void prepare(Q8Kind k, const float* src, size_t n, int64_t c) {
-    const size_t elements = n * static_cast<size_t>(c);
-    if (valid && kind == k && cols == c && rows == n && std::memcmp(x.data(), src, elements * 4) == 0) return;
-    valid = false;
-    const int64_t block = k == Q8Kind::kQ8_0 ? kQ80 : kQK;
-    const size_t blocks = elements / static_cast<size_t>(block);
-    x.assign(src, src + elements);
-    qs.resize(elements);
-    d.resize(blocks);
-    sums.resize(k == Q8Kind::kQ8_0 ? blocks : blocks * 16);
-    const size_t per_row = static_cast<size_t>(c / block);
-    for (size_t r = 0; r < n; ++r) {
-      const float* xr = src + r * static_cast<size_t>(c);
-      int8_t* q = qs.data() + r * static_cast<size_t>(c);
-      if (k == Q8Kind::kQ8_0) {
-        quantize_q8_0(xr, c, q, d.data() + r * per_row, sums.data() + r * per_row);
-      } else {
-        quantize_q8_k(xr, c, q, d.data() + r * per_row, sums.data() + r * per_row * 16);
-      }
+  const Q8Activations& prepare(const MatrixView& w, const float* src, size_t n) {
+    const size_t elements = n * static_cast<size_t>(w.shape.cols);
+    if (valid && q.type_kind == static_cast<int>(kind_for(w.shape.ggml_type)) && q.cols == w.shape.cols &&
+        q.rows == n && std::memcmp(x.data(), src, elements * 4) == 0) {
+      return q;
     }
-    kind = k;
-    cols = c;
-    rows = n;
+    valid = false;
+    x.assign(src, src + elements);
+    quantize_activations(w, src, n, q);
     valid = true;
-  }
-
-  Q8Row row(size_t r) const {
-    const int64_t block = kind == Q8Kind::kQ8_0 ? kQ80 : kQK;
-    const auto per_row = static_cast<size_t>(cols / block);
-    const size_t sums_per_row = kind == Q8Kind::kQ8_0 ? per_row : per_row * 16;
-    return Q8Row{qs.data() + r * static_cast<size_t>(cols), d.data() + r * per_row, sums.data() + r * sums_per_row,
-                 static_cast<int64_t>(per_row)};
+    return q;
   }
 };
+
+Q8Row row_of(const Q8Activations& q, size_t r) {
+  const int64_t block = q.type_kind == static_cast<int>(Q8Kind::kQ8_0) ? kQ80 : kQK;
+  const auto per_row = static_cast<size_t>(q.cols / block);
+  const size_t sums_per_row = q.type_kind == static_cast<int>(Q8Kind::kQ8_0) ? per_row : per_row * 16;
+  return Q8Row{q.qs.data() + r * static_cast<size_t>(q.cols), q.d.data() + r * per_row, q.sums.data() + r * sums_per_row,
+               static_cast<int64_t>(per_row)};
+}
 
 }  // namespace
 
@@ -297,55 +282,96 @@ void start_activation_mode(ActivationMode mode, std::string_view who) {
 
 bool has_q8_kernel(GgmlType type) { return portable_dot(type) != nullptr; }
 
-bool matmul_q8_tile(KernelPath path, const MatrixView& w, const float* x, size_t rows, const float* bias, float* y,
+bool uses_q8(const MatrixView& w) {
+  return w.shape.format == WeightFormat::kGgml && active_activation_mode() == ActivationMode::kQ8 &&
+         has_q8_kernel(w.shape.ggml_type);
+}
+
+void quantize_activations(const MatrixView& w, const float* x, size_t rows, Q8Activations& out) {
+  const Q8Kind kind = kind_for(w.shape.ggml_type);
+  const int64_t cols = w.shape.cols;
+  const int64_t block = kind == Q8Kind::kQ8_0 ? kQ80 : kQK;
+  if (cols % block != 0) {
+    fail_invalid("quantize_activations: " + std::to_string(cols) + " columns are not whole blocks of " +
+                 std::to_string(block));
+  }
+  const size_t elements = rows * static_cast<size_t>(cols);
+  const size_t blocks = elements / static_cast<size_t>(block);
+  out.qs.resize(elements);
+  out.d.resize(blocks);
+  out.sums.resize(kind == Q8Kind::kQ8_0 ? blocks : blocks * 16);
+  const auto per_row = static_cast<size_t>(cols / block);
+  for (size_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * static_cast<size_t>(cols);
+    int8_t* q = out.qs.data() + r * static_cast<size_t>(cols);
+    if (kind == Q8Kind::kQ8_0) {
+      quantize_q8_0(xr, cols, q, out.d.data() + r * per_row, out.sums.data() + r * per_row);
+    } else {
+      quantize_q8_k(xr, cols, q, out.d.data() + r * per_row, out.sums.data() + r * per_row * 16);
+    }
+  }
+  out.type_kind = static_cast<int>(kind);
+  out.cols = cols;
+  out.rows = rows;
+}
+
+void matmul_q8_tile(KernelPath path, const MatrixView& w, const Q8Activations& a, const float* bias, float* y,
                     int64_t o0, int64_t o1) {
-  if (w.shape.format != WeightFormat::kGgml) return false;
   const GgmlType type = w.shape.ggml_type;
+  if (a.type_kind != static_cast<int>(kind_for(type)) || a.cols != w.shape.cols) {
+    throw Error(ErrorCategory::kInternal, std::string("matmul_q8_tile: activations quantised for another type or width than ") +
+                                              ggml_traits(type).name + " [" + std::to_string(w.shape.cols) + "]");
+  }
   Q8RowDot dot = portable_dot(type);
-  if (!dot) return false;
+  Q8RowsDot rows_dot = nullptr;
+  Q8Gemv gemv = nullptr;
 #if defined(__x86_64__) || defined(__i386__)
-  if (path == KernelPath::kAvx2) dot = q8_row_dot_avx2(type);
+  if (path == KernelPath::kAvx2) {
+    dot = q8_row_dot_avx2(type);
+    rows_dot = q8_rows_dot_avx2(type);
+    gemv = q8_gemv_avx2(type);
+  }
 #endif
-  if (!dot) throw Error(ErrorCategory::kInternal, std::string("matmul_q8: no AVX2 kernel for ") + ggml_traits(type).name);
-  if (rows == 0 || o0 >= o1) return true;
-  const Q8Kind kind = type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0 ? Q8Kind::kQ8_0 : Q8Kind::kQ8_K;
-  thread_local ActivationCache cache;
-  cache.prepare(kind, x, rows, w.shape.cols);
+  if (!dot) throw Error(ErrorCategory::kInternal, std::string("matmul_q8: no kernel for ") + ggml_traits(type).name);
+  const size_t rows = a.rows;
+  if (rows == 0 || o0 >= o1) return;
   const uint64_t row_bytes = *ggml_row_bytes(type, w.shape.cols);
   const auto out = static_cast<size_t>(w.shape.rows);
-  Q8RowsDot rows_dot = nullptr;
-#if defined(__x86_64__) || defined(__i386__)
-  if (path == KernelPath::kAvx2 && rows > 1) rows_dot = q8_rows_dot_avx2(type);
-#endif
-  if (rows_dot) {  // a GEMM: each weight block unpacked once for up to kQ8MaxRows rows
-    Q8Row a[kQ8MaxRows];
-    float v[kQ8MaxRows];
-    for (size_t r0 = 0; r0 < rows; r0 += kQ8MaxRows) {
-      const size_t n = rows - r0 < kQ8MaxRows ? rows - r0 : kQ8MaxRows;
-      for (size_t r = 0; r < n; ++r) a[r] = cache.row(r0 + r);
-      for (int64_t o = o0; o < o1; ++o) {
-        rows_dot(w.data + static_cast<uint64_t>(o) * row_bytes, a, n, v);
-        for (size_t r = 0; r < n; ++r) y[(r0 + r) * out + static_cast<size_t>(o)] = bias ? v[r] + bias[o] : v[r];
-      }
-    }
-    return true;
-  }
-  if (rows == 1 && path == KernelPath::kAvx2) {  // decode: the GEMV prefetches the rows ahead
-#if defined(__x86_64__) || defined(__i386__)
-    q8_gemv_avx2(type)(w.data, row_bytes, cache.row(0), o0, o1, y + o0);
+  if (rows == 1 && gemv) {  // decode: the GEMV prefetches the rows ahead
+    gemv(w.data, row_bytes, row_of(a, 0), o0, o1, y + o0);
     if (bias) {
       for (int64_t o = o0; o < o1; ++o) y[o] += bias[o];
     }
-    return true;
-#endif
+    return;
+  }
+  if (rows_dot) {  // a GEMM: each weight block decoded once for up to kQ8MaxRows rows
+    Q8Row ar[kQ8MaxRows];
+    float v[kQ8MaxRows];
+    for (size_t r0 = 0; r0 < rows; r0 += kQ8MaxRows) {
+      const size_t n = rows - r0 < kQ8MaxRows ? rows - r0 : kQ8MaxRows;
+      for (size_t r = 0; r < n; ++r) ar[r] = row_of(a, r0 + r);
+      for (int64_t o = o0; o < o1; ++o) {
+        rows_dot(w.data + static_cast<uint64_t>(o) * row_bytes, ar, n, v);
+        for (size_t r = 0; r < n; ++r) y[(r0 + r) * out + static_cast<size_t>(o)] = bias ? v[r] + bias[o] : v[r];
+      }
+    }
+    return;
   }
   for (int64_t o = o0; o < o1; ++o) {
     const uint8_t* wo = w.data + static_cast<uint64_t>(o) * row_bytes;
     for (size_t r = 0; r < rows; ++r) {
-      const float v = dot(wo, cache.row(r));
+      const float v = dot(wo, row_of(a, r));
       y[r * out + static_cast<size_t>(o)] = bias ? v + bias[o] : v;
     }
   }
+}
+
+bool matmul_q8_tile(KernelPath path, const MatrixView& w, const float* x, size_t rows, const float* bias, float* y,
+                    int64_t o0, int64_t o1) {
+  if (w.shape.format != WeightFormat::kGgml || !has_q8_kernel(w.shape.ggml_type)) return false;
+  if (rows == 0 || o0 >= o1) return true;
+  thread_local ActivationCache cache;
+  matmul_q8_tile(path, w, cache.prepare(w, x, rows), bias, y, o0, o1);
   return true;
 }
 

@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "common/matmul.h"
 #include "common/weight_format.h"
@@ -59,6 +60,34 @@ void start_activation_mode(ActivationMode mode, std::string_view who);
 /// True when GGML type `type` has q8 kernels: Q8_0, Q4_0 (Q8_0 activations), Q4_K, Q5_K,
 /// Q6_K (Q8_K activations). Other types keep the exact f32 path under kQ8.
 bool has_q8_kernel(GgmlType type);
+
+/// True when matmul takes the q8 kernels for `w` now: mode kQ8, a kGgml weight, and its
+/// type has_q8_kernel.
+bool uses_q8(const MatrixView& w);
+
+/// Activation rows quantised for one GGML weight type's kernels (Q8_0 blocks of 32 or
+/// Q8_K blocks of 256, common/matmul_q8.h's semantics). Filled by quantize_activations.
+struct Q8Activations {
+  std::vector<int8_t> qs;     ///< [rows * cols] the quants
+  std::vector<float> d;       ///< [rows * blocks] block scales
+  std::vector<int32_t> sums;  ///< Q8_0: [rows * blocks] sum of each block's qs; Q8_K: 16 per block
+  int type_kind = -1;         ///< which blocks (internal: Q8_0 or Q8_K); -1 until filled
+  int64_t cols = 0;
+  size_t rows = 0;
+};
+
+/// x [rows, w.shape.cols] quantised once for `w`'s type (which must have_q8_kernel), into
+/// `out` (its buffers reused). Each row on its own. Throws Error(kInvalidInput) when cols
+/// are not whole activation blocks.
+void quantize_activations(const MatrixView& w, const float* x, size_t rows, Q8Activations& out);
+
+/// Outputs [o0, o1) of y [a.rows, w.shape.rows] = a W^T (+ bias) with the prepared rows
+/// `a` (quantize_activations for this w), single-threaded, on `path`'s kernels (kAvx2
+/// requires cpu_supports_avx2()). Requires a kGgml view with a q8 kernel that matmul's
+/// checks accept and 0 <= o0 <= o1 <= w.shape.rows. Thread-safe (reads `a` only), so one
+/// quantisation serves every tile of a product on every thread.
+void matmul_q8_tile(KernelPath path, const MatrixView& w, const Q8Activations& a, const float* bias, float* y,
+                    int64_t o0, int64_t o1);
 
 /// Outputs [o0, o1) of y [rows, w.shape.rows] = x [rows, w.shape.cols] W^T (+ bias) with
 /// q8 activations (the semantics above), single-threaded, on `path`'s kernels (kAvx2

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Runs llama.cpp's own convert_hf_to_gguf.py on the synthetic OLMoE checkpoint, with ONE
-change: the tokenizer's vocabulary is cut to the model's vocab_size (and its merges to
-those among the kept tokens).
+"""Runs llama.cpp's own convert_hf_to_gguf.py on the synthetic OLMoE checkpoint, with two
+changes: the tokenizer's vocabulary is cut to the model's vocab_size (and its merges to
+those among the kept tokens), and a tokenizer whose pre-tokenizer hash the converter does
+not know is named "qwen2" (the hash is of token ids, and a cut vocabulary gives other ids
+than any released model; the split regex is still Qwen2's).
 
 Why: scripts/make_synthetic_olmoe.py gives its checkpoint vocab_size 50304 (OLMoE's) but
 the repository's Qwen2 fixture tokenizer, whose ids reach 151 k. The converter asserts
@@ -65,6 +67,24 @@ def keep_consistent_merges(vocab_size: int, model_dir: Path) -> None:
     gguf.SpecialVocab.add_to_gguf = filtered
 
 
+def name_unknown_pre_tokenizer_qwen2() -> None:
+    """TextModel.get_vocab_base_pre, but "qwen2" where it would raise NotImplementedError:
+    the checkpoint's tokenizer is the repository's Qwen2 byte-level BPE, which
+    scripts/make_synthetic_olmoe.py may already have cut to vocab_size (then no hash the
+    converter knows matches)."""
+    from conversion import base
+
+    original = base.TextModel.get_vocab_base_pre
+
+    def get_vocab_base_pre(self, tokenizer) -> str:
+        try:
+            return original(self, tokenizer)
+        except NotImplementedError:
+            return "qwen2"
+
+    base.TextModel.get_vocab_base_pre = get_vocab_base_pre
+
+
 def main() -> int:
     if len(sys.argv) < 3:
         print(__doc__, file=sys.stderr)
@@ -83,6 +103,7 @@ def main() -> int:
     sys.path.insert(0, str(llama_cpp / "gguf-py"))
     keep_consistent_merges(vocab_size, model_dir)
     sys.path.insert(0, str(llama_cpp))
+    name_unknown_pre_tokenizer_qwen2()
     sys.argv = [str(llama_cpp / "convert_hf_to_gguf.py")] + sys.argv[2:]
     runpy.run_path(sys.argv[0], run_name="__main__")
     return 0

@@ -7,10 +7,13 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "common/kernels.h"
+#include "common/ggml_type.h"
 #include "common/matmul.h"
+#include "common/matmul_q8.h"
 #include "worker/experts/swiglu_batch.h"
 
 using namespace charm;
@@ -34,8 +37,8 @@ struct Expert {
   StoredMatrix gate, up, down;
   ExpertView view;
   Expert(int64_t hidden, int64_t inter, uint32_t seed)
-      : gate(bf16_matrix(inter, hidden, seed)), up(bf16_matrix(inter, hidden, seed + 1)),
-        down(bf16_matrix(hidden, inter, seed + 2)) {
+      : Expert(bf16_matrix(inter, hidden, seed), bf16_matrix(inter, hidden, seed + 1), bf16_matrix(hidden, inter, seed + 2)) {}
+  Expert(StoredMatrix g, StoredMatrix u, StoredMatrix d) : gate(std::move(g)), up(std::move(u)), down(std::move(d)) {
     view = ExpertView{gate.view(), up.view(), down.view()};
   }
 };
@@ -50,12 +53,26 @@ std::vector<float> one_row(const ExpertView& w, const float* x, int64_t hidden, 
   return y;
 }
 
-}  // namespace
+/// A [rows, cols] matrix of random GGML `type` blocks whose f16 scales (the bytes at
+/// `scale_offsets` of each block) are all 1e-3, so that every sum stays finite.
+StoredMatrix ggml_matrix(GgmlType type, int64_t rows, int64_t cols, std::vector<int> scale_offsets, uint32_t seed) {
+  std::mt19937 rng(seed);
+  StoredMatrix m;
+  m.shape = MatrixShape{WeightFormat::kGgml, rows, cols, 0};
+  m.shape.ggml_type = type;
+  m.data.resize(m.shape.data_bytes());
+  for (uint8_t& b : m.data) b = static_cast<uint8_t>(rng());
+  const auto block = static_cast<size_t>(ggml_traits(type).block_bytes);
+  constexpr uint16_t kScale = 0x1419;  // f16 1.0e-3
+  for (size_t at = 0; at < m.data.size(); at += block) {
+    for (int off : scale_offsets) std::memcpy(m.data.data() + at + off, &kScale, 2);
+  }
+  return m;
+}
 
-TEST_CASE("swiglu_batch: every row has the bits of that row alone; 1 or 2 threads; both kernel paths") {
-  const int64_t hidden = 200, inter = 136;  // several tiles of 64, with partial ones
-  std::vector<Expert> experts;
-  for (uint32_t e = 0; e < 3; ++e) experts.emplace_back(hidden, inter, 10 * e);
+/// swiglu_batch over `experts` (rows {1, 7, 3}) against one_row for every row, by memcmp,
+/// on both kernel paths and 1 or 2 threads.
+void check_rows_alone(const std::vector<Expert>& experts, int64_t hidden, int64_t inter) {
   const std::vector<size_t> rows_per_expert = {1, 7, 3};
   size_t total = 0;
   for (size_t r : rows_per_expert) total += r;
@@ -64,13 +81,6 @@ TEST_CASE("swiglu_batch: every row has the bits of that row alone; 1 or 2 thread
   std::vector<float> x(total * hidden);
   for (float& v : x) v = uniform(rng);
 
-  std::vector<float> want(total * hidden);
-  for (size_t e = 0, at = 0; e < experts.size(); at += rows_per_expert[e], ++e) {
-    for (size_t r = at; r < at + rows_per_expert[e]; ++r) {
-      const std::vector<float> y = one_row(experts[e].view, x.data() + r * hidden, hidden, inter);
-      std::memcpy(want.data() + r * hidden, y.data(), y.size() * sizeof(float));
-    }
-  }
   const KernelPath saved_path = active_kernel_path();
   const int saved_threads = omp_get_max_threads();
   std::vector<KernelPath> paths = {KernelPath::kPortable};
@@ -81,6 +91,13 @@ TEST_CASE("swiglu_batch: every row has the bits of that row alone; 1 or 2 thread
   }
   for (KernelPath path : paths) {
     set_kernel_path(path);
+    std::vector<float> want(total * hidden);
+    for (size_t e = 0, at = 0; e < experts.size(); at += rows_per_expert[e], ++e) {
+      for (size_t r = at; r < at + rows_per_expert[e]; ++r) {
+        const std::vector<float> y = one_row(experts[e].view, x.data() + r * hidden, hidden, inter);
+        std::memcpy(want.data() + r * hidden, y.data(), y.size() * sizeof(float));
+      }
+    }
     for (int threads : {1, 2}) {
       CAPTURE(std::string(kernel_path_name(path)));
       CAPTURE(threads);
@@ -92,10 +109,34 @@ TEST_CASE("swiglu_batch: every row has the bits of that row alone; 1 or 2 thread
       }
       swiglu_batch(jobs, hidden, inter);
       CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+      for (float v : got) REQUIRE(std::isfinite(v));
     }
   }
   set_kernel_path(saved_path);
   omp_set_num_threads(saved_threads);
+}
+
+}  // namespace
+
+TEST_CASE("swiglu_batch: every row has the bits of that row alone; 1 or 2 threads; both kernel paths") {
+  const int64_t hidden = 200, inter = 136;  // several tiles of 64, with partial ones
+  std::vector<Expert> experts;
+  for (uint32_t e = 0; e < 3; ++e) experts.emplace_back(hidden, inter, 10 * e);
+  check_rows_alone(experts, hidden, inter);
+}
+
+TEST_CASE("swiglu_batch under activations: q8 (rows quantised once per job) gives each row's q8 bits alone") {
+  // Q4_K gate / up and a Q8_0 down: both activation block kinds; hidden 512 = 8 tiles.
+  const int64_t hidden = 512, inter = 256;
+  std::vector<Expert> experts;
+  for (uint32_t e = 0; e < 3; ++e) {
+    experts.emplace_back(ggml_matrix(GgmlType::kQ4_K, inter, hidden, {0, 2}, 10 * e),
+                         ggml_matrix(GgmlType::kQ4_K, inter, hidden, {0, 2}, 10 * e + 1),
+                         ggml_matrix(GgmlType::kQ8_0, hidden, inter, {0}, 10 * e + 2));
+  }
+  set_activation_mode(ActivationMode::kQ8);
+  check_rows_alone(experts, hidden, inter);
+  set_activation_mode(ActivationMode::kF32);
 }
 
 // GptOssExperts._apply_gate, worked by hand: gate clamped above only, up on both sides,

@@ -4,6 +4,7 @@
 
 #include "common/kernels.h"
 #include "common/matmul.h"
+#include "common/matmul_q8.h"
 
 namespace charm {
 namespace {
@@ -18,6 +19,31 @@ constexpr int64_t kTileRows = 64;
 constexpr uint64_t kParallelMinWork = uint64_t{1} << 17;
 
 int64_t tiles_of(int64_t features) { return (features + kTileRows - 1) / kTileRows; }
+
+/// Under `activations: q8` (common/matmul_q8.h), each job's input to one projection,
+/// quantised once so that every tile of it shares the rows (per tile, matmul_tile would
+/// compare the f32 rows with its cached ones); `used[j]` false where matmul_tile runs.
+struct Q8Inputs {
+  std::vector<Q8Activations> rows;
+  std::vector<char> used;
+  explicit Q8Inputs(size_t jobs) : rows(jobs), used(jobs, 0) {}
+
+  /// Quantises job j's x for w when w takes the q8 kernels.
+  void prepare(size_t j, const MatrixView& w, const float* x, size_t n) {
+    used[j] = uses_q8(w) ? 1 : 0;
+    if (used[j]) quantize_activations(w, x, n, rows[j]);
+  }
+};
+
+/// matmul_tile, or the q8 kernels on job j's prepared rows.
+void tile(const Q8Inputs& q8, size_t j, const MatrixView& w, const float* x, size_t rows, const float* bias, float* y,
+          int64_t o0, int64_t o1) {
+  if (q8.used[j]) {
+    matmul_q8_tile(active_kernel_path(), w, q8.rows[j], bias, y, o0, o1);
+  } else {
+    matmul_tile(w, x, rows, bias, y, o0, o1);
+  }
+}
 
 }  // namespace
 
@@ -37,6 +63,11 @@ void swiglu_batch(const std::vector<SwigluJob>& jobs, int64_t hidden, int64_t in
     }
   }
   std::vector<float> scratch(scratch_at.back());
+  Q8Inputs gate_q8(jobs.size()), up_q8(jobs.size()), down_q8(jobs.size());
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    gate_q8.prepare(j, jobs[j].weights->gate, jobs[j].x, jobs[j].rows);
+    up_q8.prepare(j, jobs[j].weights->up, jobs[j].x, jobs[j].rows);
+  }
   const int64_t up_tiles = tiles_of(intermediate);
   const int64_t down_tiles = tiles_of(hidden);
   const auto njobs = static_cast<int64_t>(jobs.size());
@@ -46,13 +77,14 @@ void swiglu_batch(const std::vector<SwigluJob>& jobs, int64_t hidden, int64_t in
     // product on that tile, elementwise, in place of gate.
 #pragma omp for schedule(dynamic)
     for (int64_t item = 0; item < njobs * up_tiles; ++item) {
-      const SwigluJob& job = jobs[static_cast<size_t>(item / up_tiles)];
+      const auto j = static_cast<size_t>(item / up_tiles);
+      const SwigluJob& job = jobs[j];
       const int64_t o0 = (item % up_tiles) * kTileRows;
       const int64_t o1 = std::min(intermediate, o0 + kTileRows);
-      float* gate = scratch.data() + scratch_at[static_cast<size_t>(item / up_tiles)];
+      float* gate = scratch.data() + scratch_at[j];
       float* up = gate + job.rows * static_cast<size_t>(intermediate);
-      matmul_tile(job.weights->gate, job.x, job.rows, job.weights->gate_bias, gate, o0, o1);
-      matmul_tile(job.weights->up, job.x, job.rows, job.weights->up_bias, up, o0, o1);
+      tile(gate_q8, j, job.weights->gate, job.x, job.rows, job.weights->gate_bias, gate, o0, o1);
+      tile(up_q8, j, job.weights->up, job.x, job.rows, job.weights->up_bias, up, o0, o1);
       for (size_t r = 0; r < job.rows; ++r) {
         float* g = gate + r * static_cast<size_t>(intermediate);
         const float* u = up + r * static_cast<size_t>(intermediate);
@@ -60,13 +92,21 @@ void swiglu_batch(const std::vector<SwigluJob>& jobs, int64_t hidden, int64_t in
       }
     }
     // (the implicit barrier: down needs every intermediate feature of its rows)
+    // Under q8, each job's down input quantised once, then the barrier again.
+#pragma omp for schedule(dynamic)
+    for (int64_t j = 0; j < njobs; ++j) {
+      const SwigluJob& job = jobs[static_cast<size_t>(j)];
+      down_q8.prepare(static_cast<size_t>(j), job.weights->down, scratch.data() + scratch_at[static_cast<size_t>(j)], job.rows);
+    }
     // Phase 2, items (job, tile of hidden features): down.
 #pragma omp for schedule(dynamic)
     for (int64_t item = 0; item < njobs * down_tiles; ++item) {
-      const SwigluJob& job = jobs[static_cast<size_t>(item / down_tiles)];
+      const auto j = static_cast<size_t>(item / down_tiles);
+      const SwigluJob& job = jobs[j];
       const int64_t o0 = (item % down_tiles) * kTileRows;
-      const float* act = scratch.data() + scratch_at[static_cast<size_t>(item / down_tiles)];
-      matmul_tile(job.weights->down, act, job.rows, job.weights->down_bias, job.y, o0, std::min(hidden, o0 + kTileRows));
+      const float* act = scratch.data() + scratch_at[j];
+      tile(down_q8, j, job.weights->down, act, job.rows, job.weights->down_bias, job.y, o0,
+           std::min(hidden, o0 + kTileRows));
     }
   }
 }
