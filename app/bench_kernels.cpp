@@ -34,6 +34,7 @@ struct BenchArgs {
   std::string part = "all";  ///< all, matmul, ggml or batch-union
   double copy_gbps = 0;      ///< `charm bench memory`'s copy rate: the GGML table's 100 %
   std::string activations = "f32";  ///< the GGML table's activation mode (common/matmul_q8.h)
+  std::string q8_vnni = "auto";      ///< the q8 kernels' AVX-VNNI form: auto, on or off
 };
 
 struct FormSpec {
@@ -143,6 +144,7 @@ void bench_ggml(double seconds, double copy_gbps, ActivationMode activations) {
   if (copy_gbps > 0) std::printf("; %% of copy %.2f GB/s", copy_gbps);
   std::printf("; activations %s", activation_mode_name(activations));
   if (activations == ActivationMode::kQ8) std::printf(" (lossy; types without q8 kernels stay exact)");
+  if (activations == ActivationMode::kQ8) std::printf(", AVX-VNNI form %s", q8_avx_vnni_active() ? "on" : "off");
   const ActivationMode saved = active_activation_mode();
   set_activation_mode(activations);
   std::printf("\n%-6s %-9s %12s %8s %14s %8s %16s\n", "type", "path", "RAM GB/s", "% copy", "cache GB/s", "% copy",
@@ -273,7 +275,10 @@ int bench_kernels(const BenchArgs& args) {
   std::printf("charm bench kernels: %d thread(s) (physical cores: %d), default kernel path %s, %.1f s per number (median call)\n",
               threads, physical_core_count(), kernel_path_name(saved), args.seconds);
   if (args.part == "all" || args.part == "matmul") bench_matmul(args.seconds);
-  if (args.part == "all" || args.part == "ggml") bench_ggml(args.seconds, args.copy_gbps, parse_activation_mode(args.activations, "--activations"));
+  if (args.part == "all" || args.part == "ggml") {
+    if (args.q8_vnni != "auto") set_q8_avx_vnni(args.q8_vnni == "on");
+    bench_ggml(args.seconds, args.copy_gbps, parse_activation_mode(args.activations, "--activations"));
+  }
   if (args.part == "all" || args.part == "batch-union") bench_batch_union(args.seconds);
   set_kernel_path(saved);
   return 0;
@@ -295,6 +300,9 @@ void add_bench_kernels(CLI::App& bench) {
   cmd->add_option("--activations", args->activations,
                   "The GGML table's activations: f32 (exact, default) or q8 (lossy integer dots)")
       ->check(CLI::IsMember({"f32", "q8"}));
+  cmd->add_option("--q8-vnni", args->q8_vnni,
+                  "q8 kernels in their AVX-VNNI form: auto (where the CPU has it), on or off (maddubs + madd)")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   cmd->callback([args] { bench_kernels(*args); });
 }
 

@@ -3,6 +3,9 @@
 #include "common/matmul_q8.h"
 
 #include <atomic>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -21,6 +24,8 @@ namespace charm {
 namespace {
 
 std::atomic<int> g_mode{static_cast<int>(ActivationMode::kF32)};
+/// -1 until first asked: then whether the CPU has AVX-VNNI (set_q8_avx_vnni may turn it off).
+std::atomic<int> g_vnni{-1};
 
 constexpr int64_t kQ80 = 32;   // Q8_0 / Q4_0 block
 constexpr int64_t kQK = 256;   // K-quant super-block
@@ -280,6 +285,32 @@ void start_activation_mode(ActivationMode mode, std::string_view who) {
   }
 }
 
+bool cpu_supports_avx_vnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  // CPUID leaf 7 sub-leaf 1, EAX bit 4 (Intel SDM: AVX-VNNI); the VEX form needs AVX2's
+  // OS support of the ymm state, which cpu_supports_avx2 checks.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!cpu_supports_avx2() || __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) == 0) return false;
+  return (eax & (1u << 4)) != 0;
+#else
+  return false;
+#endif
+}
+
+bool q8_avx_vnni_active() {
+  int on = g_vnni.load(std::memory_order_relaxed);
+  if (on < 0) {
+    on = cpu_supports_avx_vnni() ? 1 : 0;
+    g_vnni.store(on, std::memory_order_relaxed);
+  }
+  return on == 1;
+}
+
+void set_q8_avx_vnni(bool on) {
+  if (on && !cpu_supports_avx_vnni()) fail_unsupported("the q8 AVX-VNNI kernels need a CPU with AVX-VNNI");
+  g_vnni.store(on ? 1 : 0, std::memory_order_relaxed);
+}
+
 bool has_q8_kernel(GgmlType type) { return portable_dot(type) != nullptr; }
 
 bool uses_q8(const MatrixView& w) {
@@ -322,16 +353,13 @@ void matmul_q8_tile(KernelPath path, const MatrixView& w, const Q8Activations& a
     throw Error(ErrorCategory::kInternal, std::string("matmul_q8_tile: activations quantised for another type or width than ") +
                                               ggml_traits(type).name + " [" + std::to_string(w.shape.cols) + "]");
   }
-  Q8RowDot dot = portable_dot(type);
-  Q8RowsDot rows_dot = nullptr;
-  Q8Gemv gemv = nullptr;
+  Q8Kernels k{portable_dot(type), nullptr, nullptr};
 #if defined(__x86_64__) || defined(__i386__)
-  if (path == KernelPath::kAvx2) {
-    dot = q8_row_dot_avx2(type);
-    rows_dot = q8_rows_dot_avx2(type);
-    gemv = q8_gemv_avx2(type);
-  }
+  if (path == KernelPath::kAvx2) k = q8_avx_vnni_active() ? q8_kernels_avx_vnni(type) : q8_kernels_avx2(type);
 #endif
+  const Q8RowDot dot = k.row_dot;
+  const Q8RowsDot rows_dot = k.rows_dot;
+  const Q8Gemv gemv = k.gemv;
   if (!dot) throw Error(ErrorCategory::kInternal, std::string("matmul_q8: no kernel for ") + ggml_traits(type).name);
   const size_t rows = a.rows;
   if (rows == 0 || o0 >= o1) return;

@@ -57,6 +57,15 @@ void set_activation_mode(ActivationMode mode);
 /// with their topology's `activations`.
 void start_activation_mode(ActivationMode mode, std::string_view who);
 
+/// True when the CPU has AVX-VNNI (and AVX2): the q8 kernels' vpdpbusd / vpdpwssd form.
+bool cpu_supports_avx_vnni();
+/// Whether KernelPath::kAvx2 takes the AVX-VNNI form of the q8 kernels (the same bits as
+/// the maddubs form; by default, where the CPU has AVX-VNNI). Thread-safe.
+bool q8_avx_vnni_active();
+/// Picks the AVX-VNNI form (on) or the maddubs form (off); for tests and benchmarks.
+/// Throws Error(kUnsupported) for `on` on a CPU without AVX-VNNI. Thread-safe.
+void set_q8_avx_vnni(bool on);
+
 /// True when GGML type `type` has q8 kernels: Q8_0, Q4_0 (Q8_0 activations), Q4_K, Q5_K,
 /// Q6_K (Q8_K activations). Other types keep the exact f32 path under kQ8.
 bool has_q8_kernel(GgmlType type);

@@ -42,20 +42,22 @@ inline float lane_sum(int64_t blocks, BlockFn&& c) {
 using Q8RowsDot = void (*)(const uint8_t* w, const Q8Row* a, size_t n, float* out);
 constexpr size_t kQ8MaxRows = 8;
 
-/// The AVX2 multi-row dot of `type`, or null for a type without one. Call only when
-/// cpu_supports_avx2().
-Q8RowsDot q8_rows_dot_avx2(GgmlType type);
-
 /// out[o - o0] = the row dot of weight row o (row_bytes apart from w) with `a`, for
 /// o0 <= o < o1: the decode GEMV, the same bits as the row dot of each row.
 using Q8Gemv = void (*)(const uint8_t* w, uint64_t row_bytes, const Q8Row& a, int64_t o0, int64_t o1, float* out);
 
-/// The AVX2 GEMV of `type`, or null for a type without one. Call only when
-/// cpu_supports_avx2().
-Q8Gemv q8_gemv_avx2(GgmlType type);
+/// One instruction set's q8 kernels for one weight type (all null for a type without).
+struct Q8Kernels {
+  Q8RowDot row_dot = nullptr;
+  Q8RowsDot rows_dot = nullptr;
+  Q8Gemv gemv = nullptr;
+};
 
-/// The AVX2 row dot of `type` (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K), or null for a type without
-/// one. Same bits as the portable dot. Call only when cpu_supports_avx2().
-Q8RowDot q8_row_dot_avx2(GgmlType type);
+/// The AVX2 kernels (maddubs + madd). Call only when cpu_supports_avx2().
+Q8Kernels q8_kernels_avx2(GgmlType type);
+
+/// The AVX-VNNI kernels (vpdpbusd / vpdpwssd), the same bits as the AVX2 ones. Call only
+/// when cpu_supports_avx_vnni().
+Q8Kernels q8_kernels_avx_vnni(GgmlType type);
 
 }  // namespace charm

@@ -105,28 +105,40 @@ struct ModeScope {
 
 }  // namespace
 
-TEST_CASE("q8: the AVX2 kernels (the GEMV and the GEMM) give the portable kernels' bits, every type, rows 1..9") {
+TEST_CASE("q8: the AVX2 kernels (the GEMV and the GEMM, maddubs and AVX-VNNI forms) give the portable bits, every type, rows 1..9") {
   if (!cpu_supports_avx2()) {
     MESSAGE("this CPU lacks avx2/f16c: the AVX2 path was NOT checked");
     return;
   }
-  uint32_t seed = 1;
-  for (GgmlType type : kQ8Types) {
-    CAPTURE(std::string(ggml_traits(type).name));
-    REQUIRE(has_q8_kernel(type));
-    const int64_t cols = cols_for(type);
-    const StoredMatrix w = random_ggml(type, 9, cols, seed++);  // two rows ahead of each prefetch, and a tail
-    std::vector<float> bias = random_x(9, seed++);
-    for (size_t rows = 1; rows <= 9; ++rows) {
-      CAPTURE(rows);
-      const std::vector<float> x = random_x(rows * static_cast<size_t>(cols), seed++);
-      const float* b = rows % 2 ? bias.data() : nullptr;
-      const auto portable = q8_tile(KernelPath::kPortable, w.view(), x.data(), rows, b);
-      const auto avx2 = q8_tile(KernelPath::kAvx2, w.view(), x.data(), rows, b);
-      CHECK(same_bits(portable, avx2));
-      for (float v : portable) CHECK(std::isfinite(v));
+  std::vector<bool> forms = {false};
+  if (cpu_supports_avx_vnni()) {
+    forms.push_back(true);
+  } else {
+    MESSAGE("this CPU lacks AVX-VNNI: the q8 kernels' VNNI form was NOT checked");
+  }
+  const bool saved_vnni = q8_avx_vnni_active();
+  for (bool vnni : forms) {
+    CAPTURE(vnni);
+    set_q8_avx_vnni(vnni);
+    uint32_t seed = 1;
+    for (GgmlType type : kQ8Types) {
+      CAPTURE(std::string(ggml_traits(type).name));
+      REQUIRE(has_q8_kernel(type));
+      const int64_t cols = cols_for(type);
+      const StoredMatrix w = random_ggml(type, 9, cols, seed++);  // two rows ahead of each prefetch, and a tail
+      std::vector<float> bias = random_x(9, seed++);
+      for (size_t rows = 1; rows <= 9; ++rows) {
+        CAPTURE(rows);
+        const std::vector<float> x = random_x(rows * static_cast<size_t>(cols), seed++);
+        const float* b = rows % 2 ? bias.data() : nullptr;
+        const auto portable = q8_tile(KernelPath::kPortable, w.view(), x.data(), rows, b);
+        const auto avx2 = q8_tile(KernelPath::kAvx2, w.view(), x.data(), rows, b);
+        CHECK(same_bits(portable, avx2));
+        for (float v : portable) CHECK(std::isfinite(v));
+      }
     }
   }
+  set_q8_avx_vnni(saved_vnni);
 }
 
 TEST_CASE("q8: a row's result does not depend on the other rows, the tiling or the thread count") {
