@@ -176,7 +176,7 @@ void matmul(const MatrixView& w, const float* x, size_t rows, const float* bias,
     thread_local Q8Activations mine;
     const Q8Activations& q8 = mine;  // the team reads this thread's rows (a thread_local
                                      // named inside the region would be each thread's own)
-    quantize_activations(w, x, rows, mine);
+    quantize_activations(path, w, x, rows, mine);
 #pragma omp parallel for schedule(static) if (parallel)
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t o0 = t * tile;

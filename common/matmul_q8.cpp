@@ -89,44 +89,58 @@ void quantize_q8_0(const float* x, int64_t cols, int8_t* qs, float* d, int32_t* 
   }
 }
 
-/// One row as Q8_K blocks (quantize_row_q8_K_ref): bsums per 16 into `sums`.
-void quantize_q8_k(const float* x, int64_t cols, int8_t* qs, float* d, int32_t* sums) {
+/// One Q8_K block (quantize_row_q8_K_ref), the portable way.
+Q8KBlock quantize_q8_k_block(const float* xb, int8_t* q, float* d, int32_t* sums) {
+  float amax = 0.0f, max = 0.0f;
+  bool finite = true;
+  for (int j = 0; j < kQK; ++j) {
+    const float ax = std::fabs(xb[j]);
+    finite = finite && std::isfinite(xb[j]);
+    if (ax > amax) {
+      amax = ax;
+      max = xb[j];
+    }
+  }
+  if (!finite) return Q8KBlock::kNonFinite;
+  // -127 / max overflows for a max below 2^-119 (ggml's nearest_int would then read an
+  // Inf): such a block is taken as zeros.
+  if (amax == 0.0f || !std::isfinite(-127.0f / max)) return Q8KBlock::kZero;
+  const float iscale = -127.0f / max;
+  for (int j = 0; j < kQK; ++j) {
+    const float v = std::nearbyint(iscale * xb[j]);  // ggml's nearest_int: half to even
+    q[j] = static_cast<int8_t>(v < 127.0f ? v : 127.0f);
+  }
+  for (int j = 0; j < 16; ++j) {
+    int32_t sum = 0;
+    for (int l = 0; l < 16; ++l) sum += q[16 * j + l];
+    sums[j] = sum;
+  }
+  *d = 1.0f / iscale;
+  return Q8KBlock::kQuantised;
+}
+
+/// One row as Q8_K blocks: bsums per 16 into `sums`; the block quantiser of `path`.
+void quantize_q8_k(KernelPath path, const float* x, int64_t cols, int8_t* qs, float* d, int32_t* sums) {
   for (int64_t b = 0; b < cols / kQK; ++b) {
-    const float* xb = x + b * kQK;
     int8_t* q = qs + b * kQK;
-    float amax = 0.0f, max = 0.0f;
-    bool finite = true;
-    for (int j = 0; j < kQK; ++j) {
-      const float ax = std::fabs(xb[j]);
-      finite = finite && std::isfinite(xb[j]);
-      if (ax > amax) {
-        amax = ax;
-        max = xb[j];
-      }
+    int32_t* s = sums + b * 16;
+    Q8KBlock found;
+#if defined(__x86_64__) || defined(__i386__)
+    if (path == KernelPath::kAvx2) {
+      found = quantize_q8_k_block_avx2(x + b * kQK, q, d + b, s);
+    } else {
+      found = quantize_q8_k_block(x + b * kQK, q, d + b, s);
     }
-    if (!finite) {
-      poison(q, d + b, sums + b * 16, kQK, 16);
-      continue;
-    }
-    // -127 / max overflows for a max below 2^-119 (ggml's nearest_int would then read an
-    // Inf): such a block is taken as zeros.
-    if (amax == 0.0f || !std::isfinite(-127.0f / max)) {
+#else
+    found = quantize_q8_k_block(x + b * kQK, q, d + b, s);
+#endif
+    if (found == Q8KBlock::kNonFinite) {
+      poison(q, d + b, s, kQK, 16);
+    } else if (found == Q8KBlock::kZero) {
       d[b] = 0.0f;
       std::memset(q, 0, kQK);
-      for (int j = 0; j < 16; ++j) sums[b * 16 + j] = 0;
-      continue;
+      for (int j = 0; j < 16; ++j) s[j] = 0;
     }
-    const float iscale = -127.0f / max;
-    for (int j = 0; j < kQK; ++j) {
-      const float v = std::nearbyint(iscale * xb[j]);  // ggml's nearest_int: half to even
-      q[j] = static_cast<int8_t>(v < 127.0f ? v : 127.0f);
-    }
-    for (int j = 0; j < 16; ++j) {
-      int32_t sum = 0;
-      for (int l = 0; l < 16; ++l) sum += q[16 * j + l];
-      sums[b * 16 + j] = sum;
-    }
-    d[b] = 1.0f / iscale;
   }
 }
 
@@ -239,7 +253,7 @@ struct ActivationCache {
   Q8Activations q;
   bool valid = false;
 
-  const Q8Activations& prepare(const MatrixView& w, const float* src, size_t n) {
+  const Q8Activations& prepare(KernelPath path, const MatrixView& w, const float* src, size_t n) {
     const size_t elements = n * static_cast<size_t>(w.shape.cols);
     if (valid && q.type_kind == static_cast<int>(kind_for(w.shape.ggml_type)) && q.cols == w.shape.cols &&
         q.rows == n && std::memcmp(x.data(), src, elements * 4) == 0) {
@@ -247,7 +261,7 @@ struct ActivationCache {
     }
     valid = false;
     x.assign(src, src + elements);
-    quantize_activations(w, src, n, q);
+    quantize_activations(path, w, src, n, q);
     valid = true;
     return q;
   }
@@ -318,7 +332,7 @@ bool uses_q8(const MatrixView& w) {
          has_q8_kernel(w.shape.ggml_type);
 }
 
-void quantize_activations(const MatrixView& w, const float* x, size_t rows, Q8Activations& out) {
+void quantize_activations(KernelPath path, const MatrixView& w, const float* x, size_t rows, Q8Activations& out) {
   const Q8Kind kind = kind_for(w.shape.ggml_type);
   const int64_t cols = w.shape.cols;
   const int64_t block = kind == Q8Kind::kQ8_0 ? kQ80 : kQK;
@@ -338,7 +352,7 @@ void quantize_activations(const MatrixView& w, const float* x, size_t rows, Q8Ac
     if (kind == Q8Kind::kQ8_0) {
       quantize_q8_0(xr, cols, q, out.d.data() + r * per_row, out.sums.data() + r * per_row);
     } else {
-      quantize_q8_k(xr, cols, q, out.d.data() + r * per_row, out.sums.data() + r * per_row * 16);
+      quantize_q8_k(path, xr, cols, q, out.d.data() + r * per_row, out.sums.data() + r * per_row * 16);
     }
   }
   out.type_kind = static_cast<int>(kind);
@@ -399,7 +413,7 @@ bool matmul_q8_tile(KernelPath path, const MatrixView& w, const float* x, size_t
   if (w.shape.format != WeightFormat::kGgml || !has_q8_kernel(w.shape.ggml_type)) return false;
   if (rows == 0 || o0 >= o1) return true;
   thread_local ActivationCache cache;
-  matmul_q8_tile(path, w, cache.prepare(w, x, rows), bias, y, o0, o1);
+  matmul_q8_tile(path, w, cache.prepare(path, w, x, rows), bias, y, o0, o1);
   return true;
 }
 

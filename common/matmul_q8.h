@@ -86,9 +86,9 @@ struct Q8Activations {
 };
 
 /// x [rows, w.shape.cols] quantised once for `w`'s type (which must have_q8_kernel), into
-/// `out` (its buffers reused). Each row on its own. Throws Error(kInvalidInput) when cols
-/// are not whole activation blocks.
-void quantize_activations(const MatrixView& w, const float* x, size_t rows, Q8Activations& out);
+/// `out` (its buffers reused), on `path`'s quantiser (the same bits on every path). Each
+/// row on its own. Throws Error(kInvalidInput) when cols are not whole activation blocks.
+void quantize_activations(KernelPath path, const MatrixView& w, const float* x, size_t rows, Q8Activations& out);
 
 /// Outputs [o0, o1) of y [a.rows, w.shape.rows] = a W^T (+ bias) with the prepared rows
 /// `a` (quantize_activations for this w), single-threaded, on `path`'s kernels (kAvx2

@@ -4,6 +4,7 @@
 
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 
@@ -29,6 +30,46 @@ __m256i dot2_i16(__m256i acc, __m256i p, __m256i s) { return _mm256_add_epi32(ac
 }  // namespace
 
 Q8Kernels q8_kernels_avx2(GgmlType type) { return kernels_for(type); }
+
+Q8KBlock quantize_q8_k_block_avx2(const float* x, int8_t* q, float* d, int32_t* sums) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256i exponent = _mm256_set1_epi32(0x7F800000);
+  __m256 amax = _mm256_setzero_ps();
+  __m256i non_finite = _mm256_setzero_si256();
+  for (int j = 0; j < 256; j += 8) {
+    const __m256 ax = _mm256_and_ps(_mm256_loadu_ps(x + j), abs_mask);
+    non_finite = _mm256_or_si256(non_finite, _mm256_cmpgt_epi32(_mm256_castps_si256(ax), _mm256_sub_epi32(exponent, _mm256_set1_epi32(1))));
+    amax = _mm256_max_ps(amax, ax);
+  }
+  if (!_mm256_testz_si256(non_finite, non_finite)) return Q8KBlock::kNonFinite;
+  float lanes[8];
+  _mm256_storeu_ps(lanes, amax);
+  float m = 0.0f;
+  for (float v : lanes) m = v > m ? v : m;
+  if (m == 0.0f) return Q8KBlock::kZero;
+  int first = 0;  // the first element of largest |x| (the portable scan's `max`)
+  while (std::fabs(x[first]) != m) ++first;
+  const float iscale = -127.0f / x[first];
+  if (!(std::fabs(iscale) <= 3.4028235e38f)) return Q8KBlock::kZero;  // -127 / max overflowed
+  const __m256 vs = _mm256_set1_ps(iscale);
+  const __m256 top = _mm256_set1_ps(127.0f);
+  for (int j = 0; j < 256; j += 32) {
+    __m256i v[4];
+    for (int k = 0; k < 4; ++k) {  // nearbyint (half to even, the default rounding), then min 127
+      const __m256 r = _mm256_round_ps(_mm256_mul_ps(vs, _mm256_loadu_ps(x + j + 8 * k)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      v[k] = _mm256_cvtps_epi32(_mm256_min_ps(r, top));
+    }
+    sums[j / 16] = hsum_i32(_mm256_add_epi32(v[0], v[1]));
+    sums[j / 16 + 1] = hsum_i32(_mm256_add_epi32(v[2], v[3]));
+    // packs work per 128-bit lane: bytes come out as v0[0..3] v1[0..3] v2[0..3] v3[0..3] |
+    // v0[4..7] ...; the dword permute puts them back in order.
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + j),
+                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  }
+  *d = 1.0f / iscale;
+  return Q8KBlock::kQuantised;
+}
 
 }  // namespace charm
 

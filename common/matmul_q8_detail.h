@@ -56,6 +56,17 @@ struct Q8Kernels {
 /// The AVX2 kernels (maddubs + madd). Call only when cpu_supports_avx2().
 Q8Kernels q8_kernels_avx2(GgmlType type);
 
+/// What quantising one Q8_K block found.
+enum class Q8KBlock : uint8_t {
+  kQuantised,  ///< q, d and the 16 sums written
+  kNonFinite,  ///< a NaN or Inf: nothing written (the caller poisons the block)
+  kZero,       ///< amax 0, or -127 / max overflows: nothing written (the caller zeroes it)
+};
+
+/// One Q8_K block of 256 activations at x quantised as quantize_row_q8_K_ref, with AVX2:
+/// the portable quantiser's bits (q, d and the 16 sums). Call only when cpu_supports_avx2().
+Q8KBlock quantize_q8_k_block_avx2(const float* x, int8_t* q, float* d, int32_t* sums);
+
 /// The AVX-VNNI kernels (vpdpbusd / vpdpwssd), the same bits as the AVX2 ones. Call only
 /// when cpu_supports_avx_vnni().
 Q8Kernels q8_kernels_avx_vnni(GgmlType type);

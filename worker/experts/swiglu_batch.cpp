@@ -31,7 +31,7 @@ struct Q8Inputs {
   /// Quantises job j's x for w when w takes the q8 kernels.
   void prepare(size_t j, const MatrixView& w, const float* x, size_t n) {
     used[j] = uses_q8(w) ? 1 : 0;
-    if (used[j]) quantize_activations(w, x, n, rows[j]);
+    if (used[j]) quantize_activations(active_kernel_path(), w, x, n, rows[j]);
   }
 };
 
