@@ -376,6 +376,9 @@ def main() -> int:
                     help="llama-bench -lm: mmap+mlock makes every weight resident before timing, as charm's "
                          "store does (plain mmap faults in the experts a run first routes to from disk "
                          "when the page cache lost the GGUF, e.g. to the previous charm run)")
+    ap.add_argument("--llama-bin", type=Path,
+                    help="run llama-bench from this folder instead of WORK/llama-build/bin (a build with other "
+                         "flags; e.g. without AMX where a VM faults on AMX tiles: docs/benchmarks.md)")
     ap.add_argument("--out", type=Path, help="JSON results (default: WORK/results/bench_llamacpp.json)")
     ap.add_argument("--report", type=Path, help="only print the table of an earlier --out file")
     args = ap.parse_args()
@@ -396,6 +399,10 @@ def main() -> int:
     llama_src = ensure_llama_source(args.work, py, args.lcp_version)
     bin_dir = ensure_llama_build(args.work, llama_src, args.jobs)
     ggufs = {p: ensure_gguf(args.work, py, llama_src, bin_dir, ck, PAIRS[p][0], args.threads) for p in pairs}
+    if args.llama_bin:
+        if not (args.llama_bin / "llama-bench").exists():
+            ap.error(f"{args.llama_bin}: no llama-bench there")
+        bin_dir = args.llama_bin
     containers = {p: ensure_container(args.work, args.charm, ck, PAIRS[p][1])
                   if PAIRS[p][1] not in (None, "gguf") else None for p in pairs}
     prompt = make_prompt(args.work, py, ck, args.pp, cfg["vocab_size"])
