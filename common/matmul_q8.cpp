@@ -60,15 +60,26 @@ void poison(int8_t* qs, float* d, int32_t* sums, int64_t elements, int nsums) {
   for (int j = 0; j < nsums; ++j) sums[j] = 0;
 }
 
-/// One row as Q8_0 blocks (quantize_row_q8_0_ref), plus each block's sum of quants.
-void quantize_q8_0(const float* x, int64_t cols, int8_t* qs, float* d, int32_t* sums) {
+/// One row as Q8_0 blocks (quantize_row_q8_0_ref), plus each block's sum of quants; the
+/// AVX2 helpers on kAvx2 (the same bits).
+void quantize_q8_0(KernelPath path, const float* x, int64_t cols, int8_t* qs, float* d, int32_t* sums) {
+#if defined(__x86_64__) || defined(__i386__)
+  const bool avx2 = path == KernelPath::kAvx2;
+#else
+  const bool avx2 = false;
+  (void)path;
+#endif
   for (int64_t b = 0; b < cols / kQ80; ++b) {
     const float* xb = x + b * kQ80;
     float amax = 0.0f;
     bool finite = true;
-    for (int j = 0; j < kQ80; ++j) {
-      amax = std::fmax(amax, std::fabs(xb[j]));
-      finite = finite && std::isfinite(xb[j]);
+    if (avx2) {
+      finite = abs_max_avx2(xb, kQ80, &amax);
+    } else {
+      for (int j = 0; j < kQ80; ++j) {
+        amax = std::fmax(amax, std::fabs(xb[j]));
+        finite = finite && std::isfinite(xb[j]);
+      }
     }
     if (!finite) {  // a NaN / Inf activation: the block's products are NaN, as in f32
       poison(qs + b * kQ80, d + b, sums + b, kQ80, 1);
@@ -79,6 +90,10 @@ void quantize_q8_0(const float* x, int64_t cols, int8_t* qs, float* d, int32_t* 
     // A d that rounds to f16 zero makes the block's products zero whatever its quants, and
     // 1 / dd may overflow there (amax below 2^-120): quants 0, not an Inf cast to int8.
     const float id = d[b] != 0.0f ? 1.0f / dd : 0.0f;
+    if (avx2) {
+      sums[b] = quantize_q8_0_block_avx2(xb, id, qs + b * kQ80);
+      continue;
+    }
     int32_t sum = 0;
     for (int j = 0; j < kQ80; ++j) {
       const auto q = static_cast<int8_t>(std::round(xb[j] * id));
@@ -350,7 +365,7 @@ void quantize_activations(KernelPath path, const MatrixView& w, const float* x, 
     const float* xr = x + r * static_cast<size_t>(cols);
     int8_t* q = out.qs.data() + r * static_cast<size_t>(cols);
     if (kind == Q8Kind::kQ8_0) {
-      quantize_q8_0(xr, cols, q, out.d.data() + r * per_row, out.sums.data() + r * per_row);
+      quantize_q8_0(path, xr, cols, q, out.d.data() + r * per_row, out.sums.data() + r * per_row);
     } else {
       quantize_q8_k(path, xr, cols, q, out.d.data() + r * per_row, out.sums.data() + r * per_row * 16);
     }

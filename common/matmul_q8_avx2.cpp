@@ -31,21 +31,47 @@ __m256i dot2_i16(__m256i acc, __m256i p, __m256i s) { return _mm256_add_epi32(ac
 
 Q8Kernels q8_kernels_avx2(GgmlType type) { return kernels_for(type); }
 
-Q8KBlock quantize_q8_k_block_avx2(const float* x, int8_t* q, float* d, int32_t* sums) {
+bool abs_max_avx2(const float* x, int64_t n, float* amax) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  const __m256i exponent = _mm256_set1_epi32(0x7F800000);
-  __m256 amax = _mm256_setzero_ps();
+  const __m256i below_inf = _mm256_set1_epi32(0x7F7FFFFF);  // the largest finite |x|'s bits
+  __m256 m = _mm256_setzero_ps();
   __m256i non_finite = _mm256_setzero_si256();
-  for (int j = 0; j < 256; j += 8) {
+  for (int64_t j = 0; j < n; j += 8) {
     const __m256 ax = _mm256_and_ps(_mm256_loadu_ps(x + j), abs_mask);
-    non_finite = _mm256_or_si256(non_finite, _mm256_cmpgt_epi32(_mm256_castps_si256(ax), _mm256_sub_epi32(exponent, _mm256_set1_epi32(1))));
-    amax = _mm256_max_ps(amax, ax);
+    non_finite = _mm256_or_si256(non_finite, _mm256_cmpgt_epi32(_mm256_castps_si256(ax), below_inf));
+    m = _mm256_max_ps(m, ax);
   }
-  if (!_mm256_testz_si256(non_finite, non_finite)) return Q8KBlock::kNonFinite;
   float lanes[8];
-  _mm256_storeu_ps(lanes, amax);
+  _mm256_storeu_ps(lanes, m);
+  float best = 0.0f;
+  for (float v : lanes) best = v > best ? v : best;
+  *amax = best;
+  return _mm256_testz_si256(non_finite, non_finite) != 0;
+}
+
+int32_t quantize_q8_0_block_avx2(const float* x, float id, int8_t* q) {
+  const __m256 vid = _mm256_set1_ps(id);
+  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+  const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+  __m256i v[4];
+  for (int k = 0; k < 4; ++k) {
+    // std::round, half away from zero: the truncation, plus the sign of v where the dropped
+    // fraction (exact: |v| is far below 2^23) is at least one half.
+    const __m256 p = _mm256_mul_ps(_mm256_loadu_ps(x + 8 * k), vid);
+    const __m256 t = _mm256_round_ps(p, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 frac = _mm256_andnot_ps(sign_bit, _mm256_sub_ps(p, t));
+    const __m256 step = _mm256_or_ps(_mm256_and_ps(p, sign_bit), one);  // +-1 with p's sign
+    const __m256 r = _mm256_add_ps(t, _mm256_and_ps(_mm256_cmp_ps(frac, half, _CMP_GE_OQ), step));
+    v[k] = _mm256_cvttps_epi32(r);
+  }
+  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  return hsum_i32(_mm256_add_epi32(_mm256_add_epi32(v[0], v[1]), _mm256_add_epi32(v[2], v[3])));
+}
+
+Q8KBlock quantize_q8_k_block_avx2(const float* x, int8_t* q, float* d, int32_t* sums) {
   float m = 0.0f;
-  for (float v : lanes) m = v > m ? v : m;
+  if (!abs_max_avx2(x, 256, &m)) return Q8KBlock::kNonFinite;
   if (m == 0.0f) return Q8KBlock::kZero;
   int first = 0;  // the first element of largest |x| (the portable scan's `max`)
   while (std::fabs(x[first]) != m) ++first;

@@ -56,6 +56,15 @@ struct Q8Kernels {
 /// The AVX2 kernels (maddubs + madd). Call only when cpu_supports_avx2().
 Q8Kernels q8_kernels_avx2(GgmlType type);
 
+/// *amax = max |x[j]| for j < n (n a multiple of 8), with AVX2; false when some x[j] is
+/// NaN or Inf (then *amax means nothing). Call only when cpu_supports_avx2().
+bool abs_max_avx2(const float* x, int64_t n, float* amax);
+
+/// q[j] = round-half-away(x[j] * id) for the 32 activations of a Q8_0 block (the portable
+/// quantiser's std::round; |x * id| must stay below 128), with AVX2; returns their sum.
+/// Call only when cpu_supports_avx2().
+int32_t quantize_q8_0_block_avx2(const float* x, float id, int8_t* q);
+
 /// What quantising one Q8_K block found.
 enum class Q8KBlock : uint8_t {
   kQuantised,  ///< q, d and the 16 sums written

@@ -385,21 +385,22 @@ TEST_CASE("q8: the engine applies activations: q8 from the topology, and f32 aga
   CHECK(diff / peak < 0.06);
 }
 
-TEST_CASE("q8: the AVX2 Q8_K quantiser gives the portable bits on edge blocks") {
+TEST_CASE("q8: the AVX2 quantisers (Q8_K and Q8_0) give the portable bits on edge blocks") {
   if (!cpu_supports_avx2()) {
-    MESSAGE("this CPU lacks avx2/f16c: the AVX2 quantiser was NOT checked");
+    MESSAGE("this CPU lacks avx2/f16c: the AVX2 quantisers were NOT checked");
     return;
   }
-  const StoredMatrix w = random_ggml(GgmlType::kQ4_K, 1, 256, 3);
   std::vector<std::vector<float>> blocks;
-  blocks.push_back(std::vector<float>(256, 0.0f));                                // amax 0
-  blocks.push_back(std::vector<float>(256, 1e-39f));                              // -127 / max overflows
+  blocks.push_back(std::vector<float>(256, 0.0f));    // amax 0
+  blocks.push_back(std::vector<float>(256, 1e-39f));  // the scale overflows
   std::vector<float> b = random_x(256, 20);
   b[40] = -2.0f;  // the largest |x| twice, opposite signs: the first one is `max`
   b[90] = 2.0f;
   blocks.push_back(b);
-  b = random_x(256, 21);
-  for (size_t j = 0; j < 256; ++j) b[j] = (static_cast<float>(j % 255) - 127.0f) / 2.0f;  // many exact halves
+  for (size_t j = 0; j < 256; ++j) b[j] = static_cast<float>(static_cast<int>(j % 64) - 32) + 0.5f;
+  for (size_t j = 0; j < 256; j += 32) b[j] = 127.0f;  // scale exactly 1 (Q8_K: -1): exact halves
+  blocks.push_back(b);
+  for (float& v : b) v = -v;
   blocks.push_back(b);
   b = random_x(256, 22);
   b[200] = std::numeric_limits<float>::quiet_NaN();
@@ -407,13 +408,17 @@ TEST_CASE("q8: the AVX2 Q8_K quantiser gives the portable bits on edge blocks") 
   b = random_x(256, 23);
   b[0] = -std::numeric_limits<float>::infinity();
   blocks.push_back(b);
-  for (size_t k = 0; k < blocks.size(); ++k) {
-    CAPTURE(k);
-    Q8Activations portable, avx2;
-    quantize_activations(KernelPath::kPortable, w.view(), blocks[k].data(), 1, portable);
-    quantize_activations(KernelPath::kAvx2, w.view(), blocks[k].data(), 1, avx2);
-    CHECK(portable.qs == avx2.qs);
-    CHECK(portable.sums == avx2.sums);
-    CHECK(std::memcmp(portable.d.data(), avx2.d.data(), 4) == 0);
+  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ8_0}) {  // Q8_K and Q8_0 activations
+    CAPTURE(std::string(ggml_traits(type).name));
+    const StoredMatrix w = random_ggml(type, 1, 256, 3);
+    for (size_t k = 0; k < blocks.size(); ++k) {
+      CAPTURE(k);
+      Q8Activations portable, avx2;
+      quantize_activations(KernelPath::kPortable, w.view(), blocks[k].data(), 1, portable);
+      quantize_activations(KernelPath::kAvx2, w.view(), blocks[k].data(), 1, avx2);
+      CHECK(portable.qs == avx2.qs);
+      CHECK(portable.sums == avx2.sums);
+      CHECK(std::memcmp(portable.d.data(), avx2.d.data(), portable.d.size() * 4) == 0);
+    }
   }
 }
