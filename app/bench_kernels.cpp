@@ -34,7 +34,7 @@ struct BenchArgs {
   std::string part = "all";  ///< all, matmul, ggml or batch-union
   double copy_gbps = 0;      ///< `charm bench memory`'s copy rate: the GGML table's 100 %
   std::string activations = "f32";  ///< the GGML table's activation mode (common/matmul_q8.h)
-  std::string q8_vnni = "auto";      ///< the q8 kernels' AVX-VNNI form: auto, on or off
+  std::string q8_form = "auto";      ///< the q8 kernels' form (common/matmul_q8.h Q8Form), or auto
 };
 
 struct FormSpec {
@@ -144,7 +144,7 @@ void bench_ggml(double seconds, double copy_gbps, ActivationMode activations) {
   if (copy_gbps > 0) std::printf("; %% of copy %.2f GB/s", copy_gbps);
   std::printf("; activations %s", activation_mode_name(activations));
   if (activations == ActivationMode::kQ8) std::printf(" (lossy; types without q8 kernels stay exact)");
-  if (activations == ActivationMode::kQ8) std::printf(", AVX-VNNI form %s", q8_avx_vnni_active() ? "on" : "off");
+  if (activations == ActivationMode::kQ8) std::printf(", form %s", q8_form_name(active_q8_form()));
   const ActivationMode saved = active_activation_mode();
   set_activation_mode(activations);
   std::printf("\n%-6s %-9s %12s %8s %14s %8s %16s\n", "type", "path", "RAM GB/s", "% copy", "cache GB/s", "% copy",
@@ -276,7 +276,9 @@ int bench_kernels(const BenchArgs& args) {
               threads, physical_core_count(), kernel_path_name(saved), args.seconds);
   if (args.part == "all" || args.part == "matmul") bench_matmul(args.seconds);
   if (args.part == "all" || args.part == "ggml") {
-    if (args.q8_vnni != "auto") set_q8_avx_vnni(args.q8_vnni == "on");
+    for (Q8Form f : {Q8Form::kMaddubs, Q8Form::kAvxVnni}) {
+      if (args.q8_form == q8_form_name(f)) set_q8_form(f);
+    }
     bench_ggml(args.seconds, args.copy_gbps, parse_activation_mode(args.activations, "--activations"));
   }
   if (args.part == "all" || args.part == "batch-union") bench_batch_union(args.seconds);
@@ -300,9 +302,9 @@ void add_bench_kernels(CLI::App& bench) {
   cmd->add_option("--activations", args->activations,
                   "The GGML table's activations: f32 (exact, default) or q8 (lossy integer dots)")
       ->check(CLI::IsMember({"f32", "q8"}));
-  cmd->add_option("--q8-vnni", args->q8_vnni,
-                  "q8 kernels in their AVX-VNNI form: auto (where the CPU has it), on or off (maddubs + madd)")
-      ->check(CLI::IsMember({"auto", "on", "off"}));
+  cmd->add_option("--q8-form", args->q8_form,
+                  "The q8 kernels' instruction-set form: auto (the fastest this CPU has), maddubs or avx-vnni")
+      ->check(CLI::IsMember({"auto", "maddubs", "avx-vnni"}));
   cmd->callback([args] { bench_kernels(*args); });
 }
 

@@ -24,8 +24,8 @@ namespace charm {
 namespace {
 
 std::atomic<int> g_mode{static_cast<int>(ActivationMode::kF32)};
-/// -1 until first asked: then whether the CPU has AVX-VNNI (set_q8_avx_vnni may turn it off).
-std::atomic<int> g_vnni{-1};
+/// The Q8Form in use; -1 until first asked (then the fastest the CPU has).
+std::atomic<int> g_form{-1};
 
 constexpr int64_t kQ80 = 32;   // Q8_0 / Q4_0 block
 constexpr int64_t kQK = 256;   // K-quant super-block
@@ -314,30 +314,45 @@ void start_activation_mode(ActivationMode mode, std::string_view who) {
   }
 }
 
-bool cpu_supports_avx_vnni() {
-#if defined(__x86_64__) || defined(__i386__)
-  // CPUID leaf 7 sub-leaf 1, EAX bit 4 (Intel SDM: AVX-VNNI); the VEX form needs AVX2's
-  // OS support of the ymm state, which cpu_supports_avx2 checks.
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (!cpu_supports_avx2() || __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) == 0) return false;
-  return (eax & (1u << 4)) != 0;
-#else
-  return false;
-#endif
-}
-
-bool q8_avx_vnni_active() {
-  int on = g_vnni.load(std::memory_order_relaxed);
-  if (on < 0) {
-    on = cpu_supports_avx_vnni() ? 1 : 0;
-    g_vnni.store(on, std::memory_order_relaxed);
+const char* q8_form_name(Q8Form form) {
+  switch (form) {
+    case Q8Form::kAvxVnni: return "avx-vnni";
+    default: return "maddubs";
   }
-  return on == 1;
 }
 
-void set_q8_avx_vnni(bool on) {
-  if (on && !cpu_supports_avx_vnni()) fail_unsupported("the q8 AVX-VNNI kernels need a CPU with AVX-VNNI");
-  g_vnni.store(on ? 1 : 0, std::memory_order_relaxed);
+bool cpu_supports_q8_form(Q8Form form) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (!cpu_supports_avx2()) return false;
+  switch (form) {
+    case Q8Form::kMaddubs: return true;
+    case Q8Form::kAvxVnni: {
+      // CPUID leaf 7 sub-leaf 1, EAX bit 4 (Intel SDM: AVX-VNNI); its VEX form needs only
+      // the ymm state AVX2 already needs.
+      unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+      return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && (eax & (1u << 4)) != 0;
+    }
+  }
+#else
+  (void)form;
+#endif
+  return false;
+}
+
+Q8Form active_q8_form() {
+  int form = g_form.load(std::memory_order_relaxed);
+  if (form < 0) {
+    form = static_cast<int>(cpu_supports_q8_form(Q8Form::kAvxVnni) ? Q8Form::kAvxVnni : Q8Form::kMaddubs);
+    g_form.store(form, std::memory_order_relaxed);
+  }
+  return static_cast<Q8Form>(form);
+}
+
+void set_q8_form(Q8Form form) {
+  if (!cpu_supports_q8_form(form)) {
+    fail_unsupported(std::string("the q8 kernels' ") + q8_form_name(form) + " form needs a CPU that has it");
+  }
+  g_form.store(static_cast<int>(form), std::memory_order_relaxed);
 }
 
 bool has_q8_kernel(GgmlType type) { return portable_dot(type) != nullptr; }
@@ -384,7 +399,9 @@ void matmul_q8_tile(KernelPath path, const MatrixView& w, const Q8Activations& a
   }
   Q8Kernels k{portable_dot(type), nullptr, nullptr};
 #if defined(__x86_64__) || defined(__i386__)
-  if (path == KernelPath::kAvx2) k = q8_avx_vnni_active() ? q8_kernels_avx_vnni(type) : q8_kernels_avx2(type);
+  if (path == KernelPath::kAvx2) {
+    k = active_q8_form() == Q8Form::kAvxVnni ? q8_kernels_avx_vnni(type) : q8_kernels_avx2(type);
+  }
 #endif
   const Q8RowDot dot = k.row_dot;
   const Q8RowsDot rows_dot = k.rows_dot;

@@ -57,14 +57,24 @@ void set_activation_mode(ActivationMode mode);
 /// with their topology's `activations`.
 void start_activation_mode(ActivationMode mode, std::string_view who);
 
-/// True when the CPU has AVX-VNNI (and AVX2): the q8 kernels' vpdpbusd / vpdpwssd form.
-bool cpu_supports_avx_vnni();
-/// Whether KernelPath::kAvx2 takes the AVX-VNNI form of the q8 kernels (the same bits as
-/// the maddubs form; by default, where the CPU has AVX-VNNI). Thread-safe.
-bool q8_avx_vnni_active();
-/// Picks the AVX-VNNI form (on) or the maddubs form (off); for tests and benchmarks.
-/// Throws Error(kUnsupported) for `on` on a CPU without AVX-VNNI. Thread-safe.
-void set_q8_avx_vnni(bool on);
+/// The instruction-set form KernelPath::kAvx2's q8 kernels take. Every form gives the
+/// same bits (the integers are exact in each); they differ in speed only.
+enum class Q8Form : uint8_t {
+  kMaddubs,     ///< AVX2's maddubs + madd (any AVX2 CPU)
+  kAvxVnni,     ///< AVX-VNNI's 256-bit vpdpbusd / vpdpwssd
+};
+
+/// "maddubs" or "avx-vnni".
+const char* q8_form_name(Q8Form form);
+/// True when the CPU can run `form` (kMaddubs: cpu_supports_avx2(); kAvxVnni also its
+/// CPUID bit).
+bool cpu_supports_q8_form(Q8Form form);
+/// The form in use: by default the fastest the CPU has (AVX-VNNI, else maddubs).
+/// Thread-safe.
+Q8Form active_q8_form();
+/// Picks a form (tests, benchmarks). Throws Error(kUnsupported), naming it, for a form the
+/// CPU cannot run. Thread-safe.
+void set_q8_form(Q8Form form);
 
 /// True when GGML type `type` has q8 kernels: Q8_0, Q4_0 (Q8_0 activations), Q4_K, Q5_K,
 /// Q6_K (Q8_K activations). Other types keep the exact f32 path under kQ8.

@@ -77,7 +77,7 @@ enum class Q8KBlock : uint8_t {
 Q8KBlock quantize_q8_k_block_avx2(const float* x, int8_t* q, float* d, int32_t* sums);
 
 /// The AVX-VNNI kernels (vpdpbusd / vpdpwssd), the same bits as the AVX2 ones. Call only
-/// when cpu_supports_avx_vnni().
+/// when cpu_supports_q8_form(Q8Form::kAvxVnni).
 Q8Kernels q8_kernels_avx_vnni(GgmlType type);
 
 }  // namespace charm

@@ -105,21 +105,23 @@ struct ModeScope {
 
 }  // namespace
 
-TEST_CASE("q8: the AVX2 kernels (the GEMV and the GEMM, maddubs and AVX-VNNI forms) give the portable bits, every type, rows 1..9") {
+TEST_CASE("q8: the AVX2 path's kernels (the GEMV and the GEMM, every form) give the portable bits, every type, rows 1..9") {
   if (!cpu_supports_avx2()) {
     MESSAGE("this CPU lacks avx2/f16c: the AVX2 path was NOT checked");
     return;
   }
-  std::vector<bool> forms = {false};
-  if (cpu_supports_avx_vnni()) {
-    forms.push_back(true);
-  } else {
-    MESSAGE("this CPU lacks AVX-VNNI: the q8 kernels' VNNI form was NOT checked");
+  std::vector<Q8Form> forms;
+  for (Q8Form f : {Q8Form::kMaddubs, Q8Form::kAvxVnni}) {
+    if (cpu_supports_q8_form(f)) {
+      forms.push_back(f);
+    } else {
+      MESSAGE("this CPU lacks " << q8_form_name(f) << ": that form of the q8 kernels was NOT checked");
+    }
   }
-  const bool saved_vnni = q8_avx_vnni_active();
-  for (bool vnni : forms) {
-    CAPTURE(vnni);
-    set_q8_avx_vnni(vnni);
+  const Q8Form saved_form = active_q8_form();
+  for (Q8Form form : forms) {
+    CAPTURE(std::string(q8_form_name(form)));
+    set_q8_form(form);
     uint32_t seed = 1;
     for (GgmlType type : kQ8Types) {
       CAPTURE(std::string(ggml_traits(type).name));
@@ -138,7 +140,7 @@ TEST_CASE("q8: the AVX2 kernels (the GEMV and the GEMM, maddubs and AVX-VNNI for
       }
     }
   }
-  set_q8_avx_vnni(saved_vnni);
+  set_q8_form(saved_form);
 }
 
 TEST_CASE("q8: a row's result does not depend on the other rows, the tiling or the thread count") {
