@@ -266,17 +266,20 @@ Q8Kind kind_for(GgmlType type) {
 struct ActivationCache {
   std::vector<float> x;
   Q8Activations q;
+  KernelPath path = KernelPath::kPortable;  ///< whose quantiser made q (all give the same
+                                            ///< bits; keyed so that tests see each one work)
   bool valid = false;
 
-  const Q8Activations& prepare(KernelPath path, const MatrixView& w, const float* src, size_t n) {
+  const Q8Activations& prepare(KernelPath p, const MatrixView& w, const float* src, size_t n) {
     const size_t elements = n * static_cast<size_t>(w.shape.cols);
-    if (valid && q.type_kind == static_cast<int>(kind_for(w.shape.ggml_type)) && q.cols == w.shape.cols &&
+    if (valid && path == p && q.type_kind == static_cast<int>(kind_for(w.shape.ggml_type)) && q.cols == w.shape.cols &&
         q.rows == n && std::memcmp(x.data(), src, elements * 4) == 0) {
       return q;
     }
     valid = false;
     x.assign(src, src + elements);
-    quantize_activations(path, w, src, n, q);
+    quantize_activations(p, w, src, n, q);
+    path = p;
     valid = true;
     return q;
   }
@@ -397,16 +400,16 @@ void matmul_q8_tile(KernelPath path, const MatrixView& w, const Q8Activations& a
     throw Error(ErrorCategory::kInternal, std::string("matmul_q8_tile: activations quantised for another type or width than ") +
                                               ggml_traits(type).name + " [" + std::to_string(w.shape.cols) + "]");
   }
-  Q8Kernels k{portable_dot(type), nullptr, nullptr};
+  const Q8RowDot dot = portable_dot(type);
+  if (!dot) throw Error(ErrorCategory::kInternal, std::string("matmul_q8: no kernel for ") + ggml_traits(type).name);
+  Q8Kernels k;
 #if defined(__x86_64__) || defined(__i386__)
   if (path == KernelPath::kAvx2) {
     k = active_q8_form() == Q8Form::kAvxVnni ? q8_kernels_avx_vnni(type) : q8_kernels_avx2(type);
   }
 #endif
-  const Q8RowDot dot = k.row_dot;
   const Q8RowsDot rows_dot = k.rows_dot;
   const Q8Gemv gemv = k.gemv;
-  if (!dot) throw Error(ErrorCategory::kInternal, std::string("matmul_q8: no kernel for ") + ggml_traits(type).name);
   const size_t rows = a.rows;
   if (rows == 0 || o0 >= o1) return;
   const uint64_t row_bytes = *ggml_row_bytes(type, w.shape.cols);

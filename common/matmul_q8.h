@@ -4,7 +4,8 @@
 // dot (common/matmul.h); kQ8 rounds every activation to 8 bits first.
 //
 // What kQ8 computes (the semantics both the portable and the AVX2 kernels give bit for
-// bit, for any thread count and any batch; sources: llama.cpp's ggml/src/ggml-quants.c
+// bit, for any thread count and any batch; where the weights' own scales are NaN or Inf
+// both give NaN, perhaps with another sign or payload; sources: llama.cpp's ggml/src/ggml-quants.c
 // quantize_row_q8_0_ref / quantize_row_q8_K_ref and ggml-cpu/quants.c
 // ggml_vec_dot_*_q8_*_generic):
 //  - Each activation row is quantised on its own (so a row's result never depends on the

@@ -81,8 +81,8 @@ Q8KBlock quantize_q8_k_block_avx2(const float* x, int8_t* q, float* d, int32_t* 
   const __m256 top = _mm256_set1_ps(127.0f);
   for (int j = 0; j < 256; j += 32) {
     __m256i v[4];
-    for (int k = 0; k < 4; ++k) {  // nearbyint (half to even, the default rounding), then min 127
-      const __m256 r = _mm256_round_ps(_mm256_mul_ps(vs, _mm256_loadu_ps(x + j + 8 * k)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    for (int k = 0; k < 4; ++k) {  // nearbyint (the current rounding mode, as std::nearbyint), then min 127
+      const __m256 r = _mm256_round_ps(_mm256_mul_ps(vs, _mm256_loadu_ps(x + j + 8 * k)), _MM_FROUND_CUR_DIRECTION);
       v[k] = _mm256_cvtps_epi32(_mm256_min_ps(r, top));
     }
     sums[j / 16] = hsum_i32(_mm256_add_epi32(v[0], v[1]));

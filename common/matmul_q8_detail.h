@@ -1,5 +1,6 @@
-// Internal to common/matmul_q8.cpp and common/matmul_q8_avx2.cpp: one quantised
-// activation row, the lane sum both paths share, and the AVX2 entry point.
+// Internal to common/matmul_q8.cpp and the x86 kernels (common/matmul_q8_avx2.cpp,
+// common/matmul_q8_vnni.cpp, both compiling common/matmul_q8_kernels.inc): one quantised
+// activation row, the lane sum all paths share, and the x86 entry points.
 #pragma once
 
 #include <cstddef>
@@ -46,9 +47,9 @@ constexpr size_t kQ8MaxRows = 8;
 /// o0 <= o < o1: the decode GEMV, the same bits as the row dot of each row.
 using Q8Gemv = void (*)(const uint8_t* w, uint64_t row_bytes, const Q8Row& a, int64_t o0, int64_t o1, float* out);
 
-/// One instruction set's q8 kernels for one weight type (all null for a type without).
+/// One instruction set's q8 kernels for one weight type (all null for a type without): the
+/// GEMM and the GEMV (the portable row dot stays the reference and the fallback).
 struct Q8Kernels {
-  Q8RowDot row_dot = nullptr;
   Q8RowsDot rows_dot = nullptr;
   Q8Gemv gemv = nullptr;
 };

@@ -134,9 +134,11 @@ TEST_CASE("swiglu_batch under activations: q8 (rows quantised once per job) give
                          ggml_matrix(GgmlType::kQ4_K, inter, hidden, {0, 2}, 10 * e + 1),
                          ggml_matrix(GgmlType::kQ8_0, hidden, inter, {0}, 10 * e + 2));
   }
-  set_activation_mode(ActivationMode::kQ8);
+  struct Q8Scope {  // back to f32 even when a REQUIRE stops the test
+    Q8Scope() { set_activation_mode(ActivationMode::kQ8); }
+    ~Q8Scope() { set_activation_mode(ActivationMode::kF32); }
+  } q8;
   check_rows_alone(experts, hidden, inter);
-  set_activation_mode(ActivationMode::kF32);
 }
 
 // GptOssExperts._apply_gate, worked by hand: gate clamped above only, up on both sides,

@@ -25,11 +25,18 @@ int64_t tiles_of(int64_t features) { return (features + kTileRows - 1) / kTileRo
 /// compare the f32 rows with its cached ones); `used[j]` false where matmul_tile runs.
 struct Q8Inputs {
   std::vector<Q8Activations> rows;
-  std::vector<char> used;
-  explicit Q8Inputs(size_t jobs) : rows(jobs), used(jobs, 0) {}
+  std::vector<char> used;  ///< empty when the mode is f32 (nothing to allocate then)
+  explicit Q8Inputs(size_t jobs) {
+    if (active_activation_mode() == ActivationMode::kQ8) {
+      rows.resize(jobs);
+      used.assign(jobs, 0);
+    }
+  }
+  bool any() const { return !used.empty(); }
 
   /// Quantises job j's x for w when w takes the q8 kernels.
   void prepare(size_t j, const MatrixView& w, const float* x, size_t n) {
+    if (!any()) return;
     used[j] = uses_q8(w) ? 1 : 0;
     if (used[j]) quantize_activations(active_kernel_path(), w, x, n, rows[j]);
   }
@@ -38,7 +45,7 @@ struct Q8Inputs {
 /// matmul_tile, or the q8 kernels on job j's prepared rows.
 void tile(const Q8Inputs& q8, size_t j, const MatrixView& w, const float* x, size_t rows, const float* bias, float* y,
           int64_t o0, int64_t o1) {
-  if (q8.used[j]) {
+  if (q8.any() && q8.used[j]) {
     matmul_q8_tile(active_kernel_path(), w, q8.rows[j], bias, y, o0, o1);
   } else {
     matmul_tile(w, x, rows, bias, y, o0, o1);
@@ -92,11 +99,15 @@ void swiglu_batch(const std::vector<SwigluJob>& jobs, int64_t hidden, int64_t in
       }
     }
     // (the implicit barrier: down needs every intermediate feature of its rows)
-    // Under q8, each job's down input quantised once, then the barrier again.
+    // Under q8, each job's down input quantised once, then the barrier again (the same
+    // branch on every thread: down_q8.any() is fixed before the region).
+    if (down_q8.any()) {
 #pragma omp for schedule(dynamic)
-    for (int64_t j = 0; j < njobs; ++j) {
-      const SwigluJob& job = jobs[static_cast<size_t>(j)];
-      down_q8.prepare(static_cast<size_t>(j), job.weights->down, scratch.data() + scratch_at[static_cast<size_t>(j)], job.rows);
+      for (int64_t j = 0; j < njobs; ++j) {
+        const SwigluJob& job = jobs[static_cast<size_t>(j)];
+        down_q8.prepare(static_cast<size_t>(j), job.weights->down, scratch.data() + scratch_at[static_cast<size_t>(j)],
+                        job.rows);
+      }
     }
     // Phase 2, items (job, tile of hidden features): down.
 #pragma omp for schedule(dynamic)
