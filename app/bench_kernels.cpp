@@ -68,20 +68,6 @@ std::vector<StoredMatrix> make_matrices(const FormSpec& form, int64_t rows, int6
 
 uint64_t stored_bytes(const StoredMatrix& m) { return m.shape.data_bytes() + m.shape.scale_bytes(); }
 
-/// Byte offsets of a block's f16 scales (ggml-common.h), or of MXFP4's e8m0 byte.
-std::vector<int> ggml_scale_offsets(GgmlType type) {
-  switch (type) {
-    case GgmlType::kQ4_1:
-    case GgmlType::kQ5_1:
-    case GgmlType::kQ4_K:
-    case GgmlType::kQ5_K: return {0, 2};
-    case GgmlType::kQ2_K: return {80, 82};
-    case GgmlType::kQ3_K: return {108};
-    case GgmlType::kQ6_K: return {208};
-    default: return {0};  // Q4_0, Q5_0, Q8_0: d; MXFP4: e
-  }
-}
-
 /// `count` distinct copies of one [rows, cols] matrix of GGML `type` blocks: random
 /// quants, every scale about 1e-3 (MXFP4: 2^-8), so that the sums stay normal floats.
 std::vector<StoredMatrix> make_ggml_matrices(GgmlType type, int64_t rows, int64_t cols, size_t count) {
@@ -94,13 +80,8 @@ std::vector<StoredMatrix> make_ggml_matrices(GgmlType type, int64_t rows, int64_
   const GgmlTypeTraits t = ggml_traits(type);
   constexpr uint16_t kScale = 0x1419;  // f16 1.0e-3
   for (size_t at = 0; at < base.data.size(); at += static_cast<size_t>(t.block_bytes)) {
-    for (int off : ggml_scale_offsets(type)) {
-      if (type == GgmlType::kMXFP4) {
-        base.data[at + static_cast<size_t>(off)] = 120;
-      } else {
-        std::memcpy(base.data.data() + at + off, &kScale, 2);
-      }
-    }
+    if (type == GgmlType::kMXFP4) base.data[at] = 120;  // its e8m0 scale byte (2^-8 above)
+    for (int off : ggml_f16_scale_offsets(type)) std::memcpy(base.data.data() + at + off, &kScale, 2);
   }
   return std::vector<StoredMatrix>(count, base);
 }

@@ -104,4 +104,20 @@ std::optional<uint64_t> ggml_row_bytes(GgmlType type, int64_t elements) {
   return bytes;
 }
 
+std::vector<int> ggml_f16_scale_offsets(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ8_0: return {0};
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K: return {0, 2};
+    case GgmlType::kQ2_K: return {80, 82};
+    case GgmlType::kQ3_K: return {108};
+    case GgmlType::kQ6_K: return {208};
+    default: return {};
+  }
+}
+
 }  // namespace charm

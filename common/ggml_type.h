@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <vector>
 #include <string_view>
 
 namespace charm {
@@ -53,6 +54,11 @@ std::string_view ggml_type_name_of_id(uint32_t id);
 /// Bytes of a row of `elements` values of `type`; nullopt when `elements` is not a
 /// multiple of the type's block_elements (a GGUF row is whole blocks).
 std::optional<uint64_t> ggml_row_bytes(GgmlType type, int64_t elements);
+
+/// Byte offsets of the f16 scales in one block of `type` (ggml-common.h's block_* structs:
+/// d, and dmin where there is one); empty for types without f16 scales (F32, F16, BF16, and
+/// MXFP4, whose scale is the e8m0 byte 0).
+std::vector<int> ggml_f16_scale_offsets(GgmlType type);
 
 /// Widens `elements` values of `type` at `src` (whole blocks, any alignment) to f32 at
 /// `dst`, bit for bit as gguf-py's reference dequantisers (gguf.quants.dequantize) and

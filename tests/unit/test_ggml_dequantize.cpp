@@ -183,3 +183,28 @@ TEST_CASE("the AVX2 path equals the portable one when a scale is Inf or NaN (not
     }
   }
 }
+
+TEST_CASE("ggml_f16_scale_offsets names each block's f16 scales: zeroing them zeroes the block") {
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0,
+                        GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
+    CAPTURE(std::string(ggml_traits(type).name));
+    const GgmlTypeTraits t = ggml_traits(type);
+    std::vector<uint8_t> block(static_cast<size_t>(t.block_bytes));
+    for (size_t i = 0; i < block.size(); ++i) block[i] = static_cast<uint8_t>(37 * i + 11);
+    const std::vector<int> offsets = ggml_f16_scale_offsets(type);
+    REQUIRE_FALSE(offsets.empty());
+    for (int off : offsets) {
+      REQUIRE(off + 2 <= t.block_bytes);
+      block[static_cast<size_t>(off)] = 0x00;
+      block[static_cast<size_t>(off) + 1] = 0x3C;  // f16 1.0: the block is not all zeros yet
+    }
+    std::vector<float> out(static_cast<size_t>(t.block_elements));
+    dequantize_row(type, block.data(), out.data(), t.block_elements);
+    CHECK(std::any_of(out.begin(), out.end(), [](float v) { return v != 0.0f; }));
+    for (int off : offsets) block[static_cast<size_t>(off)] = block[static_cast<size_t>(off) + 1] = 0;
+    dequantize_row(type, block.data(), out.data(), t.block_elements);
+    CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 0.0f; }));
+  }
+  CHECK(ggml_f16_scale_offsets(GgmlType::kMXFP4).empty());  // its scale is an e8m0 byte
+  CHECK(ggml_f16_scale_offsets(GgmlType::kF16).empty());
+}

@@ -20,6 +20,7 @@
 #include "common/ggml_type.h"
 #include "common/kernels.h"
 #include "common/matmul.h"
+#include "tests/support/ggml_matrix.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/kernel_paths.h"
 
@@ -27,6 +28,7 @@ using namespace charm;
 
 namespace {
 
+using charm::test::make_ggml_matrix;
 using charm::test::PathGuard;
 using charm::test::paths_to_check;
 
@@ -288,58 +290,6 @@ namespace {
 const GgmlType kGgmlTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ4_0, GgmlType::kQ4_1,
                                GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K,
                                GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kMXFP4};
-
-/// Byte offsets of a block's f16 scales (ggml-common.h); MXFP4's e8m0 byte is at 0.
-std::vector<int> f16_scale_offsets(GgmlType type) {
-  switch (type) {
-    case GgmlType::kQ4_0:
-    case GgmlType::kQ5_0:
-    case GgmlType::kQ8_0: return {0};
-    case GgmlType::kQ4_1:
-    case GgmlType::kQ5_1:
-    case GgmlType::kQ4_K:
-    case GgmlType::kQ5_K: return {0, 2};
-    case GgmlType::kQ2_K: return {80, 82};
-    case GgmlType::kQ3_K: return {108};
-    case GgmlType::kQ6_K: return {208};
-    default: return {};
-  }
-}
-
-/// A [rows, cols] matrix of GGML `type` blocks: random bytes, with every f16 (scale or
-/// element) finite and MXFP4's exponent at most 2^71, so that no sum overflows; cols is
-/// whole blocks.
-StoredMatrix make_ggml_matrix(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
-  std::mt19937 rng(seed);
-  StoredMatrix m;
-  m.shape = MatrixShape{WeightFormat::kGgml, rows, cols, 0};
-  m.shape.ggml_type = type;
-  m.data.resize(m.shape.data_bytes());
-  for (uint8_t& b : m.data) b = static_cast<uint8_t>(rng());
-  auto finite_f16 = [](uint8_t* p) {
-    uint16_t bits;
-    std::memcpy(&bits, p, 2);
-    if ((bits & 0x7c00) == 0x7c00) bits &= 0xbfff;
-    std::memcpy(p, &bits, 2);
-  };
-  const GgmlTypeTraits t = ggml_traits(type);
-  for (size_t at = 0; at < m.data.size(); at += static_cast<size_t>(t.block_bytes)) {
-    uint8_t* block = m.data.data() + at;
-    if (type == GgmlType::kF32) {
-      const float v = std::uniform_real_distribution<float>(-2.0f, 2.0f)(rng);
-      std::memcpy(block, &v, 4);
-    } else if (type == GgmlType::kF16) {
-      finite_f16(block);
-    } else if (type == GgmlType::kBF16) {
-      const uint16_t bits = f32_to_bf16(std::uniform_real_distribution<float>(-2.0f, 2.0f)(rng));
-      std::memcpy(block, &bits, 2);
-    } else if (type == GgmlType::kMXFP4) {
-      block[0] = static_cast<uint8_t>(block[0] % 200);  // 2^-128 (subnormal) .. 2^71
-    }
-    for (int off : f16_scale_offsets(type)) finite_f16(block + off);
-  }
-  return m;
-}
 
 /// The contract on the portable path: dot over dequantize_row's portable row.
 std::vector<float> portable_reference(const MatrixView& w, const std::vector<float>& x, size_t rows,

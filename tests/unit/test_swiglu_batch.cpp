@@ -14,6 +14,7 @@
 #include "common/ggml_type.h"
 #include "common/matmul.h"
 #include "common/matmul_q8.h"
+#include "tests/support/ggml_matrix.h"
 #include "worker/experts/swiglu_batch.h"
 
 using namespace charm;
@@ -51,23 +52,6 @@ std::vector<float> one_row(const ExpertView& w, const float* x, int64_t hidden, 
   for (int64_t i = 0; i < inter; ++i) g[i] = silu(g[i]) * u[i];
   matmul_serial(w.down, g.data(), 1, nullptr, y.data());
   return y;
-}
-
-/// A [rows, cols] matrix of random GGML `type` blocks whose f16 scales (the bytes at
-/// `scale_offsets` of each block) are all 1e-3, so that every sum stays finite.
-StoredMatrix ggml_matrix(GgmlType type, int64_t rows, int64_t cols, std::vector<int> scale_offsets, uint32_t seed) {
-  std::mt19937 rng(seed);
-  StoredMatrix m;
-  m.shape = MatrixShape{WeightFormat::kGgml, rows, cols, 0};
-  m.shape.ggml_type = type;
-  m.data.resize(m.shape.data_bytes());
-  for (uint8_t& b : m.data) b = static_cast<uint8_t>(rng());
-  const auto block = static_cast<size_t>(ggml_traits(type).block_bytes);
-  constexpr uint16_t kScale = 0x1419;  // f16 1.0e-3
-  for (size_t at = 0; at < m.data.size(); at += block) {
-    for (int off : scale_offsets) std::memcpy(m.data.data() + at + off, &kScale, 2);
-  }
-  return m;
 }
 
 /// swiglu_batch over `experts` (rows {1, 7, 3}) against one_row for every row, by memcmp,
@@ -130,9 +114,10 @@ TEST_CASE("swiglu_batch under activations: q8 (rows quantised once per job) give
   const int64_t hidden = 512, inter = 256;
   std::vector<Expert> experts;
   for (uint32_t e = 0; e < 3; ++e) {
-    experts.emplace_back(ggml_matrix(GgmlType::kQ4_K, inter, hidden, {0, 2}, 10 * e),
-                         ggml_matrix(GgmlType::kQ4_K, inter, hidden, {0, 2}, 10 * e + 1),
-                         ggml_matrix(GgmlType::kQ8_0, hidden, inter, {0}, 10 * e + 2));
+    constexpr uint16_t kScale = 0x1419;  // f16 1.0e-3
+    experts.emplace_back(test::make_ggml_matrix(GgmlType::kQ4_K, inter, hidden, 10 * e, kScale),
+                         test::make_ggml_matrix(GgmlType::kQ4_K, inter, hidden, 10 * e + 1, kScale),
+                         test::make_ggml_matrix(GgmlType::kQ8_0, hidden, inter, 10 * e + 2, kScale));
   }
   struct Q8Scope {  // back to f32 even when a REQUIRE stops the test
     Q8Scope() { set_activation_mode(ActivationMode::kQ8); }
