@@ -71,6 +71,16 @@ void check_identical(const Outcome& a, const Outcome& b) {
   CHECK(a.greedy == b.greedy);
 }
 
+/// Two workers that split the experts evenly: each holds `experts_each` (layer, expert)
+/// pairs and served requests.
+void check_even_halves(const Outcome& two, uint64_t experts_each) {
+  REQUIRE(two.status.size() == 2);
+  for (const auto& w : two.status) {
+    CHECK(w.experts_held == experts_each);
+    CHECK(w.requests > 0);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("qwen3-moe-tiny: single node, two workers and three uneven workers give bit-identical logits") {
@@ -241,30 +251,21 @@ TEST_CASE("glm4-moe-tiny (shared experts, MTP layer unread): single node and two
   const Outcome single = run_split("glm4-moe-tiny", {});
   const Outcome two = run_split("glm4-moe-tiny", {"\"0-7\"", "\"8-15\""});
   check_identical(single, two);
-  REQUIRE(two.status.size() == 2);
-  CHECK(two.status[0].experts_held == 8 * 3);  // 3 MoE layers: first_k_dense_replace = 1, no MTP layer
-  CHECK(two.status[1].experts_held == 8 * 3);
-  for (const auto& w : two.status) CHECK(w.requests > 0);
+  check_even_halves(two, 8 * 3);  // 3 MoE layers: first_k_dense_replace = 1, no MTP layer
 }
 
 TEST_CASE("kimi-k2-tiny (one expert group, 8 of 24 experts): single node and two workers give bit-identical logits") {
   const Outcome single = run_split("kimi-k2-tiny", {});
   const Outcome two = run_split("kimi-k2-tiny", {"\"0-11\"", "\"12-23\""});
   check_identical(single, two);
-  REQUIRE(two.status.size() == 2);
-  CHECK(two.status[0].experts_held == 12 * 2);  // 2 MoE layers: first_k_dense_replace = 1
-  CHECK(two.status[1].experts_held == 12 * 2);
-  for (const auto& w : two.status) CHECK(w.requests > 0);
+  check_even_halves(two, 12 * 2);  // 2 MoE layers: first_k_dense_replace = 1
 }
 
 TEST_CASE("minimax-m2-tiny (bias beside the gate, every layer MoE): single node and two workers give bit-identical logits") {
   const Outcome single = run_split("minimax-m2-tiny", {});
   const Outcome two = run_split("minimax-m2-tiny", {"\"0-7\"", "\"8-15\""});
   check_identical(single, two);
-  REQUIRE(two.status.size() == 2);
-  CHECK(two.status[0].experts_held == 8 * 3);  // 3 MoE layers, no dense one
-  CHECK(two.status[1].experts_held == 8 * 3);
-  for (const auto& w : two.status) CHECK(w.requests > 0);
+  check_even_halves(two, 8 * 3);  // 3 MoE layers, no dense one
 }
 
 // --- gpt-oss and sliding-window attention (issue 16, items 3 and 6) ------------------------
@@ -273,20 +274,14 @@ TEST_CASE("gpt-oss-tiny (biased experts, clamped SwiGLU on the workers): single 
   const Outcome single = run_split("gpt-oss-tiny", {});
   const Outcome two = run_split("gpt-oss-tiny", {"\"0-3\"", "\"4-7\""});
   check_identical(single, two);
-  REQUIRE(two.status.size() == 2);
-  CHECK(two.status[0].experts_held == 4 * 4);  // 4 MoE layers
-  CHECK(two.status[1].experts_held == 4 * 4);
-  for (const auto& w : two.status) CHECK(w.requests > 0);
+  check_even_halves(two, 4 * 4);  // 4 MoE layers
 }
 
 TEST_CASE("glm-moe-dsa-tiny (DeepSeek Sparse Attention, a shared-selection layer): single node and two workers give bit-identical logits") {
   const Outcome single = run_split("glm-moe-dsa-tiny", {});
   const Outcome two = run_split("glm-moe-dsa-tiny", {"\"0-7\"", "\"8-15\""});
   check_identical(single, two);
-  REQUIRE(two.status.size() == 2);
-  CHECK(two.status[0].experts_held == 8 * 3);  // 3 MoE layers: first_k_dense_replace = 1
-  CHECK(two.status[1].experts_held == 8 * 3);
-  for (const auto& w : two.status) CHECK(w.requests > 0);
+  check_even_halves(two, 8 * 3);  // 3 MoE layers: first_k_dense_replace = 1
 }
 
 TEST_CASE("deepseek-v32-tiny (an indexer on every layer): single node and two workers give bit-identical logits") {
@@ -297,10 +292,7 @@ TEST_CASE("qwen3-next-tiny (gated DeltaNet states, gated shared expert): single 
   const Outcome single = run_split("qwen3-next-tiny", {});
   const Outcome two = run_split("qwen3-next-tiny", {"\"0-7\"", "\"8-15\""});
   check_identical(single, two);
-  REQUIRE(two.status.size() == 2);
-  CHECK(two.status[0].experts_held == 8 * 4);  // 4 MoE layers
-  CHECK(two.status[1].experts_held == 8 * 4);
-  for (const auto& w : two.status) CHECK(w.requests > 0);
+  check_even_halves(two, 8 * 4);  // 4 MoE layers
 }
 
 TEST_CASE("qwen3.5-moe-tiny (separate DeltaNet projections): single node and two workers give bit-identical logits") {
