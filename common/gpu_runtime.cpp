@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "common/cuda/cuda_api.h"
@@ -19,8 +20,24 @@ struct CudaLibrary {
   int (*device_count)(char*, size_t) = nullptr;
   int (*linear)(const void*, int, int64_t, int64_t, const float*, int64_t, const float*, float*, char*,
                 size_t) = nullptr;
+  int (*linear_resident)(const void*, int, int64_t, int64_t, const float*, int64_t, const float*, float*, char*,
+                         size_t) = nullptr;
+  int (*alloc)(size_t, void**, char*, size_t) = nullptr;
+  void (*free)(void*) = nullptr;
+  int (*upload)(void*, const void*, size_t, char*, size_t) = nullptr;
+  int (*memory)(size_t*, size_t*, char*, size_t) = nullptr;
   std::string why_not;  // set when the library could not be used
+
+  bool complete() const {
+    return api_version && device_count && linear && linear_resident && alloc && free && upload && memory;
+  }
 };
+
+/// Points `fn` at the library's `name` (null when it lacks it).
+template <typename Fn>
+void resolve(void* handle, const char* name, Fn& fn) {
+  fn = reinterpret_cast<Fn>(dlsym(handle, name));
+}
 
 std::vector<std::string> library_candidates() {
   std::vector<std::string> paths;
@@ -50,15 +67,20 @@ CudaLibrary open_library() {
       continue;
     }
     CudaLibrary found;
-    found.api_version = reinterpret_cast<int (*)()>(dlsym(handle, "charm_cuda_api_version"));
-    found.device_count = reinterpret_cast<decltype(found.device_count)>(dlsym(handle, "charm_cuda_device_count"));
-    found.linear = reinterpret_cast<decltype(found.linear)>(dlsym(handle, "charm_cuda_linear"));
+    resolve(handle, "charm_cuda_api_version", found.api_version);
+    resolve(handle, "charm_cuda_device_count", found.device_count);
+    resolve(handle, "charm_cuda_linear", found.linear);
+    resolve(handle, "charm_cuda_linear_resident", found.linear_resident);
+    resolve(handle, "charm_cuda_alloc", found.alloc);
+    resolve(handle, "charm_cuda_free", found.free);
+    resolve(handle, "charm_cuda_upload", found.upload);
+    resolve(handle, "charm_cuda_memory", found.memory);
     std::string wrong;
-    if (found.api_version == nullptr || found.device_count == nullptr || found.linear == nullptr) {
-      wrong = path + " lacks the charm_cuda_* entry points";
-    } else if (found.api_version() != CHARM_CUDA_API_VERSION) {
+    if (found.api_version != nullptr && found.api_version() != CHARM_CUDA_API_VERSION) {
       wrong = path + " has interface version " + std::to_string(found.api_version()) + ", this charm needs " +
               std::to_string(CHARM_CUDA_API_VERSION) + " (rebuild both)";
+    } else if (!found.complete()) {
+      wrong = path + " lacks the charm_cuda_* entry points";
     }
     if (wrong.empty()) return found;  // the handle stays open for the process
     dlclose(handle);
@@ -103,22 +125,86 @@ void require_gpu(const std::string& what) {
   if (!gpu.available) fail_unavailable(what + " needs a CUDA GPU, and none is usable: " + gpu.why_not);
 }
 
-void gpu_matmul(const MatrixView& w, const float* x, size_t rows, const float* bias, float* y) {
-  require_gpu("a GPU matrix product");
-  int format = 0;
-  switch (w.shape.format) {
-    case WeightFormat::kF32: format = CHARM_CUDA_F32; break;
-    case WeightFormat::kF16: format = CHARM_CUDA_F16; break;
-    case WeightFormat::kBF16: format = CHARM_CUDA_BF16; break;
+namespace {
+
+/// The library's number for a weight format the GPU kernels read; throws
+/// Error(kUnsupported) for another.
+int cuda_format(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kF32: return CHARM_CUDA_F32;
+    case WeightFormat::kF16: return CHARM_CUDA_F16;
+    case WeightFormat::kBF16: return CHARM_CUDA_BF16;
     default:
-      fail_unsupported(std::string("GPU matmul of ") + weight_format_name(w.shape.format) +
+      fail_unsupported(std::string("GPU matmul of ") + weight_format_name(format) +
                        " weights (supported: F32, F16, BF16)");
   }
+}
+
+}  // namespace
+
+void gpu_matmul(const MatrixView& w, const float* x, size_t rows, const float* bias, float* y) {
+  require_gpu("a GPU matrix product");
+  const int format = cuda_format(w.shape.format);
   char err[512] = "";
   if (library().linear(w.data, format, w.shape.rows, w.shape.cols, x, static_cast<int64_t>(rows), bias, y, err,
                        sizeof err) != 0) {
     fail_internal(std::string("GPU matmul failed: ") + err);
   }
+}
+
+void gpu_matmul_resident(const MatrixView& w, const float* x, size_t rows, const float* bias, float* y) {
+  require_gpu("a GPU matrix product");
+  const int format = cuda_format(w.shape.format);
+  char err[512] = "";
+  if (library().linear_resident(w.data, format, w.shape.rows, w.shape.cols, x, static_cast<int64_t>(rows), bias, y,
+                                err, sizeof err) != 0) {
+    fail_internal(std::string("GPU matmul failed: ") + err);
+  }
+}
+
+GpuBuffer::GpuBuffer(size_t bytes, const std::string& what) : bytes_(bytes) {
+  require_gpu(what);
+  char err[512] = "";
+  void* p = nullptr;
+  if (library().alloc(bytes, &p, err, sizeof err) != 0) {
+    fail_unavailable(what + ": cannot allocate " + std::to_string(bytes) + " bytes on the GPU: " + err);
+  }
+  data_ = static_cast<uint8_t*>(p);
+}
+
+GpuBuffer::GpuBuffer(GpuBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+GpuBuffer& GpuBuffer::operator=(GpuBuffer&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) library().free(data_);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+GpuBuffer::~GpuBuffer() {
+  if (data_ != nullptr) library().free(data_);
+}
+
+void GpuBuffer::upload(const void* src, size_t bytes, size_t at) {
+  if (at > bytes_ || bytes > bytes_ - at) {
+    fail_invalid("GPU upload of " + std::to_string(bytes) + " bytes at " + std::to_string(at) + " overruns a buffer of " +
+                 std::to_string(bytes_));
+  }
+  char err[512] = "";
+  if (library().upload(data_ + at, src, bytes, err, sizeof err) != 0) fail_internal(std::string("GPU upload: ") + err);
+}
+
+GpuMemory gpu_memory() {
+  require_gpu("reading the GPU's memory");
+  size_t free_bytes = 0, total_bytes = 0;
+  char err[512] = "";
+  if (library().memory(&free_bytes, &total_bytes, err, sizeof err) != 0) {
+    fail_internal(std::string("GPU memory: ") + err);
+  }
+  return {free_bytes, total_bytes};
 }
 
 }  // namespace charm

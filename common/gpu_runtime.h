@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "common/weight_format.h"
@@ -32,5 +33,43 @@ void require_gpu(const std::string& what);
 /// Error(kUnsupported) for another weight format, Error(kInternal) with CUDA's message
 /// when the device fails.
 void gpu_matmul(const MatrixView& w, const float* x, size_t rows, const float* bias, float* y);
+
+/// Bytes of memory on the GPU (device 0), freed when the buffer dies. Move-only. The
+/// VRAM expert tier keeps each resident expert's blob in one (worker/experts/expert_device.h).
+class GpuBuffer {
+ public:
+  /// `bytes` (> 0) of device memory. Throws Error(kUnavailable) without a GPU or when the
+  /// device has not that much free ("cudaMalloc: out of memory"), naming `what`.
+  GpuBuffer(size_t bytes, const std::string& what);
+  GpuBuffer(GpuBuffer&& other) noexcept;
+  GpuBuffer& operator=(GpuBuffer&& other) noexcept;
+  GpuBuffer(const GpuBuffer&) = delete;
+  GpuBuffer& operator=(const GpuBuffer&) = delete;
+  ~GpuBuffer();
+
+  /// Copies `bytes` host bytes to offset `at`. Throws Error(kInvalidInput) past the end,
+  /// Error(kInternal) with CUDA's message when the copy fails.
+  void upload(const void* src, size_t bytes, size_t at = 0);
+  /// The device address (never dereference it on the host).
+  uint8_t* data() const { return data_; }
+  size_t size() const { return bytes_; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+/// Device 0's memory now, bytes.
+struct GpuMemory {
+  uint64_t free_bytes = 0;
+  uint64_t total_bytes = 0;
+};
+/// Throws Error(kUnavailable) without a GPU, Error(kInternal) when CUDA fails.
+GpuMemory gpu_memory();
+
+/// gpu_matmul with the weights `w` (data) and `bias` already in device memory (views into
+/// GpuBuffers); x [rows, w.cols] and y [rows, w.rows] f32 on the host. The same bits as
+/// matmul; thread-safe. Errors as gpu_matmul's.
+void gpu_matmul_resident(const MatrixView& w, const float* x, size_t rows, const float* bias, float* y);
 
 }  // namespace charm

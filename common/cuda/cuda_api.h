@@ -12,7 +12,7 @@ extern "C" {
 #endif
 
 /// The interface version; the loader refuses a library that reports another.
-#define CHARM_CUDA_API_VERSION 1
+#define CHARM_CUDA_API_VERSION 2
 int charm_cuda_api_version(void);
 
 /// Weight formats the GPU kernels read, numbered as charm::WeightFormat's kF32, kF16, kBF16.
@@ -31,6 +31,21 @@ int charm_cuda_device_count(char* err, size_t err_len);
 /// 0 (rows 0: nothing done), or -1 with the error text in err.
 int charm_cuda_linear(const void* w, int format, int64_t out, int64_t in, const float* x, int64_t rows,
                       const float* bias, float* y, char* err, size_t err_len);
+
+/// Device memory on device 0 for resident weights (the VRAM expert tier): `bytes` > 0
+/// bytes, 256-byte aligned, into *ptr. Returns 0, or -1 with the error text (out of
+/// memory: "cudaMalloc: out of memory").
+int charm_cuda_alloc(size_t bytes, void** ptr, char* err, size_t err_len);
+/// Frees what charm_cuda_alloc returned (null: nothing).
+void charm_cuda_free(void* ptr);
+/// Copies `bytes` host bytes to device memory at dst. Returns 0, or -1 with the error text.
+int charm_cuda_upload(void* dst, const void* src, size_t bytes, char* err, size_t err_len);
+/// Free and total bytes of device 0 now (cudaMemGetInfo). Returns 0, or -1 with the error.
+int charm_cuda_memory(size_t* free_bytes, size_t* total_bytes, char* err, size_t err_len);
+/// charm_cuda_linear with w (and bias, when non-null) already in device memory, x and y
+/// on the host: the same bits. Thread-safe (each call has its own buffers and stream).
+int charm_cuda_linear_resident(const void* w, int format, int64_t out, int64_t in, const float* x, int64_t rows,
+                               const float* bias, float* y, char* err, size_t err_len);
 
 #ifdef __cplusplus
 }

@@ -77,17 +77,79 @@ int refuse(const char* message, char* err, size_t err_len) {
 
 constexpr int64_t kMaxGridRows = 65535;  // grid.y's limit: longer batches go in slices
 
-/// Device buffers released on every path.
-struct DeviceBuffers {
-  void* w = nullptr;
-  float *x = nullptr, *bias = nullptr, *y = nullptr;
-  ~DeviceBuffers() {
-    cudaFree(w);
-    cudaFree(x);
-    cudaFree(bias);
-    cudaFree(y);
+/// One call's stream and its device buffers (stream-ordered, so concurrent calls from
+/// the worker's threads neither share buffers nor synchronise the whole device), released
+/// on every path.
+struct CallScope {
+  cudaStream_t stream = nullptr;
+  void* buffers[4] = {nullptr, nullptr, nullptr, nullptr};
+  int used = 0;
+  ~CallScope() {
+    if (stream == nullptr) return;
+    for (int i = 0; i < used; ++i) cudaFreeAsync(buffers[i], stream);
+    cudaStreamSynchronize(stream);
+    cudaStreamDestroy(stream);
+  }
+  bool open(char* err, size_t err_len) {
+    return !failed(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate", err, err_len);
+  }
+  /// `bytes` of device memory (ordered on the stream) into *ptr, or false with err.
+  template <typename T>
+  bool alloc(T** ptr, size_t bytes, char* err, size_t err_len) {
+    void* p = nullptr;
+    if (failed(cudaMallocAsync(&p, bytes, stream), "cudaMallocAsync", err, err_len)) return false;
+    buffers[used++] = p;
+    *ptr = static_cast<T*>(p);
+    return true;
   }
 };
+
+bool valid_format(int format) {
+  return format == CHARM_CUDA_F32 || format == CHARM_CUDA_F16 || format == CHARM_CUDA_BF16;
+}
+
+/// y = x w^T (+ bias) on `stream`, every pointer on the device.
+void launch_linear(const void* w, int format, int64_t out, int64_t in, const float* x, int64_t rows,
+                   const float* bias, float* y, cudaStream_t stream) {
+  const dim3 block(kRowsPerBlock * kLanes);
+  for (int64_t r0 = 0; r0 < rows; r0 += kMaxGridRows) {
+    const int64_t n = rows - r0 < kMaxGridRows ? rows - r0 : kMaxGridRows;
+    const dim3 grid(static_cast<unsigned>((out + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(n));
+    const float* xs = x + r0 * in;
+    float* ys = y + r0 * out;
+    switch (format) {
+      case CHARM_CUDA_F32: linear_kernel<CHARM_CUDA_F32><<<grid, block, 0, stream>>>(w, out, in, xs, bias, ys); break;
+      case CHARM_CUDA_F16: linear_kernel<CHARM_CUDA_F16><<<grid, block, 0, stream>>>(w, out, in, xs, bias, ys); break;
+      default: linear_kernel<CHARM_CUDA_BF16><<<grid, block, 0, stream>>>(w, out, in, xs, bias, ys); break;
+    }
+  }
+}
+
+/// Checks the arguments both entry points share; 1 when there is nothing to do.
+int check_linear(int format, int64_t out, int64_t in, int64_t rows, char* err, size_t err_len) {
+  if (!valid_format(format)) return refuse("the weight format is not one the GPU kernels read (F32, F16, BF16)", err, err_len);
+  if (out <= 0 || in <= 0 || rows < 0) return refuse("linear: a matrix dimension is not positive", err, err_len);
+  return rows == 0 ? 1 : 0;  // as matmul: 0 rows compute nothing
+}
+
+/// The product on `scope`'s stream with device-resident w and bias: x in, y out (host).
+int linear_on(CallScope& scope, const void* w, int format, int64_t out, int64_t in, const float* x, int64_t rows,
+              const float* bias, float* y, char* err, size_t err_len) {
+  const size_t x_bytes = static_cast<size_t>(rows * in) * sizeof(float);
+  const size_t y_bytes = static_cast<size_t>(rows * out) * sizeof(float);
+  float *dx = nullptr, *dy = nullptr;
+  if (!scope.alloc(&dx, x_bytes, err, err_len) || !scope.alloc(&dy, y_bytes, err, err_len) ||
+      failed(cudaMemcpyAsync(dx, x, x_bytes, cudaMemcpyHostToDevice, scope.stream), "cudaMemcpy", err, err_len)) {
+    return -1;
+  }
+  launch_linear(w, format, out, in, dx, rows, bias, dy, scope.stream);
+  if (failed(cudaGetLastError(), "linear kernel launch", err, err_len) ||
+      failed(cudaMemcpyAsync(y, dy, y_bytes, cudaMemcpyDeviceToHost, scope.stream), "cudaMemcpy", err, err_len) ||
+      failed(cudaStreamSynchronize(scope.stream), "linear kernel", err, err_len)) {
+    return -1;
+  }
+  return 0;
+}
 
 }  // namespace
 
@@ -101,43 +163,46 @@ extern "C" int charm_cuda_device_count(char* err, size_t err_len) {
 
 extern "C" int charm_cuda_linear(const void* w, int format, int64_t out, int64_t in, const float* x, int64_t rows,
                                  const float* bias, float* y, char* err, size_t err_len) {
-  if (format != CHARM_CUDA_F32 && format != CHARM_CUDA_F16 && format != CHARM_CUDA_BF16) {
-    return refuse("the weight format is not one the GPU kernels read (F32, F16, BF16)", err, err_len);
-  }
-  if (out <= 0 || in <= 0 || rows < 0) return refuse("linear: a matrix dimension is not positive", err, err_len);
-  if (rows == 0) return 0;  // as matmul: nothing to compute
-  DeviceBuffers d;
+  if (const int c = check_linear(format, out, in, rows, err, err_len); c != 0) return c < 0 ? -1 : 0;
+  CallScope scope;
+  if (!scope.open(err, err_len)) return -1;
   const size_t w_bytes = static_cast<size_t>(out * in) * element_bytes(format);
-  const size_t x_bytes = static_cast<size_t>(rows * in) * sizeof(float);
-  const size_t y_bytes = static_cast<size_t>(rows * out) * sizeof(float);
-  if (failed(cudaMalloc(&d.w, w_bytes), "cudaMalloc", err, err_len) ||
-      failed(cudaMalloc(reinterpret_cast<void**>(&d.x), x_bytes), "cudaMalloc", err, err_len) ||
-      failed(cudaMalloc(reinterpret_cast<void**>(&d.y), y_bytes), "cudaMalloc", err, err_len) ||
-      (bias != nullptr &&
-       failed(cudaMalloc(reinterpret_cast<void**>(&d.bias), static_cast<size_t>(out) * sizeof(float)), "cudaMalloc",
-              err, err_len)) ||
-      failed(cudaMemcpy(d.w, w, w_bytes, cudaMemcpyHostToDevice), "cudaMemcpy", err, err_len) ||
-      failed(cudaMemcpy(d.x, x, x_bytes, cudaMemcpyHostToDevice), "cudaMemcpy", err, err_len) ||
-      (bias != nullptr && failed(cudaMemcpy(d.bias, bias, static_cast<size_t>(out) * sizeof(float),
-                                            cudaMemcpyHostToDevice),
+  const size_t b_bytes = static_cast<size_t>(out) * sizeof(float);
+  void* dw = nullptr;
+  float* db = nullptr;
+  if (!scope.alloc(&dw, w_bytes, err, err_len) ||
+      failed(cudaMemcpyAsync(dw, w, w_bytes, cudaMemcpyHostToDevice, scope.stream), "cudaMemcpy", err, err_len)) {
+    return -1;
+  }
+  if (bias != nullptr && (!scope.alloc(&db, b_bytes, err, err_len) ||
+                          failed(cudaMemcpyAsync(db, bias, b_bytes, cudaMemcpyHostToDevice, scope.stream),
                                  "cudaMemcpy", err, err_len))) {
     return -1;
   }
-  const dim3 block(kRowsPerBlock * kLanes);
-  for (int64_t r0 = 0; r0 < rows; r0 += kMaxGridRows) {
-    const int64_t n = rows - r0 < kMaxGridRows ? rows - r0 : kMaxGridRows;
-    const dim3 grid(static_cast<unsigned>((out + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(n));
-    const float* xs = d.x + r0 * in;
-    float* ys = d.y + r0 * out;
-    switch (format) {
-      case CHARM_CUDA_F32: linear_kernel<CHARM_CUDA_F32><<<grid, block>>>(d.w, out, in, xs, d.bias, ys); break;
-      case CHARM_CUDA_F16: linear_kernel<CHARM_CUDA_F16><<<grid, block>>>(d.w, out, in, xs, d.bias, ys); break;
-      default: linear_kernel<CHARM_CUDA_BF16><<<grid, block>>>(d.w, out, in, xs, d.bias, ys); break;
-    }
-  }
-  if (failed(cudaGetLastError(), "linear kernel launch", err, err_len) ||
-      failed(cudaMemcpy(y, d.y, y_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy", err, err_len)) {
-    return -1;
-  }
-  return 0;
+  return linear_on(scope, dw, format, out, in, x, rows, db, y, err, err_len);
+}
+
+extern "C" int charm_cuda_linear_resident(const void* w, int format, int64_t out, int64_t in, const float* x,
+                                          int64_t rows, const float* bias, float* y, char* err, size_t err_len) {
+  if (const int c = check_linear(format, out, in, rows, err, err_len); c != 0) return c < 0 ? -1 : 0;
+  CallScope scope;
+  if (!scope.open(err, err_len)) return -1;
+  return linear_on(scope, w, format, out, in, x, rows, bias, y, err, err_len);
+}
+
+extern "C" int charm_cuda_alloc(size_t bytes, void** ptr, char* err, size_t err_len) {
+  if (bytes == 0) return refuse("cudaMalloc: 0 bytes asked for", err, err_len);
+  return failed(cudaMalloc(ptr, bytes), "cudaMalloc", err, err_len) ? -1 : 0;
+}
+
+extern "C" void charm_cuda_free(void* ptr) {
+  if (ptr != nullptr) cudaFree(ptr);
+}
+
+extern "C" int charm_cuda_upload(void* dst, const void* src, size_t bytes, char* err, size_t err_len) {
+  return failed(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy", err, err_len) ? -1 : 0;
+}
+
+extern "C" int charm_cuda_memory(size_t* free_bytes, size_t* total_bytes, char* err, size_t err_len) {
+  return failed(cudaMemGetInfo(free_bytes, total_bytes), "cudaMemGetInfo", err, err_len) ? -1 : 0;
 }
