@@ -311,7 +311,7 @@ Topology Topology::parse(const std::string& yaml, const std::filesystem::path& p
   const YAML::Node root = parse_yaml(yaml, path);
   r.check_keys(root, "",
                {"model", "model_name", "mode", "api", "threads", "timeouts", "store", "workers", "cluster", "prefetch",
-                "serving", "activations"});
+                "serving", "activations", "gpu"});
 
   Topology t;
   t.source = path;
@@ -347,6 +347,11 @@ Topology Topology::parse(const std::string& yaml, const std::filesystem::path& p
   }
   if (root["threads"]) t.threads = r.int_value(root["threads"], "threads", 0, kMaxThreads);
   if (root["prefetch"]) t.prefetch = r.bool_value(root["prefetch"], "prefetch");
+  // Known, so that the user hears what is missing rather than "unknown key".
+  if (root["gpu"] && r.bool_value(root["gpu"], "gpu")) {
+    r.fail("gpu", "the coordinator's dense part (attention, KV cache, routers, lm_head) on the GPU is not built "
+                  "yet; leave gpu out (or false). The routed experts can use a GPU: vram_gb");
+  }
   if (root["activations"]) {
     const std::string mode = r.string_value(root["activations"], "activations");
     if (mode != "f32" && mode != "q8") r.fail("activations", "expected 'f32' or 'q8', got '" + mode + "'");
