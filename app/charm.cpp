@@ -282,7 +282,7 @@ nlohmann::json prefetch_json(const PrefetchLayerStats& s) {
 nlohmann::json tier_json(const TierCounters& t) {
   return {{"hits", t.hits},         {"misses", t.misses},   {"bytes_read", t.bytes_read},
           {"io_wait_ns", t.io_wait_ns}, {"disk_ns", t.disk_ns}, {"prefetch_issued", t.prefetch_issued},
-          {"prefetch_hits", t.prefetch_hits}};
+          {"prefetch_hits", t.prefetch_hits}, {"vram_hits", t.vram_hits}};
 }
 
 /// The tier counters of one worker: the in-process store's, or a remote worker's own

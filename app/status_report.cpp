@@ -225,7 +225,8 @@ ExpertIdentities cached_identities(const Checkpoint& checkpoint, const ModelConf
 }
 
 std::string tier_line(const std::string& worker, uint32_t layer, const TierCounters& t) {
-  return worker + " layer " + std::to_string(layer) + ": hits " + std::to_string(t.hits) + ", misses " +
+  const std::string vram = t.vram_hits ? " (" + std::to_string(t.vram_hits) + " from VRAM)" : "";
+  return worker + " layer " + std::to_string(layer) + ": hits " + std::to_string(t.hits) + vram + ", misses " +
          std::to_string(t.misses) + " (" + hit_rate(t) + " hit), read " + bytes_text(t.bytes_read) + ", io wait " +
          fixed(static_cast<double>(t.io_wait_ns) / 1e6, 2) + " ms, disk " + fixed(static_cast<double>(t.disk_ns) / 1e6, 2) +
          " ms, prefetch used " + std::to_string(t.prefetch_hits) + "/" + std::to_string(t.prefetch_issued) + "\n";

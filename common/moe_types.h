@@ -55,6 +55,7 @@ struct TierCounters {
   uint64_t disk_ns = 0;          ///< total time the I/O threads spent in reads
   uint64_t prefetch_issued = 0;  ///< reads started by prefetch()
   uint64_t prefetch_hits = 0;    ///< prefetched experts a request then used
+  uint64_t vram_hits = 0;        ///< hits served from the VRAM tier (computed on the device); <= hits
   TierCounters& operator+=(const TierCounters& o) {
     hits += o.hits;
     misses += o.misses;
@@ -63,17 +64,19 @@ struct TierCounters {
     disk_ns += o.disk_ns;
     prefetch_issued += o.prefetch_issued;
     prefetch_hits += o.prefetch_hits;
+    vram_hits += o.vram_hits;
     return *this;
   }
   bool operator==(const TierCounters&) const = default;
 };
 
 /// Where one layer's experts live on a worker right now (schema/charm.capnp
-/// `LayerResidency`): expert ids, ascending, disjoint. An owned expert in neither list is
-/// on disk only (read on a miss).
+/// `LayerResidency`): expert ids, ascending; pinned and cached disjoint. An owned expert
+/// in none of the lists is on disk only (read on a miss).
 struct LayerResidency {
   std::vector<uint32_t> pinned;  ///< RAM, loaded at start and never evicted
   std::vector<uint32_t> cached;  ///< RAM, in an LRU slot now (may be evicted)
+  std::vector<uint32_t> vram;    ///< on the device (the VRAM tier serves them first; they may be in RAM too)
   bool operator==(const LayerResidency&) const = default;
 };
 

@@ -95,6 +95,7 @@ void set_layer_stats(wire::LayerStats::Builder stats, const LayerStats& st) {
   stats.setDiskNs(st.disk_ns);
   stats.setPrefetchHits(static_cast<uint32_t>(st.prefetch_hits));
   stats.setSaturated(st.saturated);
+  stats.setVramHits(static_cast<uint32_t>(st.vram_hits));
 }
 
 capnp::Data::Reader as_data(const std::string& bytes) {
@@ -228,6 +229,7 @@ std::span<const int64_t> read_layer_response(wire::LayerResponse::Reader r, uint
   st.disk_ns = stats.getDiskNs();
   st.prefetch_hits = stats.getPrefetchHits();
   st.saturated = stats.getSaturated();
+  st.vram_hits = stats.getVramHits();
   const uint64_t looked_up = st.hits + st.misses;  // each read from a u32: no overflow
   if (looked_up != 0 && looked_up != st.experts_computed) {
     fail_protocol("layerResponse.stats: hits (" + std::to_string(st.hits) + ") + misses (" + std::to_string(st.misses) +
@@ -235,6 +237,10 @@ std::span<const int64_t> read_layer_response(wire::LayerResponse::Reader r, uint
   }
   if (st.prefetch_hits > st.hits) {
     fail_protocol("layerResponse.stats.prefetchHits " + std::to_string(st.prefetch_hits) + " exceeds hits " +
+                  std::to_string(st.hits));
+  }
+  if (st.vram_hits > st.hits) {
+    fail_protocol("layerResponse.stats.vramHits " + std::to_string(st.vram_hits) + " exceeds hits " +
                   std::to_string(st.hits));
   }
   error = text_of(r.getError(), "layerResponse.error", kMaxWireTextBytes);
@@ -297,10 +303,13 @@ HelloReplyMsg decode_hello_reply(wire::HelloReply::Reader r) {
 
 TierCounters tier_of(wire::TierCounters::Reader r, const std::string& field) {
   TierCounters t{r.getHits(), r.getMisses(), r.getBytesRead(), r.getIoWaitNs(), r.getDiskNs(), r.getPrefetchIssued(),
-              r.getPrefetchHits()};
+              r.getPrefetchHits(), r.getVramHits()};
   if (t.prefetch_hits > t.prefetch_issued) {
     fail_protocol(field + ".prefetchHits " + std::to_string(t.prefetch_hits) + " exceeds prefetchIssued " +
                   std::to_string(t.prefetch_issued));
+  }
+  if (t.vram_hits > t.hits) {
+    fail_protocol(field + ".vramHits " + std::to_string(t.vram_hits) + " exceeds hits " + std::to_string(t.hits));
   }
   return t;
 }
@@ -313,6 +322,7 @@ void set_tier(wire::TierCounters::Builder b, const TierCounters& t) {
   b.setDiskNs(t.disk_ns);
   b.setPrefetchIssued(t.prefetch_issued);
   b.setPrefetchHits(t.prefetch_hits);
+  b.setVramHits(t.vram_hits);
 }
 
 /// The bitmap of `ids` (LayerResidency: bit e of byte e / 8, least significant first),
@@ -336,7 +346,8 @@ std::vector<uint32_t> ids_of(capnp::Data::Reader bits) {
   return ids;
 }
 
-/// healthReply.residency: layers ascending, each once, pinned and cached disjoint.
+/// healthReply.residency: layers ascending, each once, pinned and cached disjoint (vram may
+/// overlap either).
 std::map<uint32_t, LayerResidency> residency_of(capnp::List<wire::LayerResidency>::Reader list) {
   std::map<uint32_t, LayerResidency> out;
   for (uint32_t i = 0; i < list.size(); ++i) {
@@ -345,7 +356,7 @@ std::map<uint32_t, LayerResidency> residency_of(capnp::List<wire::LayerResidency
     if (!out.empty() && layer <= out.rbegin()->first) {
       fail_protocol(field + ".layer " + std::to_string(layer) + " is not above the previous layer (ascending, once each)");
     }
-    LayerResidency r{ids_of(list[i].getPinned()), ids_of(list[i].getCached())};
+    LayerResidency r{ids_of(list[i].getPinned()), ids_of(list[i].getCached()), ids_of(list[i].getVram())};
     std::vector<uint32_t> both;
     std::set_intersection(r.pinned.begin(), r.pinned.end(), r.cached.begin(), r.cached.end(), std::back_inserter(both));
     if (!both.empty()) {
@@ -457,9 +468,9 @@ uint64_t max_hello_reply_bytes(uint32_t num_moe_layers, uint32_t num_experts) {
 uint64_t max_health_reply_bytes(uint32_t num_moe_layers, uint32_t num_experts) {
   const uint64_t layers =
       1 + uint64_t{num_moe_layers} * (struct_words<wire::LayerTierCounters>() + struct_words<wire::TierCounters>());
-  // residency: a composite list of LayerResidency, each with two bitmaps of num_experts bits.
+  // residency: a composite list of LayerResidency, each with three bitmaps of num_experts bits.
   const uint64_t residency =
-      1 + uint64_t{num_moe_layers} * (struct_words<wire::LayerResidency>() + 2 * data_words((uint64_t{num_experts} + 7) / 8));
+      1 + uint64_t{num_moe_layers} * (struct_words<wire::LayerResidency>() + 3 * data_words((uint64_t{num_experts} + 7) / 8));
   const uint64_t reply = kMessageWords + struct_words<wire::HealthReply>() + 2 * text_words(kMaxWireNameBytes) +
                          text_words(kMaxWireFingerprintBytes) + struct_words<wire::TierCounters>() + layers + residency;
   return (std::max(reply, error_frame_words()) + kSegmentSlackWords) * kWordBytes;
@@ -600,9 +611,11 @@ Frame encode_health_reply(const HealthReplyMsg& reply) {
   i = 0;
   for (const auto& [layer, res] : reply.residency) {
     residency[i].setLayer(layer);
-    const std::vector<capnp::byte> pinned = bitmap_of(res.pinned), cached = bitmap_of(res.cached);
+    const std::vector<capnp::byte> pinned = bitmap_of(res.pinned), cached = bitmap_of(res.cached),
+                                   vram = bitmap_of(res.vram);
     residency[i].setPinned(capnp::Data::Reader(pinned.data(), pinned.size()));
     residency[i].setCached(capnp::Data::Reader(cached.data(), cached.size()));
+    residency[i].setVram(capnp::Data::Reader(vram.data(), vram.size()));
     ++i;
   }
   return finish_frame(builder);

@@ -108,6 +108,8 @@ struct LayerStats {
   prefetchHits @8 :UInt32;      # hits served by an earlier prefetch; <= hits
   saturated @9 :UInt64;         # protocol 4: output values clamped to the fixed-point
                                 # range (|weight * output| >= 2^23); the client warns
+  vramHits @10 :UInt32;         # hits served from the VRAM tier (computed on the GPU);
+                                # <= hits (0 from a worker without one)
 }
 
 # A worker's expert-tier counters since start, for one layer or all.
@@ -119,6 +121,7 @@ struct TierCounters {
   diskNs @4 :UInt64;            # time the I/O threads spent in reads, ns
   prefetchIssued @5 :UInt64;    # reads started by prefetch hints
   prefetchHits @6 :UInt64;      # prefetched experts then used; <= prefetchIssued
+  vramHits @7 :UInt64;          # hits served from the VRAM tier; <= hits
 }
 
 # One layer's counters.
@@ -127,13 +130,15 @@ struct LayerTierCounters {
   counters @1 :TierCounters;
 }
 
-# Which of one layer's experts are in RAM now, as bitmaps over expert ids: bit e (byte
-# e / 8, bit e % 8, least significant first) stands for expert e; bytes past the last
-# set bit may be left out. An expert in neither map is read from disk when asked for.
+# Which of one layer's experts are in VRAM and RAM now, as bitmaps over expert ids: bit e
+# (byte e / 8, bit e % 8, least significant first) stands for expert e; bytes past the
+# last set bit may be left out. An expert in no map is read from disk when asked for.
 struct LayerResidency {
   layer @0 :UInt32;             # decoder layer index
   pinned @1 :Data;              # loaded at start, never evicted
   cached @2 :Data;              # in an LRU slot now (may be evicted); disjoint from pinned
+  vram @3 :Data;                # in the VRAM tier now (served from there first; an expert
+                                # may be in RAM as well); empty without one
 }
 
 # Worker -> client, answer to `layerRequest`.

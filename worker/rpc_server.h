@@ -83,7 +83,7 @@ class ExecutorService final : public LayerService {
     for (const auto& [layer, t] : health.tier_layers) health.tier += t;
     health.slot_bytes = store.cache().slot_bytes();
     health.slots = store.cache().slot_count();
-    health.residency = store.cache().residency();
+    health.residency = store.residency();
   }
 
  private:

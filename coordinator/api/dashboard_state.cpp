@@ -97,16 +97,18 @@ json worker_status_json(const WorkerStatus& w) {
 std::string expert_tiers(uint32_t layer, size_t num_experts, const std::vector<WorkerStatus>& workers) {
   std::string tiers(num_experts, 'D');
   bool known = true;  // every worker that can serve has said what it holds in RAM
-  // Pinned beats LRU: the letter is the best copy any worker reported.
+  // VRAM beats pinned beats LRU: the letter is the best copy any worker reported.
   for (const WorkerStatus& w : workers) {
     if (w.state == WorkerState::kDown) continue;
     if (w.residency_age_ms < 0) known = false;
     auto it = w.residency.find(layer);
     if (it == w.residency.end()) continue;
     for (uint32_t e : it->second.cached)
-      if (e < num_experts && tiers[e] != 'P') tiers[e] = 'L';
+      if (e < num_experts && tiers[e] != 'P' && tiers[e] != 'V') tiers[e] = 'L';
     for (uint32_t e : it->second.pinned)
-      if (e < num_experts) tiers[e] = 'P';
+      if (e < num_experts && tiers[e] != 'V') tiers[e] = 'P';
+    for (uint32_t e : it->second.vram)
+      if (e < num_experts) tiers[e] = 'V';
   }
   if (!known) std::replace(tiers.begin(), tiers.end(), 'D', '?');
   return tiers;

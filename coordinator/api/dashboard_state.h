@@ -38,7 +38,7 @@ struct DashboardInputs {
 };
 
 /// One letter per expert of a layer, where it lives (docs/api.md, `heat.layers[].tiers`):
-/// 'P' RAM, pinned on some worker; 'L' RAM, in an LRU slot; 'D' on disk only (read on a
+/// 'V' in some worker's VRAM tier; 'P' RAM, pinned on some worker; 'L' RAM, in an LRU slot; 'D' on disk only (read on a
 /// miss); '?' unknown (a worker that is not down has not reported its residency).
 /// `num_experts` letters. Pure.
 std::string expert_tiers(uint32_t layer, size_t num_experts, const std::vector<WorkerStatus>& workers);

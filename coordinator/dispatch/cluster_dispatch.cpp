@@ -855,7 +855,7 @@ std::vector<WorkerStatus> ClusterDispatcher::status() const {
     s.slow = !slow[i].empty();
     s.slow_reason = slow[i];
     s.last_error = w.last_error;
-    if (w.ram_slots) s.experts_by_tier = split_by_tier(w.experts_held, *w.ram_slots);
+    if (w.ram_slots) s.experts_by_tier = split_by_tier(w.experts_held, *w.ram_slots, vram_experts_of(w.residency));
     s.tier_layers = w.tier_layers;
     s.residency = w.residency;
     if (w.last_probe_ok) s.residency_age_ms = std::chrono::duration<double, std::milli>(now - *w.last_probe_ok).count();

@@ -64,9 +64,10 @@ std::vector<WorkerStatus> LocalDispatcher::status() const {
   s.state = WorkerState::kInProcess;
   s.experts_held = executor_.store().size();
   s.requests = requests_.load();
-  s.experts_by_tier = split_by_tier(s.experts_held, executor_.store().cache().slot_count());
   s.tier_layers = executor_.store().layer_stats();
-  s.residency = executor_.store().cache().residency();
+  s.residency = executor_.store().residency();
+  s.experts_by_tier =
+      split_by_tier(s.experts_held, executor_.store().cache().slot_count(), vram_experts_of(s.residency));
   s.residency_age_ms = 0;
   return {s};
 }

@@ -3,6 +3,7 @@
 // status table, log lines), and the per-worker status record.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -85,16 +86,35 @@ inline double bytes_per_token(uint64_t layer_bytes, const WorkerStatus& s) {
   return bytes_per_token_layer(layer_bytes, s) * s.moe_layers;
 }
 
-/// Experts per tier from a worker's counts: `experts_held` (layer, expert) pairs and
-/// `ram_slots` RAM expert slots (HealthReply.slots: pinned + LRU over all layers).
-/// {"ram": experts_held} when every held expert has a slot of its own (no budget, or one
-/// that holds them all), and when ram_slots is 0 (a service that keeps no tiers holds
-/// everything in RAM); else {"ram": ram_slots, "disk": experts_held - ram_slots}: at most
-/// ram_slots are resident at once and the rest is read from disk on a miss. "ram" counts
-/// the slots, not which of them are filled at this moment (workers do not send that).
-inline std::map<std::string, uint64_t> split_by_tier(uint64_t experts_held, uint64_t ram_slots) {
-  if (ram_slots == 0 || ram_slots >= experts_held) return {{"ram", experts_held}};
-  return {{"ram", ram_slots}, {"disk", experts_held - ram_slots}};
+/// Experts per tier from a worker's counts: `experts_held` (layer, expert) pairs,
+/// `ram_slots` RAM expert slots (HealthReply.slots: pinned + LRU over all layers) and
+/// `vram_experts` experts in its VRAM tier now (vram_experts_of its residency).
+/// "vram": the VRAM experts (left out when there are none); of the rest, "ram": all of
+/// them when each has a RAM slot of its own (no budget, or one that holds them all) and
+/// when ram_slots is 0 (a service that keeps no tiers holds everything in RAM), else
+/// ram_slots, with "disk" the remainder: at most ram_slots are resident at once and the
+/// rest is read from disk on a miss. "ram" counts the slots, not which of them are filled
+/// at this moment (workers do not send that).
+inline std::map<std::string, uint64_t> split_by_tier(uint64_t experts_held, uint64_t ram_slots,
+                                                     uint64_t vram_experts = 0) {
+  const uint64_t vram = std::min(vram_experts, experts_held);
+  const uint64_t rest = experts_held - vram;
+  std::map<std::string, uint64_t> out;
+  if (vram) out["vram"] = vram;
+  if (ram_slots == 0 || ram_slots >= rest) {
+    out["ram"] = rest;
+  } else {
+    out["ram"] = ram_slots;
+    out["disk"] = rest - ram_slots;
+  }
+  return out;
+}
+
+/// The experts a residency report puts in VRAM, over all layers.
+inline uint64_t vram_experts_of(const std::map<uint32_t, LayerResidency>& residency) {
+  uint64_t n = 0;
+  for (const auto& [layer, r] : residency) n += r.vram.size();
+  return n;
 }
 
 }  // namespace charm

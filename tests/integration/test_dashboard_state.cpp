@@ -67,7 +67,7 @@ json get_state(httplib::Client& client, const httplib::Headers& headers = {}) {
 
 }  // namespace
 
-TEST_CASE("expert_tiers: pinned beats LRU, in no RAM list is disk, '?' while a live worker has not reported") {
+TEST_CASE("expert_tiers: VRAM beats pinned beats LRU, in no RAM list is disk, '?' while a live worker has not reported") {
   const std::vector<WorkerStatus> workers = {
       worker("a", WorkerState::kUp, {{3, {{0}, {1, 2}}}}, 5),
       worker("b", WorkerState::kUp, {{3, {{2}, {4, 9}}}}, 7),  // 9: past the layer's 6 experts, ignored
@@ -78,6 +78,10 @@ TEST_CASE("expert_tiers: pinned beats LRU, in no RAM list is disk, '?' while a l
   std::vector<WorkerStatus> unknown = workers;
   unknown.push_back(worker("d", WorkerState::kUp, {}, -1));  // up, no health reply yet
   CHECK(expert_tiers(3, 6, unknown) == "PLP?L?");
+  // VRAM beats the RAM lists, whichever worker reported them.
+  std::vector<WorkerStatus> gpu = workers;
+  gpu.push_back(worker("e", WorkerState::kUp, {{3, {{}, {}, {0, 1, 3}}}}, 2));
+  CHECK(expert_tiers(3, 6, gpu) == "VVPVLD");
 }
 
 TEST_CASE("dashboard_state: version, workers with their hit rates, totals, load, heat rows of one width") {

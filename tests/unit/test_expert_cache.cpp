@@ -193,11 +193,11 @@ TEST_CASE("residency: pinned and LRU-resident experts per layer, ascending; a re
   FakeSource source;
   ExpertCache cache(source, {{0, plan_of({0, 1, 2, 3, 4}, {3}, 1)}, {1, plan_of({0, 1}, {1, 0}, 0)}}, 2);
   using R = std::map<uint32_t, LayerResidency>;
-  CHECK(cache.residency() == R{{0, {{3}, {}}}, {1, {{0, 1}, {}}}});  // the LRU slot is empty at start
+  CHECK(cache.residency() == R{{0, {{3}, {}, {}}}, {1, {{0, 1}, {}, {}}}});  // the LRU slot is empty at start
   drain(cache, 0, {4});
-  CHECK(cache.residency() == R{{0, {{3}, {4}}}, {1, {{0, 1}, {}}}});
+  CHECK(cache.residency() == R{{0, {{3}, {4}, {}}}, {1, {{0, 1}, {}, {}}}});
   drain(cache, 0, {2});  // evicts 4 from the one LRU slot
-  CHECK(cache.residency().at(0) == LayerResidency{{3}, {2}});
+  CHECK(cache.residency().at(0) == LayerResidency{{3}, {2}, {}});
 }
 
 TEST_CASE("resident experts come back first, missing ones as their reads land") {

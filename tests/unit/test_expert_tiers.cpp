@@ -18,6 +18,7 @@
 #include "common/model_config.h"
 #include "coordinator/models/checkpoint_families.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/host_expert_device.h"
 #include "tests/support/safetensors_writer.h"
 #include "tests/support/temp_dir.h"
 #include "worker/experts/expert_container.h"
@@ -99,12 +100,19 @@ struct Case {
     return out;
   }
 
+  /// A store over `source` with `ram` bytes of RAM slots (nullopt: all resident) and, when
+  /// `vram_experts` > 0, a VRAM tier of that many experts on the host stand-in device.
   std::unique_ptr<ExpertStore> store(std::unique_ptr<ExpertSource> source, std::optional<uint64_t> ram,
-                                     int io_threads = 4) const {
+                                     int io_threads = 4, size_t vram_experts = 0) const {
     StoreOptions o;
     o.ram_bytes = ram;
     o.io_threads = io_threads;
     o.pin = PinMode::kNone;
+    o.activation = config.expert_activation;
+    if (vram_experts) {
+      o.vram_bytes = vram_experts * align_up(source->layout(all[0])->bytes, kRecordAlignment);
+      o.vram_device = std::make_shared<test::HostExpertDevice>();
+    }
     return std::make_unique<ExpertStore>(std::move(source), all, H, I, o);
   }
   std::unique_ptr<ExpertSource> from_checkpoint() const {
@@ -164,6 +172,20 @@ TEST_CASE("expert outputs are bit-identical for every tier, budget and source") 
       MESSAGE("O_DIRECT not checked: this file system refuses it (" << e.message() << ")");
     }
     if (direct) CHECK(same_bits(c.run(*c.store(std::move(direct), one_per_layer)), want));
+
+    // The VRAM tier (issue 19, the executor's split between device and CPU): half the
+    // experts there, the rest through one RAM slot per layer. The device is the host
+    // stand-in, so this checks the tier's plumbing; tests/gpu/ checks the GPU's bits.
+    const WeightFormat format = c.from_checkpoint()->layout(c.all[0])->gate.shape.format;
+    if (ExpertDevice::computes(format)) {
+      auto vram = c.store(c.from_checkpoint(), budget(*c.from_checkpoint(), 1), 1, c.all.size() / 2);
+      CHECK(same_bits(c.run(*vram), want));
+      CHECK(vram->total_stats().vram_hits > 0);
+      CHECK(vram->total_stats().vram_hits < vram->total_stats().hits + vram->total_stats().misses);
+    } else {
+      test::expect_error([&] { c.store(c.from_checkpoint(), std::nullopt, 1, 2); }, ErrorCategory::kUnsupported,
+                         {weight_format_name(format)});
+    }
   }
 }
 
@@ -221,6 +243,11 @@ TEST_CASE("gpt-oss experts: every tier gives the bits of the f32 GptOssExperts p
   CHECK(c.from_checkpoint()->layout(c.all[0])->has_biases());
   CHECK(same_bits(c.run(*store(std::nullopt)), want));
   CHECK(same_bits(c.run(*store(slot * c.config.moe_layer_ids().size())), want));  // one LRU slot per layer
+  // Half in VRAM (the host stand-in): the device's projections with the biases, the
+  // clamped SwiGLU on the host.
+  auto vram = c.store(c.from_checkpoint(), std::nullopt, 1, c.all.size() / 2);
+  CHECK(same_bits(c.run(*vram), want));
+  CHECK(vram->total_stats().vram_hits > 0);
   // A plain SwiGLU store (the activation forgotten) or dropped biases would differ.
   StoreOptions plain;
   plain.pin = PinMode::kNone;

@@ -353,6 +353,7 @@ TEST_CASE("tier stats round trip in layerResponse and healthReply") {
   resp.response.stats.io_wait_ns = 777;
   resp.response.stats.disk_ns = 888;
   resp.response.stats.prefetch_hits = 1;
+  resp.response.stats.vram_hits = 2;
   const LayerStats s = decode_as<LayerResponseMsg>(body_of(encode_layer_response(resp))).response.stats;
   CHECK(s.hits == 3);
   CHECK(s.misses == 2);
@@ -360,11 +361,12 @@ TEST_CASE("tier stats round trip in layerResponse and healthReply") {
   CHECK(s.io_wait_ns == 777);
   CHECK(s.disk_ns == 888);
   CHECK(s.prefetch_hits == 1);
+  CHECK(s.vram_hits == 2);
 
   HealthReplyMsg health;
   health.worker_name = "w";
-  health.tier = {10, 4, 1 << 20, 5, 6, 3, 2};
-  health.tier_layers = {{0, {6, 1, 4096, 1, 2, 1, 1}}, {7, {4, 3, 8192, 4, 4, 2, 1}}};
+  health.tier = {10, 4, 1 << 20, 5, 6, 3, 2, 7};
+  health.tier_layers = {{0, {6, 1, 4096, 1, 2, 1, 1, 5}}, {7, {4, 3, 8192, 4, 4, 2, 1, 2}}};
   health.slot_bytes = 12288;
   health.slots = 6;
   const auto h = decode_as<HealthReplyMsg>(body_of(encode_health_reply(health)));
@@ -377,7 +379,8 @@ TEST_CASE("tier stats round trip in layerResponse and healthReply") {
 TEST_CASE("healthReply residency: bitmaps round trip; misordered layers and overlaps are refused") {
   HealthReplyMsg health;
   health.worker_name = "w";
-  health.residency = {{0, {{0, 7, 8}, {3, 200}}}, {5, {{}, {1}}}, {9, {{}, {}}}};
+  // VRAM experts may be in RAM too (pinned or cached).
+  health.residency = {{0, {{0, 7, 8}, {3, 200}, {7, 9, 200}}}, {5, {{}, {1}, {}}}, {9, {{}, {}, {4}}}};
   const auto h = decode_as<HealthReplyMsg>(body_of(encode_health_reply(health)));
   CHECK(h.residency == health.residency);
 
@@ -391,7 +394,7 @@ TEST_CASE("healthReply residency: bitmaps round trip; misordered layers and over
     }
     return body_of(frame_from(builder));
   };
-  CHECK(decode_as<HealthReplyMsg>(frame({2}, {0x01}, {0x02, 0x80})).residency.at(2) == LayerResidency{{0}, {1, 15}});
+  CHECK(decode_as<HealthReplyMsg>(frame({2}, {0x01}, {0x02, 0x80})).residency.at(2) == LayerResidency{{0}, {1, 15}, {}});
   test::expect_error([&] { decode_message(frame({3, 3}, {}, {})); }, ErrorCategory::kProtocol,
                      {"healthReply.residency[1].layer 3 is not above the previous layer"});
   test::expect_error([&] { decode_message(frame({1}, {0x05}, {0x04})); }, ErrorCategory::kProtocol,
@@ -420,6 +423,14 @@ TEST_CASE("layerResponse: hits + misses must be expertsComputed; prefetchHits <=
   test::expect_error([&] { decode_message(body_of(frame(4, 3, 2, 0))); }, ErrorCategory::kProtocol, {"hits (3) + misses (2) must equal expertsComputed (4)"});
   test::expect_error([&] { decode_message(body_of(frame(1, 0xffffffffu, 2, 0))); }, ErrorCategory::kProtocol, {"expertsComputed"});
   test::expect_error([&] { decode_message(body_of(frame(4, 2, 2, 3))); }, ErrorCategory::kProtocol, {"prefetchHits 3 exceeds hits 2"});
+  capnp::MallocMessageBuilder builder;
+  auto st = builder.initRoot<wire::Message>().initLayerResponse().initStats();
+  st.setExpertsComputed(2);
+  st.setHits(1);
+  st.setMisses(1);
+  st.setVramHits(2);
+  test::expect_error([&] { decode_message(body_of(frame_from(builder))); }, ErrorCategory::kProtocol,
+                     {"layerResponse.stats.vramHits 2 exceeds hits 1"});
 }
 
 TEST_CASE("healthReply: tier layers ascending and once each; prefetchHits <= prefetchIssued") {
@@ -442,6 +453,14 @@ TEST_CASE("healthReply: tier layers ascending and once each; prefetchHits <= pre
     auto layers = builder.initRoot<wire::Message>().initHealthReply().initTierLayers(1);
     layers[0].initCounters().setPrefetchHits(1);
     test::expect_error([&] { decode_message(body_of(frame_from(builder))); }, ErrorCategory::kProtocol, {"tierLayers[0].prefetchHits"});
+  }
+  {
+    capnp::MallocMessageBuilder builder;
+    auto t = builder.initRoot<wire::Message>().initHealthReply().initTierTotal();
+    t.setHits(1);
+    t.setVramHits(3);
+    test::expect_error([&] { decode_message(body_of(frame_from(builder))); }, ErrorCategory::kProtocol,
+                       {"healthReply.tierTotal.vramHits 3 exceeds hits 1"});
   }
 }
 
@@ -524,11 +543,13 @@ TEST_CASE("max_health_reply_bytes: the largest legitimate healthReply or error f
     h.state = std::string(kMaxWireNameBytes, 's');
     h.model_fingerprint = std::string(kMaxWireFingerprintBytes, 'f');
     h.experts_held = h.requests_served = h.bytes_in = h.bytes_out = h.uptime_ms = h.slot_bytes = h.slots = ~0ull;
-    for (uint32_t l = 0; l < layers; ++l) h.tier_layers[l] = TierCounters{1, 2, 3, 4, 5, 6, 6};
-    // Every expert of every layer pinned or cached, the largest id last (the longest bitmaps).
+    for (uint32_t l = 0; l < layers; ++l) h.tier_layers[l] = TierCounters{1, 2, 3, 4, 5, 6, 6, 1};
+    // Every expert of every layer pinned or cached and in VRAM, the largest id last (the
+    // longest bitmaps).
     constexpr uint32_t kExperts = 256;
     for (uint32_t l = 0; l < layers; ++l) {
       for (uint32_t e = 0; e < kExperts; ++e) (e % 2 ? h.residency[l].cached : h.residency[l].pinned).push_back(e);
+      for (uint32_t e = 0; e < kExperts; ++e) h.residency[l].vram.push_back(e);
     }
     const uint64_t bound = max_health_reply_bytes(layers, kExperts);
     CHECK(encode_health_reply(h).size() - 4 <= bound);

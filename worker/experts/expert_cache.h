@@ -1,6 +1,6 @@
 // The RAM tier of a worker: per MoE layer, a pinned set (loaded at start, never evicted)
 // and an LRU over the remaining slots, in front of the disk tier (an ExpertSource).
-// Lookup order: (VRAM, a later tier), pinned, LRU, disk.
+// Lookup order: VRAM (worker/experts/vram_tier.h, when configured), pinned, LRU, disk.
 //
 // Every slot is sized for the largest expert (align_up(max blob, 4 KiB)) and holds one
 // expert's blob as the source stores it (the checkpoint's dtype, or a container's
@@ -60,14 +60,20 @@ class ExpertLease {
   uint32_t expert() const { return expert_; }
   /// The expert's matrices in the slot (valid while the lease lives).
   const ExpertView& view() const { return view_; }
+  /// The slot's blob and its layout (what the VRAM tier copies when it promotes the expert).
+  const ExpertLayout& layout() const { return *layout_; }
+  const uint8_t* blob() const { return blob_; }
 
  private:
   friend class ExpertFetch;
-  ExpertLease(ExpertCache* cache, uint32_t layer, size_t slot, uint32_t expert, ExpertView view);
+  ExpertLease(ExpertCache* cache, uint32_t layer, size_t slot, uint32_t expert, const ExpertLayout* layout,
+              const uint8_t* blob);
   ExpertCache* cache_;
   uint32_t layer_;
   size_t slot_;
   uint32_t expert_;
+  const ExpertLayout* layout_;
+  const uint8_t* blob_;
   ExpertView view_;
 };
 
@@ -184,7 +190,6 @@ class ExpertCache {
   static void unref(Layer& l, size_t slot);
   // REQUIRES: l.mutex held. A request uses resident/loading `slot`: hold it, count a hit.
   static void hold_hit(Layer& l, size_t slot, TierCounters& request);
-  ExpertView view_of(const Slot& s) const;
 
   const ExpertSource& source_;
   uint64_t slot_bytes_ = 0;

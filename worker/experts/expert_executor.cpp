@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <future>
 #include <map>
 #include <memory>
 #include <string>
@@ -41,18 +42,56 @@ LayerStats ExpertExecutor::run_into(uint32_t layer, const float* hidden, uint32_
   }
   std::vector<uint32_t> distinct;
   for (const auto& [expert, rows] : rows_of) distinct.push_back(expert);
-  std::unique_ptr<ExpertFetch> fetch = store_.fetch(layer, distinct);
+  // The rows of `expert`'s assignments copied into x, in order; returns their count.
+  auto gather = [&](uint32_t expert, float* x) {
+    const std::vector<size_t>& rows = rows_of[expert];
+    for (size_t k = 0; k < rows.size(); ++k) std::copy_n(hidden + assignments[rows[k]].row * h, h, x + k * h);
+    return rows.size();
+  };
+  // Each of `expert`'s outputs y (as gathered), weighted, into its row's fixed-point sum;
+  // integer sums make the order (device or CPU, experts by tier, then by id) irrelevant
+  // to the bits. Returns the rows consumed.
+  uint64_t saturated = 0;
+  auto add_terms = [&](uint32_t expert, const float* y) {
+    const std::vector<size_t>& rows = rows_of[expert];
+    for (size_t k = 0; k < rows.size(); ++k) {
+      const ExpertAssignment& a = assignments[rows[k]];
+      add_weighted_term(y + k * h, a.weight, static_cast<size_t>(h), sums + size_t{a.row} * h, saturated);
+    }
+    return rows.size();
+  };
+  LayerFetch fetch = store_.fetch(layer, distinct);
   if (after_fetch) after_fetch();
+  // The VRAM tier's experts compute on the device, on a thread of their own, while this
+  // one computes the rest; their terms are added once both are done.
+  std::vector<float> device_x, device_y;
+  std::future<void> on_device;
+  if (!fetch.vram.empty()) {
+    size_t total = 0;
+    for (const VramLease& lease : fetch.vram) total += rows_of[lease.expert].size();
+    device_x.resize(total * h);
+    device_y.resize(total * h);
+    std::vector<size_t> first(fetch.vram.size() + 1, 0);  // each expert's first gathered row
+    for (size_t j = 0; j < fetch.vram.size(); ++j) {
+      first[j + 1] = first[j] + gather(fetch.vram[j].expert, device_x.data() + first[j] * h);
+    }
+    // The thread reads only fetch.vram and these buffers (rows_of is this thread's).
+    on_device = std::async(std::launch::async, [this, &fetch, &device_x, &device_y, first, h] {
+      for (size_t j = 0; j < fetch.vram.size(); ++j) {
+        store_.vram()->device().swiglu(*fetch.vram[j].copy, device_x.data() + first[j] * h, first[j + 1] - first[j],
+                                       device_y.data() + first[j] * h, store_.activation());
+      }
+    });
+  }
   // Resident experts come first, missing ones as their reads land. Each expert's rows
   // are gathered into one block and computed as GEMMs (worker/experts/swiglu_batch.h), whose
   // bits for a row never depend on the other rows, the batch or the thread count.
   std::vector<ExpertLease> batch;
   std::vector<float> x, y;  // gathered rows in, their outputs, expert by expert
   std::vector<SwigluJob> jobs;
-  uint64_t saturated = 0;
   for (;;) {
     batch.clear();  // give the slots back before asking for more (a layer may have one)
-    batch = fetch->next();
+    batch = fetch.ram->next();
     if (batch.empty()) break;
     size_t total = 0;
     for (const ExpertLease& lease : batch) total += rows_of[lease.expert()].size();
@@ -61,27 +100,27 @@ LayerStats ExpertExecutor::run_into(uint32_t layer, const float* hidden, uint32_
     jobs.clear();
     size_t at = 0;  // first gathered row of the current expert
     for (const ExpertLease& lease : batch) {
-      const std::vector<size_t>& rows = rows_of[lease.expert()];
-      for (size_t k = 0; k < rows.size(); ++k) {
-        std::copy_n(hidden + assignments[rows[k]].row * h, h, x.data() + (at + k) * h);
-      }
-      jobs.push_back(SwigluJob{&lease.view(), x.data() + at * h, rows.size(), y.data() + at * h});
-      at += rows.size();
+      const size_t n = gather(lease.expert(), x.data() + at * h);
+      jobs.push_back(SwigluJob{&lease.view(), x.data() + at * h, n, y.data() + at * h});
+      at += n;
     }
     swiglu_batch(jobs, h, inter, store_.activation());
     at = 0;
-    // Each output, weighted, goes into its row's fixed-point sum; integer sums make the
-    // order (experts by tier, then by id) irrelevant to the bits.
     for (const ExpertLease& lease : batch) {
-      for (size_t i : rows_of[lease.expert()]) {
-        const ExpertAssignment& a = assignments[i];
-        add_weighted_term(y.data() + (at++) * h, a.weight, static_cast<size_t>(h), sums + size_t{a.row} * h, saturated);
-      }
+      at += add_terms(lease.expert(), y.data() + at * h);
+      store_.offer_to_vram(layer, lease);  // online promotion from routing counts
     }
   }
-  const TierCounters& tier = fetch->stats();
+  if (on_device.valid()) {
+    on_device.get();  // rethrows the device's error
+    size_t at = 0;
+    for (const VramLease& lease : fetch.vram) at += add_terms(lease.expert, device_y.data() + at * h);
+  }
+  const TierCounters& tier = fetch.ram->stats();
   LayerStats stats;
   static_cast<TierCounters&>(stats) = tier;
+  stats.hits += fetch.vram.size();
+  stats.vram_hits = fetch.vram.size();
   stats.experts_computed = static_cast<uint32_t>(distinct.size());
   stats.rows_computed = static_cast<uint32_t>(assignments.size());
   stats.saturated = saturated;

@@ -1,7 +1,8 @@
 // Runs a layer's batch-union on the experts a worker holds: for every assignment
 // (row, expert, weight), y = down_proj(silu(gate_proj(x)) * up_proj(x)) (SwiGLU, as
 // Qwen3MoeMLP / OlmoeMLP), added to row's fixed-point sum as weight * y
-// (common/fixed_point.h). Experts already resident are computed first while
+// (common/fixed_point.h). Experts in the VRAM tier compute on the device while the CPU
+// computes the rest; of those, experts already resident are computed first while
 // the missing ones are read (worker/experts/expert_store.h); the rows sharing an expert are one
 // GEMM (worker/experts/swiglu_batch.h). Each output row has the same bits whatever else is in
 // the batch and whichever tier held the expert, so results are bit-identical across

@@ -1,21 +1,15 @@
 #include "worker/experts/expert_store.h"
 
 #include <algorithm>
-#include <cstdio>
 
 #include <spdlog/spdlog.h>
 
 #include "common/error.h"
+#include "worker/experts/budget_text.h"
 #include "worker/experts/expert_manifest.h"
 
 namespace charm {
 namespace {
-
-std::string gib(uint64_t bytes) {
-  char text[64];
-  std::snprintf(text, sizeof text, "%.6g", static_cast<double>(bytes) / (1ull << 30));
-  return text;
-}
 
 /// Slot counts per layer: proportional to owned experts, >= 1, <= owned, summing to at
 /// most `total` (>= number of layers).
@@ -63,10 +57,10 @@ std::map<uint32_t, LayerPlan> plan_slots(const std::vector<ExpertKey>& owned, ui
   }
   if (total < by_layer.size()) {
     const uint64_t need = by_layer.size() * slot_bytes;
-    fail_invalid("worker '" + worker_name + "': ram_gb " + gib(*ram_bytes) + " (" + std::to_string(*ram_bytes) +
+    fail_invalid("worker '" + worker_name + "': ram_gb " + gib_text(*ram_bytes) + " (" + std::to_string(*ram_bytes) +
                  " bytes) holds " + std::to_string(total) + " expert slots of " + std::to_string(slot_bytes) +
                  " bytes, but its experts span " + std::to_string(by_layer.size()) +
-                 " MoE layers and each needs at least one slot: set ram_gb to at least " + gib(need) + " (" +
+                 " MoE layers and each needs at least one slot: set ram_gb to at least " + gib_text(need) + " (" +
                  std::to_string(need) + " bytes)");
   }
   for (const auto& [layer, slots] : share_slots(by_layer, owned.size(), total)) {
@@ -111,7 +105,15 @@ ExpertStore::ExpertStore(std::unique_ptr<ExpertSource> source, const std::vector
     if (!warning.empty()) spdlog::warn("worker {}: {}", options.worker_name, warning);
   }
   std::vector<ExpertKey> sorted(owned_.begin(), owned_.end());
-  std::map<uint32_t, LayerPlan> plan = plan_slots(sorted, slot_bytes, options.ram_bytes, usage, options.worker_name);
+  UsageCounts ram_usage = usage;
+  if (options.vram_bytes) {
+    if (!options.vram_device) fail_internal("StoreOptions: vram_bytes without a device");
+    const std::vector<ExpertKey> placed = plan_vram(sorted, slot_bytes, *options.vram_bytes, usage, options.worker_name);
+    const size_t capacity = std::max<uint64_t>(placed.size(), *options.vram_bytes / std::max<uint64_t>(slot_bytes, 1));
+    vram_ = std::make_unique<VramTier>(options.vram_device, *source_, placed, capacity, usage, options.worker_name);
+    for (const ExpertKey& key : placed) ram_usage.erase(key);  // RAM pins the hottest of the rest
+  }
+  std::map<uint32_t, LayerPlan> plan = plan_slots(sorted, slot_bytes, options.ram_bytes, ram_usage, options.worker_name);
   size_t pinned = 0, lru = 0;
   for (const auto& [layer, p] : plan) {
     pinned += p.pinned.size();
@@ -134,15 +136,46 @@ ExpertStore::ExpertStore(const Checkpoint& checkpoint, const ExpertTensorNames& 
 
 ExpertStore::~ExpertStore() = default;
 
-std::unique_ptr<ExpertFetch> ExpertStore::fetch(uint32_t layer, const std::vector<uint32_t>& experts) const {
+LayerFetch ExpertStore::fetch(uint32_t layer, const std::vector<uint32_t>& experts) const {
   for (uint32_t e : experts) usage_->record({layer, e});
-  return cache_->fetch(layer, experts);
+  LayerFetch out;
+  if (!vram_) {
+    out.ram = cache_->fetch(layer, experts);
+    return out;
+  }
+  std::vector<uint32_t> rest;
+  out.vram = vram_->lookup(layer, experts, rest);
+  out.ram = cache_->fetch(layer, rest);
+  return out;
+}
+
+void ExpertStore::offer_to_vram(uint32_t layer, const ExpertLease& lease) const {
+  if (vram_) vram_->offer({layer, lease.expert()}, lease.layout(), lease.blob());
+}
+
+std::map<uint32_t, TierCounters> ExpertStore::layer_stats() const {
+  std::map<uint32_t, TierCounters> out = cache_->stats();
+  if (vram_) {
+    for (const auto& [layer, hits] : vram_->hits()) {
+      out[layer].hits += hits;
+      out[layer].vram_hits += hits;
+    }
+  }
+  return out;
+}
+
+std::map<uint32_t, LayerResidency> ExpertStore::residency() const {
+  std::map<uint32_t, LayerResidency> out = cache_->residency();
+  if (vram_) {
+    for (auto& [layer, experts] : vram_->resident()) out[layer].vram = std::move(experts);
+  }
+  return out;
 }
 
 size_t ExpertStore::prefetch(uint32_t layer, const std::vector<uint32_t>& experts) const {
-  std::vector<uint32_t> mine;
+  std::vector<uint32_t> mine;  // owned, and not served from VRAM
   for (uint32_t e : experts) {
-    if (holds(layer, e)) mine.push_back(e);
+    if (holds(layer, e) && !(vram_ && vram_->holds({layer, e}))) mine.push_back(e);
   }
   return cache_->prefetch(layer, mine);
 }
@@ -163,7 +196,7 @@ ExpertIdentities ExpertStore::identities() const {
 
 TierCounters ExpertStore::total_stats() const {
   TierCounters total;
-  for (const auto& [layer, s] : cache_->stats()) total += s;
+  for (const auto& [layer, s] : layer_stats()) total += s;
   return total;
 }
 

@@ -1,4 +1,5 @@
-// The routed experts one worker serves, behind its tier hierarchy: a RAM cache (pinned
+// The routed experts one worker serves, behind its tier hierarchy: an optional VRAM tier
+// (worker/experts/vram_tier.h) over a RAM cache (pinned
 // set + per-layer LRU, worker/experts/expert_cache.h) over a disk tier (the checkpoint itself or
 // an expert container, worker/experts/expert_source.h), sized by a RAM budget, with expert usage
 // recorded for `pin: auto` (worker/experts/usage_log.h). Placement of an expert in a tier changes
@@ -20,6 +21,7 @@
 #include "common/expert_activation.h"
 #include "worker/experts/expert_source.h"
 #include "worker/experts/usage_log.h"
+#include "worker/experts/vram_tier.h"
 
 namespace charm {
 
@@ -38,6 +40,17 @@ struct StoreOptions {
   int io_threads = 4;                    ///< bounded async read pool
   EvictionPolicy eviction = EvictionPolicy::kLru;  ///< the LRU slots' replacement (`cache_policy`)
   ExpertActivation activation;           ///< the model's (ModelConfig::expert_activation)
+  /// The VRAM tier's budget (`vram_gb`) and its device (both set, or neither): the
+  /// hottest experts (plan_vram) are computed there, and are not pinned in RAM as well.
+  std::optional<uint64_t> vram_bytes;
+  std::shared_ptr<ExpertDevice> vram_device;
+};
+
+/// A request's experts on one layer, by tier: those in VRAM (ascending) and the fetch of
+/// the others from RAM / disk (ExpertFetch; it returns nothing when all were in VRAM).
+struct LayerFetch {
+  std::vector<VramLease> vram;
+  std::unique_ptr<ExpertFetch> ram;
 };
 
 /// How a budget becomes slots: per layer, `pinned` + `lru_slots` (LayerPlan).
@@ -71,11 +84,16 @@ class ExpertStore {
   /// True when this worker owns (layer, expert).
   bool holds(uint32_t layer, uint32_t expert) const { return owned_.count({layer, expert}) > 0; }
   /// Starts fetching a request's distinct `experts` on `layer` (all held) and records
-  /// their use. See ExpertFetch.
-  std::unique_ptr<ExpertFetch> fetch(uint32_t layer, const std::vector<uint32_t>& experts) const;
+  /// their use: the VRAM ones at once, the others through ExpertFetch.
+  LayerFetch fetch(uint32_t layer, const std::vector<uint32_t>& experts) const;
+  /// Offers an expert a request just computed from RAM to the VRAM tier's online
+  /// promotion (VramTier::offer; nothing without the tier).
+  void offer_to_vram(uint32_t layer, const ExpertLease& lease) const;
+  /// The VRAM tier, or null when none is configured.
+  const VramTier* vram() const { return vram_.get(); }
   /// Starts async reads of the missing ones of `experts` into free LRU slots, without
   /// blocking (the entry point for a coordinator's prefetch hint). Experts this worker
-  /// does not own are ignored. Returns the number of reads started.
+  /// does not own, or serves from VRAM, are ignored. Returns the number of reads started.
   size_t prefetch(uint32_t layer, const std::vector<uint32_t>& experts) const;
 
   size_t size() const { return owned_.size(); }
@@ -90,8 +108,10 @@ class ExpertStore {
   ExpertIdentities identities() const;
   /// The source's lossy form ("" when it serves the checkpoint's values exactly).
   std::string lossy_form() const { return source_->lossy_form(); }
-  /// Tier counters per layer since start.
-  std::map<uint32_t, TierCounters> layer_stats() const { return cache_->stats(); }
+  /// Tier counters per layer since start (the VRAM tier's hits among the hits).
+  std::map<uint32_t, TierCounters> layer_stats() const;
+  /// Per layer, the experts in VRAM and in RAM now (LayerResidency).
+  std::map<uint32_t, LayerResidency> residency() const;
   /// Their sum.
   TierCounters total_stats() const;
   const ExpertCache& cache() const { return *cache_; }
@@ -106,6 +126,7 @@ class ExpertStore {
   std::unique_ptr<ExpertSource> source_;
   std::unique_ptr<UsageLog> usage_;
   std::unique_ptr<ExpertCache> cache_;
+  std::unique_ptr<VramTier> vram_;
 };
 
 }  // namespace charm

@@ -7,8 +7,8 @@
 
 #include "common/cache_root.h"
 #include "common/error.h"
-#include "common/gpu_runtime.h"
 #include "worker/experts/expert_container.h"
+#include "worker/experts/expert_device.h"
 #include "worker/experts/expert_manifest.h"
 
 namespace charm {
@@ -25,13 +25,10 @@ std::filesystem::path usage_file_for(const StoreSpec& spec, const std::string& f
 std::unique_ptr<ExpertStore> open_store(const StoreSpec& spec, const Checkpoint& checkpoint, const ModelConfig& config,
                                         const std::vector<ExpertKey>& owned, const std::string& worker_name,
                                         const std::string& fingerprint) {
+  std::shared_ptr<ExpertDevice> vram_device;
   if (spec.vram_gb) {
-    // The VRAM tier (issue 19): the GPU is checked first, so a machine without one is told
-    // so; the tier itself (experts resident and computed on the GPU) is not built yet.
-    const std::string what = "worker '" + worker_name + "': vram_gb " + fmt::format("{:g}", *spec.vram_gb);
-    require_gpu(what);
-    fail_unsupported(what + ": the VRAM expert tier is not implemented yet; leave vram_gb out to serve the experts "
-                     "from RAM and disk");
+    // Checked first, so a machine without a GPU is told so before any expert is read.
+    vram_device = open_gpu_expert_device("worker '" + worker_name + "': vram_gb " + fmt::format("{:g}", *spec.vram_gb));
   }
   const IoMode io = spec.io == "odirect" ? IoMode::kODirect : IoMode::kPread;
   std::unique_ptr<ExpertSource> source;
@@ -82,6 +79,10 @@ std::unique_ptr<ExpertStore> open_store(const StoreSpec& spec, const Checkpoint&
   options.io_threads = static_cast<int>(spec.io_threads);
   options.eviction = spec.cache_policy == "lrfu" ? EvictionPolicy::kLrfu : EvictionPolicy::kLru;
   options.activation = config.expert_activation;
+  if (vram_device) {
+    options.vram_bytes = static_cast<uint64_t>(std::llround(*spec.vram_gb * double(1ull << 30)));
+    options.vram_device = std::move(vram_device);
+  }
   return std::make_unique<ExpertStore>(std::move(source), owned, config.hidden_size, config.moe_intermediate_size,
                                        std::move(options));
 }

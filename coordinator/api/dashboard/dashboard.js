@@ -6,8 +6,8 @@
 
 const POLL_MS = 1000;
 const FETCH_TIMEOUT_MS = 5000;
-const TIER_RGB = { P: [70, 140, 255], L: [60, 200, 120], D: [240, 150, 50], "?": [140, 140, 140] };
-const TIER_NAME = { P: "RAM, pinned", L: "RAM, LRU slot", D: "disk only", "?": "not reported yet" };
+const TIER_RGB = { V: [200, 110, 255], P: [70, 140, 255], L: [60, 200, 120], D: [240, 150, 50], "?": [140, 140, 140] };
+const TIER_NAME = { V: "VRAM", P: "RAM, pinned", L: "RAM, LRU slot", D: "disk only", "?": "not reported yet" };
 
 let apiKey = sessionStorage.getItem("charm.apiKey") || "";
 let previous = null;   // the last state, for the live token rate
@@ -56,7 +56,7 @@ function tierBar(byTier, held) {
   const wrap = document.createElement("span");
   const bar = document.createElement("span");
   bar.className = "bar small";
-  for (const tier of ["ram", "disk"]) {
+  for (const tier of ["vram", "ram", "disk"]) {
     const n = byTier[tier] || 0;
     if (!n || !held) continue;
     const part = document.createElement("span");
@@ -65,7 +65,9 @@ function tierBar(byTier, held) {
     bar.appendChild(part);
   }
   wrap.appendChild(bar);
-  const text = Object.keys(byTier).length ? (byTier.ram || 0) + " / " + (byTier.disk || 0) : "–";
+  // "VRAM / RAM / disk" where a worker has a VRAM tier, else "RAM / disk".
+  const parts = (byTier.vram ? ["vram", "ram", "disk"] : ["ram", "disk"]).map((t) => byTier[t] || 0);
+  const text = Object.keys(byTier).length ? parts.join(" / ") : "–";
   wrap.appendChild(document.createTextNode(text));
   return wrap;
 }

@@ -1,0 +1,69 @@
+// An ExpertDevice in host memory that computes with common/matmul.h: the stand-in for the
+// GPU in the VRAM tier's CPU tests (placement, budget accounting, promotion, the
+// executor's split of a request between device and CPU, counters). It takes the formats
+// the GPU takes and refuses the others as the GPU does, and counts its memory against a
+// capacity. It says nothing about the GPU's own bits: tests/gpu/ checks those.
+#pragma once
+
+#include <atomic>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+
+#include "common/error.h"
+#include "common/matmul.h"
+#include "worker/experts/expert_device.h"
+#include "worker/experts/expert_source.h"
+
+namespace charm::test {
+
+class HostExpertDevice final : public ExpertDevice {
+ public:
+  explicit HostExpertDevice(uint64_t capacity = std::numeric_limits<uint64_t>::max()) : capacity_(capacity) {}
+
+  std::unique_ptr<DeviceExpert> upload(const ExpertLayout& layout, const uint8_t* blob) override {
+    for (const MatrixPart* m : {&layout.gate, &layout.up, &layout.down}) {
+      if (!computes(m->shape.format)) fail_unsupported(std::string("host device: ") + weight_format_name(m->shape.format));
+    }
+    if (layout.bytes > capacity_ - used_->load()) fail_unavailable("host device: full");
+    ++uploads_;
+    return std::make_unique<Copy>(layout, blob, used_);
+  }
+  void matmul(const MatrixView& w, const float* x, size_t rows, const float* bias, float* y) const override {
+    ++products_;
+    charm::matmul(w, x, rows, bias, y);
+  }
+  uint64_t free_bytes() const override { return capacity_ - used_->load(); }
+  std::string describe() const override { return "host device"; }
+
+  /// Bytes held by live copies (shared with them: a copy outliving the tier still counts).
+  uint64_t used() const { return used_->load(); }
+  uint64_t uploads() const { return uploads_.load(); }
+  uint64_t products() const { return products_.load(); }
+
+ private:
+  class Copy final : public DeviceExpert {
+   public:
+    Copy(const ExpertLayout& layout, const uint8_t* blob, std::shared_ptr<std::atomic<uint64_t>> used)
+        : Copy(layout, blob, std::move(used), AlignedBuffer(layout.bytes)) {}
+    ~Copy() override { *used_ -= bytes(); }
+
+   private:
+    Copy(const ExpertLayout& layout, const uint8_t* blob, std::shared_ptr<std::atomic<uint64_t>> used,
+         AlignedBuffer buffer)
+        : DeviceExpert(layout.view(buffer.data()), layout.bytes), buffer_(std::move(buffer)), used_(std::move(used)) {
+      std::memcpy(buffer_.data(), blob, layout.bytes);
+      *used_ += bytes();
+    }
+    AlignedBuffer buffer_;
+    std::shared_ptr<std::atomic<uint64_t>> used_;
+  };
+
+  uint64_t capacity_;
+  std::shared_ptr<std::atomic<uint64_t>> used_ = std::make_shared<std::atomic<uint64_t>>(0);
+  std::atomic<uint64_t> uploads_{0};
+  mutable std::atomic<uint64_t> products_{0};
+};
+
+}  // namespace charm::test
