@@ -1,11 +1,12 @@
 // GPU matmul (common/gpu_runtime.h, common/cuda/linear.cu) against the CPU's, bit for bit:
 // the placement invariant extended to the VRAM tier (issue 19). Without a usable CUDA
 // device this program prints why and exits 77, which ctest reports as skipped, never as
-// passed. The machine without a GPU still checks the refusal's message.
+// passed. The machine without a GPU still checks the refusal's message, and ctest runs
+// the program against the host-emulated library too (tests/support/fake_cuda/), which
+// checks the order cuda_api.h documents against the CPU's matmul.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
-#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -17,6 +18,7 @@
 #include "common/gpu_runtime.h"
 #include "common/matmul.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/gpu_test_main.h"
 
 namespace {
 
@@ -87,23 +89,5 @@ TEST_CASE("GPU matmul refuses a weight format it has no kernel for, by name") {
 }
 
 int main(int argc, char** argv) {
-  const GpuAvailability gpu = gpu_availability();
-  if (!gpu.available) {
-    std::printf("SKIPPED: no usable CUDA device: %s\n", gpu.why_not.c_str());
-    // What a user who asks for the GPU here is told: checked even without a device.
-    try {
-      require_gpu("vram_gb 8");
-      std::printf("FAILED: require_gpu did not refuse\n");
-      return 1;
-    } catch (const Error& e) {
-      if (std::string(e.what()).find("vram_gb 8 needs a CUDA GPU") == std::string::npos) {
-        std::printf("FAILED: unexpected refusal: %s\n", e.what());
-        return 1;
-      }
-    }
-    return 77;
-  }
-  std::printf("CUDA devices: %d\n", gpu.devices);
-  doctest::Context context(argc, argv);
-  return context.run();
+  return test::gpu_test_main(argc, argv, [] { require_gpu("vram_gb 8"); }, "vram_gb 8 needs a CUDA GPU");
 }

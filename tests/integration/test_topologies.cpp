@@ -15,6 +15,7 @@
 #include "coordinator/engine.h"
 #include "tests/support/child_process.h"
 #include "tests/support/fixture_topology.h"
+#include "tests/support/reference_run.h"
 #include "tests/support/temp_dir.h"
 
 namespace {
@@ -26,12 +27,8 @@ const fs::path kSource = CHARM_SOURCE_DIR;
 const std::string kCharm = std::string(CHARM_BINARY_DIR) + "/charm";
 using test::write_topology;
 
-struct Outcome {
-  std::vector<std::vector<float>> logits;  // first-step logits per prompt
-  std::vector<int32_t> greedy;             // greedy continuation of the first prompt
-  std::vector<WorkerStatus> status;
-  std::map<uint32_t, PrefetchLayerStats> prefetch;
-};
+using Outcome = test::ReferenceRun;
+using test::check_identical;
 
 /// Starts the workers of a split (if any), builds an Engine and runs every reference prompt.
 Outcome run_split(const std::string& model, const std::vector<std::string>& split, const std::string& tiers = "", bool prefetch = false) {
@@ -44,31 +41,8 @@ Outcome run_split(const std::string& model, const std::vector<std::string>& spli
         std::vector<std::string>{kCharm, "worker", "--config", yaml.string(), "--name", name}));
   }
   for (const auto& [name, port] : workers) REQUIRE(test::wait_for_port(port, std::chrono::seconds(60)));
-
   auto engine = Engine::create(Topology::load(yaml));
-  std::ifstream in(kSource / "tests/fixtures/models" / model / "reference.json");
-  const auto reference = nlohmann::json::parse(in);
-  Outcome outcome;
-  for (const auto& prompt : reference["prompts"]) {
-    outcome.logits.push_back(engine->prompt_logits(prompt["prompt_ids"].get<std::vector<int32_t>>()));
-  }
-  SamplingParams greedy;
-  greedy.temperature = 0;
-  greedy.max_tokens = 12;
-  outcome.greedy = engine->generate(reference["prompts"][0]["prompt_ids"].get<std::vector<int32_t>>(), greedy, nullptr)
-                       .tokens;
-  outcome.status = engine->cluster_status();
-  outcome.prefetch = engine->prefetch_stats();
-  return outcome;
-}
-
-void check_identical(const Outcome& a, const Outcome& b) {
-  REQUIRE(a.logits.size() == b.logits.size());
-  for (size_t i = 0; i < a.logits.size(); ++i) {
-    REQUIRE(a.logits[i].size() == b.logits[i].size());
-    CHECK(std::memcmp(a.logits[i].data(), b.logits[i].data(), a.logits[i].size() * sizeof(float)) == 0);
-  }
-  CHECK(a.greedy == b.greedy);
+  return test::run_reference(*engine, model);
 }
 
 /// Two workers that split the experts evenly: each holds `experts_each` (layer, expert)
