@@ -115,14 +115,15 @@ std::string bytes_text(uint64_t bytes) {
 // How long ago, from milliseconds: "120ms" under a second, else "2.5s".
 std::string ago_text(double ms) { return ms < 1000 ? fixed(ms, 0) + "ms" : fixed(ms / 1000, 1) + "s"; }
 
-// Experts held per tier, "ram:64" or "ram:48,disk:16": the coordinator's view when it
-// has one, else split_by_tier over the worker's own health reply (experts held, RAM slots).
+// Experts held per tier, "ram:64", "ram:48,disk:16" or "vram:8,ram:56": the coordinator's
+// view when it has one, else split_by_tier over the worker's own health reply (experts
+// held, RAM slots, the VRAM experts of its residency).
 std::string tiers_text(const WorkerStatusRow& row) {
   std::map<std::string, uint64_t> tiers;
   if (row.coordinator && !row.coordinator->experts_by_tier.empty()) {
     tiers = row.coordinator->experts_by_tier;
   } else if (row.health) {
-    tiers = split_by_tier(row.health->experts_held, row.health->slots);
+    tiers = split_by_tier(row.health->experts_held, row.health->slots, vram_experts_of(row.health->residency));
   } else {
     return "-";
   }

@@ -22,6 +22,8 @@ struct CudaLibrary {
                 size_t) = nullptr;
   int (*linear_resident)(const void*, int, int64_t, int64_t, const float*, int64_t, const float*, float*, char*,
                          size_t) = nullptr;
+  int (*linear_batch)(int, int64_t, int64_t, const CharmCudaProduct*, int, const float*, int64_t, float*, char*,
+                      size_t) = nullptr;
   int (*alloc)(size_t, void**, char*, size_t) = nullptr;
   void (*free)(void*) = nullptr;
   int (*upload)(void*, const void*, size_t, char*, size_t) = nullptr;
@@ -29,7 +31,8 @@ struct CudaLibrary {
   std::string why_not;  // set when the library could not be used
 
   bool complete() const {
-    return api_version && device_count && linear && linear_resident && alloc && free && upload && memory;
+    return api_version && device_count && linear && linear_resident && linear_batch && alloc && free && upload &&
+           memory;
   }
 };
 
@@ -71,6 +74,7 @@ CudaLibrary open_library() {
     resolve(handle, "charm_cuda_device_count", found.device_count);
     resolve(handle, "charm_cuda_linear", found.linear);
     resolve(handle, "charm_cuda_linear_resident", found.linear_resident);
+    resolve(handle, "charm_cuda_linear_batch", found.linear_batch);
     resolve(handle, "charm_cuda_alloc", found.alloc);
     resolve(handle, "charm_cuda_free", found.free);
     resolve(handle, "charm_cuda_upload", found.upload);
@@ -158,6 +162,26 @@ void gpu_matmul_resident(const MatrixView& w, const float* x, size_t rows, const
   char err[512] = "";
   if (library().linear_resident(w.data, format, w.shape.rows, w.shape.cols, x, static_cast<int64_t>(rows), bias, y,
                                 err, sizeof err) != 0) {
+    fail_internal(std::string("GPU matmul failed: ") + err);
+  }
+}
+
+void gpu_matmul_batch(const std::vector<GpuProduct>& products, const float* x, size_t x_rows, float* y) {
+  require_gpu("a GPU matrix product");
+  if (products.empty()) return;
+  const MatrixShape& shape = products.front().w.shape;
+  std::vector<CharmCudaProduct> table;
+  table.reserve(products.size());
+  for (const GpuProduct& p : products) {
+    if (p.w.shape.format != shape.format || p.w.shape.rows != shape.rows || p.w.shape.cols != shape.cols) {
+      fail_invalid("GPU matmul batch: its products differ in shape or format");
+    }
+    if (p.x_row > x_rows || p.rows > x_rows - p.x_row) fail_invalid("GPU matmul batch: a product's rows lie outside x");
+    table.push_back(CharmCudaProduct{p.w.data, p.bias, static_cast<int64_t>(p.x_row), static_cast<int64_t>(p.rows)});
+  }
+  char err[512] = "";
+  if (library().linear_batch(cuda_format(shape.format), shape.rows, shape.cols, table.data(),
+                             static_cast<int>(table.size()), x, static_cast<int64_t>(x_rows), y, err, sizeof err) != 0) {
     fail_internal(std::string("GPU matmul failed: ") + err);
   }
 }

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/weight_format.h"
 
@@ -33,6 +34,21 @@ void require_gpu(const std::string& what);
 /// Error(kUnsupported) for another weight format, Error(kInternal) with CUDA's message
 /// when the device fails.
 void gpu_matmul(const MatrixView& w, const float* x, size_t rows, const float* bias, float* y);
+
+/// One product of gpu_matmul_batch: rows [x_row, x_row + rows) of its x times w^T
+/// (+ bias when non-null), w and bias in device memory.
+struct GpuProduct {
+  MatrixView w;
+  const float* bias = nullptr;
+  size_t x_row = 0;
+  size_t rows = 0;
+};
+
+/// Products of one shape and format (F32, F16, BF16) in one launch: x [x_rows, cols] f32
+/// on the host in, y [sum of rows, w.rows] on the host out, the products' rows one after
+/// another. Each row has matmul's bits. Throws Error(kInvalidInput) for products of
+/// different shapes or formats, or rows outside x; otherwise as gpu_matmul_resident.
+void gpu_matmul_batch(const std::vector<GpuProduct>& products, const float* x, size_t x_rows, float* y);
 
 /// Bytes of memory on the GPU (device 0), freed when the buffer dies. Move-only. The
 /// VRAM expert tier keeps each resident expert's blob in one (worker/experts/expert_device.h).

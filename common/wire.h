@@ -41,7 +41,10 @@ namespace charm {
 /// 5: a layerRequest may carry the next MoE layer's prefetch (layerRequest.prefetch),
 /// which the worker starts while it computes the request; a protocol-4 worker would
 /// silently ignore it, so the bump makes a mixed cluster an error at hello instead.
-constexpr uint32_t kProtocolVersion = 5;
+/// 6: the VRAM tier's counters and residency (layerResponse.stats.vramHits,
+/// TierCounters.vramHits, LayerResidency.vram): additive, but a health reply with the
+/// third bitmap can exceed a protocol-5 coordinator's size bound for it.
+constexpr uint32_t kProtocolVersion = 6;
 
 /// Upper bound on the experts one prefetchHint may name (no layer has more experts).
 constexpr uint32_t kMaxHintExperts = 1u << 16;

@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <vector>
 
 #include "common/cuda/cuda_api.h"
 
@@ -28,19 +29,18 @@ __device__ float widen(const void* w, int64_t index) {
   }
 }
 
-/// One output element per group of eight threads: y[r][o] for r = blockIdx.y.
+/// One output row's block of outputs: y_row[o] = x_row . w[o] (+ bias[o]) for the
+/// kRowsPerBlock outputs o of blockIdx.x, one per group of eight threads.
 template <int Format>
-__global__ void linear_kernel(const void* w, int64_t out, int64_t in, const float* x, const float* bias, float* y) {
+__device__ void linear_row(const void* w, int64_t out, int64_t in, const float* xr, const float* bias, float* yr) {
   const int lane = threadIdx.x % kLanes;
   const int64_t o = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kLanes;
-  const int64_t r = blockIdx.y;
   __shared__ float partial[kRowsPerBlock][kLanes];
   __shared__ float tails[kRowsPerBlock];
   const int slot = threadIdx.x / kLanes;
   const int64_t whole = in / kLanes * kLanes;
   float acc = 0.0f;
   if (o < out) {
-    const float* xr = x + r * in;
     const int64_t row = o * in;
     for (int64_t i = lane; i < whole; i += kLanes) acc = __fadd_rn(acc, __fmul_rn(xr[i], widen<Format>(w, row + i)));
     if (lane == 0) {
@@ -57,8 +57,33 @@ __global__ void linear_kernel(const void* w, int64_t out, int64_t in, const floa
                           __fadd_rn(__fadd_rn(a[4], a[5]), __fadd_rn(a[6], a[7])));
     sum = __fadd_rn(sum, tails[slot]);
     if (bias != nullptr) sum = __fadd_rn(sum, bias[o]);
-    y[r * out + o] = sum;
+    yr[o] = sum;
   }
+}
+
+/// y[r] = x[r] w^T (+ bias) for r = r0 + blockIdx.y.
+template <int Format>
+__global__ void linear_kernel(const void* w, int64_t out, int64_t in, const float* x, const float* bias, float* y,
+                              int64_t r0) {
+  const int64_t r = r0 + blockIdx.y;
+  linear_row<Format>(w, out, in, x + r * in, bias, y + r * out);
+}
+
+/// A batch's product as the kernel reads it: its first row of x and of y.
+struct DeviceProduct {
+  const void* w;
+  const float* bias;
+  int64_t x_row;
+  int64_t y_row;
+};
+
+/// A batch's output row r = r0 + blockIdx.y belongs to products[row_product[r]].
+template <int Format>
+__global__ void linear_batch_kernel(const DeviceProduct* products, const int32_t* row_product, int64_t out,
+                                    int64_t in, const float* x, float* y, int64_t r0) {
+  const int64_t r = r0 + blockIdx.y;
+  const DeviceProduct p = products[row_product[r]];
+  linear_row<Format>(p.w, out, in, x + (p.x_row + (r - p.y_row)) * in, p.bias, y + r * out);
 }
 
 size_t element_bytes(int format) { return format == CHARM_CUDA_F32 ? 4 : 2; }
@@ -108,21 +133,44 @@ bool valid_format(int format) {
   return format == CHARM_CUDA_F32 || format == CHARM_CUDA_F16 || format == CHARM_CUDA_BF16;
 }
 
-/// y = x w^T (+ bias) on `stream`, every pointer on the device.
-void launch_linear(const void* w, int format, int64_t out, int64_t in, const float* x, int64_t rows,
-                   const float* bias, float* y, cudaStream_t stream) {
+/// Launches `kernel` over `rows` output rows in grid.y slices of at most kMaxGridRows.
+template <typename Launch>
+void over_rows(int64_t out, int64_t rows, Launch launch) {
   const dim3 block(kRowsPerBlock * kLanes);
   for (int64_t r0 = 0; r0 < rows; r0 += kMaxGridRows) {
     const int64_t n = rows - r0 < kMaxGridRows ? rows - r0 : kMaxGridRows;
-    const dim3 grid(static_cast<unsigned>((out + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(n));
-    const float* xs = x + r0 * in;
-    float* ys = y + r0 * out;
-    switch (format) {
-      case CHARM_CUDA_F32: linear_kernel<CHARM_CUDA_F32><<<grid, block, 0, stream>>>(w, out, in, xs, bias, ys); break;
-      case CHARM_CUDA_F16: linear_kernel<CHARM_CUDA_F16><<<grid, block, 0, stream>>>(w, out, in, xs, bias, ys); break;
-      default: linear_kernel<CHARM_CUDA_BF16><<<grid, block, 0, stream>>>(w, out, in, xs, bias, ys); break;
-    }
+    launch(dim3(static_cast<unsigned>((out + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(n)), block, r0);
   }
+}
+
+/// y = x w^T (+ bias) on `stream`, every pointer on the device.
+void launch_linear(const void* w, int format, int64_t out, int64_t in, const float* x, int64_t rows,
+                   const float* bias, float* y, cudaStream_t stream) {
+  over_rows(out, rows, [&](dim3 grid, dim3 block, int64_t r0) {
+    switch (format) {
+      case CHARM_CUDA_F32: linear_kernel<CHARM_CUDA_F32><<<grid, block, 0, stream>>>(w, out, in, x, bias, y, r0); break;
+      case CHARM_CUDA_F16: linear_kernel<CHARM_CUDA_F16><<<grid, block, 0, stream>>>(w, out, in, x, bias, y, r0); break;
+      default: linear_kernel<CHARM_CUDA_BF16><<<grid, block, 0, stream>>>(w, out, in, x, bias, y, r0); break;
+    }
+  });
+}
+
+/// The batch's products on `stream`: tables and x, y on the device.
+void launch_linear_batch(int format, int64_t out, int64_t in, const DeviceProduct* products,
+                         const int32_t* row_product, const float* x, int64_t y_rows, float* y, cudaStream_t stream) {
+  over_rows(out, y_rows, [&](dim3 grid, dim3 block, int64_t r0) {
+    switch (format) {
+      case CHARM_CUDA_F32:
+        linear_batch_kernel<CHARM_CUDA_F32><<<grid, block, 0, stream>>>(products, row_product, out, in, x, y, r0);
+        break;
+      case CHARM_CUDA_F16:
+        linear_batch_kernel<CHARM_CUDA_F16><<<grid, block, 0, stream>>>(products, row_product, out, in, x, y, r0);
+        break;
+      default:
+        linear_batch_kernel<CHARM_CUDA_BF16><<<grid, block, 0, stream>>>(products, row_product, out, in, x, y, r0);
+        break;
+    }
+  });
 }
 
 /// Checks the arguments both entry points share; 1 when there is nothing to do.
@@ -142,6 +190,7 @@ int linear_on(CallScope& scope, const void* w, int format, int64_t out, int64_t 
       failed(cudaMemcpyAsync(dx, x, x_bytes, cudaMemcpyHostToDevice, scope.stream), "cudaMemcpy", err, err_len)) {
     return -1;
   }
+  (void)cudaGetLastError();  // clear an earlier call's error on this thread (e.g. a failed alloc)
   launch_linear(w, format, out, in, dx, rows, bias, dy, scope.stream);
   if (failed(cudaGetLastError(), "linear kernel launch", err, err_len) ||
       failed(cudaMemcpyAsync(y, dy, y_bytes, cudaMemcpyDeviceToHost, scope.stream), "cudaMemcpy", err, err_len) ||
@@ -188,6 +237,55 @@ extern "C" int charm_cuda_linear_resident(const void* w, int format, int64_t out
   CallScope scope;
   if (!scope.open(err, err_len)) return -1;
   return linear_on(scope, w, format, out, in, x, rows, bias, y, err, err_len);
+}
+
+extern "C" int charm_cuda_linear_batch(int format, int64_t out, int64_t in, const CharmCudaProduct* products,
+                                       int count, const float* x, int64_t x_rows, float* y, char* err,
+                                       size_t err_len) {
+  if (count < 0 || x_rows < 0) return refuse("linear batch: a negative count", err, err_len);
+  int64_t y_rows = 0;
+  for (int j = 0; j < count; ++j) {
+    const CharmCudaProduct& p = products[j];
+    if (p.rows < 0 || p.x_row < 0 || p.x_row > x_rows || p.rows > x_rows - p.x_row) {
+      return refuse("linear batch: a product's rows lie outside x", err, err_len);
+    }
+    y_rows += p.rows;
+  }
+  if (const int c = check_linear(format, out, in, y_rows, err, err_len); c != 0) return c < 0 ? -1 : 0;
+  // Device tables: each product with its first output row, and each output row's product.
+  std::vector<DeviceProduct> table(static_cast<size_t>(count));
+  std::vector<int32_t> row_product(static_cast<size_t>(y_rows));
+  int64_t at = 0;
+  for (int j = 0; j < count; ++j) {
+    for (int64_t k = 0; k < products[j].rows; ++k) row_product[static_cast<size_t>(at + k)] = j;
+    table[static_cast<size_t>(j)] = DeviceProduct{products[j].w, products[j].bias, products[j].x_row, at};
+    at += products[j].rows;
+  }
+  CallScope scope;
+  if (!scope.open(err, err_len)) return -1;
+  const size_t x_bytes = static_cast<size_t>(x_rows * in) * sizeof(float);
+  const size_t y_bytes = static_cast<size_t>(y_rows * out) * sizeof(float);
+  DeviceProduct* d_table = nullptr;
+  int32_t* d_rows = nullptr;
+  float *dx = nullptr, *dy = nullptr;
+  const size_t table_bytes = table.size() * sizeof(DeviceProduct), rows_bytes = row_product.size() * sizeof(int32_t);
+  if (!scope.alloc(&d_table, table_bytes, err, err_len) || !scope.alloc(&d_rows, rows_bytes, err, err_len) ||
+      !scope.alloc(&dx, x_bytes, err, err_len) || !scope.alloc(&dy, y_bytes, err, err_len) ||
+      failed(cudaMemcpyAsync(d_table, table.data(), table_bytes, cudaMemcpyHostToDevice, scope.stream), "cudaMemcpy",
+             err, err_len) ||
+      failed(cudaMemcpyAsync(d_rows, row_product.data(), rows_bytes, cudaMemcpyHostToDevice, scope.stream),
+             "cudaMemcpy", err, err_len) ||
+      failed(cudaMemcpyAsync(dx, x, x_bytes, cudaMemcpyHostToDevice, scope.stream), "cudaMemcpy", err, err_len)) {
+    return -1;
+  }
+  (void)cudaGetLastError();  // clear an earlier call's error on this thread
+  launch_linear_batch(format, out, in, d_table, d_rows, dx, y_rows, dy, scope.stream);
+  if (failed(cudaGetLastError(), "linear batch kernel launch", err, err_len) ||
+      failed(cudaMemcpyAsync(y, dy, y_bytes, cudaMemcpyDeviceToHost, scope.stream), "cudaMemcpy", err, err_len) ||
+      failed(cudaStreamSynchronize(scope.stream), "linear batch kernel", err, err_len)) {
+    return -1;
+  }
+  return 0;
 }
 
 extern "C" int charm_cuda_alloc(size_t bytes, void** ptr, char* err, size_t err_len) {

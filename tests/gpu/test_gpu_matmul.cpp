@@ -77,6 +77,49 @@ TEST_CASE("GPU matmul gives the CPU's bits for F32, F16 and BF16 weights, with a
   }
 }
 
+TEST_CASE("a GPU batch of resident products gives each product's CPU bits, its rows in order") {
+  std::mt19937 gen(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kBF16}) {
+    CAPTURE(weight_format_name(format));
+    const int64_t out = 45, in = 67;
+    const size_t x_rows = 9;
+    std::vector<float> x(x_rows * in);
+    for (float& v : x) v = normal(gen);
+    // Three matrices in device memory, one with a bias; products over overlapping rows of x.
+    std::vector<StoredMatrix> w;
+    std::vector<GpuBuffer> on_device;
+    std::vector<float> bias(out);
+    for (float& v : bias) v = normal(gen);
+    for (uint32_t k = 0; k < 3; ++k) {
+      w.push_back(random_matrix(format, out, in, 100 + k));
+      on_device.emplace_back(w.back().data.size(), "test");
+      on_device.back().upload(w.back().data.data(), w.back().data.size());
+    }
+    GpuBuffer bias_on_device(bias.size() * sizeof(float), "test");
+    bias_on_device.upload(bias.data(), bias.size() * sizeof(float));
+    const auto* device_bias = reinterpret_cast<const float*>(bias_on_device.data());
+    struct Part { uint32_t matrix; bool bias; size_t x_row, rows; };
+    const std::vector<Part> parts = {{0, false, 0, 4}, {1, true, 2, 7}, {2, false, 8, 1}, {0, true, 0, 0}, {2, true, 3, 3}};
+    std::vector<GpuProduct> batch;
+    std::vector<float> want;
+    for (const Part& p : parts) {
+      MatrixView device_w = w[p.matrix].view();
+      device_w.data = on_device[p.matrix].data();
+      batch.push_back({device_w, p.bias ? device_bias : nullptr, p.x_row, p.rows});
+      std::vector<float> cpu(p.rows * out);
+      matmul(w[p.matrix].view(), x.data() + p.x_row * in, p.rows, p.bias ? bias.data() : nullptr, cpu.data());
+      want.insert(want.end(), cpu.begin(), cpu.end());
+    }
+    std::vector<float> got(want.size());
+    gpu_matmul_batch(batch, x.data(), x_rows, got.data());
+    CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+    batch.push_back({batch.front().w, nullptr, 8, 2});  // rows 8..9 of a 9-row x
+    test::expect_error([&] { gpu_matmul_batch(batch, x.data(), x_rows, got.data()); }, ErrorCategory::kInvalidInput,
+                       {"rows lie outside x"});
+  }
+}
+
 TEST_CASE("GPU matmul refuses a weight format it has no kernel for, by name") {
   StoredMatrix w;
   w.shape.format = WeightFormat::kInt8;

@@ -26,7 +26,8 @@ class HostExpertDevice final : public ExpertDevice {
     for (const MatrixPart* m : {&layout.gate, &layout.up, &layout.down}) {
       if (!computes(m->shape.format)) fail_unsupported(std::string("host device: ") + weight_format_name(m->shape.format));
     }
-    if (layout.bytes > capacity_ - used_->load()) fail_unavailable("host device: full");
+    ++attempts_;
+    if (refuse_uploads_ || layout.bytes > capacity_ - used_->load()) fail_unavailable("host device: full");
     ++uploads_;
     return std::make_unique<Copy>(layout, blob, used_);
   }
@@ -40,6 +41,10 @@ class HostExpertDevice final : public ExpertDevice {
   /// Bytes held by live copies (shared with them: a copy outliving the tier still counts).
   uint64_t used() const { return used_->load(); }
   uint64_t uploads() const { return uploads_.load(); }
+  /// Uploads asked for, refused ones included.
+  uint64_t attempts() const { return attempts_.load(); }
+  /// From now on every upload fails as a full device's does.
+  void refuse_uploads() { refuse_uploads_ = true; }
   uint64_t products() const { return products_.load(); }
 
  private:
@@ -63,6 +68,8 @@ class HostExpertDevice final : public ExpertDevice {
   uint64_t capacity_;
   std::shared_ptr<std::atomic<uint64_t>> used_ = std::make_shared<std::atomic<uint64_t>>(0);
   std::atomic<uint64_t> uploads_{0};
+  std::atomic<uint64_t> attempts_{0};
+  std::atomic<bool> refuse_uploads_{false};
   mutable std::atomic<uint64_t> products_{0};
 };
 

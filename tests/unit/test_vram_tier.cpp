@@ -135,6 +135,19 @@ TEST_CASE("the VRAM budget: refused when the device has less free memory, or hol
                      ErrorCategory::kUnavailable,
                      {"worker 'local'", "places 3 experts (" + std::to_string(3 * f.blob) + " bytes)", "host device",
                       std::to_string(3 * f.blob - 1) + " bytes free", "lower vram_gb"});
+  // Room for the experts but not for a promotion's copy and the headroom: refused too,
+  // with the most that fits.
+  const uint64_t tight = 3 * f.blob + VramTier::kHeadroomBytes;
+  test::expect_error([&] { f.store(std::make_shared<test::HostExpertDevice>(tight), 3); },
+                     ErrorCategory::kUnavailable,
+                     {std::to_string(tight) + " bytes free", "keeps " + std::to_string(f.blob + VramTier::kHeadroomBytes),
+                      "one expert's slot for promotions", "256 MiB"});
+  CHECK_NOTHROW(f.store(std::make_shared<test::HostExpertDevice>(tight + f.blob), 3));
+  // A ram_gb too small for the layers is refused before any expert goes to the device.
+  auto untouched = std::make_shared<test::HostExpertDevice>();
+  test::expect_error([&] { f.store(untouched, 3, /*ram_slots=*/1); }, ErrorCategory::kInvalidInput,
+                     {"ram_gb", "each needs at least one slot"});
+  CHECK(untouched->attempts() == 0);
   StoreOptions o;
   o.vram_bytes = f.blob - 1;
   o.vram_device = std::make_shared<test::HostExpertDevice>();
@@ -144,7 +157,7 @@ TEST_CASE("the VRAM budget: refused when the device has less free memory, or hol
   auto device = std::make_shared<test::HostExpertDevice>();
   auto all = f.store(device, 100);
   CHECK(all->vram()->size() == f.all.size());
-  CHECK(all->vram()->capacity() == 100);
+  CHECK(all->vram()->capacity() == f.all.size());  // no more slots than experts to place
   CHECK(device->used() == f.all.size() * f.blob);
 }
 
@@ -193,6 +206,24 @@ TEST_CASE("online promotion: an expert whose routing count outgrows the coldest 
   auto plain = f.store(std::make_shared<test::HostExpertDevice>(), 1);
   ExpertExecutor(*plain).run_into(2, x.data(), 1, {{0, 3, 1.0f}}, before.data());
   CHECK(std::memcmp(before.data(), after.data(), h * sizeof(int64_t)) == 0);
+}
+
+TEST_CASE("a failed promotion leaves the expert in RAM and stops promotion, so a full device is asked once") {
+  const Fixture f;
+  auto device = std::make_shared<test::HostExpertDevice>();
+  auto store = f.store(device, 1);
+  const ExpertExecutor executor(*store);
+  const int64_t h = f.config.hidden_size;
+  std::vector<float> x(h, 0.5f);
+  std::vector<int64_t> sums(h, 0), plain(h, 0);
+  device->refuse_uploads();
+  for (int i = 0; i < 64; ++i) executor.run_into(2, x.data(), 1, {{0, 3, 1.0f}}, sums.data());
+  CHECK(device->attempts() == 2);  // the one at start, and the first promotion (at use 24 > 2 * 0 + 16)
+  CHECK(store->vram()->promotions() == 0);
+  CHECK(store->vram()->resident() == std::map<uint32_t, std::vector<uint32_t>>{{0, {0}}});
+  auto cpu = f.store(std::make_shared<test::HostExpertDevice>(), 1);
+  for (int i = 0; i < 64; ++i) ExpertExecutor(*cpu).run_into(2, x.data(), 1, {{0, 3, 1.0f}}, plain.data());
+  CHECK(std::memcmp(sums.data(), plain.data(), h * sizeof(int64_t)) == 0);  // computed from RAM all along
 }
 
 TEST_CASE("a device that cannot take an expert's format is refused at start, naming it") {

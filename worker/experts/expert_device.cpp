@@ -12,17 +12,41 @@ bool ExpertDevice::computes(WeightFormat format) {
   return format == WeightFormat::kF32 || format == WeightFormat::kF16 || format == WeightFormat::kBF16;
 }
 
-void ExpertDevice::swiglu(const DeviceExpert& expert, const float* x, size_t rows, float* y,
-                          const ExpertActivation& activation) const {
-  if (rows == 0) return;
-  const ExpertView& w = expert.view();
-  const auto inter = static_cast<size_t>(w.gate.shape.rows);
-  std::vector<float> gate(rows * inter), up(rows * inter);
-  matmul(w.gate, x, rows, w.gate_bias, gate.data());
-  matmul(w.up, x, rows, w.up_bias, up.data());
-  // The CPU's activation, element by element as swiglu_batch applies it: the same bits.
-  for (size_t i = 0; i < gate.size(); ++i) gate[i] = activation(gate[i], up[i]);
-  matmul(w.down, gate.data(), rows, w.down_bias, y);
+void ExpertDevice::matmul_batch(const std::vector<DeviceProduct>& products, const float* x, size_t x_rows,
+                                float* y) const {
+  size_t at = 0;  // first output row of the current product
+  for (const DeviceProduct& p : products) {
+    if (p.x_row > x_rows || p.rows > x_rows - p.x_row) fail_internal("matmul_batch: a product's rows lie outside x");
+    matmul(*p.w, x + p.x_row * p.w->shape.cols, p.rows, p.bias, y + at * p.w->shape.rows);
+    at += p.rows;
+  }
+}
+
+void ExpertDevice::swiglu_batch(const std::vector<DeviceJob>& jobs, const float* x, size_t x_rows, float* y,
+                                const ExpertActivation& activation) const {
+  if (jobs.empty()) return;
+  const auto inter = static_cast<size_t>(jobs.front().expert->view().gate.shape.rows);
+  size_t rows = 0;
+  std::vector<DeviceProduct> gate_up, down;
+  for (const DeviceJob& j : jobs) {
+    const ExpertView& w = j.expert->view();
+    gate_up.push_back({&w.gate, w.gate_bias, j.x_row, j.rows});
+    gate_up.push_back({&w.up, w.up_bias, j.x_row, j.rows});
+    down.push_back({&w.down, w.down_bias, rows, j.rows});  // its rows of `act`
+    rows += j.rows;
+  }
+  // Job by job: its rows of gate, then of up ([rows, inter] each).
+  std::vector<float> gu(2 * rows * inter), act(rows * inter);
+  matmul_batch(gate_up, x, x_rows, gu.data());
+  size_t at = 0;
+  for (const DeviceJob& j : jobs) {
+    const float* g = gu.data() + 2 * at * inter;
+    const float* u = g + j.rows * inter;
+    // The CPU's activation, element by element as swiglu_batch applies it: the same bits.
+    for (size_t i = 0; i < j.rows * inter; ++i) act[at * inter + i] = activation(g[i], u[i]);
+    at += j.rows;
+  }
+  matmul_batch(down, act.data(), rows, y);
 }
 
 namespace {
@@ -42,8 +66,8 @@ class GpuExpertDevice final : public ExpertDevice {
   std::unique_ptr<DeviceExpert> upload(const ExpertLayout& layout, const uint8_t* blob) override {
     for (const MatrixPart* m : {&layout.gate, &layout.up, &layout.down}) {
       if (!computes(m->shape.format)) {
-        fail_unsupported(std::string("the VRAM tier computes F32, F16 and BF16 experts; these are ") +
-                         weight_format_name(m->shape.format) + " (serve them from RAM: leave vram_gb out)");
+        fail_unsupported("the VRAM tier computes F32, F16 and BF16 experts; these are " + matrix_dtype_name(m->shape) +
+                         " (serve them from RAM: leave vram_gb out)");
       }
     }
     GpuBuffer buffer(layout.bytes, "an expert in VRAM");
@@ -52,6 +76,13 @@ class GpuExpertDevice final : public ExpertDevice {
   }
   void matmul(const MatrixView& w, const float* x, size_t rows, const float* bias, float* y) const override {
     gpu_matmul_resident(w, x, rows, bias, y);
+  }
+  void matmul_batch(const std::vector<DeviceProduct>& products, const float* x, size_t x_rows,
+                    float* y) const override {
+    std::vector<GpuProduct> batch;
+    batch.reserve(products.size());
+    for (const DeviceProduct& p : products) batch.push_back({*p.w, p.bias, p.x_row, p.rows});
+    gpu_matmul_batch(batch, x, x_rows, y);
   }
   uint64_t free_bytes() const override { return gpu_memory().free_bytes; }
   std::string describe() const override { return "GPU (CUDA device 0)"; }

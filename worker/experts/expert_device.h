@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/expert_activation.h"
 #include "worker/experts/expert_layout.h"
@@ -33,6 +34,22 @@ class DeviceExpert {
   uint64_t bytes_;
 };
 
+/// One product of ExpertDevice::matmul_batch: rows [x_row, x_row + rows) of its x times
+/// w^T (+ bias when non-null), w and bias in device memory (a DeviceExpert's view).
+struct DeviceProduct {
+  const MatrixView* w = nullptr;
+  const float* bias = nullptr;
+  size_t x_row = 0;
+  size_t rows = 0;
+};
+
+/// One expert's share of ExpertDevice::swiglu_batch: rows [x_row, x_row + rows) of x.
+struct DeviceJob {
+  const DeviceExpert* expert = nullptr;
+  size_t x_row = 0;
+  size_t rows = 0;
+};
+
 /// A device for resident experts. Thread-safety: every method from any thread.
 class ExpertDevice {
  public:
@@ -47,17 +64,23 @@ class ExpertDevice {
   /// DeviceExpert's view), x and y on the host: common/matmul.h's bits.
   virtual void matmul(const MatrixView& w, const float* x, size_t rows, const float* bias, float* y) const = 0;
 
+  /// Every product (one shape and format: experts of one model) with x [x_rows, in] on the
+  /// host in and y [sum of rows, out] on the host out, their rows one after another: each
+  /// row matmul's bits. The default runs them one by one; the GPU's is one launch.
+  virtual void matmul_batch(const std::vector<DeviceProduct>& products, const float* x, size_t x_rows, float* y) const;
+
   /// Free device memory now, bytes (the budget check at start).
   virtual uint64_t free_bytes() const = 0;
 
   /// "GPU (CUDA device 0)", for logs and errors.
   virtual std::string describe() const = 0;
 
-  /// y [rows, hidden] = down(act(gate x + gate_bias, up x + up_bias)) + down_bias for
-  /// x [rows, hidden] f32 on the host: swiglu_batch's bits for one job (projections on
-  /// the device, the activation on the host). Throws what matmul throws.
-  void swiglu(const DeviceExpert& expert, const float* x, size_t rows, float* y,
-              const ExpertActivation& activation) const;
+  /// For every job, y rows [x_row, x_row + rows) = down(act(gate x + gate_bias,
+  /// up x + up_bias)) + down_bias of x's same rows (x, y [rows, hidden] f32 on the host):
+  /// swiglu_batch's bits (the projections on the device, two matmul_batch calls for all
+  /// jobs, the activation on the host). Throws what matmul_batch throws.
+  void swiglu_batch(const std::vector<DeviceJob>& jobs, const float* x, size_t x_rows, float* y,
+                    const ExpertActivation& activation) const;
 
   /// The formats upload() takes, for the message that refuses others.
   static bool computes(WeightFormat format);

@@ -75,12 +75,13 @@ LayerStats ExpertExecutor::run_into(uint32_t layer, const float* hidden, uint32_
     for (size_t j = 0; j < fetch.vram.size(); ++j) {
       first[j + 1] = first[j] + gather(fetch.vram[j].expert, device_x.data() + first[j] * h);
     }
-    // The thread reads only fetch.vram and these buffers (rows_of is this thread's).
-    on_device = std::async(std::launch::async, [this, &fetch, &device_x, &device_y, first, h] {
-      for (size_t j = 0; j < fetch.vram.size(); ++j) {
-        store_.vram()->device().swiglu(*fetch.vram[j].copy, device_x.data() + first[j] * h, first[j + 1] - first[j],
-                                       device_y.data() + first[j] * h, store_.activation());
-      }
+    std::vector<DeviceJob> device_jobs;
+    for (size_t j = 0; j < fetch.vram.size(); ++j) {
+      device_jobs.push_back({fetch.vram[j].copy.get(), first[j], first[j + 1] - first[j]});
+    }
+    // The thread reads only its jobs (whose copies fetch.vram keeps) and these buffers.
+    on_device = std::async(std::launch::async, [this, jobs = std::move(device_jobs), &device_x, &device_y, total] {
+      store_.vram()->device().swiglu_batch(jobs, device_x.data(), total, device_y.data(), store_.activation());
     });
   }
   // Resident experts come first, missing ones as their reads land. Each expert's rows

@@ -97,23 +97,28 @@ ExpertStore::ExpertStore(std::unique_ptr<ExpertSource> source, const std::vector
     }
     slot_bytes = std::max(slot_bytes, align_up(layout->bytes, kRecordAlignment));
   }
-  UsageCounts usage;
-  if (options.pin != PinMode::kNone) {
+  // The counts that place experts: the pin file's (pin: FILE), else the usage file's. With
+  // pin: none they pin nothing in RAM but still place the VRAM tier's experts.
+  UsageCounts counts;
+  if (options.pin != PinMode::kNone || options.vram_bytes) {
     const auto& file = options.pin == PinMode::kFile ? options.pin_file : options.usage_file;
     std::string warning;
-    if (!file.empty()) usage = read_usage_file(file, options.model_fingerprint, &warning);
+    if (!file.empty()) counts = read_usage_file(file, options.model_fingerprint, &warning);
     if (!warning.empty()) spdlog::warn("worker {}: {}", options.worker_name, warning);
   }
+  UsageCounts ram_usage = options.pin == PinMode::kNone ? UsageCounts{} : counts;
   std::vector<ExpertKey> sorted(owned_.begin(), owned_.end());
-  UsageCounts ram_usage = usage;
+  std::vector<ExpertKey> placed;  // in VRAM at start
   if (options.vram_bytes) {
     if (!options.vram_device) fail_internal("StoreOptions: vram_bytes without a device");
-    const std::vector<ExpertKey> placed = plan_vram(sorted, slot_bytes, *options.vram_bytes, usage, options.worker_name);
-    const size_t capacity = std::max<uint64_t>(placed.size(), *options.vram_bytes / std::max<uint64_t>(slot_bytes, 1));
-    vram_ = std::make_unique<VramTier>(options.vram_device, *source_, placed, capacity, usage, options.worker_name);
+    placed = plan_vram(sorted, slot_bytes, *options.vram_bytes, counts, options.worker_name);
     for (const ExpertKey& key : placed) ram_usage.erase(key);  // RAM pins the hottest of the rest
   }
+  // Both plans are checked before any expert is read or uploaded.
   std::map<uint32_t, LayerPlan> plan = plan_slots(sorted, slot_bytes, options.ram_bytes, ram_usage, options.worker_name);
+  if (options.vram_bytes) {
+    vram_ = std::make_unique<VramTier>(options.vram_device, *source_, placed, slot_bytes, counts, options.worker_name);
+  }
   size_t pinned = 0, lru = 0;
   for (const auto& [layer, p] : plan) {
     pinned += p.pinned.size();

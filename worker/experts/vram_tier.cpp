@@ -40,9 +40,9 @@ std::vector<ExpertKey> plan_vram(const std::vector<ExpertKey>& owned, uint64_t s
 }
 
 VramTier::VramTier(std::shared_ptr<ExpertDevice> device, const ExpertSource& source,
-                   const std::vector<ExpertKey>& placed, size_t capacity, const UsageCounts& usage,
+                   const std::vector<ExpertKey>& placed, uint64_t slot_bytes, const UsageCounts& usage,
                    const std::string& worker_name)
-    : device_(std::move(device)), capacity_(capacity), worker_name_(worker_name), counts_(usage) {
+    : device_(std::move(device)), capacity_(placed.size()), worker_name_(worker_name), counts_(usage) {
   uint64_t need = 0, largest = 0;
   for (const ExpertKey& key : placed) {
     const ExpertLayout* layout = source.layout(key);
@@ -51,10 +51,14 @@ VramTier::VramTier(std::shared_ptr<ExpertDevice> device, const ExpertSource& sou
     largest = std::max(largest, layout->bytes);
   }
   const uint64_t free = device_->free_bytes();
-  if (need > free) {
+  const uint64_t reserve = slot_bytes + kHeadroomBytes;
+  if (need > free || free - need < reserve) {
+    const uint64_t fits = free > reserve ? free - reserve : 0;
     fail_unavailable("worker '" + worker_name + "': vram_gb places " + std::to_string(placed.size()) + " experts (" +
                      std::to_string(need) + " bytes) on the " + device_->describe() + ", which has " +
-                     std::to_string(free) + " bytes free: lower vram_gb to at most " + gib_text(free));
+                     std::to_string(free) + " bytes free, and the tier keeps " + std::to_string(reserve) +
+                     " of them free (one expert's slot for promotions, " + std::to_string(kHeadroomBytes >> 20) +
+                     " MiB for the products' buffers): lower vram_gb to at most " + gib_text(fits));
   }
   AlignedBuffer staging(largest);
   for (const ExpertKey& key : placed) {
@@ -106,7 +110,7 @@ bool VramTier::offer(const ExpertKey& key, const ExpertLayout& layout, const uin
   {
     std::lock_guard lock(mutex_);
     const uint64_t count = counts_[key];
-    if (promoting_ || count % kOfferEvery != 0 || residents_.count(key)) return false;
+    if (promoting_ || promotion_failed_ || count % kOfferEvery != 0 || residents_.count(key)) return false;
     if (residents_.size() >= capacity_) {
       const auto victim = coldest();
       if (victim == residents_.end() || count <= kPromoteFactor * counts_[victim->first] + kPromoteMargin) return false;
@@ -117,12 +121,15 @@ bool VramTier::offer(const ExpertKey& key, const ExpertLayout& layout, const uin
   try {
     copy = device_->upload(layout, blob);
   } catch (const std::exception& e) {
-    spdlog::warn("worker {}: promoting layer {} expert {} to VRAM failed, it stays in RAM: {}", worker_name_,
-                 key.first, key.second, e.what());
+    spdlog::warn("worker {}: promoting layer {} expert {} to VRAM failed, it stays in RAM, and the VRAM tier "
+                 "promotes no more experts: {}", worker_name_, key.first, key.second, e.what());
   }
   std::lock_guard lock(mutex_);
   promoting_ = false;
-  if (!copy) return false;
+  if (!copy) {
+    promotion_failed_ = true;
+    return false;
+  }
   if (residents_.size() >= capacity_) residents_.erase(coldest());  // still the coldest now, or colder
   residents_.emplace(key, std::move(copy));
   ++promotions_;

@@ -50,12 +50,18 @@ class VramTier {
   static constexpr uint64_t kPromoteFactor = 2;
   static constexpr uint64_t kPromoteMargin = 16;
 
-  /// Reads each of `placed` from `source` and uploads it to `device`, with room for
-  /// `capacity` (>= placed.size()) experts. `usage` seeds the routing counts. Throws
-  /// Error(kUnavailable) naming the worker when the placed experts' bytes exceed the
-  /// device's free memory, and what the source and the device throw.
+  /// Device memory the tier leaves free beyond its experts: for the products' buffers
+  /// (an x and a y of a request's rows per call) and the CUDA context's own needs.
+  static constexpr uint64_t kHeadroomBytes = uint64_t{256} << 20;
+
+  /// Reads each of `placed` (plan_vram's) from `source` and uploads it to `device`; the
+  /// tier holds that many experts from then on. `usage` seeds the routing counts. Throws
+  /// Error(kUnavailable) naming the worker and the most vram_gb that fits when the
+  /// placed experts' bytes, one more `slot_bytes` (a promotion's copy is uploaded before
+  /// the one it replaces goes) and kHeadroomBytes exceed the device's free memory; what
+  /// the source and the device throw, the device's prefixed with the worker and expert.
   VramTier(std::shared_ptr<ExpertDevice> device, const ExpertSource& source, const std::vector<ExpertKey>& placed,
-           size_t capacity, const UsageCounts& usage, const std::string& worker_name);
+           uint64_t slot_bytes, const UsageCounts& usage, const std::string& worker_name);
 
   /// Counts one routing use of each of `experts` (distinct, on `layer`) and splits them:
   /// the VRAM ones are returned (ascending), the others appended to `rest`.
@@ -66,7 +72,8 @@ class VramTier {
   /// beats the coldest resident's (kPromoteFactor, kPromoteMargin), which then leaves
   /// VRAM (its memory is freed when the last request computing it ends). One promotion
   /// at a time; returns true when `key` was promoted. A failed upload is logged and
-  /// dropped (the expert stays in RAM): promotion is an optimisation.
+  /// ends promotion for the process (the expert stays in RAM; the device is full):
+  /// promotion is an optimisation.
   bool offer(const ExpertKey& key, const ExpertLayout& layout, const uint8_t* blob);
 
   /// True when `key` is in VRAM now (a prefetch skips it).
@@ -95,6 +102,7 @@ class VramTier {
   std::map<ExpertKey, uint64_t> counts_;  // routing uses: the usage file's, then this run's
   std::map<uint32_t, uint64_t> hits_;
   bool promoting_ = false;
+  bool promotion_failed_ = false;
   uint64_t promotions_ = 0;
 };
 

@@ -114,6 +114,22 @@ extern "C" int charm_cuda_linear_resident(const void* w, int format, int64_t out
   return linear(w, format, out, in, x, rows, bias, y, err, err_len);
 }
 
+extern "C" int charm_cuda_linear_batch(int format, int64_t out, int64_t in, const CharmCudaProduct* products,
+                                       int count, const float* x, int64_t x_rows, float* y, char* err,
+                                       size_t err_len) {
+  if (count < 0 || x_rows < 0) return refuse("linear batch: a negative count", err, err_len);
+  int64_t at = 0;  // the product's first row of y
+  for (int j = 0; j < count; ++j) {
+    const CharmCudaProduct& p = products[j];
+    if (p.rows < 0 || p.x_row < 0 || p.x_row > x_rows || p.rows > x_rows - p.x_row) {
+      return refuse("linear batch: a product's rows lie outside x", err, err_len);
+    }
+    if (linear(p.w, format, out, in, x + p.x_row * in, p.rows, p.bias, y + at * out, err, err_len) != 0) return -1;
+    at += p.rows;
+  }
+  return 0;
+}
+
 extern "C" int charm_cuda_alloc(size_t bytes, void** ptr, char* err, size_t err_len) {
   if (bytes == 0) return refuse("cudaMalloc: 0 bytes asked for", err, err_len);
   Memory& m = memory();
