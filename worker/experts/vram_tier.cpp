@@ -71,8 +71,8 @@ VramTier::VramTier(std::shared_ptr<ExpertDevice> device, const ExpertSource& sou
                                     " expert " + std::to_string(key.second) + ": " + e.message());
     }
   }
-  spdlog::info("worker {}: {} of {} VRAM expert slots filled on the {} ({:.1f} MiB)", worker_name, residents_.size(),
-               capacity_, device_->describe(), static_cast<double>(need) / (1 << 20));
+  spdlog::info("worker {}: {} experts in VRAM on the {} ({:.1f} MiB)", worker_name, residents_.size(),
+               device_->describe(), static_cast<double>(need) / (1 << 20));
 }
 
 std::vector<VramLease> VramTier::lookup(uint32_t layer, const std::vector<uint32_t>& experts,
