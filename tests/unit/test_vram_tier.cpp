@@ -182,6 +182,8 @@ TEST_CASE("VRAM hits are counted per request and per layer, among the hits; the 
 }
 
 TEST_CASE("online promotion: an expert whose routing count outgrows the coldest resident's replaces it") {
+  // The promotion thread reads the expert from the source itself, so a request never
+  // waits for an upload; wait_idle lets the test see it land.
   const Fixture f;
   auto device = std::make_shared<test::HostExpertDevice>();
   auto store = f.store(device, 1);  // one slot: layer 0 expert 0 (no usage file)
@@ -194,8 +196,10 @@ TEST_CASE("online promotion: an expert whose routing count outgrows the coldest 
   for (int i = 0; i < 4; ++i) use(0, 0);  // the resident's count: 4
   // Expert 3 of layer 2 needs a count above 2 * 4 + 16 = 24, offered on every 8th use: 32.
   for (int i = 0; i < 31; ++i) use(2, 3);
+  store->vram()->wait_idle();
   CHECK(store->vram()->promotions() == 0);
-  use(2, 3);
+  use(2, 3);  // queued; the tier's thread reads it from the checkpoint and uploads it
+  store->vram()->wait_idle();
   CHECK(store->vram()->promotions() == 1);
   CHECK(store->vram()->resident() == std::map<uint32_t, std::vector<uint32_t>>{{2, {3}}});
   CHECK(device->used() == f.blob);  // the evicted copy is freed: still one expert's bytes
@@ -217,7 +221,10 @@ TEST_CASE("a failed promotion leaves the expert in RAM and stops promotion, so a
   std::vector<float> x(h, 0.5f);
   std::vector<int64_t> sums(h, 0), plain(h, 0);
   device->refuse_uploads();
-  for (int i = 0; i < 64; ++i) executor.run_into(2, x.data(), 1, {{0, 3, 1.0f}}, sums.data());
+  for (int i = 0; i < 64; ++i) {
+    executor.run_into(2, x.data(), 1, {{0, 3, 1.0f}}, sums.data());
+    store->vram()->wait_idle();
+  }
   CHECK(device->attempts() == 2);  // the one at start, and the first promotion (at use 24 > 2 * 0 + 16)
   CHECK(store->vram()->promotions() == 0);
   CHECK(store->vram()->resident() == std::map<uint32_t, std::vector<uint32_t>>{{0, {0}}});

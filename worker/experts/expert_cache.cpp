@@ -19,14 +19,11 @@ uint64_t ns_since(Clock::time_point start) {
 
 // --- ExpertLease ------------------------------------------------------------------------
 
-ExpertLease::ExpertLease(ExpertCache* cache, uint32_t layer, size_t slot, uint32_t expert, const ExpertLayout* layout,
-                         const uint8_t* blob)
-    : cache_(cache), layer_(layer), slot_(slot), expert_(expert), layout_(layout), blob_(blob),
-      view_(layout->view(blob)) {}
+ExpertLease::ExpertLease(ExpertCache* cache, uint32_t layer, size_t slot, uint32_t expert, ExpertView view)
+    : cache_(cache), layer_(layer), slot_(slot), expert_(expert), view_(view) {}
 
 ExpertLease::ExpertLease(ExpertLease&& other) noexcept
-    : cache_(other.cache_), layer_(other.layer_), slot_(other.slot_), expert_(other.expert_), layout_(other.layout_),
-      blob_(other.blob_), view_(other.view_) {
+    : cache_(other.cache_), layer_(other.layer_), slot_(other.slot_), expert_(other.expert_), view_(other.view_) {
   other.cache_ = nullptr;
 }
 
@@ -178,6 +175,8 @@ void ExpertCache::release(uint32_t layer_id, size_t slot) {
   l.cv.notify_all();
 }
 
+ExpertView ExpertCache::view_of(const Slot& s) const { return s.layout->view(s.buffer.data()); }
+
 void ExpertCache::unref(Layer& l, size_t slot) {
   Slot& s = l.slots[slot];
   s.last_use = ++l.clock;
@@ -325,7 +324,7 @@ std::vector<ExpertLease> ExpertFetch::next() {
         stats_.bytes_read += s.read_bytes;
         stats_.disk_ns += s.read_ns;
       }
-      ready.push_back(ExpertLease(&cache_, layer_, it->slot, s.expert, s.layout, s.buffer.data()));
+      ready.push_back(ExpertLease(&cache_, layer_, it->slot, s.expert, cache_.view_of(s)));
       it = waiting_.erase(it);
     }
     if (!ready.empty() || (waiting_.empty() && to_load_.empty())) {

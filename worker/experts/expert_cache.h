@@ -60,20 +60,14 @@ class ExpertLease {
   uint32_t expert() const { return expert_; }
   /// The expert's matrices in the slot (valid while the lease lives).
   const ExpertView& view() const { return view_; }
-  /// The slot's blob and its layout (what the VRAM tier copies when it promotes the expert).
-  const ExpertLayout& layout() const { return *layout_; }
-  const uint8_t* blob() const { return blob_; }
 
  private:
   friend class ExpertFetch;
-  ExpertLease(ExpertCache* cache, uint32_t layer, size_t slot, uint32_t expert, const ExpertLayout* layout,
-              const uint8_t* blob);
+  ExpertLease(ExpertCache* cache, uint32_t layer, size_t slot, uint32_t expert, ExpertView view);
   ExpertCache* cache_;
   uint32_t layer_;
   size_t slot_;
   uint32_t expert_;
-  const ExpertLayout* layout_;
-  const uint8_t* blob_;
   ExpertView view_;
 };
 
@@ -190,6 +184,7 @@ class ExpertCache {
   static void unref(Layer& l, size_t slot);
   // REQUIRES: l.mutex held. A request uses resident/loading `slot`: hold it, count a hit.
   static void hold_hit(Layer& l, size_t slot, TierCounters& request);
+  ExpertView view_of(const Slot& s) const;
 
   const ExpertSource& source_;
   uint64_t slot_bytes_ = 0;

@@ -109,7 +109,6 @@ LayerStats ExpertExecutor::run_into(uint32_t layer, const float* hidden, uint32_
     at = 0;
     for (const ExpertLease& lease : batch) {
       at += add_terms(lease.expert(), y.data() + at * h);
-      store_.offer_to_vram(layer, lease);  // online promotion from routing counts
     }
   }
   if (on_device.valid()) {

@@ -154,10 +154,6 @@ LayerFetch ExpertStore::fetch(uint32_t layer, const std::vector<uint32_t>& exper
   return out;
 }
 
-void ExpertStore::offer_to_vram(uint32_t layer, const ExpertLease& lease) const {
-  if (vram_) vram_->offer({layer, lease.expert()}, lease.layout(), lease.blob());
-}
-
 std::map<uint32_t, TierCounters> ExpertStore::layer_stats() const {
   std::map<uint32_t, TierCounters> out = cache_->stats();
   if (vram_) {

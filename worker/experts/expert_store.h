@@ -86,9 +86,6 @@ class ExpertStore {
   /// Starts fetching a request's distinct `experts` on `layer` (all held) and records
   /// their use: the VRAM ones at once, the others through ExpertFetch.
   LayerFetch fetch(uint32_t layer, const std::vector<uint32_t>& experts) const;
-  /// Offers an expert a request just computed from RAM to the VRAM tier's online
-  /// promotion (VramTier::offer; nothing without the tier).
-  void offer_to_vram(uint32_t layer, const ExpertLease& lease) const;
   /// The VRAM tier, or null when none is configured.
   const VramTier* vram() const { return vram_.get(); }
   /// Starts async reads of the missing ones of `experts` into free LRU slots, without

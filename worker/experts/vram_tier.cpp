@@ -42,7 +42,8 @@ std::vector<ExpertKey> plan_vram(const std::vector<ExpertKey>& owned, uint64_t s
 VramTier::VramTier(std::shared_ptr<ExpertDevice> device, const ExpertSource& source,
                    const std::vector<ExpertKey>& placed, uint64_t slot_bytes, const UsageCounts& usage,
                    const std::string& worker_name)
-    : device_(std::move(device)), capacity_(placed.size()), worker_name_(worker_name), counts_(usage) {
+    : device_(std::move(device)), source_(source), slot_bytes_(slot_bytes), capacity_(placed.size()),
+      worker_name_(worker_name), counts_(usage) {
   uint64_t need = 0, largest = 0;
   for (const ExpertKey& key : placed) {
     const ExpertLayout* layout = source.layout(key);
@@ -73,6 +74,16 @@ VramTier::VramTier(std::shared_ptr<ExpertDevice> device, const ExpertSource& sou
   }
   spdlog::info("worker {}: {} experts in VRAM on the {} ({:.1f} MiB)", worker_name, residents_.size(),
                device_->describe(), static_cast<double>(need) / (1 << 20));
+  promoter_ = std::thread([this] { promote_loop(); });
+}
+
+VramTier::~VramTier() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  promoter_.join();
 }
 
 std::vector<VramLease> VramTier::lookup(uint32_t layer, const std::vector<uint32_t>& experts,
@@ -84,6 +95,7 @@ std::vector<VramLease> VramTier::lookup(uint32_t layer, const std::vector<uint32
     const auto it = residents_.find({layer, e});
     if (it == residents_.end()) {
       rest.push_back(e);
+      consider({layer, e});
     } else {
       out.push_back({e, it->second});
     }
@@ -106,34 +118,53 @@ std::map<ExpertKey, std::shared_ptr<const DeviceExpert>>::iterator VramTier::col
   return best;
 }
 
-bool VramTier::offer(const ExpertKey& key, const ExpertLayout& layout, const uint8_t* blob) {
-  {
-    std::lock_guard lock(mutex_);
-    const uint64_t count = counts_[key];
-    if (promoting_ || promotion_failed_ || count % kOfferEvery != 0 || residents_.count(key)) return false;
-    if (residents_.size() >= capacity_) {
-      const auto victim = coldest();
-      if (victim == residents_.end() || count <= kPromoteFactor * counts_[victim->first] + kPromoteMargin) return false;
+void VramTier::consider(const ExpertKey& key) {
+  const uint64_t count = counts_[key];
+  if (promoting_ || promotion_failed_ || count % kOfferEvery != 0) return;
+  if (residents_.size() >= capacity_) {
+    const auto victim = coldest();
+    if (victim == residents_.end() || count <= kPromoteFactor * counts_[victim->first] + kPromoteMargin) return;
+  }
+  queued_ = key;
+  promoting_ = true;
+  cv_.notify_all();
+}
+
+void VramTier::promote_loop() {
+  AlignedBuffer staging(slot_bytes_);
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stopping_ || queued_; });
+    if (stopping_) return;
+    const ExpertKey key = *queued_;
+    queued_.reset();
+    lock.unlock();  // the read and the upload run without the lock: requests go on
+    std::unique_ptr<DeviceExpert> copy;
+    try {
+      const ExpertLayout* layout = source_.layout(key);
+      if (!layout) fail_internal("VRAM tier: the source lacks a promoted expert");
+      source_.read(key, staging.data());
+      copy = device_->upload(*layout, staging.data());
+    } catch (const std::exception& e) {
+      spdlog::warn("worker {}: promoting layer {} expert {} to VRAM failed, it stays in RAM, and the VRAM tier "
+                   "promotes no more experts: {}", worker_name_, key.first, key.second, e.what());
     }
-    promoting_ = true;  // uploads run outside the lock, one at a time
+    lock.lock();
+    if (copy) {
+      if (residents_.size() >= capacity_) residents_.erase(coldest());  // the coldest now
+      residents_.emplace(key, std::move(copy));
+      ++promotions_;
+    } else {
+      promotion_failed_ = true;
+    }
+    promoting_ = false;
+    cv_.notify_all();
   }
-  std::unique_ptr<DeviceExpert> copy;
-  try {
-    copy = device_->upload(layout, blob);
-  } catch (const std::exception& e) {
-    spdlog::warn("worker {}: promoting layer {} expert {} to VRAM failed, it stays in RAM, and the VRAM tier "
-                 "promotes no more experts: {}", worker_name_, key.first, key.second, e.what());
-  }
-  std::lock_guard lock(mutex_);
-  promoting_ = false;
-  if (!copy) {
-    promotion_failed_ = true;
-    return false;
-  }
-  if (residents_.size() >= capacity_) residents_.erase(coldest());  // still the coldest now, or colder
-  residents_.emplace(key, std::move(copy));
-  ++promotions_;
-  return true;
+}
+
+void VramTier::wait_idle() const {
+  std::unique_lock lock(mutex_);
+  cv_.wait(lock, [&] { return !promoting_; });
 }
 
 bool VramTier::holds(const ExpertKey& key) const {

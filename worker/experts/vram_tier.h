@@ -4,16 +4,20 @@
 //
 // At start the hottest experts of the usage file fill the budget (plan_vram); online, an
 // expert served from RAM whose routing count has grown well past the coldest resident's
-// takes its place (VramTier::offer). Which tier computes an expert never changes a bit:
+// takes its place (VramTier::lookup queues it; the tier's promotion thread reads it from
+// the disk tier and uploads it, off the requests' path). Which tier computes an expert never changes a bit:
 // the device follows common/matmul.h's contract.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -54,8 +58,9 @@ class VramTier {
   /// (an x and a y of a request's rows per call) and the CUDA context's own needs.
   static constexpr uint64_t kHeadroomBytes = uint64_t{256} << 20;
 
-  /// Reads each of `placed` (plan_vram's) from `source` and uploads it to `device`; the
-  /// tier holds that many experts from then on. `usage` seeds the routing counts. Throws
+  /// Reads each of `placed` (plan_vram's) from `source` (which must outlive the tier: the
+  /// promotion thread reads from it too) and uploads it to `device`; the tier holds that
+  /// many experts from then on. `usage` seeds the routing counts. Throws
   /// Error(kUnavailable) naming the worker and the most vram_gb that fits when the
   /// placed experts' bytes, one more `slot_bytes` (a promotion's copy is uploaded before
   /// the one it replaces goes) and kHeadroomBytes exceed the device's free memory; what
@@ -63,18 +68,25 @@ class VramTier {
   VramTier(std::shared_ptr<ExpertDevice> device, const ExpertSource& source, const std::vector<ExpertKey>& placed,
            uint64_t slot_bytes, const UsageCounts& usage, const std::string& worker_name);
 
+  /// Joins the promotion thread (a promotion in flight finishes first).
+  ~VramTier();
+  VramTier(const VramTier&) = delete;
+  VramTier& operator=(const VramTier&) = delete;
+
   /// Counts one routing use of each of `experts` (distinct, on `layer`) and splits them:
   /// the VRAM ones are returned (ascending), the others appended to `rest`.
+  ///
+  /// Online promotion: an expert of `rest` on its kOfferEvery-th use is queued for VRAM
+  /// when a slot is free or when its count beats the coldest resident's (kPromoteFactor,
+  /// kPromoteMargin), unless a promotion is in flight. The promotion thread reads it from
+  /// the source, uploads it and then swaps it in; the coldest resident at that moment
+  /// leaves VRAM (its memory is freed when the last request computing it ends). A failed
+  /// read or upload is logged and ends promotion for the process (the expert stays in
+  /// RAM; the device is probably full): promotion is an optimisation.
   std::vector<VramLease> lookup(uint32_t layer, const std::vector<uint32_t>& experts, std::vector<uint32_t>& rest);
 
-  /// Online promotion: `blob` (laid out as `layout`) is expert `key`, just computed from
-  /// RAM. On its kOfferEvery-th use, uploads it when a slot is free or when its count
-  /// beats the coldest resident's (kPromoteFactor, kPromoteMargin), which then leaves
-  /// VRAM (its memory is freed when the last request computing it ends). One promotion
-  /// at a time; returns true when `key` was promoted. A failed upload is logged and
-  /// ends promotion for the process (the expert stays in RAM; the device is full):
-  /// promotion is an optimisation.
-  bool offer(const ExpertKey& key, const ExpertLayout& layout, const uint8_t* blob);
+  /// Blocks until no promotion is queued or in flight (tests; a status snapshot).
+  void wait_idle() const;
 
   /// True when `key` is in VRAM now (a prefetch skips it).
   bool holds(const ExpertKey& key) const;
@@ -93,17 +105,27 @@ class VramTier {
  private:
   // REQUIRES: mutex_ held. The resident with the lowest count (ties: the larger key).
   std::map<ExpertKey, std::shared_ptr<const DeviceExpert>>::iterator coldest();
+  // REQUIRES: mutex_ held. Queues `key` when the promotion rule says so.
+  void consider(const ExpertKey& key);
+  // The promotion thread: each queued expert read, uploaded and swapped in.
+  void promote_loop();
 
   std::shared_ptr<ExpertDevice> device_;
+  const ExpertSource& source_;
+  uint64_t slot_bytes_;
   size_t capacity_;
   std::string worker_name_;
   mutable std::mutex mutex_;
+  mutable std::condition_variable cv_;  // a key queued, a promotion done, or stopping
   std::map<ExpertKey, std::shared_ptr<const DeviceExpert>> residents_;
   std::map<ExpertKey, uint64_t> counts_;  // routing uses: the usage file's, then this run's
   std::map<uint32_t, uint64_t> hits_;
-  bool promoting_ = false;
+  std::optional<ExpertKey> queued_;
+  bool promoting_ = false;  // queued or in flight
   bool promotion_failed_ = false;
+  bool stopping_ = false;
   uint64_t promotions_ = 0;
+  std::thread promoter_;  // last: started once everything above is set
 };
 
 }  // namespace charm
