@@ -378,7 +378,7 @@ TEST_CASE("expert tier keys: bad values are rejected naming the key") {
   expect_invalid(w + "ram_gb: lots}\n", "workers[0].ram_gb", "positive number of GiB");
   expect_invalid(w + "vram_gb: -2}\n", "workers[0].vram_gb", "expected a positive number of GiB, got '-2'");
   expect_invalid(kModel + "gpu: true\n", "gpu", "dense part (attention, KV cache, routers, lm_head) on the GPU is not built");
-  CHECK_NOTHROW(load_text(TempDir("topo-gpu"), kModel + "gpu: false\n"));
+  CHECK_NOTHROW(load_text(TempDir("topo-gpu"), kModel + "mode: single-node\ngpu: false\n"));
   expect_invalid(w + "io: uring}\n", "workers[0].io", "expected 'pread' or 'odirect', got 'uring'");
   expect_invalid(w + "io_threads: 0}\n", "workers[0].io_threads", "expected an integer 1-256");
   expect_invalid(w + "cache_policy: arc}\n", "workers[0].cache_policy", "expected 'lrfu' or 'lru', got 'arc'");
