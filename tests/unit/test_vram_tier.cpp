@@ -71,6 +71,7 @@ TEST_CASE("plan_vram: everything when it fits, else the hottest, then round-robi
     for (uint32_t e = 0; e < 4; ++e) owned.emplace_back(l, e);
   }
   CHECK(plan_vram(owned, 100, 800, {}, "w") == owned);
+  CHECK(plan_vram({}, 0, 800, {}, "w").empty());  // a worker with no experts places none
   CHECK(plan_vram(owned, 100, 5000, {}, "w") == owned);
   // No counts: slots spread over the layers, lowest ids first.
   CHECK(plan_vram(owned, 100, 399, {}, "w") == keys({{1, 0}, {1, 1}, {3, 0}}));

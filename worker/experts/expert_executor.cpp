@@ -71,13 +71,12 @@ LayerStats ExpertExecutor::run_into(uint32_t layer, const float* hidden, uint32_
     for (const VramLease& lease : fetch.vram) total += rows_of[lease.expert].size();
     device_x.resize(total * h);
     device_y.resize(total * h);
-    std::vector<size_t> first(fetch.vram.size() + 1, 0);  // each expert's first gathered row
-    for (size_t j = 0; j < fetch.vram.size(); ++j) {
-      first[j + 1] = first[j] + gather(fetch.vram[j].expert, device_x.data() + first[j] * h);
-    }
     std::vector<DeviceJob> device_jobs;
-    for (size_t j = 0; j < fetch.vram.size(); ++j) {
-      device_jobs.push_back({fetch.vram[j].copy.get(), first[j], first[j + 1] - first[j]});
+    size_t at = 0;  // first gathered row of the current expert
+    for (const VramLease& lease : fetch.vram) {
+      const size_t n = gather(lease.expert, device_x.data() + at * h);
+      device_jobs.push_back({lease.copy.get(), at, n});
+      at += n;
     }
     // The thread reads only its jobs (whose copies fetch.vram keeps) and these buffers.
     on_device = std::async(std::launch::async, [this, jobs = std::move(device_jobs), &device_x, &device_y, total] {

@@ -11,6 +11,7 @@ namespace charm {
 
 std::vector<ExpertKey> plan_vram(const std::vector<ExpertKey>& owned, uint64_t slot_bytes, uint64_t vram_bytes,
                                  const UsageCounts& usage, const std::string& worker_name) {
+  if (owned.empty()) return {};
   const uint64_t slots = slot_bytes ? vram_bytes / slot_bytes : owned.size();
   if (slots == 0) {
     fail_invalid("worker '" + worker_name + "': vram_gb " + gib_text(vram_bytes) + " (" + std::to_string(vram_bytes) +
