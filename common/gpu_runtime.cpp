@@ -20,8 +20,6 @@ struct CudaLibrary {
   int (*device_count)(char*, size_t) = nullptr;
   int (*linear)(const void*, int, int64_t, int64_t, const float*, int64_t, const float*, float*, char*,
                 size_t) = nullptr;
-  int (*linear_resident)(const void*, int, int64_t, int64_t, const float*, int64_t, const float*, float*, char*,
-                         size_t) = nullptr;
   int (*linear_batch)(int, int64_t, int64_t, const CharmCudaProduct*, int, const float*, int64_t, float*, char*,
                       size_t) = nullptr;
   int (*alloc)(size_t, void**, char*, size_t) = nullptr;
@@ -31,8 +29,7 @@ struct CudaLibrary {
   std::string why_not;  // set when the library could not be used
 
   bool complete() const {
-    return api_version && device_count && linear && linear_resident && linear_batch && alloc && free && upload &&
-           memory;
+    return api_version && device_count && linear && linear_batch && alloc && free && upload && memory;
   }
 };
 
@@ -73,7 +70,6 @@ CudaLibrary open_library() {
     resolve(handle, "charm_cuda_api_version", found.api_version);
     resolve(handle, "charm_cuda_device_count", found.device_count);
     resolve(handle, "charm_cuda_linear", found.linear);
-    resolve(handle, "charm_cuda_linear_resident", found.linear_resident);
     resolve(handle, "charm_cuda_linear_batch", found.linear_batch);
     resolve(handle, "charm_cuda_alloc", found.alloc);
     resolve(handle, "charm_cuda_free", found.free);
@@ -152,16 +148,6 @@ void gpu_matmul(const MatrixView& w, const float* x, size_t rows, const float* b
   char err[512] = "";
   if (library().linear(w.data, format, w.shape.rows, w.shape.cols, x, static_cast<int64_t>(rows), bias, y, err,
                        sizeof err) != 0) {
-    fail_internal(std::string("GPU matmul failed: ") + err);
-  }
-}
-
-void gpu_matmul_resident(const MatrixView& w, const float* x, size_t rows, const float* bias, float* y) {
-  require_gpu("a GPU matrix product");
-  const int format = cuda_format(w.shape.format);
-  char err[512] = "";
-  if (library().linear_resident(w.data, format, w.shape.rows, w.shape.cols, x, static_cast<int64_t>(rows), bias, y,
-                                err, sizeof err) != 0) {
     fail_internal(std::string("GPU matmul failed: ") + err);
   }
 }

@@ -47,7 +47,9 @@ struct GpuProduct {
 /// Products of one shape and format (F32, F16, BF16) in one launch: x [x_rows, cols] f32
 /// on the host in, y [sum of rows, w.rows] on the host out, the products' rows one after
 /// another. Each row has matmul's bits. Throws Error(kInvalidInput) for products of
-/// different shapes or formats, or rows outside x; otherwise as gpu_matmul_resident.
+/// different shapes or formats, or rows outside x; Error(kUnavailable) without a GPU,
+/// Error(kUnsupported) for another weight format, Error(kInternal) with CUDA's message
+/// when the device fails.
 void gpu_matmul_batch(const std::vector<GpuProduct>& products, const float* x, size_t x_rows, float* y);
 
 /// Bytes of memory on the GPU (device 0), freed when the buffer dies. Move-only. The
@@ -82,10 +84,5 @@ struct GpuMemory {
 };
 /// Throws Error(kUnavailable) without a GPU, Error(kInternal) when CUDA fails.
 GpuMemory gpu_memory();
-
-/// gpu_matmul with the weights `w` (data) and `bias` already in device memory (views into
-/// GpuBuffers); x [rows, w.cols] and y [rows, w.rows] f32 on the host. The same bits as
-/// matmul; thread-safe. Errors as gpu_matmul's.
-void gpu_matmul_resident(const MatrixView& w, const float* x, size_t rows, const float* bias, float* y);
 
 }  // namespace charm

@@ -42,10 +42,6 @@ void charm_cuda_free(void* ptr);
 int charm_cuda_upload(void* dst, const void* src, size_t bytes, char* err, size_t err_len);
 /// Free and total bytes of device 0 now (cudaMemGetInfo). Returns 0, or -1 with the error.
 int charm_cuda_memory(size_t* free_bytes, size_t* total_bytes, char* err, size_t err_len);
-/// charm_cuda_linear with w (and bias, when non-null) already in device memory, x and y
-/// on the host: the same bits. Thread-safe (each call has its own buffers and stream).
-int charm_cuda_linear_resident(const void* w, int format, int64_t out, int64_t in, const float* x, int64_t rows,
-                               const float* bias, float* y, char* err, size_t err_len);
 
 /// One product of a batch: rows [x_row, x_row + rows) of the batch's x times w^T (+ bias
 /// when non-null), w [out, in] and bias [out] in device memory.
@@ -60,7 +56,8 @@ typedef struct {
 /// on the host in, y [sum of rows, out] f32 on the host out, the products' rows one after
 /// another in order. Each row has charm_cuda_linear's bits. One copy of x up and of y
 /// down for the batch (the VRAM tier's gate and up products of every expert of a
-/// request are one call, their down products another). Returns 0 (nothing to do: 0),
+/// request are one call, their down products another). Thread-safe (each call has its
+/// own buffers and stream). Returns 0 (nothing to do: 0),
 /// or -1 with the error text (a product's rows outside x, a negative count).
 int charm_cuda_linear_batch(int format, int64_t out, int64_t in, const CharmCudaProduct* products, int count,
                             const float* x, int64_t x_rows, float* y, char* err, size_t err_len);

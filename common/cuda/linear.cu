@@ -231,14 +231,6 @@ extern "C" int charm_cuda_linear(const void* w, int format, int64_t out, int64_t
   return linear_on(scope, dw, format, out, in, x, rows, db, y, err, err_len);
 }
 
-extern "C" int charm_cuda_linear_resident(const void* w, int format, int64_t out, int64_t in, const float* x,
-                                          int64_t rows, const float* bias, float* y, char* err, size_t err_len) {
-  if (const int c = check_linear(format, out, in, rows, err, err_len); c != 0) return c < 0 ? -1 : 0;
-  CallScope scope;
-  if (!scope.open(err, err_len)) return -1;
-  return linear_on(scope, w, format, out, in, x, rows, bias, y, err, err_len);
-}
-
 extern "C" int charm_cuda_linear_batch(int format, int64_t out, int64_t in, const CharmCudaProduct* products,
                                        int count, const float* x, int64_t x_rows, float* y, char* err,
                                        size_t err_len) {

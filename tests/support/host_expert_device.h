@@ -10,6 +10,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/error.h"
 #include "common/matmul.h"
@@ -31,9 +32,16 @@ class HostExpertDevice final : public ExpertDevice {
     ++uploads_;
     return std::make_unique<Copy>(layout, blob, used_);
   }
-  void matmul(const MatrixView& w, const float* x, size_t rows, const float* bias, float* y) const override {
-    ++products_;
-    charm::matmul(w, x, rows, bias, y);
+  /// One charm::matmul per product.
+  void matmul_batch(const std::vector<DeviceProduct>& products, const float* x, size_t x_rows,
+                    float* y) const override {
+    size_t at = 0;  // first output row of the current product
+    for (const DeviceProduct& p : products) {
+      if (p.x_row > x_rows || p.rows > x_rows - p.x_row) fail_internal("host device: a product's rows lie outside x");
+      ++products_;
+      charm::matmul(*p.w, x + p.x_row * p.w->shape.cols, p.rows, p.bias, y + at * p.w->shape.rows);
+      at += p.rows;
+    }
   }
   uint64_t free_bytes() const override { return capacity_ - used_->load(); }
   std::string describe() const override { return "host device"; }

@@ -12,16 +12,6 @@ bool ExpertDevice::computes(WeightFormat format) {
   return format == WeightFormat::kF32 || format == WeightFormat::kF16 || format == WeightFormat::kBF16;
 }
 
-void ExpertDevice::matmul_batch(const std::vector<DeviceProduct>& products, const float* x, size_t x_rows,
-                                float* y) const {
-  size_t at = 0;  // first output row of the current product
-  for (const DeviceProduct& p : products) {
-    if (p.x_row > x_rows || p.rows > x_rows - p.x_row) fail_internal("matmul_batch: a product's rows lie outside x");
-    matmul(*p.w, x + p.x_row * p.w->shape.cols, p.rows, p.bias, y + at * p.w->shape.rows);
-    at += p.rows;
-  }
-}
-
 void ExpertDevice::swiglu_batch(const std::vector<DeviceJob>& jobs, const float* x, size_t x_rows, float* y,
                                 const ExpertActivation& activation) const {
   if (jobs.empty()) return;
@@ -73,9 +63,6 @@ class GpuExpertDevice final : public ExpertDevice {
     GpuBuffer buffer(layout.bytes, "an expert in VRAM");
     buffer.upload(blob, layout.bytes);
     return std::make_unique<GpuExpert>(std::move(buffer), layout);
-  }
-  void matmul(const MatrixView& w, const float* x, size_t rows, const float* bias, float* y) const override {
-    gpu_matmul_resident(w, x, rows, bias, y);
   }
   void matmul_batch(const std::vector<DeviceProduct>& products, const float* x, size_t x_rows,
                     float* y) const override {

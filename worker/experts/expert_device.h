@@ -60,14 +60,12 @@ class ExpertDevice {
   /// compute (the GPU: F32, F16, BF16), Error(kUnavailable) when the device is full.
   virtual std::unique_ptr<DeviceExpert> upload(const ExpertLayout& layout, const uint8_t* blob) = 0;
 
-  /// y [rows, out] = x [rows, in] times w^T (+ bias), with w and bias in device memory (a
-  /// DeviceExpert's view), x and y on the host: common/matmul.h's bits.
-  virtual void matmul(const MatrixView& w, const float* x, size_t rows, const float* bias, float* y) const = 0;
-
-  /// Every product (one shape and format: experts of one model) with x [x_rows, in] on the
-  /// host in and y [sum of rows, out] on the host out, their rows one after another: each
-  /// row matmul's bits. The default runs them one by one; the GPU's is one launch.
-  virtual void matmul_batch(const std::vector<DeviceProduct>& products, const float* x, size_t x_rows, float* y) const;
+  /// Every product (one shape and format: experts of one model; w and bias in device
+  /// memory, a DeviceExpert's view) with x [x_rows, in] on the host in and y [sum of rows,
+  /// out] on the host out, their rows one after another: each row common/matmul.h's bits.
+  /// The GPU's is one launch.
+  virtual void matmul_batch(const std::vector<DeviceProduct>& products, const float* x, size_t x_rows,
+                            float* y) const = 0;
 
   /// Free device memory now, bytes (the budget check at start).
   virtual uint64_t free_bytes() const = 0;
