@@ -257,7 +257,7 @@ int bench_kernels(const BenchArgs& args) {
               threads, physical_core_count(), kernel_path_name(saved), args.seconds);
   if (args.part == "all" || args.part == "matmul") bench_matmul(args.seconds);
   if (args.part == "all" || args.part == "ggml") {
-    for (Q8Form f : {Q8Form::kMaddubs, Q8Form::kAvxVnni}) {
+    for (Q8Form f : kQ8Forms) {
       if (args.q8_form == q8_form_name(f)) set_q8_form(f);
     }
     bench_ggml(args.seconds, args.copy_gbps, parse_activation_mode(args.activations, "--activations"));
@@ -284,8 +284,8 @@ void add_bench_kernels(CLI::App& bench) {
                   "The GGML table's activations: f32 (exact, default) or q8 (lossy integer dots)")
       ->check(CLI::IsMember({"f32", "q8"}));
   cmd->add_option("--q8-form", args->q8_form,
-                  "The q8 kernels' instruction-set form: auto (the fastest this CPU has), maddubs or avx-vnni")
-      ->check(CLI::IsMember({"auto", "maddubs", "avx-vnni"}));
+                  "The q8 kernels' instruction-set form: auto (the fastest this CPU has), maddubs, avx-vnni or avx512-vnni")
+      ->check(CLI::IsMember({"auto", "maddubs", "avx-vnni", "avx512-vnni"}));
   cmd->callback([args] { bench_kernels(*args); });
 }
 

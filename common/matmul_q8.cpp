@@ -320,6 +320,7 @@ void start_activation_mode(ActivationMode mode, std::string_view who) {
 const char* q8_form_name(Q8Form form) {
   switch (form) {
     case Q8Form::kAvxVnni: return "avx-vnni";
+    case Q8Form::kAvx512Vnni: return "avx512-vnni";
     default: return "maddubs";
   }
 }
@@ -335,6 +336,9 @@ bool cpu_supports_q8_form(Q8Form form) {
       unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
       return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && (eax & (1u << 4)) != 0;
     }
+    case Q8Form::kAvx512Vnni:  // libgcc's checks include the OS's AVX-512 register state (XCR0)
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512vnni");
   }
 #else
   (void)form;
@@ -345,7 +349,11 @@ bool cpu_supports_q8_form(Q8Form form) {
 Q8Form active_q8_form() {
   int form = g_form.load(std::memory_order_relaxed);
   if (form < 0) {
-    form = static_cast<int>(cpu_supports_q8_form(Q8Form::kAvxVnni) ? Q8Form::kAvxVnni : Q8Form::kMaddubs);
+    Q8Form best = Q8Form::kMaddubs;
+    for (Q8Form f : {Q8Form::kAvx512Vnni, Q8Form::kAvxVnni}) {
+      if (cpu_supports_q8_form(f)) best = f;
+    }
+    form = static_cast<int>(best);
     g_form.store(form, std::memory_order_relaxed);
   }
   return static_cast<Q8Form>(form);
@@ -405,7 +413,11 @@ void matmul_q8_tile(KernelPath path, const MatrixView& w, const Q8Activations& a
   Q8Kernels k;
 #if defined(__x86_64__) || defined(__i386__)
   if (path == KernelPath::kAvx2) {
-    k = active_q8_form() == Q8Form::kAvxVnni ? q8_kernels_avx_vnni(type) : q8_kernels_avx2(type);
+    switch (active_q8_form()) {
+      case Q8Form::kAvxVnni: k = q8_kernels_avx_vnni(type); break;
+      case Q8Form::kAvx512Vnni: k = q8_kernels_avx512_vnni(type); break;
+      default: k = q8_kernels_avx2(type); break;
+    }
   }
 #endif
   const Q8RowsDot rows_dot = k.rows_dot;

@@ -62,15 +62,20 @@ void start_activation_mode(ActivationMode mode, std::string_view who);
 /// same bits (the integers are exact in each); they differ in speed only.
 enum class Q8Form : uint8_t {
   kMaddubs,     ///< AVX2's maddubs + madd (any AVX2 CPU)
-  kAvxVnni,     ///< AVX-VNNI's 256-bit vpdpbusd / vpdpwssd
+  kAvxVnni,     ///< AVX-VNNI's 256-bit vpdpbusd / vpdpwssd (VEX)
+  kAvx512Vnni,  ///< AVX512-VNNI's vpdpbusd / vpdpwssd on 256-bit vectors (EVEX; AVX512VL)
 };
 
-/// "maddubs" or "avx-vnni".
+/// Every Q8Form, slowest first.
+inline constexpr Q8Form kQ8Forms[] = {Q8Form::kMaddubs, Q8Form::kAvxVnni, Q8Form::kAvx512Vnni};
+
+/// "maddubs", "avx-vnni" or "avx512-vnni".
 const char* q8_form_name(Q8Form form);
 /// True when the CPU can run `form` (kMaddubs: cpu_supports_avx2(); kAvxVnni also its
-/// CPUID bit).
+/// CPUID bit; kAvx512Vnni also AVX512F, AVX512VL and AVX512-VNNI with the OS's AVX-512 state).
 bool cpu_supports_q8_form(Q8Form form);
-/// The form in use: by default the fastest the CPU has (AVX-VNNI, else maddubs).
+/// The form in use: by default the fastest the CPU has (AVX-VNNI, else AVX512-VNNI, else
+/// maddubs: the VEX form first, as AVX-512 instructions can lower some Intel cores' clock).
 /// Thread-safe.
 Q8Form active_q8_form();
 /// Picks a form (tests, benchmarks). Throws Error(kUnsupported), naming it, for a form the

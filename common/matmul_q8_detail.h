@@ -1,5 +1,5 @@
 // Internal to common/matmul_q8.cpp and the x86 kernels (common/matmul_q8_avx2.cpp,
-// common/matmul_q8_vnni.cpp, both compiling common/matmul_q8_kernels.inc): one quantised
+// common/matmul_q8_vnni.cpp, common/matmul_q8_avx512vnni.cpp, each compiling common/matmul_q8_kernels.inc): one quantised
 // activation row, the lane sum all paths share, and the x86 entry points.
 #pragma once
 
@@ -80,5 +80,9 @@ Q8KBlock quantize_q8_k_block_avx2(const float* x, int8_t* q, float* d, int32_t* 
 /// The AVX-VNNI kernels (vpdpbusd / vpdpwssd), the same bits as the AVX2 ones. Call only
 /// when cpu_supports_q8_form(Q8Form::kAvxVnni).
 Q8Kernels q8_kernels_avx_vnni(GgmlType type);
+
+/// The AVX512-VNNI kernels (EVEX vpdpbusd / vpdpwssd on 256-bit vectors), the same bits as
+/// the AVX2 ones. Call only when cpu_supports_q8_form(Q8Form::kAvx512Vnni).
+Q8Kernels q8_kernels_avx512_vnni(GgmlType type);
 
 }  // namespace charm

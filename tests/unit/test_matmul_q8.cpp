@@ -111,7 +111,7 @@ TEST_CASE("q8: the AVX2 path's kernels (the GEMV and the GEMM, every form) give 
     return;
   }
   std::vector<Q8Form> forms;
-  for (Q8Form f : {Q8Form::kMaddubs, Q8Form::kAvxVnni}) {
+  for (Q8Form f : kQ8Forms) {
     if (cpu_supports_q8_form(f)) {
       forms.push_back(f);
     } else {
