@@ -115,7 +115,7 @@ TEST_CASE("q8: the AVX2 path's kernels (the GEMV and the GEMM, every form) give 
     if (cpu_supports_q8_form(f)) {
       forms.push_back(f);
     } else {
-      MESSAGE("this CPU lacks " << q8_form_name(f) << ": that form of the q8 kernels was NOT checked");
+      MESSAGE("this CPU lacks " << std::string(q8_form_name(f)) << ": that form of the q8 kernels was NOT checked");
     }
   }
   const Q8Form saved_form = active_q8_form();
