@@ -110,12 +110,15 @@ TEST_CASE("swiglu_batch: every row has the bits of that row alone; 1 or 2 thread
 }
 
 TEST_CASE("swiglu_batch under activations: q8 (rows quantised once per job) gives each row's q8 bits alone") {
-  // Q4_K gate / up and a Q8_0 down: both activation block kinds; hidden 512 = 8 tiles.
+  // Q4_K gate / up (one quantised x for both) and a Q8_0 down: both activation block
+  // kinds; expert 1's gate is Q8_0, so its gate and up each quantise x their own way.
+  // hidden 512 = 8 tiles.
   const int64_t hidden = 512, inter = 256;
   std::vector<Expert> experts;
   for (uint32_t e = 0; e < 3; ++e) {
     constexpr uint16_t kScale = 0x1419;  // f16 1.0e-3
-    experts.emplace_back(test::make_ggml_matrix(GgmlType::kQ4_K, inter, hidden, 10 * e, kScale),
+    const GgmlType gate = e == 1 ? GgmlType::kQ8_0 : GgmlType::kQ4_K;
+    experts.emplace_back(test::make_ggml_matrix(gate, inter, hidden, 10 * e, kScale),
                          test::make_ggml_matrix(GgmlType::kQ4_K, inter, hidden, 10 * e + 1, kScale),
                          test::make_ggml_matrix(GgmlType::kQ8_0, hidden, inter, 10 * e + 2, kScale));
   }

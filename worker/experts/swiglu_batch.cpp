@@ -22,31 +22,37 @@ int64_t tiles_of(int64_t features) { return (features + kTileRows - 1) / kTileRo
 
 /// Under `activations: q8` (common/matmul_q8.h), each job's input to one projection,
 /// quantised once so that every tile of it shares the rows (per tile, matmul_tile would
-/// compare the f32 rows with its cached ones); `used[j]` false where matmul_tile runs.
+/// compare the f32 rows with its cached ones); `use[j]` null where matmul_tile runs.
 struct Q8Inputs {
   std::vector<Q8Activations> rows;
-  std::vector<char> used;  ///< empty when the mode is f32 (nothing to allocate then)
+  std::vector<const Q8Activations*> use;  ///< empty when the mode is f32 (nothing to allocate then)
   explicit Q8Inputs(size_t jobs) {
     if (active_activation_mode() == ActivationMode::kQ8) {
       rows.resize(jobs);
-      used.assign(jobs, 0);
+      use.assign(jobs, nullptr);
     }
   }
-  bool any() const { return !used.empty(); }
+  bool any() const { return !use.empty(); }
 
-  /// Quantises job j's x for w when w takes the q8 kernels.
-  void prepare(size_t j, const MatrixView& w, const float* x, size_t n) {
-    if (!any()) return;
-    used[j] = uses_q8(w) ? 1 : 0;
-    if (used[j]) quantize_activations(active_kernel_path(), w, x, n, rows[j]);
+  /// Quantises job j's x for w when w takes the q8 kernels, or shares `same`'s rows when
+  /// they quantised the same x for a weight of w's type (gate and up: the same bits).
+  void prepare(size_t j, const MatrixView& w, const float* x, size_t n, const Q8Inputs* same = nullptr,
+               const MatrixView* same_w = nullptr) {
+    if (!any() || !uses_q8(w)) return;
+    if (same && same->use[j] && same_w->shape.ggml_type == w.shape.ggml_type) {
+      use[j] = same->use[j];
+      return;
+    }
+    quantize_activations(active_kernel_path(), w, x, n, rows[j]);
+    use[j] = &rows[j];
   }
 };
 
 /// matmul_tile, or the q8 kernels on job j's prepared rows.
 void tile(const Q8Inputs& q8, size_t j, const MatrixView& w, const float* x, size_t rows, const float* bias, float* y,
           int64_t o0, int64_t o1) {
-  if (q8.any() && q8.used[j]) {
-    matmul_q8_tile(active_kernel_path(), w, q8.rows[j], bias, y, o0, o1);
+  if (q8.any() && q8.use[j]) {
+    matmul_q8_tile(active_kernel_path(), w, *q8.use[j], bias, y, o0, o1);
   } else {
     matmul_tile(w, x, rows, bias, y, o0, o1);
   }
@@ -71,15 +77,22 @@ void swiglu_batch(const std::vector<SwigluJob>& jobs, int64_t hidden, int64_t in
   }
   std::vector<float> scratch(scratch_at.back());
   Q8Inputs gate_q8(jobs.size()), up_q8(jobs.size()), down_q8(jobs.size());
-  for (size_t j = 0; j < jobs.size(); ++j) {
-    gate_q8.prepare(j, jobs[j].weights->gate, jobs[j].x, jobs[j].rows);
-    up_q8.prepare(j, jobs[j].weights->up, jobs[j].x, jobs[j].rows);
-  }
   const int64_t up_tiles = tiles_of(intermediate);
   const int64_t down_tiles = tiles_of(hidden);
   const auto njobs = static_cast<int64_t>(jobs.size());
 #pragma omp parallel if (work >= kParallelMinWork)
   {
+    // Under q8, each job's x quantised once for gate and up (once for both when their
+    // types match), jobs shared among the threads; then the barrier.
+    if (gate_q8.any()) {
+#pragma omp for schedule(dynamic)
+      for (int64_t j = 0; j < njobs; ++j) {
+        const auto jj = static_cast<size_t>(j);
+        const ExpertView& ew = *jobs[jj].weights;
+        gate_q8.prepare(jj, ew.gate, jobs[jj].x, jobs[jj].rows);
+        up_q8.prepare(jj, ew.up, jobs[jj].x, jobs[jj].rows, &gate_q8, &ew.gate);
+      }
+    }
     // Phase 1, items (job, tile of intermediate features): gate, up, then the SwiGLU
     // product on that tile, elementwise, in place of gate.
 #pragma omp for schedule(dynamic)
