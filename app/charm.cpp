@@ -30,6 +30,7 @@
 #include "app/bench_kernels.h"
 #include "app/bench_memory.h"
 #include "app/bench_wire.h"
+#include "app/openmp_wait.h"
 #include "app/plan.h"
 #include "common/error.h"
 #include "common/secret.h"
@@ -429,13 +430,14 @@ int list_workers(const std::string& config) {
   return 0;
 }
 
-/// Re-executes charm with OMP_WAIT_POLICY=passive unless the user chose a policy.
-/// libgomp reads the variable when it loads, before main, hence the exec. Several charm
-/// processes share a machine in a local cluster, and spin-waiting OpenMP threads steal
-/// each other's cores: a layer round trip took ~21 ms instead of ~0.1 ms on 2 cores.
-void prefer_passive_openmp(char** argv) {
+/// Re-executes charm with the OpenMP wait its command line calls for (app/openmp_wait.h)
+/// unless the user chose a policy. libgomp reads the variables when it loads, before
+/// main, hence the exec. A GOMP_SPINCOUNT the user set is kept.
+void choose_openmp_wait(int argc, char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
-  setenv("OMP_WAIT_POLICY", "passive", 1);
+  for (const auto& [name, value] : openmp_wait_env(openmp_wait_for(std::vector<std::string>(argv + 1, argv + argc)))) {
+    setenv(name.c_str(), value.c_str(), 0);
+  }
   // The resolved path, not /proc/self/exe: the process is named after what is executed,
   // and users find theirs with `pgrep charm` (a binary replaced meanwhile reads
   // "... (deleted)": then /proc/self/exe, the running one).
@@ -568,7 +570,7 @@ int run_cli(int argc, char** argv) {
 }  // namespace charm
 
 int main(int argc, char** argv) {
-  charm::prefer_passive_openmp(argv);
+  charm::choose_openmp_wait(argc, argv);
   // Logs go to stderr: stdout is the generated text of `charm run` and the tables of
   // `charm status` and `charm bench`, which users redirect and scripts read.
   spdlog::set_default_logger(

@@ -226,15 +226,18 @@ expect 2 "charm: " -- plan --config "$tmp/bad.yaml"
 CHARM_CACHE="$tmp/plan-cache" expect 2 "--usage $tmp/nope.json does not exist" -- plan --config "$configs/local-cluster.yaml" --timeout-ms 200 --usage "$tmp/nope.json"
 CHARM_CACHE="$tmp/plan-cache" expect 2 "--usage: $tmp/bad-usage.json" -- plan --config "$configs/local-cluster.yaml" --timeout-ms 200 --usage "$tmp/bad-usage.json"
 
-# charm re-executes itself with OMP_WAIT_POLICY=passive; the process keeps the name
-# `charm` (it was `exe`, and `pgrep charm` found nothing while a cluster served).
+# charm re-executes itself with OMP_WAIT_POLICY=passive (and, for a process that
+# computes alone as `bench` does, libgomp's spin count: app/openmp_wait.h); the process
+# keeps the name `charm` (it was `exe`, and `pgrep charm` found nothing while a cluster
+# served).
 env -u OMP_WAIT_POLICY "$charm" bench memory --help >/dev/null 2>&1  # warms the page cache
 env -u OMP_WAIT_POLICY "$charm" bench memory >/dev/null 2>&1 &
 pid=$!
-name=""
+name="" spin=""
 for _ in $(seq 200); do  # at most 10 s
   if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx OMP_WAIT_POLICY=passive; then
     name=$(cat "/proc/$pid/comm" 2>/dev/null)
+    spin=$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep '^GOMP_SPINCOUNT=' || true)
     break
   fi
   sleep 0.05
@@ -244,6 +247,12 @@ if [[ $name == charm ]]; then
   echo "ok: the re-executed process is named charm"
 else
   echo "FAIL: the re-executed process is named '$name', not charm"
+  failures=$((failures + 1))
+fi
+if [[ $spin == GOMP_SPINCOUNT=300000 ]]; then
+  echo "ok: charm bench spins before it sleeps"
+else
+  echo "FAIL: charm bench's environment has '$spin', not GOMP_SPINCOUNT=300000"
   failures=$((failures + 1))
 fi
 

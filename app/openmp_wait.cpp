@@ -1,0 +1,44 @@
+#include "app/openmp_wait.h"
+
+#include <exception>
+#include <optional>
+
+#include "common/topology.h"
+#include "common/user_path.h"
+
+namespace charm {
+namespace {
+
+/// The value of --config (as "--config FILE" or "--config=FILE"), if given.
+std::optional<std::string> config_of(const std::vector<std::string>& args) {
+  const std::string flag = "--config";
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == flag && i + 1 < args.size()) return args[i + 1];
+    if (args[i].rfind(flag + "=", 0) == 0) return args[i].substr(flag.size() + 1);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+OpenmpWait openmp_wait_for(const std::vector<std::string>& args) {
+  if (args.empty()) return OpenmpWait::kPassive;
+  if (args[0] == "bench") return OpenmpWait::kSpinThenSleep;
+  if (args[0] != "run" && args[0] != "serve") return OpenmpWait::kPassive;
+  const std::optional<std::string> config = config_of(args);
+  if (!config) return OpenmpWait::kPassive;
+  try {
+    return Topology::load(UserPath::from_command_line(*config)).single_node ? OpenmpWait::kSpinThenSleep
+                                                                             : OpenmpWait::kPassive;
+  } catch (const std::exception&) {
+    return OpenmpWait::kPassive;  // the command's own parse reports what is wrong
+  }
+}
+
+std::vector<std::pair<std::string, std::string>> openmp_wait_env(OpenmpWait wait) {
+  std::vector<std::pair<std::string, std::string>> env = {{"OMP_WAIT_POLICY", "passive"}};
+  if (wait == OpenmpWait::kSpinThenSleep) env.emplace_back("GOMP_SPINCOUNT", std::to_string(kSpinCount));
+  return env;
+}
+
+}  // namespace charm

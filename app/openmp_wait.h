@@ -1,0 +1,43 @@
+// How the OpenMP threads of a charm process wait between parallel regions, chosen from
+// its command line before libgomp loads (app/charm.cpp re-executes charm with the
+// environment below; libgomp reads it only at load).
+//
+// Why two ways: a decode step runs dozens of short parallel regions per token (every
+// projection, the router, the experts' phases). Threads that sleep at once are woken by
+// futex for each one, and on a VM a woken vCPU takes tens of microseconds to run: single
+// node decode measured 53-57 tok/s passive against 63-68 spinning first (Q8_0 GGUF, 2
+// threads; docs/benchmarks.md). But several charm processes sharing a machine (the local
+// cluster of scripts/serve.sh) steal each other's cores when they spin: a per-layer round
+// trip took ~21 ms instead of ~0.1 ms on 2 cores. So a process that runs alone spins a
+// bounded while and then sleeps; every other process sleeps at once.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace charm {
+
+/// How OpenMP threads wait for the next parallel region.
+enum class OpenmpWait {
+  kPassive,        ///< sleep at once (OMP_WAIT_POLICY=passive)
+  kSpinThenSleep,  ///< spin kSpinCount iterations (libgomp's estimate: ~3 ms), then sleep
+};
+
+/// libgomp's own spin count when no policy is set (GOMP_SPINCOUNT; about 100000 spins
+/// per millisecond by its estimate).
+constexpr long kSpinCount = 300000;
+
+/// The wait for the command line `args` (argv[1..]): kSpinThenSleep for `charm bench`
+/// and for `charm run` / `charm serve` whose --config names a `mode: single-node`
+/// topology (one process computes everything); kPassive for everything else, including
+/// a topology that does not load (the real parse then reports its error). Reads the
+/// topology file; throws nothing.
+OpenmpWait openmp_wait_for(const std::vector<std::string>& args);
+
+/// The environment that gives `wait` to libgomp, as (name, value) pairs:
+/// OMP_WAIT_POLICY=passive, plus GOMP_SPINCOUNT=kSpinCount for kSpinThenSleep (libgomp
+/// takes a GOMP_SPINCOUNT whatever the policy).
+std::vector<std::pair<std::string, std::string>> openmp_wait_env(OpenmpWait wait);
+
+}  // namespace charm
