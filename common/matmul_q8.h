@@ -66,7 +66,7 @@ enum class Q8Form : uint8_t {
   kAvx512Vnni,  ///< AVX512-VNNI's vpdpbusd / vpdpwssd on 256-bit vectors (EVEX; AVX512VL)
 };
 
-/// Every Q8Form, slowest first.
+/// Every Q8Form, in declaration order.
 inline constexpr Q8Form kQ8Forms[] = {Q8Form::kMaddubs, Q8Form::kAvxVnni, Q8Form::kAvx512Vnni};
 
 /// "maddubs", "avx-vnni" or "avx512-vnni".
@@ -74,8 +74,8 @@ const char* q8_form_name(Q8Form form);
 /// True when the CPU can run `form` (kMaddubs: cpu_supports_avx2(); kAvxVnni also its
 /// CPUID bit; kAvx512Vnni also AVX512F, AVX512VL and AVX512-VNNI with the OS's AVX-512 state).
 bool cpu_supports_q8_form(Q8Form form);
-/// The form in use: by default the fastest the CPU has (AVX-VNNI, else AVX512-VNNI, else
-/// maddubs: the VEX form first, as AVX-512 instructions can lower some Intel cores' clock).
+/// The form in use: by default a VNNI form where the CPU has one (AVX-VNNI first: where a
+/// CPU has both, the VEX form needs no AVX-512 state; else AVX512-VNNI), else maddubs.
 /// Thread-safe.
 Q8Form active_q8_form();
 /// Picks a form (tests, benchmarks). Throws Error(kUnsupported), naming it, for a form the
