@@ -434,7 +434,7 @@ int list_workers(const std::string& config) {
 /// unless the user chose a policy. libgomp reads the variables when it loads, before
 /// main, hence the exec. A GOMP_SPINCOUNT the user set is kept.
 void choose_openmp_wait(int argc, char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr || argc < 1) return;
   for (const auto& [name, value] : openmp_wait_env(openmp_wait_for(std::vector<std::string>(argv + 1, argv + argc)))) {
     setenv(name.c_str(), value.c_str(), 0);
   }

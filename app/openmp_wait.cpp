@@ -3,7 +3,9 @@
 #include <exception>
 #include <optional>
 
-#include "common/topology.h"
+#include <yaml-cpp/yaml.h>
+
+#include "common/text_file.h"
 #include "common/user_path.h"
 
 namespace charm {
@@ -19,6 +21,15 @@ std::optional<std::string> config_of(const std::vector<std::string>& args) {
   return std::nullopt;
 }
 
+/// True when the YAML at `path` says `mode: single-node`. Reads that key only: no
+/// validation, no secret or key file (the command's own Topology::load does those after
+/// the exec, when its warnings go to stderr; here they would reach `charm run`'s stdout).
+bool says_single_node(const std::string& path) {
+  constexpr uint64_t kMaxTopologyBytes = 16u << 20;  // Topology::load's bound
+  const YAML::Node root = YAML::Load(read_text_file(UserPath::from_command_line(path), kMaxTopologyBytes, "a topology file"));
+  return root.IsMap() && root["mode"] && root["mode"].IsScalar() && root["mode"].Scalar() == "single-node";
+}
+
 }  // namespace
 
 OpenmpWait openmp_wait_for(const std::vector<std::string>& args) {
@@ -28,8 +39,7 @@ OpenmpWait openmp_wait_for(const std::vector<std::string>& args) {
   const std::optional<std::string> config = config_of(args);
   if (!config) return OpenmpWait::kPassive;
   try {
-    return Topology::load(UserPath::from_command_line(*config)).single_node ? OpenmpWait::kSpinThenSleep
-                                                                             : OpenmpWait::kPassive;
+    return says_single_node(*config) ? OpenmpWait::kSpinThenSleep : OpenmpWait::kPassive;
   } catch (const std::exception&) {
     return OpenmpWait::kPassive;  // the command's own parse reports what is wrong
   }

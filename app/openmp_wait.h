@@ -21,18 +21,20 @@ namespace charm {
 /// How OpenMP threads wait for the next parallel region.
 enum class OpenmpWait {
   kPassive,        ///< sleep at once (OMP_WAIT_POLICY=passive)
-  kSpinThenSleep,  ///< spin kSpinCount iterations (libgomp's estimate: ~3 ms), then sleep
+  kSpinThenSleep,  ///< spin kSpinCount iterations (about 3 ms by libgomp's estimate), then sleep
 };
 
-/// libgomp's own spin count when no policy is set (GOMP_SPINCOUNT; about 100000 spins
-/// per millisecond by its estimate).
+/// The spin count libgomp uses when no policy is set (GOMP_SPINCOUNT; about 100000 spins
+/// per millisecond by its estimate). Set explicitly it also applies where there are more
+/// threads than CPUs, where libgomp's unset default would spin only 100.
 constexpr long kSpinCount = 300000;
 
 /// The wait for the command line `args` (argv[1..]): kSpinThenSleep for `charm bench`
 /// and for `charm run` / `charm serve` whose --config names a `mode: single-node`
 /// topology (one process computes everything); kPassive for everything else, including
-/// a topology that does not load (the real parse then reports its error). Reads the
-/// topology file; throws nothing.
+/// a topology file that cannot be read or parsed (the command's own load then reports
+/// it). Reads only the file's `mode` key (no validation, no secret files, no logging);
+/// throws nothing.
 OpenmpWait openmp_wait_for(const std::vector<std::string>& args);
 
 /// The environment that gives `wait` to libgomp, as (name, value) pairs:

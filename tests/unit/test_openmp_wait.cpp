@@ -33,7 +33,15 @@ TEST_CASE("a command line whose topology does not load gets the passive wait (it
   CHECK(openmp_wait_for({"run", "--config", (dir / "bad.yaml").string(), "hi"}) == OpenmpWait::kPassive);
   CHECK(openmp_wait_for({"run", "--config", (dir / "missing.yaml").string(), "hi"}) == OpenmpWait::kPassive);
   CHECK(openmp_wait_for({"serve", "--config"}) == OpenmpWait::kPassive);  // the flag without its value
+  charm::testing::write_bytes(dir / "odd-mode.yaml", "mode: [single-node]\n");
+  CHECK(openmp_wait_for({"run", "--config", (dir / "odd-mode.yaml").string(), "hi"}) == OpenmpWait::kPassive);
   CHECK(openmp_wait_for({"serve"}) == OpenmpWait::kPassive);
+}
+
+TEST_CASE("only the mode key is read: a topology its load would refuse still picks the wait by its mode") {
+  TempDir dir("omp");
+  charm::testing::write_bytes(dir / "t.yaml", "mode: single-node\nbogus_key: 1\n");  // no model, an unknown key
+  CHECK(openmp_wait_for({"run", "--config", (dir / "t.yaml").string(), "hi"}) == OpenmpWait::kSpinThenSleep);
 }
 
 TEST_CASE("the environment: passive policy, plus libgomp's spin count for the spinning wait") {

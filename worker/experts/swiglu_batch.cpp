@@ -1,6 +1,7 @@
 #include "worker/experts/swiglu_batch.h"
 
 #include <algorithm>
+#include <exception>
 
 #include "common/kernels.h"
 #include "common/matmul.h"
@@ -77,6 +78,9 @@ void swiglu_batch(const std::vector<SwigluJob>& jobs, int64_t hidden, int64_t in
   }
   std::vector<float> scratch(scratch_at.back());
   Q8Inputs gate_q8(jobs.size()), up_q8(jobs.size()), down_q8(jobs.size());
+  // A quantisation's error (it allocates) per job, rethrown after the region: an
+  // exception must not leave an OpenMP region. A failed job's tiles take matmul_tile.
+  std::vector<std::exception_ptr> failed(jobs.size());
   const int64_t up_tiles = tiles_of(intermediate);
   const int64_t down_tiles = tiles_of(hidden);
   const auto njobs = static_cast<int64_t>(jobs.size());
@@ -89,8 +93,12 @@ void swiglu_batch(const std::vector<SwigluJob>& jobs, int64_t hidden, int64_t in
       for (int64_t j = 0; j < njobs; ++j) {
         const auto jj = static_cast<size_t>(j);
         const ExpertView& ew = *jobs[jj].weights;
-        gate_q8.prepare(jj, ew.gate, jobs[jj].x, jobs[jj].rows);
-        up_q8.prepare(jj, ew.up, jobs[jj].x, jobs[jj].rows, &gate_q8, &ew.gate);
+        try {
+          gate_q8.prepare(jj, ew.gate, jobs[jj].x, jobs[jj].rows);
+          up_q8.prepare(jj, ew.up, jobs[jj].x, jobs[jj].rows, &gate_q8, &ew.gate);
+        } catch (...) {
+          failed[jj] = std::current_exception();
+        }
       }
     }
     // Phase 1, items (job, tile of intermediate features): gate, up, then the SwiGLU
@@ -117,9 +125,12 @@ void swiglu_batch(const std::vector<SwigluJob>& jobs, int64_t hidden, int64_t in
     if (down_q8.any()) {
 #pragma omp for schedule(dynamic)
       for (int64_t j = 0; j < njobs; ++j) {
-        const SwigluJob& job = jobs[static_cast<size_t>(j)];
-        down_q8.prepare(static_cast<size_t>(j), job.weights->down, scratch.data() + scratch_at[static_cast<size_t>(j)],
-                        job.rows);
+        const auto jj = static_cast<size_t>(j);
+        try {
+          down_q8.prepare(jj, jobs[jj].weights->down, scratch.data() + scratch_at[jj], jobs[jj].rows);
+        } catch (...) {
+          if (!failed[jj]) failed[jj] = std::current_exception();
+        }
       }
     }
     // Phase 2, items (job, tile of hidden features): down.
@@ -132,6 +143,9 @@ void swiglu_batch(const std::vector<SwigluJob>& jobs, int64_t hidden, int64_t in
       tile(down_q8, j, job.weights->down, act, job.rows, job.weights->down_bias, job.y, o0,
            std::min(hidden, o0 + kTileRows));
     }
+  }
+  for (const std::exception_ptr& e : failed) {
+    if (e) std::rethrow_exception(e);
   }
 }
 
