@@ -6,6 +6,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "common/text_file.h"
+#include "common/topology.h"
 #include "common/user_path.h"
 
 namespace charm {
@@ -25,8 +26,8 @@ std::optional<std::string> config_of(const std::vector<std::string>& args) {
 /// validation, no secret or key file (the command's own Topology::load does those after
 /// the exec, when its warnings go to stderr; here they would reach `charm run`'s stdout).
 bool says_single_node(const std::string& path) {
-  constexpr uint64_t kMaxTopologyBytes = 16u << 20;  // Topology::load's bound
-  const YAML::Node root = YAML::Load(read_text_file(UserPath::from_command_line(path), kMaxTopologyBytes, "a topology file"));
+  const YAML::Node root =
+      YAML::Load(read_text_file(UserPath::from_command_line(path), Topology::kMaxFileBytes, "a topology file"));
   return root.IsMap() && root["mode"] && root["mode"].IsScalar() && root["mode"].Scalar() == "single-node";
 }
 

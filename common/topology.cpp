@@ -299,11 +299,9 @@ std::vector<WorkerSpec> parse_workers(const Reader& r, const YAML::Node& node, c
 }  // namespace
 
 Topology Topology::load(const UserPath& path) {
-  // A topology is a few KB; a bound keeps a wrong path (a model file) from being read whole.
-  constexpr uint64_t kMaxTopologyBytes = 16u << 20;
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) fail_io("topology file " + path.describe() + " does not exist");
-  return parse(read_text_file(path, kMaxTopologyBytes, "a topology file"), path);
+  return parse(read_text_file(path, kMaxFileBytes, "a topology file"), path);
 }
 
 Topology Topology::parse(const std::string& yaml, const std::filesystem::path& path) {

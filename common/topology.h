@@ -129,6 +129,10 @@ struct Topology {
   /// relative path was resolved against) when the file cannot be opened.
   static Topology load(const UserPath& path);
 
+  /// The most bytes load() reads: a topology is a few KB; the bound keeps a wrong path
+  /// (a model file) from being read whole.
+  static constexpr uint64_t kMaxFileBytes = uint64_t{16} << 20;
+
   /// load() on YAML text already in memory; `source` names it in messages and is the
   /// base for relative paths (its folder, made absolute against the current directory).
   static Topology parse(const std::string& yaml, const std::filesystem::path& source);

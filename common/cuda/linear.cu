@@ -173,6 +173,18 @@ void launch_linear_batch(int format, int64_t out, int64_t in, const DeviceProduc
   });
 }
 
+/// After a kernel launch on scope's stream: the launch's error (`launch_what`), y <- dy
+/// (y_bytes), then the stream's end (an execution error, `kernel_what`). 0, or -1 with err.
+int finish_launch(CallScope& scope, const char* launch_what, const char* kernel_what, float* y, const float* dy,
+                  size_t y_bytes, char* err, size_t err_len) {
+  if (failed(cudaGetLastError(), launch_what, err, err_len) ||
+      failed(cudaMemcpyAsync(y, dy, y_bytes, cudaMemcpyDeviceToHost, scope.stream), "cudaMemcpy", err, err_len) ||
+      failed(cudaStreamSynchronize(scope.stream), kernel_what, err, err_len)) {
+    return -1;
+  }
+  return 0;
+}
+
 /// Checks the arguments both entry points share; 1 when there is nothing to do.
 int check_linear(int format, int64_t out, int64_t in, int64_t rows, char* err, size_t err_len) {
   if (!valid_format(format)) return refuse("the weight format is not one the GPU kernels read (F32, F16, BF16)", err, err_len);
@@ -192,12 +204,7 @@ int linear_on(CallScope& scope, const void* w, int format, int64_t out, int64_t 
   }
   (void)cudaGetLastError();  // clear an earlier call's error on this thread (e.g. a failed alloc)
   launch_linear(w, format, out, in, dx, rows, bias, dy, scope.stream);
-  if (failed(cudaGetLastError(), "linear kernel launch", err, err_len) ||
-      failed(cudaMemcpyAsync(y, dy, y_bytes, cudaMemcpyDeviceToHost, scope.stream), "cudaMemcpy", err, err_len) ||
-      failed(cudaStreamSynchronize(scope.stream), "linear kernel", err, err_len)) {
-    return -1;
-  }
-  return 0;
+  return finish_launch(scope, "linear kernel launch", "linear kernel", y, dy, y_bytes, err, err_len);
 }
 
 }  // namespace
@@ -272,12 +279,7 @@ extern "C" int charm_cuda_linear_batch(int format, int64_t out, int64_t in, cons
   }
   (void)cudaGetLastError();  // clear an earlier call's error on this thread
   launch_linear_batch(format, out, in, d_table, d_rows, dx, y_rows, dy, scope.stream);
-  if (failed(cudaGetLastError(), "linear batch kernel launch", err, err_len) ||
-      failed(cudaMemcpyAsync(y, dy, y_bytes, cudaMemcpyDeviceToHost, scope.stream), "cudaMemcpy", err, err_len) ||
-      failed(cudaStreamSynchronize(scope.stream), "linear batch kernel", err, err_len)) {
-    return -1;
-  }
-  return 0;
+  return finish_launch(scope, "linear batch kernel launch", "linear batch kernel", y, dy, y_bytes, err, err_len);
 }
 
 extern "C" int charm_cuda_alloc(size_t bytes, void** ptr, char* err, size_t err_len) {
