@@ -54,7 +54,7 @@ uint16_t f32_to_f16(float f) {
 
 /// A block holding a NaN or Inf: quants and sums 0, scale NaN, so that every product
 /// with it is NaN (the exact path gives NaN or Inf there; a quant cannot hold either).
-void poison(int8_t* qs, float* d, int32_t* sums, int64_t elements, int nsums) {
+void poison(int8_t* qs, float* d, int16_t* sums, int64_t elements, int nsums) {
   std::memset(qs, 0, static_cast<size_t>(elements));
   *d = std::numeric_limits<float>::quiet_NaN();
   for (int j = 0; j < nsums; ++j) sums[j] = 0;
@@ -62,7 +62,7 @@ void poison(int8_t* qs, float* d, int32_t* sums, int64_t elements, int nsums) {
 
 /// One row as Q8_0 blocks (quantize_row_q8_0_ref), plus each block's sum of quants; the
 /// AVX2 helpers on kAvx2 (the same bits).
-void quantize_q8_0(KernelPath path, const float* x, int64_t cols, int8_t* qs, float* d, int32_t* sums) {
+void quantize_q8_0(KernelPath path, const float* x, int64_t cols, int8_t* qs, float* d, int16_t* sums) {
 #if defined(__x86_64__) || defined(__i386__)
   const bool avx2 = path == KernelPath::kAvx2;
 #else
@@ -91,7 +91,7 @@ void quantize_q8_0(KernelPath path, const float* x, int64_t cols, int8_t* qs, fl
     // 1 / dd may overflow there (amax below 2^-120): quants 0, not an Inf cast to int8.
     const float id = d[b] != 0.0f ? 1.0f / dd : 0.0f;
     if (avx2) {
-      sums[b] = quantize_q8_0_block_avx2(xb, id, qs + b * kQ80);
+      sums[b] = static_cast<int16_t>(quantize_q8_0_block_avx2(xb, id, qs + b * kQ80));
       continue;
     }
     int32_t sum = 0;
@@ -100,12 +100,12 @@ void quantize_q8_0(KernelPath path, const float* x, int64_t cols, int8_t* qs, fl
       qs[b * kQ80 + j] = q;
       sum += q;
     }
-    sums[b] = sum;
+    sums[b] = static_cast<int16_t>(sum);
   }
 }
 
 /// One Q8_K block (quantize_row_q8_K_ref), the portable way.
-Q8KBlock quantize_q8_k_block(const float* xb, int8_t* q, float* d, int32_t* sums) {
+Q8KBlock quantize_q8_k_block(const float* xb, int8_t* q, float* d, int16_t* sums) {
   float amax = 0.0f, max = 0.0f;
   bool finite = true;
   for (int j = 0; j < kQK; ++j) {
@@ -128,17 +128,17 @@ Q8KBlock quantize_q8_k_block(const float* xb, int8_t* q, float* d, int32_t* sums
   for (int j = 0; j < 16; ++j) {
     int32_t sum = 0;
     for (int l = 0; l < 16; ++l) sum += q[16 * j + l];
-    sums[j] = sum;
+    sums[j] = static_cast<int16_t>(sum);
   }
   *d = 1.0f / iscale;
   return Q8KBlock::kQuantised;
 }
 
 /// One row as Q8_K blocks: bsums per 16 into `sums`; the block quantiser of `path`.
-void quantize_q8_k(KernelPath path, const float* x, int64_t cols, int8_t* qs, float* d, int32_t* sums) {
+void quantize_q8_k(KernelPath path, const float* x, int64_t cols, int8_t* qs, float* d, int16_t* sums) {
   for (int64_t b = 0; b < cols / kQK; ++b) {
     int8_t* q = qs + b * kQK;
-    int32_t* s = sums + b * 16;
+    int16_t* s = sums + b * 16;
     Q8KBlock found;
 #if defined(__x86_64__) || defined(__i386__)
     if (path == KernelPath::kAvx2) {
@@ -195,7 +195,7 @@ float dot_q45_k(const uint8_t* w, const Q8Row& a) {
     const uint8_t* qh = wb + 16;
     const uint8_t* qs = wb + (kFifthBit ? 48 : 16);
     const int8_t* ab = a.qs + b * kQK;
-    const int32_t* bsums = a.sums + b * 16;
+    const int16_t* bsums = a.sums + b * 16;
     int32_t isum = 0, msum = 0;
     for (int s = 0; s < 8; ++s) {
       const ScaleMin sm = get_scale_min_k4(s, scales);
@@ -222,7 +222,7 @@ float dot_q6_k(const uint8_t* w, const Q8Row& a) {
     const uint8_t* wb = w + b * 210;
     const auto* scales = reinterpret_cast<const int8_t*>(wb + 192);
     const int8_t* ab = a.qs + b * kQK;
-    const int32_t* bsums = a.sums + b * 16;
+    const int16_t* bsums = a.sums + b * 16;
     int32_t isum = 0;
     for (int h = 0; h < 2; ++h) {
       for (int c = 0; c < 4; ++c) {

@@ -95,7 +95,7 @@ bool uses_q8(const MatrixView& w);
 struct Q8Activations {
   std::vector<int8_t> qs;     ///< [rows * cols] the quants
   std::vector<float> d;       ///< [rows * blocks] block scales
-  std::vector<int32_t> sums;  ///< Q8_0: [rows * blocks] sum of each block's qs; Q8_K: 16 per block
+  std::vector<int16_t> sums;  ///< Q8_0: [rows * blocks] sum of each block's qs; Q8_K: 16 per block (|sum| <= 32 * 127)
   int type_kind = -1;         ///< which blocks (internal: Q8_0 or Q8_K); -1 until filled
   int64_t cols = 0;
   size_t rows = 0;

@@ -69,7 +69,7 @@ int32_t quantize_q8_0_block_avx2(const float* x, float id, int8_t* q) {
   return hsum_i32(_mm256_add_epi32(_mm256_add_epi32(v[0], v[1]), _mm256_add_epi32(v[2], v[3])));
 }
 
-Q8KBlock quantize_q8_k_block_avx2(const float* x, int8_t* q, float* d, int32_t* sums) {
+Q8KBlock quantize_q8_k_block_avx2(const float* x, int8_t* q, float* d, int16_t* sums) {
   float m = 0.0f;
   if (!abs_max_avx2(x, 256, &m)) return Q8KBlock::kNonFinite;
   if (m == 0.0f) return Q8KBlock::kZero;
@@ -85,8 +85,8 @@ Q8KBlock quantize_q8_k_block_avx2(const float* x, int8_t* q, float* d, int32_t* 
       const __m256 r = _mm256_round_ps(_mm256_mul_ps(vs, _mm256_loadu_ps(x + j + 8 * k)), _MM_FROUND_CUR_DIRECTION);
       v[k] = _mm256_cvtps_epi32(_mm256_min_ps(r, top));
     }
-    sums[j / 16] = hsum_i32(_mm256_add_epi32(v[0], v[1]));
-    sums[j / 16 + 1] = hsum_i32(_mm256_add_epi32(v[2], v[3]));
+    sums[j / 16] = static_cast<int16_t>(hsum_i32(_mm256_add_epi32(v[0], v[1])));
+    sums[j / 16 + 1] = static_cast<int16_t>(hsum_i32(_mm256_add_epi32(v[2], v[3])));
     // packs work per 128-bit lane: bytes come out as v0[0..3] v1[0..3] v2[0..3] v3[0..3] |
     // v0[4..7] ...; the dword permute puts them back in order.
     const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));

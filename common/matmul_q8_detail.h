@@ -14,7 +14,7 @@ namespace charm {
 struct Q8Row {
   const int8_t* qs = nullptr;    ///< [cols] the quants
   const float* d = nullptr;      ///< [blocks] the block scales (Q8_0: the f16 value, widened)
-  const int32_t* sums = nullptr; ///< Q8_0: [blocks] sum of each block's qs; Q8_K: [blocks * 16]
+  const int16_t* sums = nullptr; ///< Q8_0: [blocks] sum of each block's qs; Q8_K: [blocks * 16]
                                  ///< sum of each 16 (ggml's bsums)
   int64_t blocks = 0;
 };
@@ -75,7 +75,7 @@ enum class Q8KBlock : uint8_t {
 
 /// One Q8_K block of 256 activations at x quantised as quantize_row_q8_K_ref, with AVX2:
 /// the portable quantiser's bits (q, d and the 16 sums). Call only when cpu_supports_avx2().
-Q8KBlock quantize_q8_k_block_avx2(const float* x, int8_t* q, float* d, int32_t* sums);
+Q8KBlock quantize_q8_k_block_avx2(const float* x, int8_t* q, float* d, int16_t* sums);
 
 /// The AVX-VNNI kernels (vpdpbusd / vpdpwssd), the same bits as the AVX2 ones. Call only
 /// when cpu_supports_q8_form(Q8Form::kAvxVnni).
