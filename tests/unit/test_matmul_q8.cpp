@@ -143,6 +143,41 @@ TEST_CASE("q8: the AVX2 path's kernels (the GEMV and the GEMM, every form) give 
   set_q8_form(saved_form);
 }
 
+TEST_CASE("q8: the AVX2 kernels stay exact at the integers' extremes (every quant and scale at its largest)") {
+  // The kernels add i16 products before widening (Q4_K / Q5_K pairs, the i16 bsums of
+  // madd): a bound missed there would saturate or wrap, and differ from the portable
+  // int32 arithmetic. Weight bytes all 0xFF (every quant, scale and min at its top; Q6_K's
+  // scales -1), all 0x80 (Q6_K's scales -128) or all 0x7F, activations all +1 or all -1
+  // (every quant +-127, every bsum +-2032).
+  if (!cpu_supports_avx2()) {
+    MESSAGE("this CPU lacks avx2/f16c: the AVX2 path was NOT checked");
+    return;
+  }
+  for (GgmlType type : kQ8Types) {
+    CAPTURE(std::string(ggml_traits(type).name));
+    for (uint8_t fill : {uint8_t{0xFF}, uint8_t{0x80}, uint8_t{0x7F}}) {
+      CAPTURE(int{fill});
+      StoredMatrix w = random_ggml(type, 3, cols_for(type), 5);
+      const auto block = static_cast<size_t>(ggml_traits(type).block_bytes);
+      for (size_t off = 0; off < w.data.size(); off += block) {
+        std::vector<uint8_t> scales(w.data.begin() + static_cast<std::ptrdiff_t>(off),
+                                    w.data.begin() + static_cast<std::ptrdiff_t>(off + block));
+        std::fill_n(w.data.begin() + static_cast<std::ptrdiff_t>(off), block, fill);
+        for (int field : f16_fields(type)) std::memcpy(&w.data[off + static_cast<size_t>(field)], &scales[static_cast<size_t>(field)], 2);
+      }
+      for (float sign : {1.0f, -1.0f}) {
+        for (size_t rows : {size_t{1}, size_t{4}, size_t{5}}) {
+          CAPTURE(sign);
+          CAPTURE(rows);
+          const std::vector<float> x(rows * static_cast<size_t>(w.shape.cols), sign);
+          const auto portable = q8_tile(KernelPath::kPortable, w.view(), x.data(), rows, nullptr);
+          CHECK(same_bits(portable, q8_tile(KernelPath::kAvx2, w.view(), x.data(), rows, nullptr)));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("q8: a row's result does not depend on the other rows, the tiling or the thread count") {
   const int saved_threads = omp_get_max_threads();
   const ModeScope mode(ActivationMode::kQ8);
