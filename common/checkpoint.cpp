@@ -38,14 +38,17 @@ std::string index_text(const std::vector<int64_t>& shape, uint64_t flat) {
 /// Throws Error(kInvalidInput) naming the file, the tensor and the element unless the
 /// `count` elements of `dtype` at `data` (element `first` onwards of tensor `info`) are
 /// all finite: a NaN or Inf weight makes every output it touches garbage, silently.
+[[noreturn]] void fail_non_finite(const TensorInfo& info, float value, uint64_t element) {
+  fail_invalid(info.file.string() + ": tensor '" + info.name + "' holds " + non_finite_name(value) + " at " +
+               index_text(info.shape, element) + "; charm refuses non-finite weights (the model would compute " +
+               "garbage from them)");
+}
 void require_finite(const TensorInfo& info, DType dtype, const void* data, uint64_t count, uint64_t first = 0) {
   const uint64_t i = first_non_finite(dtype, data, count);
   if (i == count) return;
   float value;
   convert_to_f32(dtype, static_cast<const uint8_t*>(data) + i * dtype_size(dtype), &value, 1);
-  fail_invalid(info.file.string() + ": tensor '" + info.name + "' holds " + non_finite_name(value) + " at " +
-               index_text(info.shape, first + i) + "; charm refuses non-finite weights (the model would compute " +
-               "garbage from them)");
+  fail_non_finite(info, value, first + i);
 }
 
 /// Throws naming the scale tensor unless each of its `count` f32 values is finite and
@@ -516,11 +519,14 @@ ExpertSlice slice_of(const TensorInfo& info, uint64_t first, int64_t rows, int64
 void Checkpoint::read_slice(const ExpertSlice& slice, void* dst) const {
   const TensorInfo& t = *slice.tensor;
   read_bytes(t, slice.offset, slice.bytes, dst);
-  if (t.block_type) {  // the blocks' scales decide finiteness: check what they dequantise to
-    std::vector<float> values(static_cast<size_t>(slice.rows * slice.cols));
-    to_f32(t, dst, values.data(), values.size());
-    const uint64_t first = slice.offset / bytes_of(t, static_cast<uint64_t>(slice.cols)) * static_cast<uint64_t>(slice.cols);
-    require_finite(t, DType::kF32, values.data(), values.size(), first);
+  if (t.block_type) {  // the blocks' scales decide finiteness (find_non_finite reads just them)
+    MatrixShape shape{WeightFormat::kGgml, slice.rows, slice.cols, 0};
+    shape.ggml_type = *t.block_type;
+    if (const auto bad = find_non_finite(MatrixView{shape, static_cast<const uint8_t*>(dst), nullptr})) {
+      const auto cols = static_cast<uint64_t>(slice.cols);
+      const uint64_t first = slice.offset / bytes_of(t, cols) * cols;
+      fail_non_finite(t, bad->value, first + static_cast<uint64_t>(bad->row) * cols + static_cast<uint64_t>(bad->col));
+    }
     return;
   }
   const uint64_t esize = dtype_size(t.dtype);

@@ -111,9 +111,10 @@ struct NonFiniteWeight {
 };
 
 /// Scans `m` (data and scales) for the first non-finite weight; nullopt when every one is
-/// finite. Integer forms have finite data by construction, so only their scales are read.
-/// Cost: one pass over the matrix's bytes (measured in docs/architecture.md, "Bad
-/// checkpoints"). Thread-safe.
+/// finite. Integer forms have finite data by construction, so only their scales are read;
+/// so are GGML blocks' f16 scales (but MXFP4's), the rest of a row only where one is bad.
+/// Cost: one pass over the matrix's bytes, or over its scales for GGML blocks (measured in
+/// docs/architecture.md, "Bad checkpoints"). Thread-safe.
 std::optional<NonFiniteWeight> find_non_finite(const MatrixView& m);
 
 /// Writes row `row` of `m` as f32 into `out` [m.shape.cols]. Exact for f32/f16/bf16.

@@ -248,3 +248,46 @@ TEST_CASE("f32 metadata reads back as the decimal it was written from") {
 }
 
 }  // namespace
+
+TEST_CASE("a GGUF block with a NaN or Inf scale is refused naming the tensor and the element, expert and resident") {
+  // find_non_finite reads only the blocks' f16 scales; the element it names must be the
+  // first that dequantises to NaN / Inf (here every value of a poisoned Q4_K row does).
+  const auto src = std::filesystem::path(CHARM_SOURCE_DIR) / "tests/fixtures/gguf_models/qwen3moe-k256.q4_k_m.gguf";
+  const struct {
+    const char* tensor;
+    uint64_t row;       // the row of the tensor's flattened [rows, 256] (one Q4_K block each)
+    int scale_offset;   // d at 0, dmin at 2
+    const char* bits;   // the f16, little-endian
+    const char* at;     // the element the message names (the value there: NaN, or +-Inf or NaN by the quants)
+  } cases[] = {
+      {"blk.0.ffn_gate_exps.weight", 3 * 256 + 5, 0, "\x01\x7e", "NaN at [3, 5, 0]"},
+      {"blk.1.ffn_up_exps.weight", 7 * 256 + 255, 2, "\x00\x7c", " at [7, 255, 0]"},
+      {"blk.0.attn_q.weight", 17, 0, "\x00\xfc", " at [17, 0]"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.tensor);
+    TempDir tmp;
+    const auto bad = tmp.path() / "bad.gguf";
+    std::filesystem::copy_file(src, bad);
+    {
+      const auto f = GgufFile::open(bad);
+      const GgufTensorInfo& t = *f->find_tensor(c.tensor);
+      REQUIRE(t.type == GgmlType::kQ4_K);
+      REQUIRE(t.row_elements() == 256);
+      std::fstream out(bad, std::ios::in | std::ios::out | std::ios::binary);
+      out.seekp(static_cast<std::streamoff>(t.data_begin + c.row * t.row_bytes() + c.scale_offset));
+      out.write(c.bits, 2);
+    }
+    const auto ckpt = Checkpoint::open(bad);
+    const std::vector<std::string> message{std::string("tensor '") + c.tensor + "'", c.at, "refuses non-finite weights"};
+    if (std::string(c.tensor).find("exps") != std::string::npos) {
+      const int layer = c.tensor[4] - '0';
+      const int expert = static_cast<int>(c.row / 256);
+      expect_error([&] { ckpt->load_expert({}, layer, expert, 256, 256); }, ErrorCategory::kInvalidInput, message);
+      CHECK_NOTHROW(ckpt->load_expert({}, layer, expert == 0 ? 1 : 0, 256, 256));  // its neighbours are fine
+    } else {
+      expect_error([&] { ckpt->load_matrix("model.layers.0.self_attn.q_proj.weight", 256, 256); },
+                   ErrorCategory::kInvalidInput, message);
+    }
+  }
+}
