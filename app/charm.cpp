@@ -33,6 +33,7 @@
 #include "app/openmp_wait.h"
 #include "app/plan.h"
 #include "common/error.h"
+#include "common/ggml_quantize.h"
 #include "common/secret.h"
 #include "common/stop_signals.h"
 #include "common/topology.h"
@@ -80,6 +81,11 @@ Topology load_compute_config(const std::string& path, std::optional<int> threads
 /// `--ram-gb` on the command line overrides the YAML's budget for the process it starts.
 void override_ram(StoreSpec& store, const std::optional<double>& ram_gb) {
   if (ram_gb) store.ram_gb = *ram_gb;
+}
+
+/// --quant-dense: overrides the topology's `quant_dense` key when given.
+void apply_quant_dense_flag(Topology& topology, const std::optional<std::string>& quant_dense) {
+  if (quant_dense) topology.quant_dense = parse_dense_quant(*quant_dense, "--quant-dense");
 }
 
 /// --prefetch / --no-prefetch: overrides the topology's `prefetch` key when given.
@@ -159,10 +165,12 @@ struct ServeArgs {
   ServingFlags serving;
   std::optional<int> threads;
   std::optional<std::string> activations;
+  std::optional<std::string> quant_dense;
 };
 
 int serve(const ServeArgs& args) {
   Topology topology = load_compute_config(args.config, args.threads, args.activations);
+  apply_quant_dense_flag(topology, args.quant_dense);
   if (args.ram_gb && !topology.single_node) {
     fail_invalid("--ram-gb applies to the in-process experts of mode: single-node; set ram_gb on each worker entry, "
                  "or pass --ram-gb to charm worker");
@@ -272,6 +280,7 @@ struct RunArgs {
   ServingFlags serving;
   std::optional<int> threads;
   std::optional<std::string> activations;
+  std::optional<std::string> quant_dense;
 };
 
 /// The prefetch counters of one layer (or all) as JSON.
@@ -373,6 +382,7 @@ int run(const RunArgs& args) {
   const UserPath logits_out = output_path(args.logits_out, "--logits-out");
   const UserPath ids_out = output_path(args.ids_out, "--ids-out");
   Topology topology = load_compute_config(args.config, args.threads, args.activations);
+  apply_quant_dense_flag(topology, args.quant_dense);
   apply_prefetch_flag(topology, args.prefetch);
   args.serving.apply(topology.serving);
   EngineOptions options;
@@ -454,6 +464,10 @@ int run_cli(int argc, char** argv) {
   const char* activations_help =
       "f32 (exact, default) or q8 (LOSSY, llama.cpp's int8 activations for Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weights); "
       "overrides the config's activations";
+  const char* quant_dense_help =
+      "LOSSY: quantise the coordinator's dense matrices (attention, dense and shared-expert MLPs, embeddings, "
+      "lm_head; not routers) to q8_0 or q4_0 GGML blocks at load, as llama.cpp's Q8_0 / Q4_0 files hold them; "
+      "none keeps them as stored (default); overrides the config's quant_dense";
   const char* threads_help = "Compute threads (0 or absent: the config's threads, else OMP_NUM_THREADS, else one per physical core)";
   ServeArgs serve_args;
   CLI::App* serve_cmd = app.add_subcommand("serve", "Run the coordinator and the OpenAI-compatible HTTP API");
@@ -464,6 +478,8 @@ int run_cli(int argc, char** argv) {
                                                     "Send prefetch hints (overrides the config's prefetch key)");
   serve_cmd->add_option("--threads", serve_args.threads, threads_help)->check(CLI::Range(0, kMaxThreads));
   serve_cmd->add_option("--activations", serve_args.activations, activations_help)->check(CLI::IsMember({"f32", "q8"}));
+  serve_cmd->add_option("--quant-dense", serve_args.quant_dense, quant_dense_help)
+      ->check(CLI::IsMember({"q8_0", "q4_0", "none"}));
   serve_args.serving.add_to(*serve_cmd);
   serve_cmd->add_option("--ram-gb", serve_args.ram_gb, "Single-node: GiB of RAM for expert slots (default: every expert resident)")
       ->check(CLI::PositiveNumber);
@@ -520,6 +536,8 @@ int run_cli(int argc, char** argv) {
   run_cmd->add_option("--ids-out", run_args.ids_out, "Also write the prompt and generated token ids (JSON)");
   run_cmd->add_option("--threads", run_args.threads, threads_help)->check(CLI::Range(0, kMaxThreads));
   run_cmd->add_option("--activations", run_args.activations, activations_help)->check(CLI::IsMember({"f32", "q8"}));
+  run_cmd->add_option("--quant-dense", run_args.quant_dense, quant_dense_help)
+      ->check(CLI::IsMember({"q8_0", "q4_0", "none"}));
   run_args.serving.add_to(*run_cmd);
   run_cmd->add_option("prompt", run_args.prompt, "Prompt text")->required();
 

@@ -109,6 +109,11 @@ class Checkpoint {
   /// While set, every load_f32 / load_matrix adds its tensor's stored bytes to `progress`
   /// (not owned; it must outlive the loads; nullptr stops it). Not thread-safe with loads.
   void set_load_progress(LoadProgress* progress) { progress_ = progress; }
+  /// The `quant_dense` setting (common/ggml_quantize.h) the coordinator's dense-weight
+  /// loads apply (coordinator/models/blocks.h Linear::load): nullopt keeps every matrix at
+  /// its stored precision (the default). Set before loading; not thread-safe with loads.
+  void set_dense_quant(std::optional<GgmlType> type) { dense_quant_ = type; }
+  std::optional<GgmlType> dense_quant() const { return dense_quant_; }
 
   /// Loads a whole tensor as f32 and checks its shape; an F8_E4M3 tensor is dequantised
   /// with its block scales. Throws Error(kInvalidInput) naming the tensor and both shapes
@@ -174,6 +179,7 @@ class Checkpoint {
   std::map<std::string, int64_t> unpermute_heads_;
   std::map<std::string, GgufKvB> kv_b_;
   LoadProgress* progress_ = nullptr;  // see set_load_progress
+  std::optional<GgmlType> dense_quant_;  // see set_dense_quant
   /// The tensor's bytes in its file's read-only mapping.
   const uint8_t* mapped(const TensorInfo& info) const;
   /// pread of `count` bytes from `offset` bytes into the tensor.

@@ -79,6 +79,22 @@ float f8e4m3_to_f32(uint8_t bits) {
   return negative ? -magnitude : magnitude;
 }
 
+uint16_t f32_to_f16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  const auto sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t x = bits & 0x7FFFFFFFu;
+  if (x > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u);  // NaN
+  if (x >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // >= 65520: Inf
+  if (x < 0x38800000u) {  // below 2^-14: an f16 subnormal, q * 2^-24 (exact scaling)
+    float magnitude;
+    std::memcpy(&magnitude, &x, sizeof magnitude);
+    return static_cast<uint16_t>(sign | static_cast<uint16_t>(std::nearbyint(magnitude * 16777216.0f)));
+  }
+  const uint32_t rounded = x + 0xFFFu + ((x >> 13) & 1u);
+  return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
+}
+
 uint16_t f32_to_bf16(float value) {
   uint32_t u;
   std::memcpy(&u, &value, sizeof u);

@@ -42,6 +42,11 @@ float f16_to_f32(uint16_t bits);
 /// torch.float8_e4m3fn).
 float f8e4m3_to_f32(uint8_t bits);
 
+/// f32 -> IEEE half bits, round to nearest even in the default rounding mode (ggml's
+/// GGML_FP32_TO_FP16, F16C's _cvtss_sh(x, 0), numpy's astype(float16)): magnitudes from
+/// 65520 up become Inf, NaN stays a (quiet) NaN, subnormals are rounded as such.
+uint16_t f32_to_f16(float value);
+
 /// f32 -> bfloat16 bits, round to nearest even (as torch does); NaN stays NaN.
 uint16_t f32_to_bf16(float value);
 

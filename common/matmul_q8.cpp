@@ -6,7 +6,6 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -34,22 +33,6 @@ float load_f16(const uint8_t* p) {
   uint16_t bits;
   std::memcpy(&bits, p, 2);
   return f16_to_f32(bits);
-}
-
-/// f32 -> f16 bits, round to nearest even (ggml's GGML_FP32_TO_FP16, F16C's
-/// _cvtss_sh(x, 0)). Only ever given a finite d >= 0 or a NaN / Inf from bad input.
-uint16_t f32_to_f16(float f) {
-  const uint32_t bits = std::bit_cast<uint32_t>(f);
-  const auto sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
-  const uint32_t x = bits & 0x7FFFFFFFu;
-  if (x > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u);  // NaN
-  if (x >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // >= 65520: Inf
-  if (x < 0x38800000u) {  // below 2^-14: an f16 subnormal, q * 2^-24 (exact scaling)
-    const float q = std::nearbyint(std::bit_cast<float>(x) * 16777216.0f);
-    return static_cast<uint16_t>(sign | static_cast<uint16_t>(q));
-  }
-  const uint32_t rounded = x + 0xFFFu + ((x >> 13) & 1u);
-  return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
 }
 
 /// A block holding a NaN or Inf: quants and sums 0, scale NaN, so that every product

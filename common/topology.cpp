@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "common/error.h"
+#include "common/ggml_quantize.h"
 #include "common/text_file.h"
 
 namespace charm {
@@ -309,7 +310,7 @@ Topology Topology::parse(const std::string& yaml, const std::filesystem::path& p
   const YAML::Node root = parse_yaml(yaml, path);
   r.check_keys(root, "",
                {"model", "model_name", "mode", "api", "threads", "timeouts", "store", "workers", "cluster", "prefetch",
-                "serving", "activations", "gpu"});
+                "serving", "activations", "quant_dense", "gpu"});
 
   Topology t;
   t.source = path;
@@ -354,6 +355,13 @@ Topology Topology::parse(const std::string& yaml, const std::filesystem::path& p
     const std::string mode = r.string_value(root["activations"], "activations");
     if (mode != "f32" && mode != "q8") r.fail("activations", "expected 'f32' or 'q8', got '" + mode + "'");
     t.activations = parse_activation_mode(mode, "activations");
+  }
+  if (root["quant_dense"]) {
+    const std::string type = r.string_value(root["quant_dense"], "quant_dense");
+    if (type != "q8_0" && type != "q4_0" && type != "none") {
+      r.fail("quant_dense", "expected 'q8_0', 'q4_0' or 'none', got '" + type + "'");
+    }
+    t.quant_dense = parse_dense_quant(type, "quant_dense");
   }
   if (const auto serving = root["serving"]) t.serving = parse_serving(r, serving);
   if (const auto timeouts = root["timeouts"]) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/ggml_type.h"
 #include "common/matmul_q8.h"
 #include "common/secret.h"
 #include "common/user_path.h"
@@ -116,6 +117,11 @@ struct Topology {
   /// `activations: f32 | q8`: how GGML-block weights meet activations (common/matmul_q8.h);
   /// q8 is lossy and opt-in. `--activations` on serve / run / worker overrides it.
   ActivationMode activations = ActivationMode::kF32;
+  /// `quant_dense: q8_0 | q4_0 | none`: the coordinator quantises the dense matrices of the
+  /// checkpoint (attention, dense / shared-expert MLPs, embeddings, lm_head; not routers)
+  /// to these GGML blocks at load (common/ggml_quantize.h). Lossy and opt-in; nullopt (the
+  /// default, `none`) keeps them as stored. `--quant-dense` on serve / run overrides it.
+  std::optional<GgmlType> quant_dense;
   StoreSpec store;                   ///< single-node mode: the in-process worker's tiers (`store:`)
   ServingSpec serving;               ///< batching limits and the KV cache size (`serving:`)
 

@@ -13,6 +13,7 @@
 
 #include "common/checkpoint.h"
 #include "common/error.h"
+#include "common/ggml_quantize.h"
 #include "common/load_progress.h"
 #include "common/matmul_q8.h"
 #include "common/stop_signals.h"
@@ -179,6 +180,7 @@ class EngineImpl final : public Engine {
     {
       LoadProgress progress("coordinator: dense weights", checkpoint_->non_expert_bytes(config_.expert_tensors));
       checkpoint_->set_load_progress(&progress);
+      apply_dense_quant(topology.quant_dense);
       model_ = load_model(*checkpoint_, config_, *dispatcher_);
       checkpoint_->set_load_progress(nullptr);
     }
@@ -264,6 +266,16 @@ class EngineImpl final : public Engine {
                    std::to_string(max_tokens) + ") does not fit in the KV cache of " + std::to_string(pool_tokens) +
                    " tokens (serving.kv_cache_gb, --kv-cache-gb)");
     }
+  }
+
+  /// `quant_dense` (lossy, opt-in): the dense matrices are quantised as they load; says so.
+  void apply_dense_quant(std::optional<GgmlType> type) {
+    checkpoint_->set_dense_quant(type);
+    if (!type) return;
+    spdlog::warn("coordinator: quant_dense {} is LOSSY: the dense matrices (attention, dense and shared-expert MLPs, "
+                 "embeddings, lm_head; not routers) are quantised to {} blocks at load, so logits differ from the "
+                 "checkpoint's",
+                 dense_quant_name(type), ggml_traits(*type).name);
   }
 
   /// Every id the tokenizer produces must have an embedding and lm_head row; a larger

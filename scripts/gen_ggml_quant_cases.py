@@ -148,6 +148,43 @@ def against_ggml(lib_path):
     return bad
 
 
+QUANTIZE_TYPES = [T.Q8_0, T.Q4_0]  # what charm's quant_dense writes (common/ggml_quantize.h)
+
+
+def quantize_inputs(qtype, rng):
+    """f32 rows of 32-value blocks for the quantiser fixtures: edge blocks first, then
+    seeded normals at scales 1e-6 .. 1e4, half of them rounded to bf16 (the checkpoints'
+    values). No block here makes 1 / d overflow (|x| below ~1e-36 but not 0): ggml and
+    gguf-py leave those quants undefined (charm writes 0; the block dequantises to 0 anyway)."""
+    edges = np.zeros((8, 32), dtype=np.float32)
+    edges[1, :6] = [127, 2.5, -3.5, 0.5, -0.5, 126.5]   # Q8_0 d = 1: ties round away from zero
+    edges[2, :6] = [-8, -7.5, 0.5, 6.5, 7, -0.5]        # Q4_0 d = 1: trunc(x + 8.5), 7 clipped to 15
+    edges[3, :4] = [8, 7.5, -0.5, -8]                    # Q4_0 d = -1; +8 is the first of two maxima
+    edges[4, :3] = [-5, 5, 1]                            # the first of equal magnitudes is the signed max
+    edges[5, :] = 1e-30                                  # d rounds to f16 zero, 1 / d is still finite
+    largest = {T.Q8_0: 8.3e6, T.Q4_0: 5.2e5}[qtype]     # d just below f16's largest, 65504
+    edges[6, :] = rng.uniform(-largest, largest, 32)
+    edges[6, 0] = largest
+    edges[7, :] = rng.uniform(-1, 1, 32) * np.float32(6.1e-5)  # d an f16 subnormal
+    x = (rng.standard_normal((248, 32)) * 10.0 ** rng.uniform(-6, 4, size=(248, 1))).astype(np.float32)
+    bits = x[:124].view(np.uint32)
+    x[:124] = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).view(np.float32)
+    return np.ascontiguousarray(np.concatenate([edges, x]).astype("<f4"))
+
+
+def write_quantize_cases():
+    """<TYPE>.quantize.f32 (inputs) and <TYPE>.quantize.blocks (gguf.quants.quantize of them)."""
+    rng = np.random.default_rng(20261207)
+    for qtype in QUANTIZE_TYPES:
+        x = quantize_inputs(qtype, rng)
+        blocks = np.ascontiguousarray(gguf.quants.quantize(x, qtype).view(np.uint8))
+        with open(os.path.join(OUT, f"{qtype.name}.quantize.f32"), "wb") as f:
+            f.write(x.tobytes())
+        with open(os.path.join(OUT, f"{qtype.name}.quantize.blocks"), "wb") as f:
+            f.write(blocks.tobytes())
+        print(f"{qtype.name}: {x.shape[0]} blocks quantised")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--against-ggml", metavar="LIB")
@@ -173,6 +210,7 @@ def main():
         total += blocks.nbytes + values.nbytes
         print(f"{qtype.name}: {blocks.shape[0]} blocks, {values.size} values"
               f"{', half from gguf.quants.quantize' if quantised else ''}")
+    write_quantize_cases()
     print(f"total {total} bytes")
     if total >= 1 << 20:
         sys.exit("fixtures exceed 1 MB")

@@ -24,7 +24,7 @@ the gguf package (numpy only):
 The real converter's output is compared with this script's on the demo model (which
 llama.cpp can convert) in docs/models.md ("GGUF").
 
-Usage: gen_gguf_fixtures.py --out DIR [--outtype bf16|f16|f32|q8_0|q4_0|q4_1|q5_0|q5_1|mxfp4] [NAME ...]
+Usage: gen_gguf_fixtures.py --out DIR [--outtype bf16|f16|f32|q8_0|q4_0|q4_1|q5_0|q5_1|mxfp4] [--dense-only] [NAME ...]
 (default: every fixture llama.cpp has an architecture for; needs numpy and gguf)
 """
 from __future__ import annotations
@@ -90,16 +90,17 @@ QUANT_TYPES = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantiza
                "q5_1": gguf.GGMLQuantizationType.Q5_1, "mxfp4": gguf.GGMLQuantizationType.MXFP4}
 
 
-def stored(dtype: str, array: np.ndarray, outtype: str):
+def stored(dtype: str, array: np.ndarray, outtype: str, fallback: str = "f16"):
     """(array, raw ggml type) for a matrix written at `outtype` from `dtype`. A quantised
     outtype uses gguf-py's own quantiser (as convert_hf_to_gguf.py --outtype q8_0 does) and
-    falls back to F16 for a matrix whose rows are not whole blocks, as the converter does."""
+    falls back to `fallback` (F16, as the converter does) for a matrix whose rows are not
+    whole blocks."""
     if outtype in QUANT_TYPES:
         qtype = QUANT_TYPES[outtype]
         try:
             return gguf.quants.quantize(to_f32(dtype, array), qtype), qtype
         except gguf.QuantError:
-            return to_f32(dtype, array).astype(np.float16), gguf.GGMLQuantizationType.F16
+            return stored(dtype, array, fallback)
     if outtype == "bf16" and dtype == "BF16":
         return array, gguf.GGMLQuantizationType.BF16
     values = to_f32(dtype, array)
@@ -229,7 +230,7 @@ def write_hparams(writer: gguf.GGUFWriter, arch, c: dict) -> None:
         writer.add_bool(gguf.Keys.LLM.EXPERT_WEIGHTS_NORM.format(arch=a), bool(norm))
 
 
-def convert(name: str, out_dir: Path, outtype: str) -> Path:
+def convert(name: str, out_dir: Path, outtype: str, dense_only: bool = False) -> Path:
     model_dir = FIXTURES / name
     config = json.loads((model_dir / "config.json").read_text())
     arch = ARCH[config["architectures"][0]]
@@ -271,10 +272,16 @@ def convert(name: str, out_dir: Path, outtype: str) -> Path:
             if gguf_name.endswith("ffn_gate_inp_shexp.weight"):
                 data = data.reshape(-1)  # [1, hidden] -> llama.cpp's [hidden]
             keep_f32 = data.ndim <= 1 or gguf_name.endswith("_norm.weight") or ".ffn_gate_inp" in gguf_name
+            # --dense-only: what charm's quant_dense quantises (Linear::load's projections and
+            # the embeddings); the routed experts and MLA's kv_b pieces (read as f32 values)
+            # stay as stored, and so does a matrix of partial blocks.
+            keep_stored = dense_only and ("_exps." in gguf_name or "kv_b_proj" in hf_name)
             if keep_f32:
                 values, qtype = to_f32(dtype, data), gguf.GGMLQuantizationType.F32
+            elif keep_stored:
+                values, qtype = stored(dtype, data, "bf16")
             else:
-                values, qtype = stored(dtype, data, outtype)
+                values, qtype = stored(dtype, data, outtype, fallback="bf16" if dense_only else "f16")
             written.append((gguf_name, np.ascontiguousarray(values), qtype))
 
     def write(path: Path, tensors) -> Path:
@@ -290,6 +297,8 @@ def convert(name: str, out_dir: Path, outtype: str) -> Path:
         writer.close()
         return path
 
+    if dense_only:
+        return [write(out_dir / f"{name}.{outtype}-dense.gguf", written)]
     out = [write(out_dir / f"{name}.{outtype}.gguf", written)]
     if outtype in QUANT_TYPES:
         # The oracle of the quantised file: every tensor as gguf-py dequantises it, in F32.
@@ -328,6 +337,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--outtype", choices=["bf16", "f16", "f32", *QUANT_TYPES], default="bf16",
                         help="a quantised type also writes <name>.<type>-dequantised.f32.gguf (gguf-py's values)")
+    parser.add_argument("--dense-only", action="store_true",
+                        help="quantise only what charm's quant_dense does (not the routed experts): "
+                             "<name>.<type>-dense.gguf, the oracle of quant_dense")
     parser.add_argument("--dequantise", type=Path, nargs="+", metavar="GGUF",
                         help="instead: write each GGUF's dequantised F32 twin into --out")
     parser.add_argument("names", nargs="*", default=DEFAULT_FIXTURES)
@@ -338,7 +350,9 @@ def main() -> None:
             print(dequantise(path, args.out))
         return
     for name in args.names:
-        for path in convert(name, args.out, args.outtype):
+        if args.dense_only and args.outtype not in QUANT_TYPES:
+            sys.exit("--dense-only needs a quantised --outtype")
+        for path in convert(name, args.out, args.outtype, args.dense_only):
             print(path)
 
 

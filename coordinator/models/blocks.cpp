@@ -8,12 +8,19 @@
 #include "common/attention.h"
 #include "common/error.h"
 #include "common/fixed_point.h"
+#include "common/ggml_quantize.h"
 #include "common/kernels.h"
 #include "common/matmul.h"
 
 namespace charm {
 
 Linear Linear::load(const Checkpoint& ckpt, const std::string& name, size_t out, size_t in, bool with_bias) {
+  Linear l = load_exact(ckpt, name, out, in, with_bias);
+  if (const auto type = ckpt.dense_quant()) l.weight = quantize_dense(std::move(l.weight), *type, name + ".weight");
+  return l;
+}
+
+Linear Linear::load_exact(const Checkpoint& ckpt, const std::string& name, size_t out, size_t in, bool with_bias) {
   Linear l;
   l.weight = ckpt.load_matrix(name + ".weight", static_cast<int64_t>(out), static_cast<int64_t>(in));
   if (with_bias) l.bias = ckpt.load_f32(name + ".bias", {static_cast<int64_t>(out)});
@@ -297,7 +304,7 @@ void OutputHead::operator()(const float* hidden, size_t rows, const StoredMatrix
 SoftmaxTopkRouter SoftmaxTopkRouter::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,
                                           size_t num_experts, size_t top_k, bool norm_topk_prob) {
   SoftmaxTopkRouter r;
-  r.router = Linear::load(ckpt, prefix + ".gate", num_experts, hidden);
+  r.router = Linear::load_exact(ckpt, prefix + ".gate", num_experts, hidden);
   r.top_k = top_k;
   r.norm_topk_prob = norm_topk_prob;
   return r;
@@ -348,7 +355,7 @@ void MoeCall::finish(float* out) {
 GatedSharedExpert GatedSharedExpert::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,
                                           size_t intermediate) {
   return GatedSharedExpert{DenseMlp::load(ckpt, prefix + ".shared_expert", hidden, intermediate),
-                           Linear::load(ckpt, prefix + ".shared_expert_gate", 1, hidden)};
+                           Linear::load_exact(ckpt, prefix + ".shared_expert_gate", 1, hidden)};
 }
 
 void GatedSharedExpert::operator()(const float* x, size_t rows, float* out) const {

@@ -38,8 +38,16 @@ struct Linear {
   std::vector<float> bias;
   size_t in() const { return static_cast<size_t>(weight.shape.cols); }
   size_t out() const { return static_cast<size_t>(weight.shape.rows); }
-  /// Loads "<name>.weight" (and "<name>.bias" when `with_bias`), checking [out, in].
+  /// Loads "<name>.weight" (and "<name>.bias" when `with_bias`), checking [out, in]; the
+  /// weight is quantised when the checkpoint's dense_quant() is set (quantize_dense's rules
+  /// and errors). For the projections.
   static Linear load(const Checkpoint& ckpt, const std::string& name, size_t out, size_t in, bool with_bias = false);
+  /// As load, but always at the stored precision: for the linears whose outputs are
+  /// decisions (routers, the shared expert's gate, DSA's index weights), which llama.cpp's
+  /// quantiser keeps unquantised too, so that quant_dense never changes which experts or
+  /// keys are chosen through their scores' precision alone.
+  static Linear load_exact(const Checkpoint& ckpt, const std::string& name, size_t out, size_t in,
+                           bool with_bias = false);
   /// y [rows, out] = x [rows, in] W^T + b.
   void operator()(const float* x, size_t rows, float* y) const;
 };

@@ -37,7 +37,7 @@ LightningIndexer LightningIndexer::load(const Checkpoint& ckpt, const std::strin
   const size_t h = config.hidden_size;
   ix.wq_b_ = Linear::load(ckpt, prefix + ".wq_b", ix.heads_ * ix.head_dim_, config.q_lora_rank);
   ix.wk_ = Linear::load(ckpt, prefix + ".wk", ix.head_dim_, h);
-  ix.weights_proj_ = Linear::load(ckpt, prefix + ".weights_proj", ix.heads_, h);
+  ix.weights_proj_ = Linear::load_exact(ckpt, prefix + ".weights_proj", ix.heads_, h);
   ModelConfig rope_config = config;
   rope_config.rope_interleave = config.index_rope_interleave;
   ix.rope_ = make_rope(rope_config);

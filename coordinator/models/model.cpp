@@ -4,9 +4,22 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/ggml_quantize.h"
 #include "coordinator/models/rope_scaling.h"
 
 namespace charm {
+namespace {
+
+/// The embedding table [vocab, hidden], quantised as the projections are under quant_dense
+/// (llama.cpp's Q8_0 / Q4_0 files quantise token_embd too; a tied lm_head shares it).
+StoredMatrix load_embeddings(const Checkpoint& ckpt, const ModelConfig& config) {
+  const std::string name = "model.embed_tokens.weight";
+  StoredMatrix embed = ckpt.load_matrix(name, config.vocab_size, config.hidden_size);
+  if (const auto type = ckpt.dense_quant()) embed = quantize_dense(std::move(embed), *type, name);
+  return embed;
+}
+
+}  // namespace
 
 void check_token_ids(const int32_t* tokens, size_t n, int64_t vocab_size) {
   for (size_t i = 0; i < n; ++i) {
@@ -21,7 +34,7 @@ DecoderModel::DecoderModel(const Checkpoint& ckpt, const ModelConfig& config, Ex
     : config_(config),
       dispatcher_(dispatcher),
       rope_(make_rope(config)),
-      embed_(ckpt.load_matrix("model.embed_tokens.weight", config.vocab_size, config.hidden_size)),
+      embed_(load_embeddings(ckpt, config)),
       head_(OutputHead::load(ckpt, config.hidden_size, config.vocab_size, config.rms_norm_eps,
                              config.tie_word_embeddings)) {}
 

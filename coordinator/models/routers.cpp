@@ -32,7 +32,7 @@ Routing topk_softmax(const float* router_logits, size_t rows, size_t num_experts
 TopkSoftmaxRouter TopkSoftmaxRouter::load(const Checkpoint& ckpt, const std::string& prefix, size_t hidden,
                                           size_t num_experts, size_t top_k) {
   TopkSoftmaxRouter r;
-  r.router = Linear::load(ckpt, prefix, num_experts, hidden, /*with_bias=*/true);
+  r.router = Linear::load_exact(ckpt, prefix, num_experts, hidden, /*with_bias=*/true);
   r.top_k = top_k;
   return r;
 }
@@ -97,7 +97,7 @@ GroupLimitedRouter GroupLimitedRouter::load(const Checkpoint& ckpt, const std::s
                                             size_t num_experts, const GroupLimitedTopk& params,
                                             const std::string& bias_name) {
   GroupLimitedRouter router;
-  router.gate = Linear::load(ckpt, prefix, num_experts, hidden);
+  router.gate = Linear::load_exact(ckpt, prefix, num_experts, hidden);
   router.e_score_correction_bias =
       ckpt.load_f32(bias_name.empty() ? prefix + ".e_score_correction_bias" : bias_name,
                     {static_cast<int64_t>(num_experts)});

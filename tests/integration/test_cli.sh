@@ -43,6 +43,9 @@ printf 'model: %s\nmode: single-node\n' "$(cd "$(dirname "$0")/../fixtures/model
 expect 2 "prefetch: expected true or false" -- run --config "$tmp/bad-prefetch.yaml" hello
 expect 2 "--routing-trace /nonexistent/t.jsonl: its folder /nonexistent does not exist" -- run --config "$tmp/olmoe.yaml" --routing-trace /nonexistent/t.jsonl hello
 expect 0 "prefetch recall" -- run --config "$tmp/olmoe.yaml" --prefetch --max-tokens 3 --temperature 0 --routing-trace "$tmp/t.jsonl" --stats-json "$tmp/s.json" hello
+# quant_dense is lossy and says so; a bad value is named.
+expect 0 "quant_dense q8_0 is LOSSY" -- run --config "$tmp/olmoe.yaml" --quant-dense q8_0 --max-tokens 2 hello
+expect 2 "--quant-dense" -- run --config "$tmp/olmoe.yaml" --quant-dense q5_k hello
 # The YAML key alone turns prefetch on; --no-prefetch overrides it.
 printf 'prefetch: true\n' >>"$tmp/olmoe.yaml"
 expect 0 "prefetch recall" -- run --config "$tmp/olmoe.yaml" --max-tokens 2 hello

@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "common/gguf.h"
 #include "common/gguf_model.h"
+#include "common/ggml_quantize.h"
 #include "common/model_config.h"
 #include "common/topology.h"
 #include "coordinator/dispatch/dispatcher_factory.h"
@@ -37,8 +38,9 @@ const std::filesystem::path kGguf = std::filesystem::path(CHARM_BINARY_DIR) / "g
 
 /// The first-step logits of `prompt` on `dir_or_file` (single node).
 std::vector<float> first_logits(const std::filesystem::path& model, const std::vector<int32_t>& prompt,
-                                ModelConfig* config_out = nullptr) {
+                                ModelConfig* config_out = nullptr, std::optional<GgmlType> quant_dense = {}) {
   const auto ckpt = Checkpoint::open(model);
+  ckpt->set_dense_quant(quant_dense);
   const ModelConfig config = ModelConfig::parse(ckpt->config_json(), ckpt->config_origin(), checkpoint_families());
   Topology topology;
   topology.model = model;
@@ -142,6 +144,34 @@ TEST_CASE("quantised GGUFs compute exactly what their dequantised weights do") {
     check_quantised("qwen3-moe-tiny", type);
   }
   check_quantised("deepseek-v3-tiny", "q8_0");
+}
+
+TEST_CASE("quant_dense quantises as gguf-py: a safetensors fixture under it gives its dense-quantised GGUF's logits") {
+  // <name>.<type>-dense.gguf (gen_gguf_fixtures.py --dense-only): gguf-py's Q8_0 / Q4_0 of
+  // every matrix quant_dense quantises (projections, embeddings, lm_head), the routed
+  // experts and routers as stored. The same blocks, so the same bits.
+  for (const char* type : {"q8_0", "q4_0"}) {
+    for (const char* name : {"qwen3-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny"}) {
+      CAPTURE(name);
+      CAPTURE(type);
+      const auto gguf = kGguf / (std::string(name) + "." + type + "-dense.gguf");
+      REQUIRE_MESSAGE(std::filesystem::exists(gguf), "run the ctest fixture gguf_fixtures_dense_" << type);
+      TempDir tmp;
+      const auto safetensors = safetensors_twin(name, tmp);
+      const auto quant = parse_dense_quant(type, "quant_dense");
+      for (const auto& prompt : prompts_of(name)) {
+        const auto a = first_logits(safetensors, prompt, nullptr, quant);
+        const auto b = first_logits(gguf, prompt);
+        REQUIRE(a.size() == b.size());
+        CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+        const auto exact = first_logits(safetensors, prompt);
+        float diff = 0;
+        for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::fabs(a[i] - exact[i]));
+        CHECK(diff > 0);  // it did quantise
+        MESSAGE(std::string(name) << " quant_dense " << std::string(type) << ": max |logit - exact logit| = " << diff);
+      }
+    }
+  }
 }
 
 TEST_CASE("llama-quantize's Q4_K_M and Q5_K_M files compute exactly what their dequantised weights do") {

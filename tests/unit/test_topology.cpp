@@ -226,6 +226,17 @@ TEST_CASE("activations: f32 unless the key says q8; any other value is refused n
   expect_invalid(single + "activations: [q8]\n", "activations", "expected a non-empty string");
 }
 
+TEST_CASE("quant_dense: none unless the key names q8_0 or q4_0; any other value is refused naming the key") {
+  TempDir dir("topo");
+  const std::string single = kModel + "mode: single-node\n";
+  CHECK_FALSE(load_text(dir, single).quant_dense.has_value());
+  CHECK(load_text(dir, single + "quant_dense: q8_0\n").quant_dense == GgmlType::kQ8_0);
+  CHECK(load_text(dir, single + "quant_dense: q4_0\n").quant_dense == GgmlType::kQ4_0);
+  CHECK_FALSE(load_text(dir, single + "quant_dense: none\n").quant_dense.has_value());
+  expect_invalid(single + "quant_dense: int8\n", "quant_dense", "expected 'q8_0', 'q4_0' or 'none', got 'int8'");
+  expect_invalid(single + "quant_dense: {type: q8_0}\n", "quant_dense", "expected a non-empty string");
+}
+
 TEST_CASE("insecure: off unless api / cluster say true, and never beside the secret it waives") {
   TempDir dir("topo");
   const Topology plain = load_text(dir, kTwoWorkers);
