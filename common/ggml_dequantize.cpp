@@ -112,14 +112,11 @@ void q8_0(const uint8_t* b, float* y) {
 /// the e8m0 scale, since kvalues are twice the e2m1 values); e = 0 and 1 are the f32
 /// subnormals 2^-128, 2^-127, and e = 255 is 2^127, not NaN (ggml_e8m0_to_fp32_half).
 void mxfp4(const uint8_t* b, float* y) {
-  static constexpr int8_t kValues[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-  const uint32_t e = b[0];
-  const uint32_t bits = e < 2 ? 0x00200000u << e : (e - 1) << 23;
-  const float d = std::bit_cast<float>(bits);
+  const float d = e8m0_half_to_f32(b[0]);
   const uint8_t* qs = b + 1;
   for (int j = 0; j < kQK / 2; ++j) {
-    y[j] = static_cast<float>(kValues[qs[j] & 0x0F]) * d;
-    y[j + kQK / 2] = static_cast<float>(kValues[qs[j] >> 4]) * d;
+    y[j] = static_cast<float>(kMxfp4Values[qs[j] & 0x0F]) * d;
+    y[j + kQK / 2] = static_cast<float>(kMxfp4Values[qs[j] >> 4]) * d;
   }
 }
 

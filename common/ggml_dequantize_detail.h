@@ -24,6 +24,19 @@ inline ScaleMin get_scale_min_k4(int j, const uint8_t* q) {
           static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4))};
 }
 
+/// MXFP4's block scale: half the e8m0 value, 2^(e - 128) as f32 (its kvalues are twice the
+/// e2m1 values); e = 0 and 1 are the f32 subnormals 2^-128, 2^-127, and e = 255 is 2^127,
+/// not NaN (ggml's ggml_e8m0_to_fp32_half). Exact.
+inline float e8m0_half_to_f32(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t{e} - 1) << 23;
+  float d;
+  __builtin_memcpy(&d, &bits, sizeof d);
+  return d;
+}
+
+/// MXFP4's 16 values of a nibble (ggml's kvalues_mxfp4): twice the e2m1 values.
+inline constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
 /// dequantize_row's plain C++ path: the reference semantics (the AVX2 one matches it).
 /// Requires elements % block_elements == 0.
 void dequantize_row_portable(GgmlType type, const void* src, float* dst, int64_t elements);

@@ -1,4 +1,4 @@
-// matmul_q8_tile of common/matmul_q8.h: the activation quantisers (Q8_0, Q8_K), the
+// matmul_q8_tile of common/matmul_q8.h: the activation quantisers (Q8_0, Q8_1, Q8_K), the
 // portable row dots (the reference semantics), and the tile loop both paths share.
 #include "common/matmul_q8.h"
 
@@ -43,9 +43,10 @@ void poison(int8_t* qs, float* d, int16_t* sums, int64_t elements, int nsums) {
   for (int j = 0; j < nsums; ++j) sums[j] = 0;
 }
 
-/// One row as Q8_0 blocks (quantize_row_q8_0_ref), plus each block's sum of quants; the
-/// AVX2 helpers on kAvx2 (the same bits).
-void quantize_q8_0(KernelPath path, const float* x, int64_t cols, int8_t* qs, float* d, int16_t* sums) {
+/// One row as Q8_0 blocks (quantize_row_q8_0_ref), plus each block's sum of quants; with
+/// `s` also Q8_1's s = f16(d * sum) (quantize_row_q8_1_ref, the same d and quants; the
+/// unrounded d). The AVX2 helpers on kAvx2 (the same bits).
+void quantize_q8_0(KernelPath path, const float* x, int64_t cols, int8_t* qs, float* d, int16_t* sums, float* s) {
 #if defined(__x86_64__) || defined(__i386__)
   const bool avx2 = path == KernelPath::kAvx2;
 #else
@@ -66,6 +67,7 @@ void quantize_q8_0(KernelPath path, const float* x, int64_t cols, int8_t* qs, fl
     }
     if (!finite) {  // a NaN / Inf activation: the block's products are NaN, as in f32
       poison(qs + b * kQ80, d + b, sums + b, kQ80, 1);
+      if (s) s[b] = std::numeric_limits<float>::quiet_NaN();
       continue;
     }
     const float dd = amax / 127.0f;
@@ -73,17 +75,18 @@ void quantize_q8_0(KernelPath path, const float* x, int64_t cols, int8_t* qs, fl
     // A d that rounds to f16 zero makes the block's products zero whatever its quants, and
     // 1 / dd may overflow there (amax below 2^-120): quants 0, not an Inf cast to int8.
     const float id = d[b] != 0.0f ? 1.0f / dd : 0.0f;
-    if (avx2) {
-      sums[b] = static_cast<int16_t>(quantize_q8_0_block_avx2(xb, id, qs + b * kQ80));
-      continue;
-    }
     int32_t sum = 0;
-    for (int j = 0; j < kQ80; ++j) {
-      const auto q = static_cast<int8_t>(std::round(xb[j] * id));
-      qs[b * kQ80 + j] = q;
-      sum += q;
+    if (avx2) {
+      sum = quantize_q8_0_block_avx2(xb, id, qs + b * kQ80);
+    } else {
+      for (int j = 0; j < kQ80; ++j) {
+        const auto q = static_cast<int8_t>(std::round(xb[j] * id));
+        qs[b * kQ80 + j] = q;
+        sum += q;
+      }
     }
     sums[b] = static_cast<int16_t>(sum);
+    if (s) s[b] = f16_to_f32(f32_to_f16(static_cast<float>(sum) * dd));
   }
 }
 
@@ -167,6 +170,54 @@ float dot_q4_0(const uint8_t* w, const Q8Row& a) {
   });
 }
 
+/// Q4_1 {f16 d, m; u8 qs[16]} against Q8_1: quants as Q4_0's without the offset, plus the
+/// block's min times the activations' s (ggml_vec_dot_q4_1_q8_1_generic).
+float dot_q4_1(const uint8_t* w, const Q8Row& a) {
+  return lane_sum(a.blocks, [&](int64_t b) {
+    const uint8_t* wb = w + b * 20;
+    const int8_t* ab = a.qs + b * kQ80;
+    int32_t isum = 0;
+    for (int j = 0; j < 16; ++j) isum += (wb[4 + j] & 0x0F) * ab[j] + (wb[4 + j] >> 4) * ab[j + 16];
+    return (load_f16(wb) * a.d[b]) * static_cast<float>(isum) + load_f16(wb + 2) * a.s[b];
+  });
+}
+
+/// Q5_0 {f16 d; u8 qh[4]; u8 qs[16]} (kMin false, against Q8_0: quants minus 16) and Q5_1
+/// {f16 d, m; u8 qh[4]; u8 qs[16]} (kMin, against Q8_1: plus m times s): element e's
+/// fifth bit is bit e of qh (ggml_vec_dot_q5_0_q8_0_generic, ..._q5_1_q8_1_generic).
+template <bool kMin>
+float dot_q5(const uint8_t* w, const Q8Row& a) {
+  constexpr int64_t kBytes = kMin ? 24 : 22;
+  constexpr int kQh = kMin ? 4 : 2;
+  return lane_sum(a.blocks, [&](int64_t b) {
+    const uint8_t* wb = w + b * kBytes;
+    const int8_t* ab = a.qs + b * kQ80;
+    uint32_t qh;
+    std::memcpy(&qh, wb + kQh, 4);
+    const uint8_t* qs = wb + kQh + 4;
+    int32_t isum = 0;
+    for (int j = 0; j < 16; ++j) {
+      isum += static_cast<int>((qs[j] & 0x0F) | ((qh >> j) & 1) << 4) * ab[j] +
+              static_cast<int>((qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4) * ab[j + 16];
+    }
+    if constexpr (kMin) return (load_f16(wb) * a.d[b]) * static_cast<float>(isum) + load_f16(wb + 2) * a.s[b];
+    isum -= 16 * a.sums[b];
+    return (load_f16(wb) * a.d[b]) * static_cast<float>(isum);
+  });
+}
+
+/// MXFP4 {u8 e; u8 qs[16]} against Q8_0: quants are kMxfp4Values of the nibbles, the
+/// scale 2^(e - 128) (ggml_vec_dot_mxfp4_q8_0_generic).
+float dot_mxfp4(const uint8_t* w, const Q8Row& a) {
+  return lane_sum(a.blocks, [&](int64_t b) {
+    const uint8_t* wb = w + b * 17;
+    const int8_t* ab = a.qs + b * kQ80;
+    int32_t isum = 0;
+    for (int j = 0; j < 16; ++j) isum += kMxfp4Values[wb[1 + j] & 0x0F] * ab[j] + kMxfp4Values[wb[1 + j] >> 4] * ab[j + 16];
+    return (e8m0_half_to_f32(wb[0]) * a.d[b]) * static_cast<float>(isum);
+  });
+}
+
 /// Q4_K / Q5_K (kFifthBit): d, dmin, scales[12], [qh[32],] qs[128]; element 32 s + l of
 /// sub-block s has quant (nibble s % 2 of qs[32 (s / 2) + l]) | bit s of qh[l] << 4.
 template <bool kFifthBit>
@@ -224,13 +275,18 @@ float dot_q6_k(const uint8_t* w, const Q8Row& a) {
   });
 }
 
-/// Which activation blocks a weight type takes.
-enum class Q8Kind { kQ8_0, kQ8_K };
+/// Which activation blocks a weight type takes (ggml's vec_dot_type): Q8_1 is Q8_0 plus
+/// each block's s.
+enum class Q8Kind { kQ8_0, kQ8_K, kQ8_1 };
 
 Q8RowDot portable_dot(GgmlType type) {
   switch (type) {
     case GgmlType::kQ8_0: return dot_q8_0;
     case GgmlType::kQ4_0: return dot_q4_0;
+    case GgmlType::kQ4_1: return dot_q4_1;
+    case GgmlType::kQ5_0: return dot_q5<false>;
+    case GgmlType::kQ5_1: return dot_q5<true>;
+    case GgmlType::kMXFP4: return dot_mxfp4;
     case GgmlType::kQ4_K: return dot_q45_k<false>;
     case GgmlType::kQ5_K: return dot_q45_k<true>;
     case GgmlType::kQ6_K: return dot_q6_k;
@@ -239,7 +295,14 @@ Q8RowDot portable_dot(GgmlType type) {
 }
 
 Q8Kind kind_for(GgmlType type) {
-  return type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0 ? Q8Kind::kQ8_0 : Q8Kind::kQ8_K;
+  switch (type) {
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_1: return Q8Kind::kQ8_1;
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K: return Q8Kind::kQ8_K;
+    default: return Q8Kind::kQ8_0;
+  }
 }
 
 /// This thread's quantised activation rows, with a copy of the f32 rows they came from:
@@ -269,11 +332,11 @@ struct ActivationCache {
 };
 
 Q8Row row_of(const Q8Activations& q, size_t r) {
-  const int64_t block = q.type_kind == static_cast<int>(Q8Kind::kQ8_0) ? kQ80 : kQK;
-  const auto per_row = static_cast<size_t>(q.cols / block);
-  const size_t sums_per_row = q.type_kind == static_cast<int>(Q8Kind::kQ8_0) ? per_row : per_row * 16;
+  const bool k_blocks = q.type_kind == static_cast<int>(Q8Kind::kQ8_K);
+  const auto per_row = static_cast<size_t>(q.cols / (k_blocks ? kQK : kQ80));
+  const size_t sums_per_row = k_blocks ? per_row * 16 : per_row;
   return Q8Row{q.qs.data() + r * static_cast<size_t>(q.cols), q.d.data() + r * per_row, q.sums.data() + r * sums_per_row,
-               static_cast<int64_t>(per_row)};
+               static_cast<int64_t>(per_row), q.s.empty() ? nullptr : q.s.data() + r * per_row};
 }
 
 }  // namespace
@@ -293,9 +356,9 @@ void set_activation_mode(ActivationMode mode) { g_mode.store(static_cast<int>(mo
 void start_activation_mode(ActivationMode mode, std::string_view who) {
   set_activation_mode(mode);
   if (mode == ActivationMode::kQ8) {
-    spdlog::warn("{}: activations: q8 is lossy: Q8_0, Q4_0, Q4_K, Q5_K and Q6_K weights multiply activations "
-                 "rounded to 8 bits (llama.cpp's Q8_0 / Q8_K), so logits differ from the exact default "
-                 "(activations: f32); other weights keep the exact path",
+    spdlog::warn("{}: activations: q8 is lossy: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and MXFP4 weights "
+                 "multiply activations rounded to 8 bits (llama.cpp's Q8_0 / Q8_1 / Q8_K), so logits differ from the "
+                 "exact default (activations: f32); other weights keep the exact path",
                  who);
   }
 }
@@ -359,7 +422,7 @@ bool uses_q8(const MatrixView& w) {
 void quantize_activations(KernelPath path, const MatrixView& w, const float* x, size_t rows, Q8Activations& out) {
   const Q8Kind kind = kind_for(w.shape.ggml_type);
   const int64_t cols = w.shape.cols;
-  const int64_t block = kind == Q8Kind::kQ8_0 ? kQ80 : kQK;
+  const int64_t block = kind == Q8Kind::kQ8_K ? kQK : kQ80;
   if (cols % block != 0) {
     fail_invalid("quantize_activations: " + std::to_string(cols) + " columns are not whole blocks of " +
                  std::to_string(block));
@@ -368,13 +431,15 @@ void quantize_activations(KernelPath path, const MatrixView& w, const float* x, 
   const size_t blocks = elements / static_cast<size_t>(block);
   out.qs.resize(elements);
   out.d.resize(blocks);
-  out.sums.resize(kind == Q8Kind::kQ8_0 ? blocks : blocks * 16);
+  out.sums.resize(kind == Q8Kind::kQ8_K ? blocks * 16 : blocks);
+  out.s.resize(kind == Q8Kind::kQ8_1 ? blocks : 0);
   const auto per_row = static_cast<size_t>(cols / block);
   for (size_t r = 0; r < rows; ++r) {
     const float* xr = x + r * static_cast<size_t>(cols);
     int8_t* q = out.qs.data() + r * static_cast<size_t>(cols);
-    if (kind == Q8Kind::kQ8_0) {
-      quantize_q8_0(path, xr, cols, q, out.d.data() + r * per_row, out.sums.data() + r * per_row);
+    if (kind != Q8Kind::kQ8_K) {
+      float* s = kind == Q8Kind::kQ8_1 ? out.s.data() + r * per_row : nullptr;
+      quantize_q8_0(path, xr, cols, q, out.d.data() + r * per_row, out.sums.data() + r * per_row, s);
     } else {
       quantize_q8_k(path, xr, cols, q, out.d.data() + r * per_row, out.sums.data() + r * per_row * 16);
     }

@@ -9,15 +9,19 @@
 // quantize_row_q8_0_ref / quantize_row_q8_K_ref and ggml-cpu/quants.c
 // ggml_vec_dot_*_q8_*_generic):
 //  - Each activation row is quantised on its own (so a row's result never depends on the
-//    other rows of the batch). For Q8_0 / Q4_0 weights: blocks of 32 as Q8_0, d = amax /
-//    127 rounded to f16, q = round-half-away(x * (1 / d)). For Q4_K / Q5_K / Q6_K
+//    other rows of the batch). For Q8_0 / Q4_0 / Q5_0 / MXFP4 weights: blocks of 32 as
+//    Q8_0, d = amax / 127 rounded to f16, q = round-half-away(x * (1 / d)); for Q4_1 /
+//    Q5_1 the same blocks as Q8_1, which adds s = f16(d * sum of q) with the unrounded d
+//    (quantize_row_q8_1_ref). For Q4_K / Q5_K / Q6_K
 //    weights: blocks of 256 as Q8_K, with `max` the first value of largest |x|, iscale =
 //    -127 / max, q = min(127, round-half-even(iscale * x)), d = 1 / iscale (f32), and the
 //    sums of q over each 16.
 //  - Per weight block b, an exact integer dot isum_b of the weight's quants and the
 //    activation's (for Q4_K / Q5_K also msum_b, the sub-block mins times the activation's
-//    sums), then c_b = (d_w * d_a) * float(isum_b) [- (dmin_w * d_a) * float(msum_b)],
-//    each a rounded f32 operation.
+//    sums), then c_b = (d_w * d_a) * float(isum_b) [- (dmin_w * d_a) * float(msum_b)]
+//    [+ m_w * s_a for Q4_1 / Q5_1], each a rounded f32 operation. Q4_0's quants are taken
+//    minus 8, Q5_0's minus 16, MXFP4's through its value table (ggml's kvalues_mxfp4) with
+//    d_w = 2^(e - 128).
 //  - y = sum of c_b in f32: blocks b < 8 * floor(nb / 8) into eight lanes (lane b % 8,
 //    in order), the lanes added as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)),
 //    then the remaining blocks one by one; then + bias[o] when there is a bias.
@@ -82,8 +86,9 @@ Q8Form active_q8_form();
 /// CPU cannot run. Thread-safe.
 void set_q8_form(Q8Form form);
 
-/// True when GGML type `type` has q8 kernels: Q8_0, Q4_0 (Q8_0 activations), Q4_K, Q5_K,
-/// Q6_K (Q8_K activations). Other types keep the exact f32 path under kQ8.
+/// True when GGML type `type` has q8 kernels: Q8_0, Q4_0, Q5_0, MXFP4 (Q8_0 activations),
+/// Q4_1, Q5_1 (Q8_1), Q4_K, Q5_K, Q6_K (Q8_K). Other types (Q2_K, Q3_K, and F32 / F16 /
+/// BF16, which llama.cpp does not quantise either) keep the exact f32 path under kQ8.
 bool has_q8_kernel(GgmlType type);
 
 /// True when matmul takes the q8 kernels for `w` now: mode kQ8, a kGgml weight, and its
@@ -95,7 +100,8 @@ bool uses_q8(const MatrixView& w);
 struct Q8Activations {
   std::vector<int8_t> qs;     ///< [rows * cols] the quants
   std::vector<float> d;       ///< [rows * blocks] block scales
-  std::vector<int16_t> sums;  ///< Q8_0: [rows * blocks] sum of each block's qs; Q8_K: 16 per block (|sum| <= 32 * 127)
+  std::vector<int16_t> sums;  ///< Q8_0 / Q8_1: [rows * blocks] sum of each block's qs; Q8_K: 16 per block (|sum| <= 32 * 127)
+  std::vector<float> s;       ///< Q8_1 only: [rows * blocks] f16(d * sum) widened, d unrounded; else empty
   int type_kind = -1;         ///< which blocks (internal: Q8_0 or Q8_K); -1 until filled
   int64_t cols = 0;
   size_t rows = 0;

@@ -10,13 +10,15 @@
 
 namespace charm {
 
-/// One activation row quantised to Q8_0 (blocks of 32) or Q8_K (blocks of 256).
+/// One activation row quantised to Q8_0 / Q8_1 (blocks of 32) or Q8_K (blocks of 256).
 struct Q8Row {
   const int8_t* qs = nullptr;    ///< [cols] the quants
   const float* d = nullptr;      ///< [blocks] the block scales (Q8_0: the f16 value, widened)
   const int16_t* sums = nullptr; ///< Q8_0: [blocks] sum of each block's qs; Q8_K: [blocks * 16]
                                  ///< sum of each 16 (ggml's bsums)
   int64_t blocks = 0;
+  const float* s = nullptr;      ///< Q8_1 only: [blocks] f16(d * sum of qs) widened (ggml's
+                                 ///< block_q8_1 s); null for Q8_0 / Q8_K
 };
 
 /// The dot of one weight row (whole blocks of its type) with one quantised activation

@@ -27,7 +27,8 @@ using namespace charm;
 
 namespace {
 
-const GgmlType kQ8Types[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+const GgmlType kQ8Types[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
+                             GgmlType::kMXFP4, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
 
 uint16_t f16_bits(float v) {  // exact for the values used here (small powers of two)
   for (uint32_t b = 0; b < 0x7C00; ++b) {
@@ -41,16 +42,29 @@ uint16_t f16_bits(float v) {  // exact for the values used here (small powers of
 std::vector<int> f16_fields(GgmlType type) {
   switch (type) {
     case GgmlType::kQ8_0:
-    case GgmlType::kQ4_0: return {0};
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ5_0: return {0};
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_1:
     case GgmlType::kQ4_K:
     case GgmlType::kQ5_K: return {0, 2};
     case GgmlType::kQ6_K: return {208};
+    case GgmlType::kMXFP4: return {};  // its scale is the e8m0 byte 0
     default: FAIL("no layout for the test"); return {};
   }
 }
 
-/// A [rows, cols] GGML matrix of random blocks whose f16 scales are finite, between
-/// 2^-10 and 2^-4 in magnitude (weights of a usual size); every other byte random.
+/// Bytes of a block that hold its scales: the f16 fields, and MXFP4's e8m0 byte.
+std::vector<int> scale_bytes(GgmlType type) {
+  if (type == GgmlType::kMXFP4) return {0};
+  std::vector<int> out;
+  for (int f : f16_fields(type)) out.insert(out.end(), {f, f + 1});
+  return out;
+}
+
+/// A [rows, cols] GGML matrix of random blocks whose scales (f16, or MXFP4's e8m0) are
+/// finite, between 2^-10 and 2^-4 in magnitude (weights of a usual size); every other
+/// byte random.
 StoredMatrix random_ggml(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
   std::mt19937 rng(seed);
   StoredMatrix m;
@@ -62,6 +76,7 @@ StoredMatrix random_ggml(GgmlType type, int64_t rows, int64_t cols, uint32_t see
   for (uint8_t& b : m.data) b = static_cast<uint8_t>(rng());
   const GgmlTypeTraits t = ggml_traits(type);
   for (size_t off = 0; off < m.data.size(); off += static_cast<size_t>(t.block_bytes)) {
+    if (type == GgmlType::kMXFP4) m.data[off] = static_cast<uint8_t>(118 + rng() % 7);  // 2^-10 .. 2^-4
     for (int field : f16_fields(type)) {
       // exponent 5..11 (2^-10 .. 2^-4), random mantissa and sign
       const auto bits = static_cast<uint16_t>(((5 + rng() % 7) << 10) | (rng() & 0x3FF) | ((rng() & 1) << 15));
@@ -163,7 +178,7 @@ TEST_CASE("q8: the AVX2 kernels stay exact at the integers' extremes (every quan
         std::vector<uint8_t> scales(w.data.begin() + static_cast<std::ptrdiff_t>(off),
                                     w.data.begin() + static_cast<std::ptrdiff_t>(off + block));
         std::fill_n(w.data.begin() + static_cast<std::ptrdiff_t>(off), block, fill);
-        for (int field : f16_fields(type)) std::memcpy(&w.data[off + static_cast<size_t>(field)], &scales[static_cast<size_t>(field)], 2);
+        for (int at : scale_bytes(type)) w.data[off + static_cast<size_t>(at)] = scales[static_cast<size_t>(at)];
       }
       for (float sign : {1.0f, -1.0f}) {
         for (size_t rows : {size_t{1}, size_t{4}, size_t{5}}) {
@@ -223,9 +238,10 @@ TEST_CASE("q8: a row's result does not depend on the other rows, the tiling or t
 // The error bound. With e = y_q8 - y_f32 (the exact f32 path on the same weights) and
 // rel = max |e| / (||x|| * ||w_o||) over every output of 40 random [16, 1024] matrices
 // per type (x as random_x: uniform in [-1, 1] with 1-in-97 outliers x8), measured on this
-// code: Q8_0 8.3e-4, Q4_0 1.04e-3, Q4_K 1.94e-3, Q5_K 2.16e-3, Q6_K 2.14e-3 (Q8_K's
-// blocks of 256 meet an outlier more often, so their step amax / 127 is larger). Bounds
-// checked: 1.5e-3 for the Q8_0-activation types, 3e-3 for the Q8_K ones. Checked once by
+// code: Q8_0 8.3e-4, Q4_0 1.04e-3, Q4_1 1.02e-3, Q5_0 9.6e-4, Q5_1 8.1e-4, MXFP4 1.07e-3,
+// Q4_K 1.86e-3, Q5_K 2.15e-3, Q6_K 1.82e-3 (Q8_K's blocks of 256 meet an outlier more
+// often, so their step amax / 127 is larger). Bounds checked: 1.5e-3 for the types with
+// blocks of 32 (Q8_0 / Q8_1 activations), 3e-3 for the Q8_K ones. Checked once by
 // hand-editing common/matmul_q8.cpp: dropping the activation scale (d = 1) gives rel 7..11
 // and rounding toward zero instead of to nearest 2.1e-3 / 3.7e-3..4.5e-3; both fail here.
 TEST_CASE("q8: error against the exact f32 path within the measured bound") {
@@ -318,6 +334,70 @@ TEST_CASE("q8: Q8_0 x Q8_0 on hand-made blocks gives llama.cpp's value") {
   }
 }
 
+// llama.cpp's arithmetic for the types whose activations are Q8_1 or whose quants take an
+// offset or a table (ggml_vec_dot_q4_1_q8_1_generic, ..._q5_0_q8_0_, ..._mxfp4_q8_0_), one
+// block each (x zero but where named), every value exact:
+//  Q4_1: d 0.5, m 0.25; quants e0 1, e1 3, e16 2; x 100, 3 (e1), -40 (e16): d_x = f16(100 / 127)
+//        = 1613 / 2048, q 127, 4, -51, s = f16(80 * 100 / 127) = 63; isum 127 + 12 - 102 = 37
+//        -> (0.5 * d_x) * 37 + 0.25 * 63 = 30.320556640625 (15.75 of it is m * s)
+//  Q5_0: d 0.5; quants e0 16, e1 15, e17 21, every other 0 (minus 16: 0, -1, 5, -16 ...);
+//        x 127, 10 (e1), -20 (e17): d_x 1, isum -10 - 100 = -110 -> -55
+//  MXFP4: e 127 (d 0.5); nibbles e0 7 (12), e1 13 (-6), e16 9 (-1); x 127, 10, -20 (e16):
+//        isum 1524 - 60 + 20 = 1484 -> 742
+TEST_CASE("q8: Q4_1 x Q8_1, Q5_0 x Q8_0 and MXFP4 x Q8_0 on hand-made blocks give llama.cpp's values") {
+  struct Case {
+    GgmlType type;
+    std::vector<uint8_t> block;
+    std::vector<std::pair<int, float>> x;
+    float want;
+  };
+  auto f16le = [](float v) {
+    const uint16_t b = f16_bits(v);
+    return std::vector<uint8_t>{static_cast<uint8_t>(b & 0xFF), static_cast<uint8_t>(b >> 8)};
+  };
+  std::vector<Case> cases;
+  {
+    std::vector<uint8_t> b = f16le(0.5f), m = f16le(0.25f);
+    b.insert(b.end(), m.begin(), m.end());
+    b.resize(20, 0);
+    b[4] = 0x21;  // e0 = 1, e16 = 2
+    b[5] = 0x03;  // e1 = 3
+    cases.push_back({GgmlType::kQ4_1, b, {{0, 100.0f}, {1, 3.0f}, {16, -40.0f}}, 30.320556640625f});
+  }
+  {
+    std::vector<uint8_t> b = f16le(0.5f);
+    b.resize(22, 0);
+    const uint32_t qh = 1u | 1u << 17;  // fifth bits of e0 and e17
+    std::memcpy(&b[2], &qh, 4);
+    b[6 + 1] = 0x5F;  // e1 = 15, e17 = 5 (| 16)
+    cases.push_back({GgmlType::kQ5_0, b, {{0, 127.0f}, {1, 10.0f}, {17, -20.0f}}, -55.0f});
+  }
+  {
+    std::vector<uint8_t> b(17, 0);
+    b[0] = 127;
+    b[1] = 0x97;  // e0 nibble 7 (12), e16 nibble 9 (-1)
+    b[2] = 0x0D;  // e1 nibble 13 (-6)
+    cases.push_back({GgmlType::kMXFP4, b, {{0, 127.0f}, {1, 10.0f}, {16, -20.0f}}, 742.0f});
+  }
+  std::vector<KernelPath> paths = {KernelPath::kPortable};
+  if (cpu_supports_avx2()) paths.push_back(KernelPath::kAvx2);
+  for (const Case& c : cases) {
+    CAPTURE(std::string(ggml_traits(c.type).name));
+    StoredMatrix w;
+    w.shape.format = WeightFormat::kGgml;
+    w.shape.ggml_type = c.type;
+    w.shape.rows = 1;
+    w.shape.cols = 32;
+    w.data = c.block;
+    std::vector<float> x(32, 0.0f);
+    for (const auto& [at, v] : c.x) x[static_cast<size_t>(at)] = v;
+    for (KernelPath path : paths) {
+      CAPTURE(kernel_path_name(path));
+      CHECK(q8_tile(path, w.view(), x.data(), 1, nullptr)[0] == c.want);
+    }
+  }
+}
+
 TEST_CASE("q8: a tile reuses a quantised row only for the same bits, not the same address") {
   const GgmlType type = GgmlType::kQ4_K;
   const int64_t cols = 512;
@@ -335,8 +415,7 @@ TEST_CASE("q8: a tile reuses a quantised row only for the same bits, not the sam
 }
 
 TEST_CASE("q8: types without a q8 kernel keep the exact f32 path; non-finite activations give NaN") {
-  for (GgmlType type : {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ2_K, GgmlType::kQ3_K,
-                        GgmlType::kMXFP4}) {
+  for (GgmlType type : {GgmlType::kQ2_K, GgmlType::kQ3_K}) {
     CAPTURE(std::string(ggml_traits(type).name));
     CHECK_FALSE(has_q8_kernel(type));
     StoredMatrix w;
@@ -445,7 +524,7 @@ TEST_CASE("q8: the AVX2 quantisers (Q8_K and Q8_0) give the portable bits on edg
   b = random_x(256, 23);
   b[0] = -std::numeric_limits<float>::infinity();
   blocks.push_back(b);
-  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ8_0}) {  // Q8_K and Q8_0 activations
+  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ8_0, GgmlType::kQ4_1}) {  // Q8_K, Q8_0, Q8_1 activations
     CAPTURE(std::string(ggml_traits(type).name));
     const StoredMatrix w = random_ggml(type, 1, 256, 3);
     for (size_t k = 0; k < blocks.size(); ++k) {
@@ -456,6 +535,8 @@ TEST_CASE("q8: the AVX2 quantisers (Q8_K and Q8_0) give the portable bits on edg
       CHECK(portable.qs == avx2.qs);
       CHECK(portable.sums == avx2.sums);
       CHECK(std::memcmp(portable.d.data(), avx2.d.data(), portable.d.size() * 4) == 0);
+      REQUIRE(portable.s.size() == avx2.s.size());
+      CHECK(std::memcmp(portable.s.data(), avx2.s.data(), portable.s.size() * 4) == 0);
     }
   }
 }
