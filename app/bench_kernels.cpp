@@ -104,7 +104,7 @@ double gemm_gflops(const std::vector<StoredMatrix>& ms, size_t rows, double seco
 
 std::vector<KernelPath> available_paths() {
   if (cpu_supports_avx2()) return {KernelPath::kPortable, KernelPath::kAvx2};
-  std::printf("(this CPU lacks avx2/f16c: only the portable path is measured)\n");
+  std::printf("(this CPU lacks avx2/fma/f16c: only the portable path is measured)\n");
   return {KernelPath::kPortable};
 }
 

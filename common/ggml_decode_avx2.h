@@ -9,8 +9,11 @@
 // block as f32. The ascending order matters to a sink that accumulates (GEMV: each lane
 // of dot's accumulators sums its columns in column order); a storing sink ignores it.
 //
-// Compiled for AVX2 + F16C by the target pragma below (without FMA: see
-// common/matmul_avx2.cpp); call only when cpu_supports_avx2(). Everything is in an
+// Compiled for AVX2 + FMA + F16C by the target pragma below; call only when
+// cpu_supports_avx2(). The one fused multiply-add here is the decoders' (d * sc) * q - m
+// (Q2_K, Q4_K, Q5_K): (d * sc) * q is exact in f32 (common/ggml_dequantize.cpp says why),
+// so rounding it and then the subtraction gives the bits of one rounding of the whole.
+// The dot's own multiply and add stay apart (common/matmul_avx2.cpp). Everything is in an
 // unnamed namespace, so each including file has its own copy and no AVX2 function can be
 // picked by the linker for a portable caller. The standard headers are included before
 // the pragma, so none of their inline functions is compiled for AVX2.
@@ -87,6 +90,10 @@ inline void scales_mins_k4(const uint8_t* b, ScalesMins& out) {
   _mm256_store_ps(out.m, _mm256_mul_ps(_mm256_set1_ps(f16_scale(b + 2)), mn));
 }
 
+// The small loops below are unrolled by pragma: rolled, GCC kept each row's vectors in a
+// loop of its own (a widened quant array spilled to the stack, one add chain at a time),
+// and the GEMV ran about a third slower.
+//
 // Each block type is a struct: kElements / kBytes (ggml-common.h's block sizes; a wrong
 // one fails tests/unit/test_matmul.cpp), prepare(block, prep) computes the block's
 // scales once, chunk(block, prep, c, sink) emits chunk c's 8-column vectors (32
@@ -105,6 +112,7 @@ struct Q8_0 {
   static void prepare(const uint8_t* b, Prep& p) { p.d = _mm256_set1_ps(f16_scale(b)); }
   template <class Sink>
   static void chunk(const uint8_t* b, const Prep& p, int, Sink& sink) {
+    #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) sink(k, _mm256_mul_ps(p.d, _mm256_cvtepi32_ps(load8_sx(b + 2 + 8 * k))));
   }
 };
@@ -119,9 +127,11 @@ struct Q4_0 {
   static void chunk(const uint8_t* b, const Prep& p, int, Sink& sink) {
     const __m256i a[2] = {load8_zx(b + 2), load8_zx(b + 10)};  // qs[0..8), qs[8..16) in i32 lanes
     const __m256i mask = _mm256_set1_epi32(0x0F), eight = _mm256_set1_epi32(8);
+    #pragma GCC unroll 4
     for (int k = 0; k < 2; ++k) {
       sink(k, _mm256_mul_ps(p.d, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(a[k], mask), eight))));
     }
+    #pragma GCC unroll 4
     for (int k = 0; k < 2; ++k) {
       sink(2 + k, _mm256_mul_ps(p.d, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(a[k], 4), eight))));
     }
@@ -146,6 +156,7 @@ struct MXFP4 {
     const __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(qs, mask));  // elements 0..15
     const __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(qs, 4), mask));  // 16..31
     const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) sink(k, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k])), p.d));
   }
 };
@@ -176,9 +187,10 @@ struct Q2_K {
     const __m256i q2 = _mm256_and_si256(_mm256_srl_epi16(bytes, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3));
     const Widened q = widen_i8(q2);
     const int s = 8 * h + 2 * k;
+    #pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) {
       const __m256 d1 = _mm256_broadcast_ss(&p.dl[s + v / 2]), m1 = _mm256_broadcast_ss(&p.ml[s + v / 2]);
-      sink(4 * c + v, _mm256_sub_ps(_mm256_mul_ps(d1, q.f[v]), m1));
+      sink(4 * c + v, _mm256_fmsub_ps(d1, q.f[v], m1));  // d1 * q exact: one rounding either way
     }
   }
 };
@@ -222,6 +234,7 @@ struct Q3_K {
     const __m256i offset = _mm256_slli_epi16(_mm256_xor_si256(hbit, one), 2);
     const Widened q = widen_i8(_mm256_sub_epi8(q2, offset));
     const int s = 8 * h + 2 * k;
+    #pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) sink(4 * c + v, _mm256_mul_ps(_mm256_broadcast_ss(&p.dl[s + v / 2]), q.f[v]));
   }
 };
@@ -238,17 +251,20 @@ struct Q4_K {
   static void chunk(const uint8_t* b, const Prep& p, int c, Sink& sink) {
     const uint8_t* qs = b + 16 + 32 * c;
     __m256i a[4];  // qs[32 c + 8 k ..+8) in i32 lanes
+    #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) a[k] = load8_zx(qs + 8 * k);
     const __m256i mask = _mm256_set1_epi32(0x0F);
     const __m256 dlo = _mm256_broadcast_ss(&p.d[2 * c]), mlo = _mm256_broadcast_ss(&p.m[2 * c]);
+    #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {
       const __m256 q = _mm256_cvtepi32_ps(_mm256_and_si256(a[k], mask));
-      sink(8 * c + k, _mm256_sub_ps(_mm256_mul_ps(dlo, q), mlo));
+      sink(8 * c + k, _mm256_fmsub_ps(dlo, q, mlo));  // dlo * q exact: one rounding either way
     }
     const __m256 dhi = _mm256_broadcast_ss(&p.d[2 * c + 1]), mhi = _mm256_broadcast_ss(&p.m[2 * c + 1]);
+    #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {
       const __m256 q = _mm256_cvtepi32_ps(_mm256_srli_epi32(a[k], 4));  // a byte >> 4: the high nibble
-      sink(8 * c + 4 + k, _mm256_sub_ps(_mm256_mul_ps(dhi, q), mhi));
+      sink(8 * c + 4 + k, _mm256_fmsub_ps(dhi, q, mhi));
     }
   }
 };
@@ -269,7 +285,8 @@ struct Q5_K {
     // bit <= 1, so shifting 16-bit lanes left by 4 keeps every byte to itself.
     const Widened q = widen_i8(_mm256_or_si256(low, _mm256_slli_epi16(bit, 4)));
     const __m256 d1 = _mm256_broadcast_ss(&p.d[c]), m1 = _mm256_broadcast_ss(&p.m[c]);
-    for (int k = 0; k < 4; ++k) sink(4 * c + k, _mm256_sub_ps(_mm256_mul_ps(d1, q.f[k]), m1));
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) sink(4 * c + k, _mm256_fmsub_ps(d1, q.f[k], m1));  // d1 * q exact
   }
 };
 

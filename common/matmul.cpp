@@ -111,10 +111,11 @@ const char* kernel_path_name(KernelPath path) { return path == KernelPath::kAvx2
 
 bool cpu_supports_avx2() {
 #if defined(__x86_64__) || defined(__i386__)
-  // F16C by cpuid leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know it.
+  // F16C and FMA by cpuid leaf 1 (ECX bits 29, 12): clang's __builtin_cpu_supports does
+  // not know F16C. Every AVX2 CPU made has both.
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
-  return __builtin_cpu_supports("avx2") && f16c;
+  const bool leaf1 = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0;
+  return __builtin_cpu_supports("avx2") && leaf1 && (ecx & bit_F16C) != 0 && (ecx & bit_FMA) != 0;
 #else
   return false;
 #endif
@@ -125,7 +126,7 @@ KernelPath parse_kernel_path(const char* value) {
   if (v.empty() || v == "auto") return cpu_supports_avx2() ? KernelPath::kAvx2 : KernelPath::kPortable;
   if (v == "portable") return KernelPath::kPortable;
   if (v == "avx2") {
-    if (!cpu_supports_avx2()) fail_unsupported("CHARM_KERNELS=avx2, but this CPU lacks avx2 or f16c");
+    if (!cpu_supports_avx2()) fail_unsupported("CHARM_KERNELS=avx2, but this CPU lacks avx2, fma or f16c");
     return KernelPath::kAvx2;
   }
   fail_invalid("CHARM_KERNELS='" + v + "' is not one of auto, portable, avx2");
@@ -144,7 +145,7 @@ KernelPath active_kernel_path() {
 
 void set_kernel_path(KernelPath path) {
   if (path == KernelPath::kAvx2 && !cpu_supports_avx2()) {
-    fail_unsupported("the avx2 kernels need a CPU with avx2 and f16c");
+    fail_unsupported("the avx2 kernels need a CPU with avx2, fma and f16c");
   }
   g_path.store(static_cast<int>(path), std::memory_order_relaxed);
 }

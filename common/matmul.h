@@ -42,16 +42,16 @@ void matmul_tile(const MatrixView& w, const float* x, size_t rows, const float* 
 /// they differ only in speed.
 enum class KernelPath : uint8_t {
   kPortable,  ///< plain C++ (common/matmul.cpp): the reference semantics, any CPU
-  kAvx2,      ///< AVX2 + FMA-era x86 (common/matmul_avx2.cpp): needs avx2 and f16c
+  kAvx2,      ///< AVX2-era x86 (common/matmul_avx2.cpp): needs avx2, fma and f16c
 };
 
 /// "portable" or "avx2".
 const char* kernel_path_name(KernelPath path);
-/// True when this CPU can run KernelPath::kAvx2 (cpuid: avx2 and f16c).
+/// True when this CPU can run KernelPath::kAvx2 (cpuid: avx2, fma and f16c).
 bool cpu_supports_avx2();
 /// The path a CHARM_KERNELS value asks for: null, "" or "auto" -> the fastest this CPU
 /// runs; "portable"; "avx2". Throws Error(kInvalidInput) for any other value, and
-/// Error(kUnsupported) for "avx2" on a CPU without avx2 / f16c.
+/// Error(kUnsupported) for "avx2" on a CPU without avx2 / fma / f16c.
 KernelPath parse_kernel_path(const char* value);
 /// parse_kernel_path(getenv("CHARM_KERNELS")): same errors.
 KernelPath kernel_path_from_env();

@@ -7,11 +7,12 @@
 #include "common/dtype.h"
 #include "common/ggml_decode_avx2.h"
 
-// Everything from here on is compiled for AVX2 + F16C; matmul.cpp calls it only after
-// cpuid said yes. FMA is left out on purpose: the bit contract is a rounded multiply
-// then a rounded add (common/kernels.h `dot`), so the compiler must not fuse them (the
-// whole project also builds with -ffp-contract=off). On AMD Zen a separate vmulps and
-// vaddps issue to separate pipes, so this costs no throughput there.
+// Everything from here on is compiled for AVX2 + FMA + F16C; matmul.cpp calls it only
+// after cpuid said yes. The dot never fuses: the bit contract is a rounded multiply then
+// a rounded add (common/kernels.h `dot`), and the whole project builds with
+// -ffp-contract=off so that the compiler does not fuse them either (only the GGML
+// decoders write an FMA, where the product is exact: common/ggml_decode_avx2.h). On AMD
+// Zen a separate vmulps and vaddps issue to separate pipes, so this costs little there.
 // The standard headers above are parsed before the pragma, so none of their inline
 // functions is compiled for AVX2 and picked by the linker for a CPU without it.
 #include "common/avx2_target_begin.inc"

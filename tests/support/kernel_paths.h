@@ -12,7 +12,7 @@ namespace charm::test {
 /// The paths this CPU can run; says so when the AVX2 one cannot be checked here.
 inline std::vector<KernelPath> paths_to_check() {
   if (cpu_supports_avx2()) return {KernelPath::kPortable, KernelPath::kAvx2};
-  MESSAGE("this CPU lacks avx2/f16c: the AVX2 path was NOT checked");
+  MESSAGE("this CPU lacks avx2/fma/f16c: the AVX2 path was NOT checked");
   return {KernelPath::kPortable};
 }
 

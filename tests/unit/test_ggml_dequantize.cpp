@@ -150,7 +150,7 @@ TEST_CASE("dequantize_row refuses a count that is not whole blocks, and zero ele
 
 TEST_CASE("the AVX2 path equals the portable one when a scale is Inf or NaN (not in gguf-py's fixtures)") {
   if (!cpu_supports_avx2()) {
-    MESSAGE("this CPU lacks avx2/f16c: the AVX2 path was NOT checked");
+    MESSAGE("this CPU lacks avx2/fma/f16c: the AVX2 path was NOT checked");
     return;
   }
   PathGuard guard;

@@ -122,7 +122,7 @@ struct ModeScope {
 
 TEST_CASE("q8: the AVX2 path's kernels (the GEMV and the GEMM, every form) give the portable bits, every type, rows 1..9") {
   if (!cpu_supports_avx2()) {
-    MESSAGE("this CPU lacks avx2/f16c: the AVX2 path was NOT checked");
+    MESSAGE("this CPU lacks avx2/fma/f16c: the AVX2 path was NOT checked");
     return;
   }
   std::vector<Q8Form> forms;
@@ -165,7 +165,7 @@ TEST_CASE("q8: the AVX2 kernels stay exact at the integers' extremes (every quan
   // scales -1), all 0x80 (Q6_K's scales -128) or all 0x7F, activations all +1 or all -1
   // (every quant +-127, every bsum +-2032).
   if (!cpu_supports_avx2()) {
-    MESSAGE("this CPU lacks avx2/f16c: the AVX2 path was NOT checked");
+    MESSAGE("this CPU lacks avx2/fma/f16c: the AVX2 path was NOT checked");
     return;
   }
   for (GgmlType type : kQ8Types) {
@@ -503,7 +503,7 @@ TEST_CASE("q8: the engine applies activations: q8 from the topology, and f32 aga
 
 TEST_CASE("q8: the AVX2 quantisers (Q8_K and Q8_0) give the portable bits on edge blocks") {
   if (!cpu_supports_avx2()) {
-    MESSAGE("this CPU lacks avx2/f16c: the AVX2 quantisers were NOT checked");
+    MESSAGE("this CPU lacks avx2/fma/f16c: the AVX2 quantisers were NOT checked");
     return;
   }
   std::vector<std::vector<float>> blocks;

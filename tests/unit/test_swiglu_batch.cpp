@@ -71,7 +71,7 @@ void check_rows_alone(const std::vector<Expert>& experts, int64_t hidden, int64_
   if (cpu_supports_avx2()) {
     paths.push_back(KernelPath::kAvx2);
   } else {
-    MESSAGE("this CPU lacks avx2/f16c: swiglu_batch was NOT checked on the AVX2 path");
+    MESSAGE("this CPU lacks avx2/fma/f16c: swiglu_batch was NOT checked on the AVX2 path");
   }
   for (KernelPath path : paths) {
     set_kernel_path(path);
