@@ -514,6 +514,51 @@ ExpertSlice slice_of(const TensorInfo& info, uint64_t first, int64_t rows, int64
   return ExpertSlice{&info, bytes_of(info, first), bytes_of(info, static_cast<uint64_t>(rows * cols)), rows, cols};
 }
 
+/// gpt-oss's expert `expert` as llama.cpp's converter writes it (GptOssModel.modify_tensors,
+/// read from GGUF): "<prefix>.gate_proj.weight" / "up_proj.weight" [E, I, H] and
+/// "down_proj.weight" [E, H, I], [out, in] in any stored type, with biases
+/// "<prefix>.{gate,up}_proj.bias" [E, I] and "down_proj.bias" [E, H]; or, converted with
+/// --fuse-gate-up-exps, gate and up joined as "<prefix>.gate_up_proj.weight" [E, 2I, H]
+/// (gate rows first) with "gate_up_proj.bias" [E, 2I] (likewise). Throws
+/// Error(kInvalidInput) naming a missing or mis-shaped tensor, or one too few experts.
+ExpertSlices split_gpt_oss_slices(const Checkpoint& ckpt, const std::string& prefix, const ExpertTensorNames& names,
+                                  int expert, int64_t H, int64_t I) {
+  auto tensor = [&](const std::string& name, std::vector<int64_t> shape, const std::string& what) -> const TensorInfo& {
+    const TensorInfo* t = ckpt.find(prefix + "." + name);
+    if (t == nullptr) fail_invalid(ckpt.dir().string() + ": tensor '" + prefix + "." + name + "' not found");
+    shape[0] = t->shape.empty() ? 0 : t->shape[0];
+    expect_shape(*t, shape, what);
+    if (expert >= shape[0]) {
+      fail_invalid(t->file.string() + ": tensor '" + t->name + "' holds " + std::to_string(shape[0]) +
+                   " experts, expert " + std::to_string(expert) + " requested");
+    }
+    return *t;
+  };
+  const auto e = static_cast<uint64_t>(expert);
+  const auto matrix = static_cast<uint64_t>(I * H), width = static_cast<uint64_t>(I);
+  ExpertSlices out;
+  if (ckpt.find(prefix + "." + names.gate_up + ".weight") != nullptr) {  // --fuse-gate-up-exps
+    const TensorInfo& gate_up = tensor(names.gate_up + ".weight", {0, 2 * I, H},
+                                       "experts, 2 * intermediate_size, hidden_size");
+    const TensorInfo& bias = tensor(names.gate_up + ".bias", {0, 2 * I}, "experts, 2 * intermediate_size");
+    out.gate = slice_of(gate_up, 2 * e * matrix, I, H);
+    out.up = slice_of(gate_up, 2 * e * matrix + matrix, I, H);
+    out.gate_bias = slice_of(bias, 2 * e * width, 1, I);
+    out.up_bias = slice_of(bias, 2 * e * width + width, 1, I);
+  } else {
+    const std::string shape = "experts, intermediate_size, hidden_size";
+    out.gate = slice_of(tensor(names.gate + ".weight", {0, I, H}, shape), e * matrix, I, H);
+    out.up = slice_of(tensor(names.up + ".weight", {0, I, H}, shape), e * matrix, I, H);
+    out.gate_bias = slice_of(tensor(names.gate + ".bias", {0, I}, "experts, intermediate_size"), e * width, 1, I);
+    out.up_bias = slice_of(tensor(names.up + ".bias", {0, I}, "experts, intermediate_size"), e * width, 1, I);
+  }
+  out.down = slice_of(tensor(names.down + ".weight", {0, H, I}, "experts, hidden_size, intermediate_size"),
+                      e * matrix, H, I);
+  out.down_bias = slice_of(tensor(names.down + ".bias", {0, H}, "experts, hidden_size"), e * static_cast<uint64_t>(H),
+                           1, H);
+  return out;
+}
+
 }  // namespace
 
 void Checkpoint::read_slice(const ExpertSlice& slice, void* dst) const {
@@ -536,15 +581,20 @@ void Checkpoint::read_slice(const ExpertSlice& slice, void* dst) const {
 ExpertWeights Checkpoint::load_expert(const ExpertTensorNames& names, int layer, int expert,
                                       int64_t hidden_size, int64_t intermediate_size) const {
   const ExpertSlices slices = locate_expert(names, layer, expert, hidden_size, intermediate_size);
-  if (slices.transposed) {
-    fail_unsupported(dir_.string() + ": load_expert does not read gpt-oss's transposed expert layout (the expert "
-                     "store does: worker/experts/expert_source.h)");
+  if (slices.transposed || slices.has_biases()) {
+    fail_unsupported(dir_.string() + ": load_expert does not read gpt-oss's experts (the hub's transposed expert "
+                     "layout, llama.cpp's biased one; the expert store does: worker/experts/expert_source.h)");
   }
   return ExpertWeights{slice_f32(slices.gate), slice_f32(slices.up), slice_f32(slices.down)};
 }
 
 ExpertSlices Checkpoint::locate_gpt_oss_expert(const std::string& prefix, const ExpertTensorNames& names, int expert,
                                                int64_t H, int64_t I) const {
+  const bool converted = find(prefix + "." + names.gate + ".weight") != nullptr ||
+                         find(prefix + "." + names.gate_up + ".weight") != nullptr;
+  if (find(prefix + "." + names.gate_up) == nullptr && converted) {  // llama.cpp's forms (GGUF)
+    return split_gpt_oss_slices(*this, prefix, names, expert, H, I);
+  }
   // gpt-oss (GptOssExperts): gate_up_proj [E, H, 2I] and down_proj [E, I, H], each used
   // as x @ W, with biases [E, 2I] and [E, H]; every expert's block is contiguous.
   auto tensor = [&](const std::string& name, std::vector<int64_t> shape, const std::string& what) -> const TensorInfo& {

@@ -57,13 +57,20 @@ struct ExpertSlice {
 /// experts with biases. With `mxfp4` (the hub's gpt-oss checkpoints as shipped) gate and
 /// down are instead the expert's `*_blocks` (U8 [2I, H/32 * 16] and [H, I/32 * 16]: rows
 /// are output features, so no transpose) and gate_up_scales / down_scales its `*_scales`
-/// (U8 [2I, H/32] and [H, I/32]); readers decode them with common/mxfp4.h.
+/// (U8 [2I, H/32] and [H, I/32]); readers decode them with common/mxfp4.h. gpt-oss's
+/// experts as llama.cpp's converter writes them (a GGUF file; gate and up in tensors of
+/// their own or, with --fuse-gate-up-exps, one after the other in one) are instead plain
+/// [out, in] gate, up [I, H] and down [H, I] slices in any stored type (not `transposed`,
+/// GGML MXFP4 blocks included) with gate_bias and up_bias [I] apart and down_bias [H].
 struct ExpertSlices {
   ExpertSlice gate, up, down;
   bool transposed = false;
   ExpertSlice gate_up_bias, down_bias;
   bool mxfp4 = false;
   ExpertSlice gate_up_scales, down_scales;
+  ExpertSlice gate_bias, up_bias;  ///< llama.cpp's gpt-oss experts only (gate_up_bias unset)
+  /// True when the expert has biases (gpt-oss), in either form.
+  bool has_biases() const { return down_bias.tensor != nullptr; }
 };
 
 /// An open checkpoint directory. Thread-safety: const methods are safe concurrently.
@@ -143,7 +150,10 @@ class Checkpoint {
   ExpertSlices locate_expert(const ExpertTensorNames& names, int layer, int expert, int64_t hidden_size,
                              int64_t intermediate_size) const;
 
-  /// Same as locate_expert for ExpertTensorNames::gpt_oss_layout.
+  /// Same as locate_expert for ExpertTensorNames::gpt_oss_layout: the hub's fused
+  /// gate_up_proj (bf16 or MXFP4 *_blocks / *_scales) or, from a GGUF file, llama.cpp's
+  /// "<prefix>.{gate,up,down}_proj.{weight,bias}", gate and up possibly fused as
+  /// "<prefix>.gate_up_proj.{weight,bias}" (ExpertSlices).
   ExpertSlices locate_gpt_oss_expert(const std::string& prefix, const ExpertTensorNames& names, int expert,
                                      int64_t hidden_size, int64_t intermediate_size) const;
 

@@ -18,6 +18,15 @@ namespace {
 
 using json = nlohmann::json;
 
+/// A per-layer GGUF tensor one architecture names its own way: GGUF base name (after
+/// "blk.N.") -> HF suffix under model.layers.N., with the GGUF ".weight"/".bias" suffix
+/// kept, or dropped where the HF tensor has none (gpt-oss's self_attn.sinks).
+struct LayerNameRule {
+  const char* gguf;
+  const char* hf;
+  bool keep_suffix = true;
+};
+
 /// The HF architecture of one GGUF architecture, and what its HF checkpoints call things.
 struct ArchSpec {
   const char* hf_architecture;
@@ -29,6 +38,9 @@ struct ArchSpec {
   const char* expert_down;
   const char* shared_expert;  ///< HF module of the shared expert(s), or ""
   bool default_norm_topk;     ///< what llama.cpp's graph does without expert_weights_norm
+  /// HF name (under model.layers.N.) of exp_probs_b, the sigmoid routers' selection bias.
+  const char* score_bias = "mlp.gate.e_score_correction_bias";
+  std::vector<LayerNameRule> layer_names = {};  ///< checked before shared_layer_names()
 };
 
 const std::map<std::string, ArchSpec, std::less<>>& arch_specs() {
@@ -43,6 +55,18 @@ const std::map<std::string, ArchSpec, std::less<>>& arch_specs() {
                  "w2", "", true}},
       {"deepseek2", {"DeepseekV3ForCausalLM", "deepseek_v3", "mlp.gate", "mlp.experts", "gate_proj", "up_proj",
                      "down_proj", "mlp.shared_experts", false}},
+      // gpt-oss's experts keep the converter's names, gate_proj / up_proj / down_proj
+      // .weight and .bias ([E, I, H], [E, I, H], [E, H, I]; gate_up_proj.weight / .bias
+      // [E, 2I, H] / [E, 2I] when fused), which the expert reader tells apart from the
+      // hub's interleaved gate_up_proj by their suffixes (common/checkpoint.h).
+      {"gpt-oss", {"GptOssForCausalLM", "gpt_oss", "mlp.router", "mlp.experts", "gate_proj", "up_proj", "down_proj",
+                   "", false, "", {{"post_attention_norm", "post_attention_layernorm"},
+                                   {"attn_sinks", "self_attn.sinks", false}}}},
+      {"glm4moe", {"Glm4MoeForCausalLM", "glm4_moe", "mlp.gate", "mlp.experts", "gate_proj", "up_proj", "down_proj",
+                   "mlp.shared_experts", false, "mlp.gate.e_score_correction_bias",
+                   {{"post_attention_norm", "post_attention_layernorm"}}}},
+      {"minimax-m2", {"MiniMaxM2ForCausalLM", "minimax_m2", "block_sparse_moe.gate", "block_sparse_moe.experts", "w1",
+                      "w3", "w2", "", true, "block_sparse_moe.e_score_correction_bias"}},
   };
   return specs;
 }
@@ -75,12 +99,20 @@ class Meta {
     if (!v) fail_invalid(where() + ": metadata key '" + arch_ + "." + key + "' is missing");
     return *v;
   }
+  /// A scalar number, f32 read as the decimal it was written from (gguf_f32_as_decimal);
+  /// a per-layer array is accepted when all its values are equal.
   std::optional<double> number(const std::string& key, int exponent10 = 0) const {
     const GgufValue* v = arch_key(key);
     if (v == nullptr) return std::nullopt;
-    if (v->type() == GgufValueType::kF32) return gguf_f32_as_decimal(v->as_f32(), exponent10);
-    if (v->is_float()) return v->as_f64() * std::pow(10.0, exponent10);
-    return static_cast<double>(v->as_i64()) * std::pow(10.0, exponent10);
+    if (!v->is_array()) return scalar_number(*v, exponent10);
+    if (v->size() == 0) fail_invalid(where() + ": " + v->name() + " is an empty array");
+    const double first = scalar_number(v->at(0), 0);
+    for (uint64_t i = 1; i < v->size(); ++i) {
+      if (scalar_number(v->at(i), 0) != first) {
+        fail_unsupported(where() + ": " + v->name() + " differs between layers; charm needs one value");
+      }
+    }
+    return scalar_number(v->at(0), exponent10);
   }
   std::optional<bool> boolean(const std::string& key) const {
     const GgufValue* v = arch_key(key);
@@ -92,6 +124,12 @@ class Meta {
   }
 
  private:
+  static double scalar_number(const GgufValue& v, int exponent10) {
+    if (v.type() == GgufValueType::kF32) return gguf_f32_as_decimal(v.as_f32(), exponent10);
+    if (v.is_float()) return v.as_f64() * std::pow(10.0, exponent10);
+    return static_cast<double>(v.as_i64()) * std::pow(10.0, exponent10);
+  }
+
   const GgufModelFiles& files_;
   std::string arch_;
 };
@@ -151,6 +189,9 @@ std::string hf_name_of(const ArchSpec& spec, std::string_view name) {
   const std::string layer = "model.layers." + std::to_string(parts->layer) + ".";
   const std::string& base = parts->base;
   const std::string suffix = parts->suffix.empty() ? "" : "." + parts->suffix;
+  for (const LayerNameRule& rule : spec.layer_names) {
+    if (base == rule.gguf) return layer + rule.hf + (rule.keep_suffix ? suffix : "");
+  }
   if (const auto it = shared_layer_names().find(base); it != shared_layer_names().end()) {
     return layer + it->second + suffix;
   }
@@ -159,7 +200,9 @@ std::string hf_name_of(const ArchSpec& spec, std::string_view name) {
   if (base == "ffn_gate_exps") return experts + spec.expert_gate + suffix;
   if (base == "ffn_up_exps") return experts + spec.expert_up + suffix;
   if (base == "ffn_down_exps") return experts + spec.expert_down + suffix;
-  if (base == "exp_probs_b") return layer + spec.router + ".e_score_correction_bias";
+  // --fuse-gate-up-exps: [E, 2I, H], gate rows first, as the hub's fused gate_up_proj
+  if (base == "ffn_gate_up_exps") return experts + "gate_up_proj" + suffix;
+  if (base == "exp_probs_b") return *spec.score_bias != '\0' ? layer + spec.score_bias : "";
   if (*spec.shared_expert != '\0') {
     const std::string shared = layer + spec.shared_expert + ".";
     if (base == "ffn_gate_shexp") return shared + "gate_proj" + suffix;
@@ -199,9 +242,17 @@ void read_special_ids(const GgufModelFiles& files, json& config, json& generatio
   }
 }
 
-/// The fields every architecture shares (LlamaConfig's names).
+/// The fields every architecture shares (LlamaConfig's names). block_count counts the
+/// multi-token-prediction layers a file may end with (nextn_predict_layers; GLM-4.5's
+/// converter writes them): those are not decoder layers.
 void read_common_config(const Meta& m, const GgufModelFiles& files, json& c) {
-  c["num_hidden_layers"] = m.required("block_count");
+  const int64_t blocks = m.required("block_count");
+  const int64_t nextn = m.integer("nextn_predict_layers").value_or(0);
+  if (nextn < 0 || nextn >= blocks) {
+    fail_invalid(m.where() + ": " + m.arch() + ".nextn_predict_layers (" + std::to_string(nextn) +
+                 ") must be below " + m.arch() + ".block_count (" + std::to_string(blocks) + ")");
+  }
+  c["num_hidden_layers"] = blocks - nextn;
   c["hidden_size"] = m.required("embedding_length");
   if (const auto ff = m.integer("feed_forward_length")) c["intermediate_size"] = *ff;
   c["num_attention_heads"] = m.required("attention.head_count");
@@ -227,6 +278,32 @@ void read_sparse_layout(const GgufModelFiles& files, json& c) {
   }
   c["mlp_only_layers"] = dense;
   c["decoder_sparse_step"] = 1;
+}
+
+/// HF's yarn rope_scaling from rope.scaling.* (TextModel.set_gguf_parameters writes
+/// factor, original_context_length and, where the config has them, the betas), or null
+/// for a file without scaling; throws Error(kUnsupported) naming any other scaling type.
+json read_yarn(const Meta& m) {
+  const auto type = m.string("rope.scaling.type");
+  if (!type || *type == "none") return nullptr;
+  if (*type != "yarn") {
+    fail_unsupported(m.where() + ": " + m.arch() + ".rope.scaling.type '" + *type + "' is not supported");
+  }
+  return {{"type", "yarn"},
+          {"factor", m.number("rope.scaling.factor").value_or(1.0)},
+          {"original_max_position_embeddings", m.required("rope.scaling.original_context_length")},
+          {"beta_fast", m.number("rope.scaling.yarn_beta_fast").value_or(32.0)},
+          {"beta_slow", m.number("rope.scaling.yarn_beta_slow").value_or(1.0)}};
+}
+
+/// For the architectures that take RoPE unscaled: throws Error(kUnsupported) naming a
+/// rope.scaling.type other than none.
+void refuse_rope_scaling(const Meta& m) {
+  const auto type = m.string("rope.scaling.type");
+  if (type && *type != "none") {
+    fail_unsupported(m.where() + ": " + m.arch() + ".rope.scaling.type '" + *type + "' is not supported for " +
+                     m.arch() + " (unscaled RoPE only)");
+  }
 }
 
 void read_deepseek2_config(const Meta& m, json& c) {
@@ -255,24 +332,95 @@ void read_deepseek2_config(const Meta& m, json& c) {
   c["scoring_func"] = "sigmoid";
   c["topk_method"] = "noaux_tc";
   c["rope_interleave"] = true;
-  const auto type = m.string("rope.scaling.type");
-  if (type && *type == "yarn") {
+  if (json rs = read_yarn(m); !rs.is_null()) {
     // HF's DeepSeek config has mscale (the rotary cos/sin factor) and mscale_all_dim (the
     // softmax scale's); GGUF keeps only the latter (yarn_log_multiplier = 0.1 *
     // mscale_all_dim), and llama.cpp computes as if the two were equal, as they are in
     // DeepSeek-V3, R1 and Kimi K2's configs. So mscale = mscale_all_dim here.
     const double mscale_all_dim = m.number("rope.scaling.yarn_log_multiplier", 1).value_or(0.0);
-    json rs = {{"type", "yarn"},
-               {"factor", m.number("rope.scaling.factor").value_or(1.0)},
-               {"original_max_position_embeddings", m.required("rope.scaling.original_context_length")},
-               {"beta_fast", m.number("rope.scaling.yarn_beta_fast").value_or(32.0)},
-               {"beta_slow", m.number("rope.scaling.yarn_beta_slow").value_or(1.0)},
-               {"mscale", mscale_all_dim},
-               {"mscale_all_dim", mscale_all_dim}};
+    rs["mscale"] = mscale_all_dim;
+    rs["mscale_all_dim"] = mscale_all_dim;
     c["rope_scaling"] = rs;
-  } else if (type && *type != "none") {
-    fail_unsupported(m.where() + ": " + m.arch() + ".rope.scaling.type '" + *type + "' is not supported");
   }
+}
+
+/// gpt-oss (GptOssModel.set_gguf_parameters; llama.cpp's LLM_ARCH_OPENAI_MOE graph). The
+/// experts are expert_feed_forward_length wide; attention.sliding_window applies to the
+/// even layers (llama.cpp hard-codes set_swa_pattern(2), as GptOssConfig's default
+/// layer_types); YaRN never truncates its correction range (every gpt-oss config says
+/// truncate false; GGUF has no key for it). The experts' SwiGLU clamp is 7.0, which
+/// llama.cpp's graph hard-codes, unless the file carries {arch}.swiglu_clamp_exp (llama.cpp's
+/// key for an expert SwiGLU clamp, one value per layer), so a gpt-oss with another clamp can
+/// be described; swiglu_alpha stays GptOssConfig's 1.702, which llama.cpp hard-codes too.
+void read_gpt_oss_config(const Meta& m, json& c) {
+  c["num_local_experts"] = c["num_experts"];
+  c["intermediate_size"] = m.required("expert_feed_forward_length");
+  c["sliding_window"] = m.required("attention.sliding_window");
+  json types = json::array();
+  for (int64_t l = 0; l < c["num_hidden_layers"].get<int64_t>(); ++l) {
+    types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+  }
+  c["layer_types"] = types;
+  c["swiglu_limit"] = m.number("swiglu_clamp_exp").value_or(7.0);
+  json rs = read_yarn(m);
+  if (!rs.is_null()) {
+    rs["truncate"] = false;
+    if (const auto attn = m.number("rope.scaling.yarn_attn_factor")) rs["attention_factor"] = *attn;
+  }
+  c["rope_scaling"] = rs;  // null: the file asks for unscaled RoPE
+}
+
+/// The routers of GLM-4.5 and MiniMax-M2 score with a sigmoid (llama.cpp's GLM4_MOE loader
+/// takes a missing expert_gating_func as sigmoid); any other gating is another model.
+void require_sigmoid_gating(const Meta& m) {
+  const int64_t gating = m.integer("expert_gating_func").value_or(2);  // LLAMA_EXPERT_GATING_FUNC_TYPE
+  if (gating != 2 && gating != 0) {
+    fail_unsupported(m.where() + ": " + m.arch() + ".expert_gating_func " + std::to_string(gating) +
+                     " is not supported; " + m.arch() + " routes with a sigmoid (2)");
+  }
+}
+
+/// Partial RoPE: rope.dimension_count of each head's head_dim dims turn (llama.cpp's n_rot,
+/// head_dim without the key).
+double rotary_fraction(const Meta& m, const json& c) {
+  const int64_t head_dim = c["head_dim"].get<int64_t>();
+  const int64_t rotary = m.integer("rope.dimension_count").value_or(head_dim);
+  if (rotary < 2 || rotary > head_dim || rotary % 2 != 0) {
+    fail_invalid(m.where() + ": " + m.arch() + ".rope.dimension_count (" + std::to_string(rotary) +
+                 ") must be even and within head_dim (" + std::to_string(head_dim) + ")");
+  }
+  return static_cast<double>(rotary) / static_cast<double>(head_dim);
+}
+
+/// GLM-4.5 (Glm4MoeModel.set_gguf_parameters; llama.cpp's GLM4_MOE): DeepSeek-V3's MoE
+/// fields under their GGUF keys, q/k norms where the file has attn_q_norm, partial RoPE
+/// (rope.dimension_count of head_dim), no rope scaling. llama.cpp's defaults where a key is
+/// absent: no leading dense layers, no shared expert, scale 1, one group, no renormalisation.
+void read_glm4_moe_config(const Meta& m, const GgufModelFiles& files, json& c) {
+  require_sigmoid_gating(m);
+  refuse_rope_scaling(m);
+  c["n_routed_experts"] = c["num_experts"];
+  c["n_shared_experts"] = m.integer("expert_shared_count").value_or(0);
+  c["first_k_dense_replace"] = m.integer("leading_dense_block_count").value_or(0);
+  c["routed_scaling_factor"] = m.number("expert_weights_scale").value_or(1.0);
+  c["n_group"] = m.integer("expert_group_count").value_or(1);
+  c["topk_group"] = m.integer("expert_group_used_count").value_or(1);
+  c["num_nextn_predict_layers"] = m.integer("nextn_predict_layers").value_or(0);
+  c["use_qk_norm"] = files.find_tensor("blk.0.attn_q_norm.weight") != nullptr;
+  c["partial_rotary_factor"] = rotary_fraction(m, c);
+}
+
+/// MiniMax-M2 (MiniMaxM2Model.set_gguf_parameters; llama.cpp's MINIMAX_M2): experts
+/// expert_feed_forward_length wide, RoPE on rope.dimension_count dims of each head (the
+/// hub's rotary_dim), sigmoid routing with exp_probs_b; q/k norms over every head, as the
+/// hub's qk_norm_type per_layer (the family reads attn_q_norm's width).
+void read_minimax_m2_config(const Meta& m, json& c) {
+  require_sigmoid_gating(m);
+  refuse_rope_scaling(m);
+  c["num_local_experts"] = c["num_experts"];
+  c["intermediate_size"] = m.required("expert_feed_forward_length");
+  c["rotary_dim"] = m.integer("rope.dimension_count").value_or(c["head_dim"].get<int64_t>());
+  c["scoring_func"] = "sigmoid";
 }
 
 json read_config(const Meta& m, const ArchSpec& spec, const GgufModelFiles& files) {
@@ -294,6 +442,7 @@ json read_config(const Meta& m, const ArchSpec& spec, const GgufModelFiles& file
   if (m.arch() == "qwen2moe") {
     read_sparse_layout(files, c);
     c["qkv_bias"] = c["attention_bias"];
+    c.erase("attention_bias");  // Qwen2MoeConfig's name for it is qkv_bias
     const GgufTensorInfo* shexp = files.find_tensor("blk.0.ffn_gate_shexp.weight");
     c["shared_expert_intermediate_size"] =
         m.integer("expert_shared_feed_forward_length").value_or(shexp ? shexp->shape().front() : 0);
@@ -309,6 +458,12 @@ json read_config(const Meta& m, const ArchSpec& spec, const GgufModelFiles& file
     c["sliding_window"] = nullptr;
   } else if (m.arch() == "deepseek2") {
     read_deepseek2_config(m, c);
+  } else if (m.arch() == "gpt-oss") {
+    read_gpt_oss_config(m, c);
+  } else if (m.arch() == "glm4moe") {
+    read_glm4_moe_config(m, files, c);
+  } else if (m.arch() == "minimax-m2") {
+    read_minimax_m2_config(m, c);
   }
   return c;
 }
@@ -319,7 +474,7 @@ GgufHfTensor mapped_tensor(const std::string& hf_name, const GgufTensorInfo& t, 
                            const json& c) {
   GgufHfTensor out{hf_name, &t, t.shape(), 0};
   const std::string base = split_layer_name(t.name) ? split_layer_name(t.name)->base : "";
-  if (base.ends_with("_exps") && out.shape.size() != 3) {
+  if (base.ends_with("_exps") && t.name.ends_with(".weight") && out.shape.size() != 3) {
     fail_invalid(t.name + ": a routed-expert tensor must be 3-D [experts, rows, cols], got " +
                  std::to_string(out.shape.size()) + "-D");
   }
@@ -363,8 +518,13 @@ GgufHfModel map_gguf_to_hf(const GgufModelFiles& files) {
   read_special_ids(files, model.config, model.generation_config);
 
   std::map<int64_t, GgufKvB> kv_b;
+  const int64_t layers = model.config["num_hidden_layers"].get<int64_t>();
   for (const GgufTensorInfo* t : files.tensors()) {
     const auto parts = split_layer_name(t->name);
+    if (parts && parts->layer >= layers) {  // a multi-token-prediction block
+      model.ignored.push_back(t->name);
+      continue;
+    }
     if (parts && (parts->base == "attn_k_b" || parts->base == "attn_v_b")) {
       GgufKvB& entry = kv_b[parts->layer];
       (parts->base == "attn_k_b" ? entry.k_b : entry.v_b) = t;

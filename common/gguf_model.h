@@ -5,6 +5,12 @@
 //   qwen2moe  -> Qwen2MoeForCausalLM     qwen3moe -> Qwen3MoeForCausalLM
 //   olmoe     -> OlmoeForCausalLM        llama with experts -> MixtralForCausalLM
 //   deepseek2 -> DeepseekV3ForCausalLM (sigmoid routing with exp_probs_b; DeepSeek-V3, R1, Kimi K2)
+//   gpt-oss   -> GptOssForCausalLM (biased experts split into gate / up / down, any GGML type
+//                                   incl. MXFP4; attn_sinks; even layers sliding)
+//   glm4moe   -> Glm4MoeForCausalLM      minimax-m2 -> MiniMaxM2ForCausalLM
+// A file's trailing multi-token-prediction blocks (nextn_predict_layers; GLM-4.5's) are not
+// decoder layers: their tensors are left out (GgufHfModel::ignored). ffn_gate_up_exps (the
+// converter's --fuse-gate-up-exps) becomes the hub's fused <experts>.gate_up_proj.
 // Metadata keys are llama.cpp's (gguf-py gguf.constants.Keys); a value llama.cpp's graph
 // hard-codes for an architecture (e.g. qwen3moe renormalising the top-k weights) is that
 // value unless the file carries the key. What the format cannot express is said where it
@@ -49,16 +55,19 @@ struct GgufHfModel {
   nlohmann::json generation_config;  ///< {"eos_token_id": [...], "bos_token_id": ...} from tokenizer.ggml.*
   std::vector<GgufHfTensor> tensors;
   std::vector<GgufKvB> kv_b;
-  /// GGUF tensors no family reads (e.g. rope_freqs, DeepSeek's multi-token-prediction
-  /// layers): left out, named for the log.
+  /// GGUF tensors no family reads (e.g. rope_freqs, the multi-token-prediction layers
+  /// past num_hidden_layers): left out, named for the log.
   std::vector<std::string> ignored;
 };
 
 /// Maps `files` to its HF form. Throws Error(kUnsupported) naming the architecture for
-/// one charm does not serve (and for "llama" without experts: a dense model), and
+/// one charm does not serve (and for "llama" without experts: a dense model), naming the
+/// key for a gating function or rope scaling the architecture's family does not run and
+/// for a per-layer array whose values differ where charm needs one value, and
 /// Error(kInvalidInput) naming the key or tensor for a missing or ill-typed required key
-/// (block_count, embedding_length, head counts, expert counts), a per-layer array where
-/// one value is needed, a tensor whose shape disagrees with the metadata, or an expert
+/// (block_count, embedding_length, head counts, expert counts; gpt-oss's
+/// expert_feed_forward_length and attention.sliding_window), nextn_predict_layers not below
+/// block_count, a tensor whose shape disagrees with the metadata, or an expert weight
 /// tensor that is not 3-D.
 GgufHfModel map_gguf_to_hf(const GgufModelFiles& files);
 

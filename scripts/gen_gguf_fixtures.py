@@ -15,6 +15,15 @@ the gguf package (numpy only):
 - Mixtral (arch "llama"): q_proj / k_proj rows permuted to llama.cpp's rotary order
   (LlamaModel.permute); DeepSeek-V3 (arch "deepseek2"): kv_b_proj split into attn_k_b
   (transposed) and attn_v_b, num_key_value_heads written as 1 (MLA as MQA);
+- gpt-oss (arch "gpt-oss", GptOssModel.modify_tensors without --fuse-gate-up-exps):
+  gate_up_proj [E, H, 2I] transposed and split into ffn_gate_exps (its even rows) and
+  ffn_up_exps (odd rows), down_proj transposed, the biases split the same way, sinks
+  named attn_sinks.weight; --outtype mxfp4 makes only the routed experts MXFP4 (the
+  converter keeps gpt-oss's experts MXFP4 and everything else at its outtype, here bf16);
+- GLM-4.5 (arch "glm4moe", Glm4MoeModel): block_count counts the multi-token-prediction
+  layers too (num_hidden_layers + num_nextn_predict_layers), whose tensors are written
+  as blk.<n>.* and blk.<n>.nextn.*; MiniMax-M2 (arch "minimax-m2"): experts w1 / w3 / w2
+  stacked as Mixtral's, rotary_dim as rope.dimension_count;
 - hyper-parameters under llama.cpp's metadata keys; a value llama.cpp hard-codes for the
   architecture is written only when the fixture differs from it, with the key llama.cpp
   defines for it (e.g. {arch}.expert_weights_norm);
@@ -24,7 +33,8 @@ the gguf package (numpy only):
 The real converter's output is compared with this script's on the demo model (which
 llama.cpp can convert) in docs/models.md ("GGUF").
 
-Usage: gen_gguf_fixtures.py --out DIR [--outtype bf16|f16|f32|q8_0|q4_0|q4_1|q5_0|q5_1|mxfp4] [--dense-only] [NAME ...]
+Usage: gen_gguf_fixtures.py --out DIR [--outtype bf16|f16|f32|q8_0|q4_0|q4_1|q5_0|q5_1|mxfp4] [--dense-only]
+       [--fuse-gate-up-exps] [NAME ...]
 (default: every fixture llama.cpp has an architecture for; needs numpy and gguf)
 """
 from __future__ import annotations
@@ -47,8 +57,12 @@ ARCH = {
     "OlmoeForCausalLM": gguf.MODEL_ARCH.OLMOE,
     "MixtralForCausalLM": gguf.MODEL_ARCH.LLAMA,
     "DeepseekV3ForCausalLM": gguf.MODEL_ARCH.DEEPSEEK2,
+    "GptOssForCausalLM": gguf.MODEL_ARCH.GPT_OSS,
+    "Glm4MoeForCausalLM": gguf.MODEL_ARCH.GLM4_MOE,
+    "MiniMaxM2ForCausalLM": gguf.MODEL_ARCH.MINIMAXM2,
 }
-DEFAULT_FIXTURES = ["qwen2-moe-tiny", "qwen3-moe-tiny", "olmoe-tiny", "mixtral-tiny", "deepseek-v3-tiny"]
+DEFAULT_FIXTURES = ["qwen2-moe-tiny", "qwen3-moe-tiny", "olmoe-tiny", "mixtral-tiny", "deepseek-v3-tiny",
+                    "gpt-oss-tiny", "glm4-moe-tiny", "minimax-m2-tiny"]
 
 # Whether llama.cpp's graph renormalises the top-k router weights for the architecture
 # when the file does not say (src/llama-model.cpp): only then is the key not needed.
@@ -58,7 +72,14 @@ DEFAULT_NORM_TOPK = {
     gguf.MODEL_ARCH.OLMOE: False,
     gguf.MODEL_ARCH.LLAMA: True,
     gguf.MODEL_ARCH.DEEPSEEK2: False,
+    gguf.MODEL_ARCH.GPT_OSS: False,  # softmax over the chosen k (SOFTMAX_WEIGHT): no key
+    gguf.MODEL_ARCH.GLM4_MOE: False,
+    gguf.MODEL_ARCH.MINIMAXM2: False,
 }
+
+# The clamp of gpt-oss's SwiGLU that llama.cpp's graph hard-codes (build_moe_ffn,
+# LLM_FFN_SWIGLU_OAI_MOE); a fixture with another one carries it as swiglu_clamp_exp.
+GPT_OSS_SWIGLU_LIMIT = 7.0
 
 
 def read_safetensors(model_dir: Path) -> dict[str, tuple[str, np.ndarray]]:
@@ -140,6 +161,29 @@ def stack_experts(tensors, prefix_of, names, n_layers, n_experts):
     return out
 
 
+def gpt_oss_pieces(hf_name: str, array: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """GptOssModel.modify_tensors for bf16 experts (no --fuse-gate-up-exps): gate_up_proj
+    [E, H, 2I] (x @ W, gate in the even columns) transposed to [E, 2I, H] and split into
+    gate_proj (its even rows) and up_proj (odd rows); down_proj [E, I, H] transposed to
+    [E, H, I]; gate_up_proj_bias split the same way; sinks named sinks.weight."""
+    def c(a):
+        return np.ascontiguousarray(a)
+    if hf_name.endswith("self_attn.sinks"):
+        return [(hf_name + ".weight", array)]
+    if hf_name.endswith("experts.gate_up_proj"):
+        t = array.swapaxes(-1, -2)
+        return [(hf_name.replace("gate_up_proj", "gate_proj.weight"), c(t[:, ::2])),
+                (hf_name.replace("gate_up_proj", "up_proj.weight"), c(t[:, 1::2]))]
+    if hf_name.endswith("experts.gate_up_proj_bias"):
+        return [(hf_name.replace("gate_up_proj_bias", "gate_proj.bias"), c(array[..., ::2])),
+                (hf_name.replace("gate_up_proj_bias", "up_proj.bias"), c(array[..., 1::2]))]
+    if hf_name.endswith("experts.down_proj"):
+        return [(hf_name + ".weight", c(array.swapaxes(-1, -2)))]
+    if hf_name.endswith("experts.down_proj_bias"):
+        return [(hf_name.replace("down_proj_bias", "down_proj.bias"), array)]
+    return [(hf_name, array)]
+
+
 def write_tokenizer(writer: gguf.GGUFWriter, model_dir: Path, vocab_size: int, config: dict) -> None:
     tok = json.loads((model_dir / "tokenizer.json").read_text())
     reverse = {i: t for t, i in tok["model"]["vocab"].items()}
@@ -178,7 +222,7 @@ def write_tokenizer(writer: gguf.GGUFWriter, model_dir: Path, vocab_size: int, c
 
 def write_hparams(writer: gguf.GGUFWriter, arch, c: dict) -> None:
     a = gguf.MODEL_ARCH_NAMES[arch]
-    writer.add_block_count(c["num_hidden_layers"])
+    writer.add_block_count(block_count(arch, c))
     writer.add_context_length(c["max_position_embeddings"])
     writer.add_embedding_length(c["hidden_size"])
     writer.add_feed_forward_length(c["intermediate_size"])
@@ -226,30 +270,94 @@ def write_hparams(writer: gguf.GGUFWriter, arch, c: dict) -> None:
             writer.add_rope_scaling_yarn_beta_slow(rs.get("beta_slow", 1))
             if rs.get("mscale_all_dim") is not None:
                 writer.add_rope_scaling_yarn_log_mul(0.1 * rs["mscale_all_dim"])
-    if norm != DEFAULT_NORM_TOPK[arch] or arch == gguf.MODEL_ARCH.DEEPSEEK2 and norm:
+    if arch == gguf.MODEL_ARCH.GPT_OSS:
+        write_gpt_oss_hparams(writer, c)
+    elif arch == gguf.MODEL_ARCH.GLM4_MOE:
+        write_glm4_moe_hparams(writer, c)
+    elif arch == gguf.MODEL_ARCH.MINIMAXM2:
+        writer.add_expert_feed_forward_length(c["intermediate_size"])  # MiniMaxM2Model
+        writer.add_rope_dimension_count(c["rotary_dim"])
+        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)  # TextModel, from scoring_func
+    if norm != DEFAULT_NORM_TOPK[arch] or arch in (gguf.MODEL_ARCH.DEEPSEEK2, gguf.MODEL_ARCH.GLM4_MOE) and norm:
         writer.add_bool(gguf.Keys.LLM.EXPERT_WEIGHTS_NORM.format(arch=a), bool(norm))
 
 
-def convert(name: str, out_dir: Path, outtype: str, dense_only: bool = False) -> Path:
+def block_count(arch, c: dict) -> int:
+    """GLM-4.5's file counts its multi-token-prediction layers as blocks too (Glm4MoeModel)."""
+    if arch == gguf.MODEL_ARCH.GLM4_MOE:
+        return c["num_hidden_layers"] + c.get("num_nextn_predict_layers", 0)
+    return c["num_hidden_layers"]
+
+
+def write_gpt_oss_hparams(writer: gguf.GGUFWriter, c: dict) -> None:
+    """GptOssModel.set_gguf_parameters and TextModel's rope_scaling rule; the SwiGLU clamp
+    only when it is not the one llama.cpp hard-codes (GPT_OSS_SWIGLU_LIMIT)."""
+    writer.add_sliding_window(c["sliding_window"])
+    writer.add_expert_feed_forward_length(c["intermediate_size"])
+    rs = c["rope_scaling"]
+    writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    writer.add_rope_scaling_factor(rs["factor"])
+    writer.add_rope_scaling_orig_ctx_len(rs.get("original_max_position_embeddings", 4096))
+    if "beta_fast" in rs:
+        writer.add_rope_scaling_yarn_beta_fast(rs["beta_fast"])
+    if "beta_slow" in rs:
+        writer.add_rope_scaling_yarn_beta_slow(rs["beta_slow"])
+    limit = c.get("swiglu_limit", GPT_OSS_SWIGLU_LIMIT)
+    if limit != GPT_OSS_SWIGLU_LIMIT:
+        writer.add_swiglu_clamp_exp([float(limit)] * c["num_hidden_layers"])  # per layer, as llama.cpp reads it
+
+
+def write_glm4_moe_hparams(writer: gguf.GGUFWriter, c: dict) -> None:
+    """Glm4MoeModel.set_gguf_parameters plus TextModel's expert groups."""
+    writer.add_rope_dimension_count(int(c["head_dim"] * c.get("partial_rotary_factor", 0.5)))
+    writer.add_expert_shared_count(c["n_shared_experts"])
+    writer.add_leading_dense_block_count(c["first_k_dense_replace"])
+    writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    writer.add_expert_weights_scale(c["routed_scaling_factor"])
+    writer.add_expert_group_count(c.get("n_group", 1))
+    writer.add_expert_group_used_count(c.get("topk_group", 1))
+    writer.add_nextn_predict_layers(c.get("num_nextn_predict_layers", 0))
+
+
+def fuse_gate_up(written: list) -> list:
+    """The converter's --fuse-gate-up-exps: each layer's ffn_gate_exps and ffn_up_exps
+    joined into ffn_gate_up_exps, gate first (torch.cat along the rows: [E, 2I, H]), and
+    so are gpt-oss's biases ([E, 2I])."""
+    by_name = {n: (v, q) for n, v, q in written}
+    out = []
+    for n, v, q in written:
+        if ".ffn_up_exps." in n:
+            continue
+        if ".ffn_gate_exps." in n:
+            up, up_type = by_name[n.replace("ffn_gate_exps", "ffn_up_exps")]
+            assert up_type == q, n
+            joined = np.concatenate([v, up], axis=-2 if n.endswith(".weight") else -1)
+            out.append((n.replace("ffn_gate_exps", "ffn_gate_up_exps"), np.ascontiguousarray(joined), q))
+        else:
+            out.append((n, v, q))
+    return out
+
+
+def convert(name: str, out_dir: Path, outtype: str, dense_only: bool = False, fuse: bool = False) -> Path:
     model_dir = FIXTURES / name
     config = json.loads((model_dir / "config.json").read_text())
     arch = ARCH[config["architectures"][0]]
-    n_layers = config["num_hidden_layers"]
+    n_blocks = block_count(arch, config)  # the layers the file holds, MTP layers included
     tensors = read_safetensors(model_dir)
     n_experts = config.get("num_experts", config.get("num_local_experts", config.get("n_routed_experts")))
-    if arch == gguf.MODEL_ARCH.LLAMA:
+    if arch in (gguf.MODEL_ARCH.LLAMA, gguf.MODEL_ARCH.MINIMAXM2):
         tensors = stack_experts(tensors, lambda l: f"model.layers.{l}.block_sparse_moe.experts", ["w1", "w3", "w2"],
-                                n_layers, n_experts)
-    else:
+                                n_blocks, n_experts)
+    elif arch != gguf.MODEL_ARCH.GPT_OSS:  # gpt-oss's experts are 3-D already (gpt_oss_pieces)
         tensors = stack_experts(tensors, lambda l: f"model.layers.{l}.mlp.experts",
-                                ["gate_proj", "up_proj", "down_proj"], n_layers, n_experts)
+                                ["gate_proj", "up_proj", "down_proj"], n_blocks, n_experts)
     if config.get("tie_word_embeddings"):
         tensors.pop("lm_head.weight", None)
 
-    names = gguf.get_tensor_name_map(arch, n_layers)
+    names = gguf.get_tensor_name_map(arch, n_blocks)
     # Dense layers inside a MoE stack (mlp_only_layers): llama.cpp's QWEN2MOE / QWEN3MOE lists
     # lack ffn_gate/up/down, so their names come from the generic (LLAMA) list.
-    generic = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, n_layers)
+    generic = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, n_blocks)
     written = []  # (GGUF name, array, ggml type), in name order
     for hf_name in sorted(tensors):
         dtype, array = tensors[hf_name]
@@ -258,6 +366,8 @@ def convert(name: str, out_dir: Path, outtype: str, dense_only: bool = False) ->
             pieces = [(hf_name, llama_permute(array, config["num_attention_heads"]))]
         elif arch == gguf.MODEL_ARCH.LLAMA and hf_name.endswith("k_proj.weight"):
             pieces = [(hf_name, llama_permute(array, config["num_key_value_heads"]))]
+        elif arch == gguf.MODEL_ARCH.GPT_OSS:
+            pieces = gpt_oss_pieces(hf_name, array)
         elif hf_name.endswith("kv_b_proj.weight"):
             heads, nope, v = config["num_attention_heads"], config["qk_nope_head_dim"], config["v_head_dim"]
             kv_b = array.reshape(heads, nope + v, array.shape[-1])
@@ -276,12 +386,16 @@ def convert(name: str, out_dir: Path, outtype: str, dense_only: bool = False) ->
             # the embeddings); the routed experts and MLA's kv_b pieces (read as f32 values)
             # stay as stored, and so does a matrix of partial blocks.
             keep_stored = dense_only and ("_exps." in gguf_name or "kv_b_proj" in hf_name)
+            # gpt-oss: the converter writes only the routed experts MXFP4, the rest at its outtype.
+            keep_stored |= (arch == gguf.MODEL_ARCH.GPT_OSS and outtype == "mxfp4" and
+                            not gguf_name.endswith("_exps.weight"))
             if keep_f32:
                 values, qtype = to_f32(dtype, data), gguf.GGMLQuantizationType.F32
             elif keep_stored:
                 values, qtype = stored(dtype, data, "bf16")
             else:
-                values, qtype = stored(dtype, data, outtype, fallback="bf16" if dense_only else "f16")
+                bf16_fallback = dense_only or arch == gguf.MODEL_ARCH.GPT_OSS  # the rest of the file is bf16
+                values, qtype = stored(dtype, data, outtype, fallback="bf16" if bf16_fallback else "f16")
             written.append((gguf_name, np.ascontiguousarray(values), qtype))
 
     def write(path: Path, tensors) -> Path:
@@ -299,6 +413,8 @@ def convert(name: str, out_dir: Path, outtype: str, dense_only: bool = False) ->
 
     if dense_only:
         return [write(out_dir / f"{name}.{outtype}-dense.gguf", written)]
+    if fuse:
+        return [write(out_dir / f"{name}.{outtype}-fused.gguf", fuse_gate_up(written))]
     out = [write(out_dir / f"{name}.{outtype}.gguf", written)]
     if outtype in QUANT_TYPES:
         # The oracle of the quantised file: every tensor as gguf-py dequantises it, in F32.
@@ -340,6 +456,9 @@ def main() -> None:
     parser.add_argument("--dense-only", action="store_true",
                         help="quantise only what charm's quant_dense does (not the routed experts): "
                              "<name>.<type>-dense.gguf, the oracle of quant_dense")
+    parser.add_argument("--fuse-gate-up-exps", action="store_true",
+                        help="join gate and up experts as convert_hf_to_gguf.py --fuse-gate-up-exps does: "
+                             "<name>.<type>-fused.gguf")
     parser.add_argument("--dequantise", type=Path, nargs="+", metavar="GGUF",
                         help="instead: write each GGUF's dequantised F32 twin into --out")
     parser.add_argument("names", nargs="*", default=DEFAULT_FIXTURES)
@@ -352,7 +471,7 @@ def main() -> None:
     for name in args.names:
         if args.dense_only and args.outtype not in QUANT_TYPES:
             sys.exit("--dense-only needs a quantised --outtype")
-        for path in convert(name, args.out, args.outtype, args.dense_only):
+        for path in convert(name, args.out, args.outtype, args.dense_only, args.fuse_gate_up_exps):
             print(path)
 
 

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -18,6 +19,7 @@
 #include "common/gguf.h"
 #include "common/gguf_model.h"
 #include "common/ggml_quantize.h"
+#include "common/gguf_split.h"
 #include "common/model_config.h"
 #include "common/topology.h"
 #include "coordinator/dispatch/dispatcher_factory.h"
@@ -25,6 +27,7 @@
 #include "coordinator/text/model_text.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/gguf_writer.h"
+#include "tests/support/single_node_logits.h"
 #include "tests/support/temp_dir.h"
 
 namespace {
@@ -32,28 +35,10 @@ namespace {
 using namespace charm;
 using charm::test::TempDir;
 using charm::test::expect_error;
+using charm::test::first_logits;
 
 const std::filesystem::path kModels = std::filesystem::path(CHARM_SOURCE_DIR) / "tests/fixtures/models";
 const std::filesystem::path kGguf = std::filesystem::path(CHARM_BINARY_DIR) / "gguf-fixtures";
-
-/// The first-step logits of `prompt` on `dir_or_file` (single node).
-std::vector<float> first_logits(const std::filesystem::path& model, const std::vector<int32_t>& prompt,
-                                ModelConfig* config_out = nullptr, std::optional<GgmlType> quant_dense = {}) {
-  const auto ckpt = Checkpoint::open(model);
-  ckpt->set_dense_quant(quant_dense);
-  const ModelConfig config = ModelConfig::parse(ckpt->config_json(), ckpt->config_origin(), checkpoint_families());
-  Topology topology;
-  topology.model = model;
-  topology.single_node = true;
-  LocalExperts local;
-  auto dispatcher = make_dispatcher(topology, *ckpt, config, local);
-  auto net = load_model(*ckpt, config, *dispatcher);
-  KvCache cache = net->new_cache(prompt.size() + 1);
-  std::vector<float> logits(static_cast<size_t>(config.vocab_size));
-  net->forward(prompt.data(), prompt.size(), cache, logits.data());
-  if (config_out) *config_out = config;
-  return logits;
-}
 
 /// The reference prompts of fixture `name`.
 std::vector<std::vector<int32_t>> prompts_of(const std::string& name) {
@@ -101,13 +86,31 @@ void check_same_logits(const std::string& name, const std::string& outtype) {
     CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
     CHECK(from_gguf.num_experts == from_st.num_experts);
     CHECK(from_gguf.rms_norm_eps == from_st.rms_norm_eps);
+    // The whole config, but for config.json's dtype, which GGUF does not carry (the
+    // tensors carry theirs), and the EOS ids, which come from the tokenizer metadata (eos
+    // and eot, all in generation_config: GLM's config.json lists both, Qwen3's one).
+    from_gguf.dtype = from_st.dtype;
+    from_gguf.eos_token_ids = from_st.eos_token_ids;
+    CHECK(from_gguf == from_st);
   }
 }
 
-const char* const kFixtures[] = {"qwen2-moe-tiny", "qwen3-moe-tiny", "olmoe-tiny", "mixtral-tiny", "deepseek-v3-tiny"};
+const char* const kFixtures[] = {"qwen2-moe-tiny", "qwen3-moe-tiny",  "olmoe-tiny",     "mixtral-tiny",
+                                 "deepseek-v3-tiny", "gpt-oss-tiny", "glm4-moe-tiny", "minimax-m2-tiny"};
 
 TEST_CASE("a BF16 GGUF of every fixture gives the safetensors logits bit for bit") {
   for (const char* name : kFixtures) check_same_logits(name, "bf16");
+}
+
+TEST_CASE("a GGUF converted with --fuse-gate-up-exps (ffn_gate_up_exps) gives the same logits too") {
+  // gpt-oss's biases fused the same way ([E, 2I], gate first); Qwen3-MoE's experts read
+  // as the hub's fused gate_up_proj.
+  for (const char* name : {"gpt-oss-tiny", "qwen3-moe-tiny"}) {
+    const auto ckpt = Checkpoint::open(kGguf / (std::string(name) + ".bf16-fused.gguf"));
+    CHECK(ckpt->find("model.layers.0.mlp.experts.gate_up_proj.weight") != nullptr);
+    CHECK(ckpt->find("model.layers.0.mlp.experts.gate_proj.weight") == nullptr);
+    check_same_logits(name, "bf16-fused");
+  }
 }
 
 TEST_CASE("an F32 GGUF (weights widened) gives the same logits too") {
@@ -144,6 +147,19 @@ TEST_CASE("quantised GGUFs compute exactly what their dequantised weights do") {
     check_quantised("qwen3-moe-tiny", type);
   }
   check_quantised("deepseek-v3-tiny", "q8_0");
+}
+
+TEST_CASE("gpt-oss's MXFP4 GGUF keeps its experts as MXFP4 blocks and computes what their dequantised weights do") {
+  // As llama.cpp's converter writes gpt-oss: the routed experts' gate and up MXFP4 (down's
+  // 24-wide rows are not whole 32-value blocks at the fixture's size: bf16), the rest bf16.
+  const auto ckpt = Checkpoint::open(kGguf / "gpt-oss-tiny.mxfp4.gguf");
+  for (const char* proj : {"gate_proj", "up_proj"}) {
+    const TensorInfo* t = ckpt->find(std::string("model.layers.0.mlp.experts.") + proj + ".weight");
+    REQUIRE(t != nullptr);
+    CHECK(t->block_type == GgmlType::kMXFP4);
+  }
+  CHECK_FALSE(ckpt->find("model.layers.0.self_attn.q_proj.weight")->block_type.has_value());
+  check_quantised("gpt-oss-tiny", "mxfp4");
 }
 
 TEST_CASE("quant_dense quantises as gguf-py: a safetensors fixture under it gives its dense-quantised GGUF's logits") {
@@ -268,6 +284,203 @@ TEST_CASE("a dense llama GGUF is refused as dense; a GGUF is known by its magic 
   std::filesystem::copy_file(kGguf / "qwen3-moe-tiny.bf16.gguf", tmp.path() / "folder" / "m.gguf");
   expect_error([&] { Checkpoint::open(tmp.path() / "folder"); }, ErrorCategory::kInvalidInput,
                {"config.json", "point model: at one of them", "m.gguf"});
+}
+
+TEST_CASE("GLM-4.5's multi-token-prediction layer is not a decoder layer: its tensors are left out") {
+  const auto files = GgufModelFiles::open(kGguf / "glm4-moe-tiny.bf16.gguf");
+  const GgufHfModel model = map_gguf_to_hf(*files);
+  CHECK(files->get("glm4moe.block_count").as_i64() == 5);
+  CHECK(model.config["num_hidden_layers"] == 4);
+  CHECK(model.config["num_nextn_predict_layers"] == 1);
+  for (const char* name : {"blk.4.nextn.eh_proj.weight", "blk.4.nextn.enorm.weight", "blk.4.attn_q.weight",
+                           "blk.4.ffn_gate_exps.weight"}) {
+    CAPTURE(name);
+    CHECK(std::find(model.ignored.begin(), model.ignored.end(), name) != model.ignored.end());
+  }
+  for (const GgufHfTensor& t : model.tensors) CHECK_FALSE(t.hf_name.starts_with("model.layers.4."));
+}
+
+namespace gg = charm::testing::gguf;
+using Keys = std::vector<std::pair<std::string, gg::Value>>;
+
+/// `keys` with `key` set to `value` (replaced, or added).
+Keys with(Keys keys, const std::string& key, const gg::Value& value) {
+  for (auto& [k, v] : keys) {
+    if (k == key) {
+      v = value;
+      return keys;
+    }
+  }
+  keys.emplace_back(key, value);
+  return keys;
+}
+
+/// `keys` without `key`.
+Keys without(Keys keys, const std::string& key) {
+  std::erase_if(keys, [&](const auto& kv) { return kv.first == key; });
+  return keys;
+}
+
+/// The HF config of a GGUF of `arch` holding `keys` (each under "<arch>.") and a [8, 32]
+/// token_embd: all map_gguf_to_hf reads before any weight.
+nlohmann::json config_of(const std::string& arch, const Keys& keys) {
+  TempDir tmp;
+  charm::testing::GgufBuilder b;
+  b.kv("general.architecture", gg::str(arch));
+  for (const auto& [key, value] : keys) b.kv(arch + "." + key, value);
+  b.tensor("token_embd.weight", 0, {32, 8}, charm::testing::f32_bytes(std::vector<float>(256, 0.0f)));
+  b.write(tmp.path() / "m.gguf");
+  return map_gguf_to_hf(*GgufModelFiles::open(tmp.path() / "m.gguf")).config;
+}
+
+/// What every architecture's converter writes, at small sizes.
+Keys common_keys() {
+  return {{"block_count", gg::u32(2)},        {"embedding_length", gg::u32(32)},
+          {"feed_forward_length", gg::u32(64)}, {"attention.head_count", gg::u32(4)},
+          {"attention.head_count_kv", gg::u32(2)}, {"attention.key_length", gg::u32(16)},
+          {"expert_count", gg::u32(8)},        {"expert_used_count", gg::u32(2)},
+          {"expert_feed_forward_length", gg::u32(16)}};
+}
+
+/// gpt-oss's keys as GptOssModel writes them.
+Keys gpt_oss_keys() {
+  Keys k = common_keys();
+  for (auto& kv : Keys{{"attention.sliding_window", gg::u32(8)}, {"rope.freq_base", gg::f32(150000.0f)},
+                       {"rope.scaling.type", gg::str("yarn")}, {"rope.scaling.factor", gg::f32(32.0f)},
+                       {"rope.scaling.original_context_length", gg::u32(4096)}}) {
+    k.push_back(kv);
+  }
+  return k;
+}
+
+/// GLM-4.5's keys as Glm4MoeModel writes them, with one MTP block (block_count 3).
+Keys glm4_moe_keys() {
+  Keys k = with(common_keys(), "block_count", gg::u32(3));
+  for (auto& kv : Keys{{"nextn_predict_layers", gg::u32(1)}, {"expert_shared_count", gg::u32(1)},
+                       {"leading_dense_block_count", gg::u32(1)}, {"expert_weights_scale", gg::f32(2.5f)},
+                       {"expert_weights_norm", gg::boolean(true)}, {"expert_group_count", gg::u32(4)},
+                       {"expert_group_used_count", gg::u32(2)}, {"expert_gating_func", gg::u32(2)},
+                       {"rope.dimension_count", gg::u32(8)}}) {
+    k.push_back(kv);
+  }
+  return k;
+}
+
+/// MiniMax-M2's keys as MiniMaxM2Model writes them.
+Keys minimax_m2_keys() {
+  Keys k = common_keys();
+  k.emplace_back("rope.dimension_count", gg::u32(8));
+  k.emplace_back("expert_gating_func", gg::u32(2));
+  return k;
+}
+
+ModelConfig parsed(const nlohmann::json& config) { return ModelConfig::parse(config, "m.gguf", checkpoint_families()); }
+
+TEST_CASE("gpt-oss GGUF metadata: what llama.cpp hard-codes becomes GptOssConfig's fields") {
+  const ModelConfig c = parsed(config_of("gpt-oss", gpt_oss_keys()));
+  CHECK(c.architecture == "GptOssForCausalLM");
+  CHECK(c.moe_intermediate_size == 16);
+  CHECK(c.sliding_layers == std::vector<bool>{true, false});  // llama.cpp's set_swa_pattern(2)
+  CHECK(c.sliding_window == 8);
+  CHECK(c.expert_activation.kind == ExpertActivation::Kind::kClampedSwiglu);
+  CHECK(c.expert_activation.limit == 7.0f);  // llama.cpp's hard-coded clamp
+  CHECK(c.expert_activation.alpha == 1.702f);
+  REQUIRE(c.yarn.has_value());
+  CHECK(c.yarn->factor == 32.0);
+  CHECK(c.yarn->original_max_position_embeddings == 4096);
+  CHECK(c.yarn->beta_fast == 32.0);
+  CHECK(c.yarn->beta_slow == 1.0);
+  CHECK_FALSE(c.yarn->truncate);
+  CHECK(c.rope_theta == 150000.0);
+  // A clamp the file states, per layer (llama.cpp's swiglu_clamp_exp), wins.
+  const auto clamp = gg::array(6, {gg::f32(2.5f), gg::f32(2.5f)});
+  CHECK(parsed(config_of("gpt-oss", with(gpt_oss_keys(), "swiglu_clamp_exp", clamp))).expert_activation.limit == 2.5f);
+  // Without rope scaling keys the file asks for plain RoPE.
+  CHECK_FALSE(parsed(config_of("gpt-oss", without(gpt_oss_keys(), "rope.scaling.type"))).yarn.has_value());
+}
+
+TEST_CASE("a gpt-oss GGUF lacking a key its config needs, or with one charm cannot run, is refused naming the key") {
+  for (const char* key : {"expert_feed_forward_length", "attention.sliding_window",
+                          "rope.scaling.original_context_length", "attention.head_count"}) {
+    CAPTURE(key);
+    expect_error([&] { config_of("gpt-oss", without(gpt_oss_keys(), key)); }, ErrorCategory::kInvalidInput,
+                 {std::string("gpt-oss.") + key, "missing"});
+  }
+  const auto uneven = gg::array(6, {gg::f32(7.0f), gg::f32(3.0f)});
+  expect_error([&] { config_of("gpt-oss", with(gpt_oss_keys(), "swiglu_clamp_exp", uneven)); },
+               ErrorCategory::kUnsupported, {"gpt-oss.swiglu_clamp_exp", "differs between layers"});
+  expect_error([&] { config_of("gpt-oss", with(gpt_oss_keys(), "rope.scaling.type", gg::str("linear"))); },
+               ErrorCategory::kUnsupported, {"gpt-oss.rope.scaling.type", "linear"});
+}
+
+TEST_CASE("a gpt-oss GGUF missing an expert tensor is refused naming it") {
+  // The fixture's blk.1.ffn_up_exps.bias renamed in place (same length): layer 1's experts
+  // then lack their up bias.
+  TempDir tmp;
+  const auto path = tmp.path() / "gpt-oss.gguf";
+  std::filesystem::copy_file(kGguf / "gpt-oss-tiny.bf16.gguf", path);
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t at = bytes.find("blk.1.ffn_up_exps.bias");
+  REQUIRE(at != std::string::npos);
+  f.seekp(static_cast<std::streamoff>(at));
+  f.write("blk.1.ffn_up_exps.bia_", 22);
+  f.close();
+  const auto ckpt = Checkpoint::open(path);
+  const ModelConfig c = ModelConfig::parse(ckpt->config_json(), ckpt->config_origin(), checkpoint_families());
+  CHECK_NOTHROW(ckpt->locate_expert(c.expert_tensors, 0, 3, c.hidden_size, c.moe_intermediate_size));
+  expect_error([&] { ckpt->locate_expert(c.expert_tensors, 1, 3, c.hidden_size, c.moe_intermediate_size); },
+               ErrorCategory::kInvalidInput, {"model.layers.1.mlp.experts.up_proj.bias", "not found"});
+  // An expert the tensors do not hold is named with the tensor as the file calls it.
+  expect_error([&] { ckpt->locate_expert(c.expert_tensors, 0, 8, c.hidden_size, c.moe_intermediate_size); },
+               ErrorCategory::kInvalidInput, {"blk.0.ffn_gate_exps.weight", "holds 8 experts, expert 8"});
+}
+
+TEST_CASE("GLM-4.5 GGUF metadata maps to Glm4MoeConfig; a malformed or foreign one is refused naming the key") {
+  const ModelConfig c = parsed(config_of("glm4moe", glm4_moe_keys()));
+  CHECK(c.architecture == "Glm4MoeForCausalLM");
+  CHECK(c.num_hidden_layers == 2);  // block_count 3 less the MTP block
+  CHECK(c.first_k_dense_replace == 1);
+  CHECK(c.n_shared_experts == 1);
+  CHECK(c.routed_scaling_factor == 2.5);
+  CHECK(c.n_group == 4);
+  CHECK(c.topk_group == 2);
+  CHECK(c.norm_topk_prob);
+  CHECK(c.partial_rotary_factor == 0.5);  // rope.dimension_count 8 of head_dim 16
+  CHECK(c.moe_intermediate_size == 16);
+  CHECK(c.intermediate_size == 64);
+  CHECK_FALSE(c.use_qk_norm);  // no attn_q_norm tensor in this file
+  // llama.cpp's defaults without the optional keys: no renormalisation, one group, scale 1.
+  Keys bare = glm4_moe_keys();
+  for (const char* key :
+       {"expert_weights_norm", "expert_group_count", "expert_group_used_count", "expert_weights_scale"}) {
+    bare = without(bare, key);
+  }
+  const ModelConfig d = parsed(config_of("glm4moe", bare));
+  CHECK_FALSE(d.norm_topk_prob);
+  CHECK(d.n_group == 1);
+  CHECK(d.routed_scaling_factor == 1.0);
+
+  expect_error([&] { config_of("glm4moe", with(glm4_moe_keys(), "nextn_predict_layers", gg::u32(3))); },
+               ErrorCategory::kInvalidInput, {"glm4moe.nextn_predict_layers", "glm4moe.block_count"});
+  expect_error([&] { config_of("glm4moe", with(glm4_moe_keys(), "expert_gating_func", gg::u32(1))); },
+               ErrorCategory::kUnsupported, {"glm4moe.expert_gating_func", "sigmoid"});
+  expect_error([&] { config_of("glm4moe", with(glm4_moe_keys(), "rope.dimension_count", gg::u32(7))); },
+               ErrorCategory::kInvalidInput, {"glm4moe.rope.dimension_count", "head_dim (16)"});
+  expect_error([&] { config_of("glm4moe", with(glm4_moe_keys(), "rope.scaling.type", gg::str("yarn"))); },
+               ErrorCategory::kUnsupported, {"glm4moe.rope.scaling.type", "yarn"});
+}
+
+TEST_CASE("MiniMax-M2 GGUF metadata maps to MiniMaxM2Config; a malformed or foreign one is refused naming the key") {
+  const ModelConfig c = parsed(config_of("minimax-m2", minimax_m2_keys()));
+  CHECK(c.architecture == "MiniMaxM2ForCausalLM");
+  CHECK(c.moe_intermediate_size == 16);  // expert_feed_forward_length
+  CHECK(c.rotary_dim() == 8);
+  CHECK(c.norm_topk_prob);
+  expect_error([&] { config_of("minimax-m2", without(minimax_m2_keys(), "expert_feed_forward_length")); },
+               ErrorCategory::kInvalidInput, {"minimax-m2.expert_feed_forward_length", "missing"});
+  expect_error([&] { config_of("minimax-m2", with(minimax_m2_keys(), "expert_gating_func", gg::u32(1))); },
+               ErrorCategory::kUnsupported, {"minimax-m2.expert_gating_func"});
 }
 
 TEST_CASE("f32 metadata reads back as the decimal it was written from") {

@@ -78,8 +78,8 @@ std::string differing_field(const ContainerHeader& a, const ContainerHeader& b) 
 
 /// The layout an expert gets in the container: the checkpoint's dtypes, or quantised.
 ExpertLayout target_layout(const ExpertSlices& slices, const ConvertOptions& o) {
-  if (slices.transposed) {  // the container's records have no bias parts yet
-    fail_unsupported(slices.gate.tensor->file.string() + ": gpt-oss experts (transposed, with biases) cannot be "
+  if (slices.transposed || slices.has_biases()) {  // the container's records have no bias parts yet
+    fail_unsupported(slices.gate.tensor->file.string() + ": gpt-oss experts (with biases) cannot be "
                      "converted into an expert container yet; serve them from the checkpoint");
   }
   if (o.quant == "none") {

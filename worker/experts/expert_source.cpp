@@ -34,25 +34,37 @@ ExpertLayout layout_of(const ExpertSlices& slices) {
     const MatrixShape in_to_inter{weight_format_of(dtype), I, H}, inter_to_in{weight_format_of(dtype), H, I};
     return ExpertLayout::make(in_to_inter, in_to_inter, inter_to_in, slices.down_bias.tensor != nullptr);
   }
-  return ExpertLayout::make(shape(slices.gate), shape(slices.up), shape(slices.down));
+  // llama.cpp's gpt-oss experts (GGUF): the [out, in] matrices as stored, with biases.
+  return ExpertLayout::make(shape(slices.gate), shape(slices.up), shape(slices.down), slices.has_biases());
 }
 
 namespace {
 
-/// The biases of a gpt-oss expert, widened to f32, gate_up's split into gate (even) and up
-/// (odd) as the weights are. Returns the bytes read.
+/// The biases of a gpt-oss expert, widened to f32: gate_up's split into gate (even) and up
+/// (odd) as the weights are, or llama.cpp's gate and up biases as they are. Returns the
+/// bytes read.
 uint64_t read_gpt_oss_biases(const Checkpoint& checkpoint, const ExpertSlices& slices, const ExpertLayout& layout,
                              size_t I, uint8_t* dst) {
-  const std::vector<float> gate_up_bias = checkpoint.slice_f32(slices.gate_up_bias);
   auto* gate_bias = reinterpret_cast<float*>(dst + layout.gate_bias.offset);
   auto* up_bias = reinterpret_cast<float*>(dst + layout.up_bias.offset);
-  for (size_t i = 0; i < I; ++i) {
-    gate_bias[i] = gate_up_bias[2 * i];
-    up_bias[i] = gate_up_bias[2 * i + 1];
+  uint64_t bytes = slices.down_bias.bytes;
+  if (slices.up_bias.tensor != nullptr) {  // llama.cpp's form: gate's and up's apart
+    const std::vector<float> gate = checkpoint.slice_f32(slices.gate_bias);
+    const std::vector<float> up = checkpoint.slice_f32(slices.up_bias);
+    std::memcpy(gate_bias, gate.data(), I * sizeof(float));
+    std::memcpy(up_bias, up.data(), I * sizeof(float));
+    bytes += slices.gate_bias.bytes + slices.up_bias.bytes;
+  } else {
+    const std::vector<float> gate_up_bias = checkpoint.slice_f32(slices.gate_up_bias);
+    for (size_t i = 0; i < I; ++i) {
+      gate_bias[i] = gate_up_bias[2 * i];
+      up_bias[i] = gate_up_bias[2 * i + 1];
+    }
+    bytes += slices.gate_up_bias.bytes;
   }
   const std::vector<float> down_bias = checkpoint.slice_f32(slices.down_bias);
   std::memcpy(dst + layout.down_bias.offset, down_bias.data(), down_bias.size() * sizeof(float));
-  return slices.gate_up_bias.bytes + slices.down_bias.bytes;
+  return bytes;
 }
 
 /// An MXFP4 tensor's rows [rows, in] (blocks and scales of one expert) decoded to bf16 bits;
@@ -155,6 +167,9 @@ uint64_t read_checkpoint_expert(const Checkpoint& checkpoint, const ExpertSlices
       checkpoint.read_slice_scales(*slice, reinterpret_cast<float*>(dst + part->scale_offset));
       bytes += slice->scale->nbytes;
     }
+  }
+  if (layout.has_biases()) {  // llama.cpp's gpt-oss experts
+    bytes += read_gpt_oss_biases(checkpoint, slices, layout, static_cast<size_t>(slices.gate.rows), dst);
   }
   return bytes;
 }

@@ -79,7 +79,8 @@ ContentHash blob_identity(const ExpertLayout& layout, const uint8_t* blob);
 /// Reads one expert's three slices into `dst` in `layout` (layout_of(slices)): each
 /// matrix's bytes as stored, fp8 block scales as f32; gpt-oss's transposed blocks
 /// (ExpertSlices::transposed) moved element by element into the [out, in] matrices, the
-/// gate/up columns de-interleaved, and its biases as f32. Returns the bytes read from disk.
+/// gate/up columns de-interleaved, and its biases as f32 (llama.cpp's gpt-oss slices: the
+/// matrices as stored, the biases as f32). Returns the bytes read from disk.
 /// Throws what Checkpoint::read_slice throws.
 uint64_t read_checkpoint_expert(const Checkpoint& checkpoint, const ExpertSlices& slices, const ExpertLayout& layout,
                                 uint8_t* dst);
@@ -119,7 +120,8 @@ class CheckpointSource final : public ExpertSource {
 };
 
 /// The layout a checkpoint expert's slices give (each matrix in its tensor's dtype; for
-/// gpt-oss's transposed slices, gate and up [I, H] and down [H, I], with biases).
+/// gpt-oss's transposed slices, gate and up [I, H] and down [H, I], with biases; for
+/// llama.cpp's gpt-oss slices, the matrices as stored, with biases).
 ExpertLayout layout_of(const ExpertSlices& slices);
 
 }  // namespace charm
