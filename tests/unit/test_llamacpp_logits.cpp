@@ -3,15 +3,20 @@
 // thread, f32 KV cache) beside charm's on the same file and prompt, exact (activations:
 // f32) and with llama.cpp's int8 activations (q8). Each case reports the largest
 // difference over the stored logits (llama.cpp's 128 largest and 128 evenly spaced ids),
-// relative to their largest magnitude; both engines must pick the same token.
-// Where the two compute the same arithmetic the difference is tiny: the Qwen3-MoE K-quant
-// files (every matrix Q4_K / Q5_K / Q6_K / Q8_0, which llama.cpp multiplies with int8
-// activations) give 1.5e-7 and 2.3e-7 under q8, against 2.6e-2 and 3.1e-2 exact, so they
-// are held to 1e-5. Elsewhere llama.cpp rounds differently on purpose: it multiplies BF16
-// weights by activations rounded to bf16, and computes DeepSeek's MLA absorbed (k_b, v_b
-// products) where charm widens kv_b_proj; on these tiny random models that moved the
-// logits by 0.3 % to 2.8 % (BF16: Mixtral, DeepSeek) and 4 % to 10 % (DeepSeek Q8_0), so
-// there the bound is a sanity bound, 0.15, and the same argmax.
+// relative to their largest magnitude, and both engines must pick the same token.
+// Where the two compute the same arithmetic they agree to rounding, and are held to 1e-5:
+//  - F32 files (Mixtral, DeepSeek-V3, GLM-4.5, MiniMax-M2): 2.6e-7 .. 2.3e-6 (llama.cpp
+//    fuses multiply-adds and sums in its own order; charm does not quantise F32 weights'
+//    activations under q8, and neither does llama.cpp). F32, not BF16: llama.cpp multiplies
+//    BF16 weights by activations rounded to bf16, which moved these tiny random models'
+//    logits by 0.2 % to 25 % (MiniMax-M2's second prompt: another argmax; with F32 weights
+//    llama.cpp picks charm's, and charm's is transformers', tests/unit/test_model_reference.cpp).
+//  - the Qwen3-MoE K-quant files under q8 (every matrix Q4_K / Q5_K / Q6_K / Q8_0, which
+//    llama.cpp multiplies with int8 activations): 2.3e-7 and 1.5e-7, against 2.6e-2 and
+//    3.1e-2 on charm's exact path.
+// DeepSeek-V3 as Q8_0 is not the same arithmetic: llama.cpp multiplies MLA absorbed (the
+// quantised k_b and v_b pieces against int8 activations) where charm widens kv_b_proj;
+// measured 4 % to 10 %, so there only a sanity bound, 0.15, and the same argmax.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -62,7 +67,7 @@ TEST_CASE("charm's logits on the GGUF test files are llama.cpp's, within the mea
   REQUIRE_MESSAGE(in.good(), "missing " << kManifest.string() << " (scripts/llamacpp_logits.py)");
   const auto manifest = nlohmann::json::parse(in);
   MESSAGE("llama.cpp " << manifest["llama_cpp"].get<std::string>() << ", " << manifest["settings"].get<std::string>());
-  int compared = 0, same_arithmetic = 0;
+  int f32_files = 0, kquant_files = 0;
   for (const auto& c : manifest["cases"]) {
     const std::string file = c["file"];
     CAPTURE(file);
@@ -87,15 +92,19 @@ TEST_CASE("charm's logits on the GGUF test files are llama.cpp's, within the mea
                  << argmax(exact) << " / " << argmax(q8));
     CHECK(argmax(exact) == c["argmax"].get<int64_t>());
     CHECK(argmax(q8) == c["argmax"].get<int64_t>());
-    CHECK(d_exact < 0.15);
-    CHECK(d_q8 < 0.15);
-    if (file.rfind("qwen3moe-k256.", 0) == 0) {
-      CHECK(d_q8 < 1e-5);  // the same arithmetic
+    if (file.find(".f32.gguf") != std::string::npos) {
+      CHECK(d_exact < 1e-5);
+      CHECK(d_q8 < 1e-5);
+      ++f32_files;
+    } else if (file.rfind("qwen3moe-k256.", 0) == 0) {
+      CHECK(d_q8 < 1e-5);     // the same arithmetic
       CHECK(d_exact > 1e-3);  // and the exact path is not it
-      ++same_arithmetic;
+      ++kquant_files;
+    } else {
+      CHECK(d_exact < 0.15);
+      CHECK(d_q8 < 0.15);
     }
-    ++compared;
   }
-  CHECK(compared >= 8);
-  CHECK(same_arithmetic == 2);
+  CHECK(f32_files == 8);
+  CHECK(kquant_files == 2);
 }
