@@ -9,7 +9,12 @@
 // threads; docs/benchmarks.md). But several charm processes sharing a machine (the local
 // cluster of scripts/serve.sh) steal each other's cores when they spin: a per-layer round
 // trip took ~21 ms instead of ~0.1 ms on 2 cores. So a process that runs alone spins a
-// bounded while and then sleeps; every other process sleeps at once.
+// bounded while and then sleeps; every other process sleeps at once. The bound is short
+// (kSpinCount): the regions of one decode step follow each other within microseconds, and
+// a long spin costs dearly when another program holds one of the cores. Single node, 2
+// threads, Q4_K_M GGUF under q8, decode tok/s (docs/benchmarks.md): quiet 84 / 86 / 83 /
+// 75 for GOMP_SPINCOUNT 300000 / 3000 / 1000 / 0 (passive), and with a busy loop on one
+// core 26 / 38 / 43 / 47.
 #pragma once
 
 #include <string>
@@ -21,13 +26,15 @@ namespace charm {
 /// How OpenMP threads wait for the next parallel region.
 enum class OpenmpWait {
   kPassive,        ///< sleep at once (OMP_WAIT_POLICY=passive)
-  kSpinThenSleep,  ///< spin kSpinCount iterations (about 3 ms by libgomp's estimate), then sleep
+  kSpinThenSleep,  ///< spin kSpinCount iterations (about 30 us by libgomp's estimate), then sleep
 };
 
-/// The spin count libgomp uses when no policy is set (GOMP_SPINCOUNT; about 100000 spins
-/// per millisecond by its estimate). Set explicitly it also applies where there are more
-/// threads than CPUs, where libgomp's unset default would spin only 100.
-constexpr long kSpinCount = 300000;
+/// The spin count (GOMP_SPINCOUNT; about 100000 spins per millisecond by libgomp's
+/// estimate): a hundredth of libgomp's default when no policy is set, which measured as
+/// fast on an idle machine and 1.45x faster beside a busy core (see above). Set
+/// explicitly it also applies where there are more threads than CPUs, where libgomp's
+/// unset default would spin only 100.
+constexpr long kSpinCount = 3000;
 
 /// The wait for the command line `args` (argv[1..]): kSpinThenSleep for `charm bench`
 /// and for `charm run` / `charm serve` whose --config names a `mode: single-node`
