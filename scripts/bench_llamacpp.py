@@ -19,9 +19,11 @@ Steps (each skipped when its output exists):
   4. charm expert containers: `charm convert --quant int8|int4 --group-size 32`;
   5. `charm bench memory` (STREAM-like copy GB/s) at the benchmark's thread count;
   6. per precision pair (charm bf16 / BF16, int8 / Q8_0, int4 gs32 / Q4_0), --repeat
-     times, alternating: `llama-bench -p PP -n TG -t T -r 1 -lm mmap+mlock -o json`, then `charm run`
-     (single node, every expert resident in RAM, --stats-json) on a PP-token prompt for
-     TG tokens. One engine at a time; peak RSS from wait4's rusage.
+     times, alternating: `llama-bench -p PP -n TG -t T -r 1 -lm mmap+mlock -o json`, then
+     `charm run` (single node, every expert resident in RAM, --stats-json) twice, as
+     llama-bench's two tests: a PP-token prompt for one token (prompt tok/s), and TG tokens
+     after a one-word prompt (decode tok/s from an almost empty context). One engine at a
+     time; peak RSS from wait4's rusage.
   7. the roofline: bytes a decode step must read (below) / copy GB/s = the tok/s a
      perfectly memory-bound decode would reach; each engine's decode as a fraction of it.
 
@@ -43,8 +45,8 @@ Differences between the pairs (also in docs/benchmarks.md):
   * Q4_0: group 32, one f16 scale, no offset; charm int4: group 32, one f32 scale,
     symmetric (-7..7). Q8_0: group 32, f16 scale; charm int8: group 32, f32 scale.
   * llama-bench measures prompt and generation as separate tests (the generation test
-    starts from an empty context, after a warm-up run of each); charm's decode follows
-    its own PP-token prompt, and its prompt rate is PP / time to first token.
+    starts from an empty context, after a warm-up run of each); so does charm here (two
+    runs, no warm-up), its prompt rate PP / time to first token.
 
 Usage: scripts/bench_llamacpp.py [--work DIR] [--threads T] [--repeat 2] [--pp 128]
                                  [--tg 64] [--pairs bf16,int8,int4] [--out FILE]
@@ -259,20 +261,30 @@ def write_topology(folder: Path, ck: Path, container: Path | None, threads: int,
 
 
 def run_charm(charm: Path, cfg: Path, prompt: str, args, log_prefix: Path, vocab: int) -> dict:
+    """Two runs, as llama-bench's two tests: the PP-token prompt for one token (prompt tok/s
+    = PP / time to first token), then TG tokens after a one-word prompt (decode tok/s from
+    an almost empty context, as llama-bench's generation test starts from an empty one;
+    after the PP-token prompt every step would also read PP positions of K/V)."""
     stats, ids = log_prefix.with_suffix(".stats.json"), log_prefix.with_suffix(".ids.json")
-    # Sampled with a fixed seed: greedy decoding of a random model repeats one token (one routing).
-    r = run_measured([charm, "run", "--config", cfg, "--max-tokens", args.tg, "--temperature", "1", "--seed", "7",
-                      "--activations", args.charm_activations,
+    r = run_measured([charm, "run", "--config", cfg, "--max-tokens", 1, "--activations", args.charm_activations,
                       "--stats-json", stats, "--ids-out", ids, prompt], args.timeout, log_prefix)
     s = json.loads(stats.read_text())
     prompt_ids = json.loads(ids.read_text())["prompt_ids"]
     if len(prompt_ids) != args.pp or max(prompt_ids) >= vocab:
         raise RuntimeError(f"charm encoded the prompt to {len(prompt_ids)} ids (max {max(prompt_ids)}), "
                            f"expected {args.pp} ids < {vocab}")
-    if s["completion_tokens"] != args.tg:
-        raise RuntimeError(f"charm generated {s['completion_tokens']} tokens, not {args.tg} ({s['finish_reason']})")
-    return {"prompt_tok_s": s["prompt_tokens"] / (s["ttft_ms"] / 1e3), "decode_tok_s": s["decode_tokens_per_s"],
-            "peak_rss_gib": r["peak_rss_gib"], "wall_s": r["wall_s"], "ttft_ms": s["ttft_ms"]}
+    decode_prefix = log_prefix.with_name(log_prefix.name + "-decode")
+    decode_stats = decode_prefix.with_suffix(".stats.json")
+    # Sampled with a fixed seed: greedy decoding of a random model repeats one token (one routing).
+    d = run_measured([charm, "run", "--config", cfg, "--max-tokens", args.tg, "--temperature", "1", "--seed", "7",
+                      "--activations", args.charm_activations, "--stats-json", decode_stats, prompt.split()[0]],
+                     args.timeout, decode_prefix)
+    ds = json.loads(decode_stats.read_text())
+    if ds["completion_tokens"] != args.tg:
+        raise RuntimeError(f"charm generated {ds['completion_tokens']} tokens, not {args.tg} ({ds['finish_reason']})")
+    return {"prompt_tok_s": s["prompt_tokens"] / (s["ttft_ms"] / 1e3), "decode_tok_s": ds["decode_tokens_per_s"],
+            "peak_rss_gib": max(r["peak_rss_gib"], d["peak_rss_gib"]), "wall_s": r["wall_s"] + d["wall_s"],
+            "ttft_ms": s["ttft_ms"]}
 
 
 def memory_bandwidth(charm: Path, threads: int, folder: Path, tag: str) -> dict:
