@@ -193,6 +193,30 @@ TEST_CASE("q8: the AVX2 kernels stay exact at the integers' extremes (every quan
   }
 }
 
+TEST_CASE("q8: MXFP4's every scale byte (subnormal 2^-128, 2^-127 .. 2^127) gives the portable bits on AVX2") {
+  if (!cpu_supports_avx2()) {
+    MESSAGE("this CPU lacks avx2/fma/f16c: the AVX2 path was NOT checked");
+    return;
+  }
+  // 259 blocks per row (32 groups of eight and a tail of three): row 0's scale bytes are
+  // 0 and 1 only (f32 subnormals, whose products a larger block would absorb), row 1's
+  // 254 and 255 (products that overflow to Inf), row 2's every value b % 256; both the
+  // eight-block scale reader and the tail's one-block reader meet each.
+  StoredMatrix w = random_ggml(GgmlType::kMXFP4, 3, 32 * 259, 41);
+  for (int64_t b = 0; b < 259; ++b) {
+    w.data[static_cast<size_t>(b * 17)] = static_cast<uint8_t>(b % 2);
+    w.data[static_cast<size_t>((259 + b) * 17)] = static_cast<uint8_t>(254 + b % 2);
+    w.data[static_cast<size_t>((2 * 259 + b) * 17)] = static_cast<uint8_t>(b % 256);
+  }
+  for (size_t rows : {size_t{1}, size_t{4}}) {
+    CAPTURE(rows);
+    const std::vector<float> x = random_x(rows * static_cast<size_t>(w.shape.cols), 42);
+    const auto portable = q8_tile(KernelPath::kPortable, w.view(), x.data(), rows, nullptr);
+    CHECK(same_bits(portable, q8_tile(KernelPath::kAvx2, w.view(), x.data(), rows, nullptr)));
+    CHECK(portable[0] != 0.0f);  // the subnormal scales' products survive in row 0
+  }
+}
+
 TEST_CASE("q8: a row's result does not depend on the other rows, the tiling or the thread count") {
   const int saved_threads = omp_get_max_threads();
   const ModeScope mode(ActivationMode::kQ8);
