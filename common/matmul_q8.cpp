@@ -158,27 +158,22 @@ float dot_q8_0(const uint8_t* w, const Q8Row& a) {
   });
 }
 
-/// Q4_0 {f16 d; u8 qs[16]}: element j is lo(qs[j]) - 8, j + 16 is hi(qs[j]) - 8.
-float dot_q4_0(const uint8_t* w, const Q8Row& a) {
+/// Q4_0 {f16 d; u8 qs[16]} (kMin false, against Q8_0: element j is lo(qs[j]) - 8, j + 16
+/// is hi(qs[j]) - 8) and Q4_1 {f16 d, m; u8 qs[16]} (kMin, against Q8_1: the nibbles as
+/// they are, plus the block's min times the activations' s)
+/// (ggml_vec_dot_q4_0_q8_0_generic, ..._q4_1_q8_1_generic).
+template <bool kMin>
+float dot_q4(const uint8_t* w, const Q8Row& a) {
+  constexpr int64_t kBytes = kMin ? 20 : 18;
+  constexpr int kQs = kMin ? 4 : 2;
   return lane_sum(a.blocks, [&](int64_t b) {
-    const uint8_t* wb = w + b * 18;
+    const uint8_t* wb = w + b * kBytes;
     const int8_t* ab = a.qs + b * kQ80;
     int32_t isum = 0;
-    for (int j = 0; j < 16; ++j) isum += (wb[2 + j] & 0x0F) * ab[j] + (wb[2 + j] >> 4) * ab[j + 16];
+    for (int j = 0; j < 16; ++j) isum += (wb[kQs + j] & 0x0F) * ab[j] + (wb[kQs + j] >> 4) * ab[j + 16];
+    if constexpr (kMin) return (load_f16(wb) * a.d[b]) * static_cast<float>(isum) + load_f16(wb + 2) * a.s[b];
     isum -= 8 * a.sums[b];
     return (load_f16(wb) * a.d[b]) * static_cast<float>(isum);
-  });
-}
-
-/// Q4_1 {f16 d, m; u8 qs[16]} against Q8_1: quants as Q4_0's without the offset, plus the
-/// block's min times the activations' s (ggml_vec_dot_q4_1_q8_1_generic).
-float dot_q4_1(const uint8_t* w, const Q8Row& a) {
-  return lane_sum(a.blocks, [&](int64_t b) {
-    const uint8_t* wb = w + b * 20;
-    const int8_t* ab = a.qs + b * kQ80;
-    int32_t isum = 0;
-    for (int j = 0; j < 16; ++j) isum += (wb[4 + j] & 0x0F) * ab[j] + (wb[4 + j] >> 4) * ab[j + 16];
-    return (load_f16(wb) * a.d[b]) * static_cast<float>(isum) + load_f16(wb + 2) * a.s[b];
   });
 }
 
@@ -282,8 +277,8 @@ enum class Q8Kind { kQ8_0, kQ8_K, kQ8_1 };
 Q8RowDot portable_dot(GgmlType type) {
   switch (type) {
     case GgmlType::kQ8_0: return dot_q8_0;
-    case GgmlType::kQ4_0: return dot_q4_0;
-    case GgmlType::kQ4_1: return dot_q4_1;
+    case GgmlType::kQ4_0: return dot_q4<false>;
+    case GgmlType::kQ4_1: return dot_q4<true>;
     case GgmlType::kQ5_0: return dot_q5<false>;
     case GgmlType::kQ5_1: return dot_q5<true>;
     case GgmlType::kMXFP4: return dot_mxfp4;

@@ -425,11 +425,9 @@ def convert(name: str, out_dir: Path, outtype: str, dense_only: bool = False, fu
     return out
 
 
-def dequantise(path: Path, out_dir: Path) -> Path:
-    """`path` with every tensor as gguf-py dequantises it, in F32, and the same metadata:
-    the oracle of a quantised file (e.g. the committed K-quant fixtures)."""
-    reader = gguf.GGUFReader(str(path))
-    out = out_dir / (path.name.removesuffix(".gguf") + "-dequantised.f32.gguf")
+def copied_writer(reader: gguf.GGUFReader, out: Path) -> gguf.GGUFWriter:
+    """A writer of `out` holding every metadata key of `reader`'s file, as read; the
+    caller adds the tensors (and may add keys) before writing."""
     writer = gguf.GGUFWriter(str(out), reader.get_field("general.architecture").contents())
     for name, field in reader.fields.items():
         if name.startswith("GGUF.") or name == "general.architecture":
@@ -437,6 +435,15 @@ def dequantise(path: Path, out_dir: Path) -> Path:
         vtype = field.types[0]
         sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(name, field.contents(), vtype, sub_type=sub)
+    return writer
+
+
+def dequantise(path: Path, out_dir: Path) -> Path:
+    """`path` with every tensor as gguf-py dequantises it, in F32, and the same metadata:
+    the oracle of a quantised file (e.g. the committed K-quant fixtures)."""
+    reader = gguf.GGUFReader(str(path))
+    out = out_dir / (path.name.removesuffix(".gguf") + "-dequantised.f32.gguf")
+    writer = copied_writer(reader, out)
     for t in reader.tensors:
         values = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
         writer.add_tensor(t.name, values.reshape([int(d) for d in reversed(t.shape)]),

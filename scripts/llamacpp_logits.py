@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
 OUT = REPO / "tests" / "fixtures" / "llamacpp_logits"
 FIXTURES = REPO / "tests" / "fixtures" / "models"
 KQUANT = REPO / "tests" / "fixtures" / "gguf_models"
@@ -79,21 +80,16 @@ def kept_ids(logits: np.ndarray) -> list[int]:
 
 def with_merges(gguf_path: Path, tmp: Path) -> Path:
     """`gguf_path` itself, or, when its byte-level BPE tokenizer has no merges (the
-    committed K-quant fixtures: charm never tokenizes there), a copy with one merge
-    list: llama.cpp refuses to load a gpt2 tokenizer without the key. The tensors and every
+    committed K-quant fixtures: charm never tokenizes there), a copy with one merge:
+    llama.cpp refuses to load a gpt2 tokenizer without the key. The tensors and every
     other key are the same bytes, so the logits are the same model's."""
     import gguf
+    from gen_gguf_fixtures import copied_writer
     reader = gguf.GGUFReader(str(gguf_path))
     if "tokenizer.ggml.merges" in reader.fields or reader.get_field("tokenizer.ggml.model").contents() != "gpt2":
         return gguf_path
     out = tmp / ("merges-" + gguf_path.name)
-    writer = gguf.GGUFWriter(str(out), reader.get_field("general.architecture").contents())
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(name, field.contents(), vtype, sub_type=sub)
+    writer = copied_writer(reader, out)
     writer.add_token_merges(["<t0> <t1>"])  # one merge of two of its tokens: an empty list is not written
     for t in reader.tensors:
         writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)  # quantised data comes shaped in bytes
