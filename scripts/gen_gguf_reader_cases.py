@@ -14,6 +14,9 @@ tests/fixtures/gguf/:
                            reads them back, plus gguf.constants.GGML_QUANT_SIZES (the
                            table common/ggml_type.cpp copies)
 
+tests/fuzz/corpus/gguf/qwen3moe-model.gguf: a whole tiny qwen3moe model, fuzz_gguf's seed for
+the model mapping and the GGUF tokenizer.
+
 tests/unit/test_gguf.cpp reads these and compares. Deterministic (fixed values, no
 randomness), so reruns give identical files. Needs numpy and gguf (pip install gguf).
 Usage: scripts/gen_gguf_reader_cases.py [--out DIR]
@@ -178,6 +181,48 @@ def expected_tensors(path: Path) -> list[dict]:
     return out
 
 
+def write_model_seed(path: Path) -> None:
+    """A whole (tiny) qwen3moe model: hyper-parameters, a byte-level tokenizer, a chat
+    template and every tensor a layer needs (hidden 32, one layer, 2 experts, 8 tokens):
+    the fuzz_gguf seed that reaches the model mapping and the tokenizer, not only the reader."""
+    arch = gguf.MODEL_ARCH.QWEN3MOE
+    w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
+    h, heads, head_dim, experts, inter, vocab = 32, 2, 16, 2, 32, 8
+    w.add_block_count(1)
+    w.add_context_length(64)
+    w.add_embedding_length(h)
+    w.add_feed_forward_length(inter)
+    w.add_head_count(heads)
+    w.add_head_count_kv(1)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_expert_count(experts)
+    w.add_expert_used_count(1)
+    w.add_expert_feed_forward_length(inter)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(["a", "b", "ab", "c", "d", "<|im_start|>", "<|im_end|>", "e"])
+    w.add_token_types([1, 1, 1, 1, 1, 3, 3, 1])
+    w.add_token_merges(["a b"])
+    w.add_eos_token_id(6)
+    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}")
+    rng = np.random.default_rng(3)
+    f32 = lambda *shape: (rng.standard_normal(shape) * 0.1).astype(np.float32)
+    for name, value in [("token_embd.weight", f32(vocab, h)), ("output_norm.weight", f32(h)),
+                        ("output.weight", f32(vocab, h)), ("blk.0.attn_norm.weight", f32(h)),
+                        ("blk.0.attn_q.weight", f32(heads * head_dim, h)), ("blk.0.attn_k.weight", f32(head_dim, h)),
+                        ("blk.0.attn_v.weight", f32(head_dim, h)), ("blk.0.attn_output.weight", f32(h, heads * head_dim)),
+                        ("blk.0.attn_q_norm.weight", f32(head_dim)), ("blk.0.attn_k_norm.weight", f32(head_dim)),
+                        ("blk.0.ffn_norm.weight", f32(h)), ("blk.0.ffn_gate_inp.weight", f32(experts, h)),
+                        ("blk.0.ffn_gate_exps.weight", f32(experts, inter, h)),
+                        ("blk.0.ffn_up_exps.weight", f32(experts, inter, h)),
+                        ("blk.0.ffn_down_exps.weight", f32(experts, h, inter))]:
+        w.add_tensor(name, value)
+    write(w)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "tests/fixtures/gguf")
@@ -225,6 +270,9 @@ def main() -> None:
         if want["element_type" if "element_type" in want else "type"] != "array" and got != want:
             raise SystemExit(f"{key}: gguf-py reads {got}, expected {want}")
     (args.out / "expected.json").write_text(json.dumps(expected, indent=1, ensure_ascii=False) + "\n")
+    seed = Path(__file__).resolve().parent.parent / "tests" / "fuzz" / "corpus" / "gguf" / "qwen3moe-model.gguf"
+    write_model_seed(seed)
+    print(seed)
     for p in [cases, *split_files, args.out / "expected.json"]:
         print(f"wrote {p} ({p.stat().st_size} bytes)")
 

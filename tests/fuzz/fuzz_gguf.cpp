@@ -1,7 +1,9 @@
 // libFuzzer target: bytes as a .gguf file, through GgufFile::open (header, metadata of
 // every value type and nesting, alignment, tensor infos, data placement), every
 // accessor of every metadata value and array element, and a read of every tensor's
-// first and last byte. Only charm::Error may escape the reader.
+// first and last byte; then as a model (Checkpoint::open: the architecture's metadata to
+// config.json, the tensors to their HF names; ModelConfig::parse; the tokenizer and chat
+// template from tokenizer.*). Only charm::Error may escape.
 #include <unistd.h>
 
 #include <cstdint>
@@ -9,8 +11,12 @@
 #include <filesystem>
 #include <string>
 
+#include "common/checkpoint.h"
 #include "common/error.h"
 #include "common/gguf.h"
+#include "common/model_config.h"
+#include "coordinator/models/checkpoint_families.h"
+#include "coordinator/text/model_text.h"
 
 namespace {
 
@@ -73,6 +79,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       file->read(info, info.nbytes - 1, 1, &byte);
       if (*file->mapped(info) != *file->mapped(info)) __builtin_trap();
     }
+  } catch (const charm::Error&) {
+  }
+  try {
+    const auto ckpt = charm::Checkpoint::open(scratch());
+    (void)charm::ModelConfig::parse(ckpt->config_json(), ckpt->config_origin(), charm::checkpoint_families());
+    (void)charm::load_model_text(*ckpt);
   } catch (const charm::Error&) {
   }
   return 0;
