@@ -49,11 +49,27 @@ constexpr size_t kQ8MaxRows = 8;
 /// o0 <= o < o1: the decode GEMV, the same bits as the row dot of each row.
 using Q8Gemv = void (*)(const uint8_t* w, uint64_t row_bytes, const Q8Row& a, int64_t o0, int64_t o1, float* out);
 
+/// The GEMM of eight weight rows (every type with q8 kernels): y[r * y_stride + i] = the row dot
+/// of weight row i (w + i * row_bytes, i < 8) with a[r] (+ bias[i] when bias is non-null),
+/// for r < n: the same bits as the type's Q8RowDot. The eight rows are first unpacked into
+/// `scratch` (kPanel8BytesPerColumn per weight column, 32-byte aligned; the caller
+/// allocates it, so that no standard-library template is instantiated for AVX2): quants as
+/// bytes, four columns of the eight rows per 32-byte vector, so that each vector
+/// instruction serves eight rows and no row needs a horizontal sum (the layout of
+/// llama.cpp's repacked Q4_Kx8 GEMM, built per call instead of stored).
+using Q8Gemm8 = void (*)(const uint8_t* w, uint64_t row_bytes, const Q8Row* a, size_t n, const float* bias, float* y,
+                         size_t y_stride, uint8_t* scratch);
+/// Scratch bytes per weight column of a Q8Gemm8 (a K-quant block of 256 columns takes
+/// 2880, a Q8_0 block of 32 takes 288).
+constexpr size_t kPanel8BytesPerColumn = 12;
+
 /// One instruction set's q8 kernels for one weight type (all null for a type without): the
-/// GEMM and the GEMV (the portable row dot stays the reference and the fallback).
+/// GEMM, the GEMV and the eight-row GEMM (the portable row dot stays the reference and the
+/// fallback).
 struct Q8Kernels {
   Q8RowsDot rows_dot = nullptr;
   Q8Gemv gemv = nullptr;
+  Q8Gemm8 gemm8 = nullptr;
 };
 
 /// The AVX2 kernels (maddubs + madd). Call only when cpu_supports_avx2().

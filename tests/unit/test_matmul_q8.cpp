@@ -120,7 +120,7 @@ struct ModeScope {
 
 }  // namespace
 
-TEST_CASE("q8: the AVX2 path's kernels (the GEMV and the GEMM, every form) give the portable bits, every type, rows 1..9") {
+TEST_CASE("q8: the AVX2 path's kernels (the GEMV and both GEMMs, every form) give the portable bits, every type, rows 1..11") {
   if (!cpu_supports_avx2()) {
     MESSAGE("this CPU lacks avx2/fma/f16c: the AVX2 path was NOT checked");
     return;
@@ -144,7 +144,10 @@ TEST_CASE("q8: the AVX2 path's kernels (the GEMV and the GEMM, every form) give 
       const int64_t cols = cols_for(type);
       const StoredMatrix w = random_ggml(type, 9, cols, seed++);  // two rows ahead of each prefetch, and a tail
       std::vector<float> bias = random_x(9, seed++);
-      for (size_t rows = 1; rows <= 9; ++rows) {
+      // From 8 rows the K-quants take the eight-row GEMM (rows 8 .. 11: four at a time,
+      // then 0 .. 3), its last weight row rows_dot; a tile from output 1 puts its panel at
+      // an odd row.
+      for (size_t rows = 1; rows <= 11; ++rows) {
         CAPTURE(rows);
         const std::vector<float> x = random_x(rows * static_cast<size_t>(cols), seed++);
         const float* b = rows % 2 ? bias.data() : nullptr;
@@ -152,6 +155,11 @@ TEST_CASE("q8: the AVX2 path's kernels (the GEMV and the GEMM, every form) give 
         const auto avx2 = q8_tile(KernelPath::kAvx2, w.view(), x.data(), rows, b);
         CHECK(same_bits(portable, avx2));
         for (float v : portable) CHECK(std::isfinite(v));
+        std::vector<float> shifted(portable.size(), -7.0f);
+        REQUIRE(matmul_q8_tile(KernelPath::kAvx2, w.view(), x.data(), rows, b, shifted.data(), 1, 9));
+        for (size_t r = 0; r < rows; ++r) {
+          CHECK(std::memcmp(shifted.data() + 9 * r + 1, portable.data() + 9 * r + 1, 8 * 4) == 0);
+        }
       }
     }
   }
@@ -172,7 +180,7 @@ TEST_CASE("q8: the AVX2 kernels stay exact at the integers' extremes (every quan
     CAPTURE(std::string(ggml_traits(type).name));
     for (uint8_t fill : {uint8_t{0xFF}, uint8_t{0x80}, uint8_t{0x7F}}) {
       CAPTURE(int{fill});
-      StoredMatrix w = random_ggml(type, 3, cols_for(type), 5);
+      StoredMatrix w = random_ggml(type, 9, cols_for(type), 5);  // eight-row GEMM panels and a tail row
       const auto block = static_cast<size_t>(ggml_traits(type).block_bytes);
       for (size_t off = 0; off < w.data.size(); off += block) {
         std::vector<uint8_t> scales(w.data.begin() + static_cast<std::ptrdiff_t>(off),
@@ -181,7 +189,7 @@ TEST_CASE("q8: the AVX2 kernels stay exact at the integers' extremes (every quan
         for (int at : scale_bytes(type)) w.data[off + static_cast<size_t>(at)] = scales[static_cast<size_t>(at)];
       }
       for (float sign : {1.0f, -1.0f}) {
-        for (size_t rows : {size_t{1}, size_t{4}, size_t{5}}) {
+        for (size_t rows : {size_t{1}, size_t{4}, size_t{5}, size_t{9}}) {
           CAPTURE(sign);
           CAPTURE(rows);
           const std::vector<float> x(rows * static_cast<size_t>(w.shape.cols), sign);
@@ -201,14 +209,15 @@ TEST_CASE("q8: MXFP4's every scale byte (subnormal 2^-128, 2^-127 .. 2^127) give
   // 259 blocks per row (32 groups of eight and a tail of three): row 0's scale bytes are
   // 0 and 1 only (f32 subnormals, whose products a larger block would absorb), row 1's
   // 254 and 255 (products that overflow to Inf), row 2's every value b % 256; both the
-  // eight-block scale reader and the tail's one-block reader meet each.
-  StoredMatrix w = random_ggml(GgmlType::kMXFP4, 3, 32 * 259, 41);
+  // eight-block scale reader and the tail's one-block reader meet each; rows 3 .. 7 (random
+  // scales) complete a panel of the eight-row GEMM, which reads one block's scale at a time.
+  StoredMatrix w = random_ggml(GgmlType::kMXFP4, 8, 32 * 259, 41);
   for (int64_t b = 0; b < 259; ++b) {
     w.data[static_cast<size_t>(b * 17)] = static_cast<uint8_t>(b % 2);
     w.data[static_cast<size_t>((259 + b) * 17)] = static_cast<uint8_t>(254 + b % 2);
     w.data[static_cast<size_t>((2 * 259 + b) * 17)] = static_cast<uint8_t>(b % 256);
   }
-  for (size_t rows : {size_t{1}, size_t{4}}) {
+  for (size_t rows : {size_t{1}, size_t{4}, size_t{9}}) {
     CAPTURE(rows);
     const std::vector<float> x = random_x(rows * static_cast<size_t>(w.shape.cols), 42);
     const auto portable = q8_tile(KernelPath::kPortable, w.view(), x.data(), rows, nullptr);
@@ -227,9 +236,10 @@ TEST_CASE("q8: a row's result does not depend on the other rows, the tiling or t
   for (GgmlType type : kQ8Types) {
     CAPTURE(std::string(ggml_traits(type).name));
     const int64_t cols = 512;
-    const int64_t out = 160;  // several tiles of panel_rows(512) = 64: matmul goes parallel
+    const int64_t out = 164;  // several tiles of panel_rows(512) = 64: matmul goes parallel;
+                              // the last tile ends in 4 rows beside the eight-row GEMM
     const StoredMatrix w = random_ggml(type, out, cols, seed++);
-    const size_t rows = 7;
+    const size_t rows = 11;  // the K-quants' eight-row GEMM in the batch, other kernels alone and among 3
     const std::vector<float> x = random_x(rows * static_cast<size_t>(cols), seed++);
     for (KernelPath path : paths) {
       set_kernel_path(path);
