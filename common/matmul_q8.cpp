@@ -492,7 +492,7 @@ void matmul_q8_tile(KernelPath path, const MatrixView& w, const Q8Activations& a
   const uint64_t row_bytes = *ggml_row_bytes(type, w.shape.cols);
   const auto out = static_cast<size_t>(w.shape.rows);
   if (rows == 1 && gemv) {  // decode: the GEMV prefetches the rows ahead
-    gemv(w.data, row_bytes, row_of(a, 0), o0, o1, y + o0);
+    gemv(w.data, row_bytes, row_of(a, 0), o0, o1, w.shape.rows, y + o0);
     if (bias) {
       for (int64_t o = o0; o < o1; ++o) y[o] += bias[o];
     }

@@ -46,8 +46,10 @@ using Q8RowsDot = void (*)(const uint8_t* w, const Q8Row* a, size_t n, float* ou
 constexpr size_t kQ8MaxRows = 8;
 
 /// out[o - o0] = the row dot of weight row o (row_bytes apart from w) with `a`, for
-/// o0 <= o < o1: the decode GEMV, the same bits as the row dot of each row.
-using Q8Gemv = void (*)(const uint8_t* w, uint64_t row_bytes, const Q8Row& a, int64_t o0, int64_t o1, float* out);
+/// o0 <= o < o1: the decode GEMV, the same bits as the row dot of each row. It prefetches
+/// rows ahead up to row `rows` (the matrix's end: a thread's next tile follows this one).
+using Q8Gemv = void (*)(const uint8_t* w, uint64_t row_bytes, const Q8Row& a, int64_t o0, int64_t o1, int64_t rows,
+                        float* out);
 
 /// The GEMM of eight weight rows (every type with q8 kernels): y[r * y_stride + i] = the row dot
 /// of weight row i (w + i * row_bytes, i < 8) with a[r] (+ bias[i] when bias is non-null),
