@@ -108,9 +108,8 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
-/// Columns for a type: 19 blocks of 32 (two groups of eight lanes and a tail of 3) or 11
-/// super-blocks of 256 (one group, a tail of 3).
-int64_t cols_for(GgmlType type) { return ggml_traits(type).block_elements == 32 ? 32 * 19 : 256 * 11; }
+/// Columns for a type: 19 blocks (two groups of eight lanes and a tail of 3) of 32 or of 256.
+int64_t cols_for(GgmlType type) { return ggml_traits(type).block_elements * 19; }
 
 /// Sets the activation mode for a scope.
 struct ModeScope {
@@ -144,9 +143,9 @@ TEST_CASE("q8: the AVX2 path's kernels (the GEMV and both GEMMs, every form) giv
       const int64_t cols = cols_for(type);
       const StoredMatrix w = random_ggml(type, 9, cols, seed++);  // two rows ahead of each prefetch, and a tail
       std::vector<float> bias = random_x(9, seed++);
-      // From 8 rows the K-quants take the eight-row GEMM (rows 8 .. 11: four at a time,
+      // From 8 rows every type takes the eight-row GEMM (rows 8 .. 11: four at a time,
       // then 0 .. 3), its last weight row rows_dot; a tile from output 1 puts its panel at
-      // an odd row.
+      // an odd row, and leaves output 0 alone.
       for (size_t rows = 1; rows <= 11; ++rows) {
         CAPTURE(rows);
         const std::vector<float> x = random_x(rows * static_cast<size_t>(cols), seed++);
@@ -159,6 +158,7 @@ TEST_CASE("q8: the AVX2 path's kernels (the GEMV and both GEMMs, every form) giv
         REQUIRE(matmul_q8_tile(KernelPath::kAvx2, w.view(), x.data(), rows, b, shifted.data(), 1, 9));
         for (size_t r = 0; r < rows; ++r) {
           CHECK(std::memcmp(shifted.data() + 9 * r + 1, portable.data() + 9 * r + 1, 8 * 4) == 0);
+          CHECK(shifted[9 * r] == -7.0f);
         }
       }
     }
@@ -239,7 +239,7 @@ TEST_CASE("q8: a row's result does not depend on the other rows, the tiling or t
     const int64_t out = 164;  // several tiles of panel_rows(512) = 64: matmul goes parallel;
                               // the last tile ends in 4 rows beside the eight-row GEMM
     const StoredMatrix w = random_ggml(type, out, cols, seed++);
-    const size_t rows = 11;  // the K-quants' eight-row GEMM in the batch, other kernels alone and among 3
+    const size_t rows = 11;  // the eight-row GEMM in the batch, other kernels alone and among 3
     const std::vector<float> x = random_x(rows * static_cast<size_t>(cols), seed++);
     for (KernelPath path : paths) {
       set_kernel_path(path);
@@ -477,6 +477,20 @@ TEST_CASE("q8: types without a q8 kernel keep the exact f32 path; non-finite act
     std::vector<float> tiny(256, 1e-39f);
     tiny[7] = -3e-39f;
     for (float v : q8_tile(KernelPath::kPortable, w.view(), tiny.data(), 1, nullptr)) CHECK(v == 0.0f);
+  }
+  if (!cpu_supports_avx2()) {
+    MESSAGE("this CPU lacks avx2/fma/f16c: the AVX2 path's non-finite case was NOT checked");
+    return;
+  }
+  for (GgmlType type : kQ8Types) {  // 9 rows: the eight-row GEMM, whose row with an Inf gives NaN
+    CAPTURE(std::string(ggml_traits(type).name));
+    const StoredMatrix w = random_ggml(type, 9, 512, 12);
+    std::vector<float> x = random_x(9 * 512, 13);
+    x[300] = -std::numeric_limits<float>::infinity();
+    const auto portable = q8_tile(KernelPath::kPortable, w.view(), x.data(), 9, nullptr);
+    const auto avx2 = q8_tile(KernelPath::kAvx2, w.view(), x.data(), 9, nullptr);
+    for (size_t o = 0; o < 9; ++o) CHECK(std::isnan(avx2[o]));
+    CHECK(std::memcmp(avx2.data() + 9, portable.data() + 9, 8 * 9 * 4) == 0);
   }
 }
 
