@@ -54,8 +54,21 @@ std::vector<float> one_row(const ExpertView& w, const float* x, int64_t hidden, 
   return y;
 }
 
+/// A larger batch of NaN rows through swiglu_batch, so that the buffers it keeps between
+/// calls (common/reused_buffer.h) hold NaN where the next call must write before it reads.
+void poison_scratch(const std::vector<Expert>& experts, int64_t hidden, int64_t inter) {
+  constexpr size_t kRows = 16;
+  std::vector<float> x(kRows * hidden, std::nanf("")), y(experts.size() * kRows * hidden);
+  std::vector<SwigluJob> jobs;
+  for (size_t e = 0; e < experts.size(); ++e) {
+    jobs.push_back(SwigluJob{&experts[e].view, x.data(), kRows, y.data() + e * kRows * hidden});
+  }
+  swiglu_batch(jobs, hidden, inter);
+  REQUIRE(std::isnan(y[0]));
+}
+
 /// swiglu_batch over `experts` (rows {1, 7, 3}) against one_row for every row, by memcmp,
-/// on both kernel paths and 1 or 2 threads.
+/// on both kernel paths and 1 or 2 threads, each after a NaN batch (poison_scratch).
 void check_rows_alone(const std::vector<Expert>& experts, int64_t hidden, int64_t inter) {
   const std::vector<size_t> rows_per_expert = {1, 7, 3};
   size_t total = 0;
@@ -86,6 +99,7 @@ void check_rows_alone(const std::vector<Expert>& experts, int64_t hidden, int64_
       CAPTURE(std::string(kernel_path_name(path)));
       CAPTURE(threads);
       omp_set_num_threads(threads);
+      poison_scratch(experts, hidden, inter);
       std::vector<float> got(total * hidden, -1.0f);
       std::vector<SwigluJob> jobs;
       for (size_t e = 0, at = 0; e < experts.size(); at += rows_per_expert[e], ++e) {

@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "common/fixed_point.h"
+#include "common/reused_buffer.h"
 #include "worker/experts/swiglu_batch.h"
 
 namespace charm {
@@ -87,7 +88,10 @@ LayerStats ExpertExecutor::run_into(uint32_t layer, const float* hidden, uint32_
   // are gathered into one block and computed as GEMMs (worker/experts/swiglu_batch.h), whose
   // bits for a row never depend on the other rows, the batch or the thread count.
   std::vector<ExpertLease> batch;
-  std::vector<float> x, y;  // gathered rows in, their outputs, expert by expert
+  // Gathered rows in, their outputs, expert by expert: this thread's, kept between layers
+  // (common/reused_buffer.h: a 512-token prefill at top-8 and hidden 2048 makes each
+  // 32 MiB, fresh pages on every layer when allocated per call).
+  thread_local ReusedBuffer<float> x_buffer, y_buffer;
   std::vector<SwigluJob> jobs;
   for (;;) {
     batch.clear();  // give the slots back before asking for more (a layer may have one)
@@ -95,19 +99,19 @@ LayerStats ExpertExecutor::run_into(uint32_t layer, const float* hidden, uint32_
     if (batch.empty()) break;
     size_t total = 0;
     for (const ExpertLease& lease : batch) total += rows_of[lease.expert()].size();
-    x.resize(total * h);
-    y.resize(total * h);
+    float* const x = x_buffer.get(total * h);
+    float* const y = y_buffer.get(total * h);
     jobs.clear();
     size_t at = 0;  // first gathered row of the current expert
     for (const ExpertLease& lease : batch) {
-      const size_t n = gather(lease.expert(), x.data() + at * h);
-      jobs.push_back(SwigluJob{&lease.view(), x.data() + at * h, n, y.data() + at * h});
+      const size_t n = gather(lease.expert(), x + at * h);
+      jobs.push_back(SwigluJob{&lease.view(), x + at * h, n, y + at * h});
       at += n;
     }
     swiglu_batch(jobs, h, inter, store_.activation());
     at = 0;
     for (const ExpertLease& lease : batch) {
-      at += add_terms(lease.expert(), y.data() + at * h);
+      at += add_terms(lease.expert(), y + at * h);
     }
   }
   if (on_device.valid()) {

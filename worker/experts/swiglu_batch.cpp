@@ -6,6 +6,7 @@
 #include "common/kernels.h"
 #include "common/matmul.h"
 #include "common/matmul_q8.h"
+#include "common/reused_buffer.h"
 
 namespace charm {
 namespace {
@@ -76,7 +77,10 @@ void swiglu_batch(const std::vector<SwigluJob>& jobs, int64_t hidden, int64_t in
       matmul_tile(*m, nullptr, 0, nullptr, nullptr, 0, 0);
     }
   }
-  std::vector<float> scratch(scratch_at.back());
+  // This thread's, kept between calls (common/reused_buffer.h). The region's threads use
+  // the pointer: a thread_local named inside it would be each thread's own.
+  thread_local ReusedBuffer<float> scratch_buffer;
+  float* const scratch = scratch_buffer.get(scratch_at.back());
   Q8Inputs gate_q8(jobs.size()), up_q8(jobs.size()), down_q8(jobs.size());
   // A quantisation's error (it allocates) per job, rethrown after the region: an
   // exception must not leave an OpenMP region. A failed job's tiles take matmul_tile.
@@ -109,7 +113,7 @@ void swiglu_batch(const std::vector<SwigluJob>& jobs, int64_t hidden, int64_t in
       const SwigluJob& job = jobs[j];
       const int64_t o0 = (item % up_tiles) * kTileRows;
       const int64_t o1 = std::min(intermediate, o0 + kTileRows);
-      float* gate = scratch.data() + scratch_at[j];
+      float* gate = scratch + scratch_at[j];
       float* up = gate + job.rows * static_cast<size_t>(intermediate);
       tile(gate_q8, j, job.weights->gate, job.x, job.rows, job.weights->gate_bias, gate, o0, o1);
       tile(up_q8, j, job.weights->up, job.x, job.rows, job.weights->up_bias, up, o0, o1);
@@ -127,7 +131,7 @@ void swiglu_batch(const std::vector<SwigluJob>& jobs, int64_t hidden, int64_t in
       for (int64_t j = 0; j < njobs; ++j) {
         const auto jj = static_cast<size_t>(j);
         try {
-          down_q8.prepare(jj, jobs[jj].weights->down, scratch.data() + scratch_at[jj], jobs[jj].rows);
+          down_q8.prepare(jj, jobs[jj].weights->down, scratch + scratch_at[jj], jobs[jj].rows);
         } catch (...) {
           if (!failed[jj]) failed[jj] = std::current_exception();
         }
@@ -139,7 +143,7 @@ void swiglu_batch(const std::vector<SwigluJob>& jobs, int64_t hidden, int64_t in
       const auto j = static_cast<size_t>(item / down_tiles);
       const SwigluJob& job = jobs[j];
       const int64_t o0 = (item % down_tiles) * kTileRows;
-      const float* act = scratch.data() + scratch_at[j];
+      const float* act = scratch + scratch_at[j];
       tile(down_q8, j, job.weights->down, act, job.rows, job.weights->down_bias, job.y, o0,
            std::min(hidden, o0 + kTileRows));
     }
