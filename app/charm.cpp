@@ -462,7 +462,7 @@ int run_cli(int argc, char** argv) {
   app.require_subcommand(1);
 
   const char* activations_help =
-      "f32 (exact, default) or q8 (LOSSY, llama.cpp's int8 activations for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K/"
+      "f32 (exact, default) or q8 (LOSSY, llama.cpp's int8 activations for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K/"
       "MXFP4 weights); "
       "overrides the config's activations";
   const char* quant_dense_help =

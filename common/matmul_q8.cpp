@@ -243,6 +243,56 @@ float dot_q45_k(const uint8_t* w, const Q8Row& a) {
   });
 }
 
+/// Q2_K {u8 scales[16]; u8 qs[64]; f16 d, dmin}: element 16 s + l of sub-block s = 8 h +
+/// 2 k + half has quant bits 2k..2k+1 of qs[32 h + 16 half + l], scale lo(scales[s]) and
+/// min hi(scales[s]) (ggml_vec_dot_q2_K_q8_K_generic: the mins against the bsums).
+float dot_q2_k(const uint8_t* w, const Q8Row& a) {
+  return lane_sum(a.blocks, [&](int64_t b) {
+    const uint8_t* wb = w + b * 84;
+    const int8_t* ab = a.qs + b * kQK;
+    const int16_t* bsums = a.sums + b * 16;
+    int32_t isum = 0, msum = 0;
+    for (int s = 0; s < 16; ++s) {
+      const uint8_t* q = wb + 16 + 32 * (s / 8) + 16 * (s % 2);
+      const int shift = 2 * ((s % 8) / 2);
+      int32_t sub = 0;
+      for (int l = 0; l < 16; ++l) sub += ((q[l] >> shift) & 3) * ab[16 * s + l];
+      isum += (wb[s] & 0x0F) * sub;
+      msum += (wb[s] >> 4) * bsums[s];
+    }
+    const float d = load_f16(wb + 80) * a.d[b];
+    const float dmin = load_f16(wb + 82) * a.d[b];
+    return d * static_cast<float>(isum) - dmin * static_cast<float>(msum);
+  });
+}
+
+/// Q3_K {u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d}: element 16 s + l of sub-block s =
+/// 8 h + 2 k + half has quant bits 2k..2k+1 of qs[32 h + 16 half + l], minus 4 unless bit
+/// 4 h + k of hmask[16 half + l] is set, and scale sc6(s) - 32 (common/ggml_dequantize.cpp
+/// q3_k; ggml_vec_dot_q3_K_q8_K_generic takes the same exact integers).
+float dot_q3_k(const uint8_t* w, const Q8Row& a) {
+  return lane_sum(a.blocks, [&](int64_t b) {
+    const uint8_t* wb = w + b * 110;
+    const uint8_t* scales = wb + 96;
+    const int8_t* ab = a.qs + b * kQK;
+    int32_t isum = 0;
+    for (int s = 0; s < 16; ++s) {
+      const int h = s / 8, k = (s % 8) / 2, half = s % 2;
+      const uint8_t* q = wb + 32 + 32 * h + 16 * half;
+      const uint8_t* hm = wb + 16 * half;
+      int32_t sub = 0;
+      for (int l = 0; l < 16; ++l) {
+        const int quant = ((q[l] >> (2 * k)) & 3) - (((hm[l] >> (4 * h + k)) & 1) ? 0 : 4);
+        sub += quant * ab[16 * s + l];
+      }
+      const int low = (scales[s % 8] >> (4 * (s / 8))) & 0x0F;
+      const int high = (scales[8 + s % 4] >> (2 * (s / 4))) & 3;
+      isum += ((low | (high << 4)) - 32) * sub;
+    }
+    return (load_f16(wb + 108) * a.d[b]) * static_cast<float>(isum);
+  });
+}
+
 /// Q6_K {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}: element 128 h + 32 c + 16 half + l
 /// has quant (nibble c / 2 of ql[64 h + 32 (c % 2) + 16 half + l]) | (bits 2c of
 /// qh[32 h + 16 half + l]) << 4, minus 32, and scale scales[8 h + 2 c + half].
@@ -282,6 +332,8 @@ Q8RowDot portable_dot(GgmlType type) {
     case GgmlType::kQ5_0: return dot_q5<false>;
     case GgmlType::kQ5_1: return dot_q5<true>;
     case GgmlType::kMXFP4: return dot_mxfp4;
+    case GgmlType::kQ2_K: return dot_q2_k;
+    case GgmlType::kQ3_K: return dot_q3_k;
     case GgmlType::kQ4_K: return dot_q45_k<false>;
     case GgmlType::kQ5_K: return dot_q45_k<true>;
     case GgmlType::kQ6_K: return dot_q6_k;
@@ -293,6 +345,8 @@ Q8Kind kind_for(GgmlType type) {
   switch (type) {
     case GgmlType::kQ4_1:
     case GgmlType::kQ5_1: return Q8Kind::kQ8_1;
+    case GgmlType::kQ2_K:
+    case GgmlType::kQ3_K:
     case GgmlType::kQ4_K:
     case GgmlType::kQ5_K:
     case GgmlType::kQ6_K: return Q8Kind::kQ8_K;
@@ -373,7 +427,7 @@ void set_activation_mode(ActivationMode mode) { g_mode.store(static_cast<int>(mo
 void start_activation_mode(ActivationMode mode, std::string_view who) {
   set_activation_mode(mode);
   if (mode == ActivationMode::kQ8) {
-    spdlog::warn("{}: activations: q8 is lossy: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and MXFP4 weights "
+    spdlog::warn("{}: activations: q8 is lossy: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K .. Q6_K and MXFP4 weights "
                  "multiply activations rounded to 8 bits (llama.cpp's Q8_0 / Q8_1 / Q8_K), so logits differ from the "
                  "exact default (activations: f32); other weights keep the exact path",
                  who);

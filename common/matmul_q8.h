@@ -12,21 +12,22 @@
 //    other rows of the batch). For Q8_0 / Q4_0 / Q5_0 / MXFP4 weights: blocks of 32 as
 //    Q8_0, d = amax / 127 rounded to f16, q = round-half-away(x * (1 / d)); for Q4_1 /
 //    Q5_1 the same blocks as Q8_1, which adds s = f16(d * sum of q) with the unrounded d
-//    (quantize_row_q8_1_ref). For Q4_K / Q5_K / Q6_K
+//    (quantize_row_q8_1_ref). For Q2_K / Q3_K / Q4_K / Q5_K / Q6_K
 //    weights: blocks of 256 as Q8_K, with `max` the first value of largest |x|, iscale =
 //    -127 / max, q = min(127, round-half-even(iscale * x)), d = 1 / iscale (f32), and the
 //    sums of q over each 16.
 //  - Per weight block b, an exact integer dot isum_b of the weight's quants and the
-//    activation's (for Q4_K / Q5_K also msum_b, the sub-block mins times the activation's
-//    sums), then c_b = (d_w * d_a) * float(isum_b) [- (dmin_w * d_a) * float(msum_b)]
+//    activation's (for Q2_K / Q4_K / Q5_K also msum_b, the sub-block mins times the
+//    activation's sums), then c_b = (d_w * d_a) * float(isum_b) [- (dmin_w * d_a) * float(msum_b)]
 //    [+ m_w * s_a for Q4_1 / Q5_1], each a rounded f32 operation. Q4_0's quants are taken
-//    minus 8, Q5_0's minus 16, MXFP4's through its value table (ggml's kvalues_mxfp4) with
-//    d_w = 2^(e - 128).
+//    minus 8, Q5_0's minus 16, Q3_K's minus 4 where their hmask bit is clear, Q6_K's minus
+//    32, MXFP4's through its value table (ggml's kvalues_mxfp4) with d_w = 2^(e - 128).
 //  - y = sum of c_b in f32: blocks b < 8 * floor(nb / 8) into eight lanes (lane b % 8,
 //    in order), the lanes added as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)),
 //    then the remaining blocks one by one; then + bias[o] when there is a bias.
 // For up to 7 blocks this is ggml's generic sequential sum exactly (tests check it on
-// hand-made Q8_0 blocks); with more, only the order of the f32 additions differs.
+// hand-made blocks); with more, only the order of the f32 additions differs. (ggml's
+// generic Q3_K dot scales eight partial integer sums separately; the integers are the same.)
 // Measured error against the exact f32 path: tests/unit/test_matmul_q8.cpp.
 #pragma once
 
@@ -87,8 +88,8 @@ Q8Form active_q8_form();
 void set_q8_form(Q8Form form);
 
 /// True when GGML type `type` has q8 kernels: Q8_0, Q4_0, Q5_0, MXFP4 (Q8_0 activations),
-/// Q4_1, Q5_1 (Q8_1), Q4_K, Q5_K, Q6_K (Q8_K). Other types (Q2_K, Q3_K, and F32 / F16 /
-/// BF16, which llama.cpp does not quantise either) keep the exact f32 path under kQ8.
+/// Q4_1, Q5_1 (Q8_1), Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (Q8_K). Other types (F32 / F16 / BF16,
+/// which llama.cpp does not quantise either) keep the exact f32 path under kQ8.
 bool has_q8_kernel(GgmlType type);
 
 /// True when matmul takes the q8 kernels for `w` now: mode kQ8, a kGgml weight, and its

@@ -15,7 +15,8 @@ Steps (each skipped when its output exists):
      (GGML_NATIVE, no CUDA, no curl), targets llama-bench and llama-quantize;
   3. GGUF: llama.cpp's convert_hf_to_gguf.py --outtype bf16 (through
      scripts/llamacpp_convert.py, which only cuts the fixture tokenizer's vocabulary to
-     vocab_size), then llama-quantize to Q8_0 and Q4_0;
+     vocab_size), then llama-quantize to each pair's type (Q8_0, Q4_0, Q4_K_M, Q3_K_M,
+     Q2_K);
   4. charm expert containers: `charm convert --quant int8|int4 --group-size 32`;
   5. `charm bench memory` (STREAM-like copy GB/s) at the benchmark's thread count;
   6. per precision pair (charm bf16 / BF16, int8 / Q8_0, int4 gs32 / Q4_0), --repeat
@@ -71,7 +72,8 @@ from bench_util import comma_choices, fmt_spread, log, machine, sh  # noqa: E402
 # charm precision -> (llama.cpp type, charm convert --quant, or "gguf": charm serves the
 # very GGUF file llama.cpp runs, its GGML blocks as stored)
 PAIRS = {"bf16": ("BF16", None), "int8": ("Q8_0", "int8"), "int4": ("Q4_0", "int4"),
-         "gguf-bf16": ("BF16", "gguf"), "gguf-q8_0": ("Q8_0", "gguf"), "gguf-q4_k_m": ("Q4_K_M", "gguf")}
+         "gguf-bf16": ("BF16", "gguf"), "gguf-q8_0": ("Q8_0", "gguf"), "gguf-q4_k_m": ("Q4_K_M", "gguf"),
+         "gguf-q3_k_m": ("Q3_K_M", "gguf"), "gguf-q2_k": ("Q2_K", "gguf")}
 QUANT_BITS = {"int8": 8, "int4": 4}
 GROUP_SIZE = 32
 VENV_PACKAGES = ["torch", "transformers", "sentencepiece", "protobuf<5", "safetensors", "numpy"]

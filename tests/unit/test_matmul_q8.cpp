@@ -1,8 +1,8 @@
 // common/matmul_q8.h (`activations: q8`): the portable and AVX2 kernels give the same
 // bits for every supported type, a row's result does not depend on the rest of the batch
 // or the thread count, the error against the exact f32 path stays within the measured
-// bound, hand-made Q8_0 blocks give llama.cpp's own arithmetic, and the types without a
-// q8 kernel keep the exact path.
+// bound, hand-made blocks give llama.cpp's own arithmetic, and the types without a q8
+// kernel (GGML F32 / F16 / BF16) keep the exact path.
 #include <doctest/doctest.h>
 #include <omp.h>
 
@@ -28,7 +28,8 @@ using namespace charm;
 namespace {
 
 const GgmlType kQ8Types[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
-                             GgmlType::kMXFP4, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+                             GgmlType::kMXFP4, GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K,
+                             GgmlType::kQ6_K};
 
 uint16_t f16_bits(float v) {  // exact for the values used here (small powers of two)
   for (uint32_t b = 0; b < 0x7C00; ++b) {
@@ -49,6 +50,8 @@ std::vector<int> f16_fields(GgmlType type) {
     case GgmlType::kQ4_K:
     case GgmlType::kQ5_K: return {0, 2};
     case GgmlType::kQ6_K: return {208};
+    case GgmlType::kQ2_K: return {80, 82};
+    case GgmlType::kQ3_K: return {108};
     case GgmlType::kMXFP4: return {};  // its scale is the e8m0 byte 0
     default: FAIL("no layout for the test"); return {};
   }
@@ -273,8 +276,9 @@ TEST_CASE("q8: a row's result does not depend on the other rows, the tiling or t
 // rel = max |e| / (||x|| * ||w_o||) over every output of 40 random [16, 1024] matrices
 // per type (x as random_x: uniform in [-1, 1] with 1-in-97 outliers x8), measured on this
 // code: Q8_0 8.3e-4, Q4_0 1.04e-3, Q4_1 1.02e-3, Q5_0 9.6e-4, Q5_1 8.1e-4, MXFP4 1.07e-3,
-// Q4_K 1.86e-3, Q5_K 2.15e-3, Q6_K 1.82e-3 (Q8_K's blocks of 256 meet an outlier more
-// often, so their step amax / 127 is larger). Bounds checked: 1.5e-3 for the types with
+// Q2_K 1.73e-3, Q3_K 2.37e-3, Q4_K 1.70e-3, Q5_K 1.88e-3, Q6_K 1.74e-3 (Q8_K's blocks of
+// 256 meet an outlier more often, so their step amax / 127 is larger; the seeds follow
+// kQ8Types' order, so adding a type moved the K-quants' numbers). Bounds checked: 1.5e-3 for the types with
 // blocks of 32 (Q8_0 / Q8_1 activations), 3e-3 for the Q8_K ones. Checked once by
 // hand-editing common/matmul_q8.cpp: dropping the activation scale (d = 1) gives rel 7..11
 // and rounding toward zero instead of to nearest 2.1e-3 / 3.7e-3..4.5e-3; both fail here.
@@ -432,6 +436,70 @@ TEST_CASE("q8: Q4_1 x Q8_1, Q5_0 x Q8_0 and MXFP4 x Q8_0 on hand-made blocks giv
   }
 }
 
+// llama.cpp's arithmetic for the 2- and 3-bit K-quants against Q8_K
+// (ggml_vec_dot_q2_K_q8_K_generic, ..._q3_K_q8_K_generic), one block of 256 each, every
+// value exact. x: 127 (e0), 10 (e1), -3 (e5), -4 (e98), 20 (e144), 7 (e150), 1 (e200), else
+// 0; Q8_K's max is 127, so iscale = -127 / 127, d_x = -1 and q = -x.
+//  Q2_K: d 0.5, dmin 0.25; sub-block 0 scale 3 min 2 (e0 quant 1, e1 3), sub-block 6 scale
+//        7 (e98 quant 3), sub-block 9 scale 5 min 1 (e144 quant 2), every other scale and
+//        min 0: isum 3 * (-127 - 30) + 7 * 12 + 5 * (-40) = -587, bsums -134 (s0), -27 (s9),
+//        msum 2 * -134 + 1 * -27 = -295 -> (0.5 * -1) * -587 - (0.25 * -1) * -295 = 219.75
+//  Q3_K: d 0.5; sub-block 0 scale 3 (e0 quant 1, e1 -1, e5 -4), sub-block 6 scale -7 (e98
+//        -2), sub-block 9 scale 5 (e144 -1, e150 -4), every other scale 0 (6-bit 32) and
+//        every other quant -4: isum 3 * -129 + -7 * -8 + 5 * 48 = -91 -> 45.5
+// Both equal x . w of the dequantised weights (the activations are whole numbers here).
+TEST_CASE("q8: Q2_K and Q3_K x Q8_K on hand-made blocks give llama.cpp's values") {
+  std::vector<float> x(256, 0.0f);
+  for (const auto& [at, v] : std::vector<std::pair<int, float>>{{0, 127}, {1, 10}, {5, -3}, {98, -4}, {144, 20},
+                                                                {150, 7}, {200, 1}}) {
+    x[static_cast<size_t>(at)] = v;
+  }
+  auto put_f16 = [](std::vector<uint8_t>& b, size_t at, float v) {
+    const uint16_t bits = f16_bits(v);
+    std::memcpy(&b[at], &bits, 2);
+  };
+  std::vector<uint8_t> q2(84, 0);
+  q2[0] = 0x23;   // sub-block 0: scale 3, min 2
+  q2[6] = 0x07;   // sub-block 6: scale 7
+  q2[9] = 0x15;   // sub-block 9: scale 5, min 1
+  q2[16 + 0] = 0x01;   // e0 = 1 (bits 0..1 of qs[0])
+  q2[16 + 1] = 0x03;   // e1 = 3
+  q2[16 + 2] = 0xC0;   // e98 = 3 (bits 6..7 of qs[2]: 32 * 3 + 2)
+  q2[16 + 48] = 0x02;  // e144 = 2 (bits 0..1 of qs[32 + 16])
+  put_f16(q2, 80, 0.5f);
+  put_f16(q2, 82, 0.25f);
+  std::vector<uint8_t> q3(110, 0);
+  q3[0] = 0x01;    // hmask bit 0 of e0: quant 1 - 0
+  q3[32 + 0] = 0x01;   // e0's two bits
+  q3[32 + 1] = 0x03;   // e1: 3 - 4 = -1
+  q3[32 + 2] = 0x80;   // e98 (bits 6..7 of qs[2]): 2 - 4 = -2
+  q3[32 + 48] = 0x03;  // e144 (bits 0..1 of qs[48]): 3 - 4 = -1
+  for (int i = 8; i < 12; ++i) q3[96 + static_cast<size_t>(i)] = 0xAA;  // every high pair 2: 6-bit scale 32 + low
+  q3[96 + 0] = 0x03;   // sub-block 0: low 3 -> 35 - 32 = 3
+  q3[96 + 6] = 0x09;   // sub-block 6: low 9 ...
+  q3[96 + 10] = 0xA6;  // ... high pair (bits 2..3 of scales[10]) 1: 25 - 32 = -7
+  q3[96 + 1] = 0x50;   // sub-block 9: high nibble of scales[1] 5 -> 5
+  put_f16(q3, 108, 0.5f);
+  std::vector<KernelPath> paths = {KernelPath::kPortable};
+  if (cpu_supports_avx2()) paths.push_back(KernelPath::kAvx2);
+  for (const auto& [type, block, want] : {std::tuple{GgmlType::kQ2_K, q2, 219.75f}, std::tuple{GgmlType::kQ3_K, q3, 45.5f}}) {
+    CAPTURE(std::string(ggml_traits(type).name));
+    StoredMatrix w;
+    w.shape.format = WeightFormat::kGgml;
+    w.shape.ggml_type = type;
+    w.shape.rows = 1;
+    w.shape.cols = 256;
+    w.data = block;
+    std::vector<float> exact(1);
+    matmul(w.view(), x.data(), 1, nullptr, exact.data());
+    CHECK(exact[0] == want);  // the exact path on the dequantised weights agrees
+    for (KernelPath path : paths) {
+      CAPTURE(kernel_path_name(path));
+      CHECK(q8_tile(path, w.view(), x.data(), 1, nullptr)[0] == want);
+    }
+  }
+}
+
 TEST_CASE("q8: a tile reuses a quantised row only for the same bits, not the same address") {
   const GgmlType type = GgmlType::kQ4_K;
   const int64_t cols = 512;
@@ -449,7 +517,7 @@ TEST_CASE("q8: a tile reuses a quantised row only for the same bits, not the sam
 }
 
 TEST_CASE("q8: types without a q8 kernel keep the exact f32 path; non-finite activations give NaN") {
-  for (GgmlType type : {GgmlType::kQ2_K, GgmlType::kQ3_K}) {
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16}) {  // llama.cpp keeps them unquantised too
     CAPTURE(std::string(ggml_traits(type).name));
     CHECK_FALSE(has_q8_kernel(type));
     StoredMatrix w;
@@ -457,7 +525,7 @@ TEST_CASE("q8: types without a q8 kernel keep the exact f32 path; non-finite act
     w.shape.ggml_type = type;
     w.shape.rows = 3;
     w.shape.cols = 256;
-    w.data.assign(w.shape.data_bytes(), 0x11);
+    w.data.assign(w.shape.data_bytes(), 0x11);  // small finite values in each of the three
     const std::vector<float> x = random_x(256, 5);
     std::vector<float> exact(3), q8(3, -1.0f);
     matmul(w.view(), x.data(), 1, nullptr, exact.data());
