@@ -428,8 +428,11 @@ def main() -> int:
            "charm_activations": args.charm_activations,
            "llama": llama_version(llama_src), "commands": [], "pairs": {}}
     res["machine"]["lscpu"] = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    res["charm_commit"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                                         capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    # The commit says which charm ran only when it is the repository's own build.
+    own_build = args.charm.resolve() == (REPO / "build/charm").resolve()
+    res["charm_commit"] = head if own_build else f"{args.charm} (repository at {head})"
     res["memory"] = [memory_bandwidth(args.charm, args.threads, results_dir, "before")]
     for p in pairs:
         qtype, quant = PAIRS[p]
