@@ -155,9 +155,7 @@ void q3_k(const uint8_t* b, float* y) {
     for (int k = 0; k < 4; ++k) {
       for (int half = 0; half < 2; ++half) {
         const int s = 8 * h + 2 * k + half;
-        const int low = (scales[s % 8] >> (4 * (s / 8))) & 0x0F;
-        const int high = (scales[8 + s % 4] >> (2 * (s / 4))) & 3;
-        const float dl = d * static_cast<float>((low | (high << 4)) - 32);
+        const float dl = d * static_cast<float>(q3_k_scale(s, scales));
         const uint8_t* q = qs + 32 * h + 16 * half;
         const uint8_t* hm = hmask + 16 * half;
         const int hbit = 4 * h + k;  // the hmask bit of elements 32 (4 h + k) + l

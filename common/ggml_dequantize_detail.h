@@ -24,6 +24,15 @@ inline ScaleMin get_scale_min_k4(int j, const uint8_t* q) {
           static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4))};
 }
 
+/// The scale of sub-block s (< 16) of a Q3_K super-block from its 12 scale bytes `q`,
+/// minus 32 (-32..31): the low 4 bits are nibble s / 8 of q[s % 8], the high 2 bits bits
+/// 2 (s / 4)..+1 of q[8 + s % 4] (ggml-quants.c dequantize_row_q3_K's kmask1 / kmask2).
+inline int q3_k_scale(int s, const uint8_t* q) {
+  const int low = (q[s % 8] >> (4 * (s / 8))) & 0x0F;
+  const int high = (q[8 + s % 4] >> (2 * (s / 4))) & 3;
+  return (low | (high << 4)) - 32;
+}
+
 /// MXFP4's block scale: half the e8m0 value, 2^(e - 128) as f32 (its kvalues are twice the
 /// e2m1 values); e = 0 and 1 are the f32 subnormals 2^-128, 2^-127, and e = 255 is 2^127,
 /// not NaN (ggml's ggml_e8m0_to_fp32_half). Exact.

@@ -268,7 +268,7 @@ float dot_q2_k(const uint8_t* w, const Q8Row& a) {
 
 /// Q3_K {u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d}: element 16 s + l of sub-block s =
 /// 8 h + 2 k + half has quant bits 2k..2k+1 of qs[32 h + 16 half + l], minus 4 unless bit
-/// 4 h + k of hmask[16 half + l] is set, and scale sc6(s) - 32 (common/ggml_dequantize.cpp
+/// 4 h + k of hmask[16 half + l] is set, and scale q3_k_scale(s) (common/ggml_dequantize.cpp
 /// q3_k; ggml_vec_dot_q3_K_q8_K_generic takes the same exact integers).
 float dot_q3_k(const uint8_t* w, const Q8Row& a) {
   return lane_sum(a.blocks, [&](int64_t b) {
@@ -285,9 +285,7 @@ float dot_q3_k(const uint8_t* w, const Q8Row& a) {
         const int quant = ((q[l] >> (2 * k)) & 3) - (((hm[l] >> (4 * h + k)) & 1) ? 0 : 4);
         sub += quant * ab[16 * s + l];
       }
-      const int low = (scales[s % 8] >> (4 * (s / 8))) & 0x0F;
-      const int high = (scales[8 + s % 4] >> (2 * (s / 4))) & 3;
-      isum += ((low | (high << 4)) - 32) * sub;
+      isum += q3_k_scale(s, scales) * sub;
     }
     return (load_f16(wb + 108) * a.d[b]) * static_cast<float>(isum);
   });
