@@ -20,8 +20,8 @@ Steps (each skipped when its output exists):
   4. charm expert containers: `charm convert --quant int8|int4 --group-size 32`;
   5. `charm bench memory` (STREAM-like copy GB/s) at the benchmark's thread count;
   6. per precision pair (charm bf16 / BF16, int8 / Q8_0, int4 gs32 / Q4_0), --repeat
-     times, alternating: `llama-bench -p PP -n TG -t T -ub U -r 1 -lm mmap+mlock -o json`, then
-     `charm run --max-batch-tokens U` (single node, every expert resident in RAM,
+     times, alternating: `llama-bench -p PP -n TG -t T [-ub U] -r 1 -lm mmap+mlock -o json`,
+     then `charm run [--max-batch-tokens U]` (single node, every expert resident in RAM,
      --stats-json) twice, as
      llama-bench's two tests: a PP-token prompt for one token (prompt tok/s), and TG tokens
      after a one-word prompt (decode tok/s from an almost empty context). One engine at a
@@ -243,8 +243,9 @@ def run_measured(cmd: list, timeout: float, log_prefix: Path) -> dict:
 
 
 def run_llama(bin_dir: Path, gguf: Path, args, log_prefix: Path) -> dict:
-    r = run_measured([bin_dir / "llama-bench", "-m", gguf, "-p", args.pp, "-n", args.tg, "-t", args.threads,
-                      "-ub", args.ubatch, "-r", "1", "-lm", args.llama_load_mode, "-o", "json"], args.timeout, log_prefix)
+    batch = ["-ub", args.ubatch] if args.ubatch else []
+    r = run_measured([bin_dir / "llama-bench", "-m", gguf, "-p", args.pp, "-n", args.tg, "-t", args.threads, *batch,
+                      "-r", "1", "-lm", args.llama_load_mode, "-o", "json"], args.timeout, log_prefix)
     tests = json.loads(r["stdout"])
     pp = next(t for t in tests if t["n_prompt"] == args.pp and t["n_gen"] == 0)
     tg = next(t for t in tests if t["n_gen"] == args.tg and t["n_prompt"] == 0)
@@ -269,8 +270,8 @@ def run_charm(charm: Path, cfg: Path, prompt: str, args, log_prefix: Path, vocab
     an almost empty context, as llama-bench's generation test starts from an empty one;
     after the PP-token prompt every step would also read PP positions of K/V)."""
     stats, ids = log_prefix.with_suffix(".stats.json"), log_prefix.with_suffix(".ids.json")
-    r = run_measured([charm, "run", "--config", cfg, "--max-tokens", 1, "--activations", args.charm_activations,
-                      "--max-batch-tokens", args.ubatch,
+    batch = ["--max-batch-tokens", args.ubatch] if args.ubatch else []
+    r = run_measured([charm, "run", "--config", cfg, "--max-tokens", 1, "--activations", args.charm_activations, *batch,
                       "--stats-json", stats, "--ids-out", ids, prompt], args.timeout, log_prefix)
     s = json.loads(stats.read_text())
     prompt_ids = json.loads(ids.read_text())["prompt_ids"]
@@ -281,8 +282,7 @@ def run_charm(charm: Path, cfg: Path, prompt: str, args, log_prefix: Path, vocab
     decode_stats = decode_prefix.with_suffix(".stats.json")
     # Sampled with a fixed seed: greedy decoding of a random model repeats one token (one routing).
     d = run_measured([charm, "run", "--config", cfg, "--max-tokens", args.tg, "--temperature", "1", "--seed", "7",
-                      "--max-batch-tokens", args.ubatch,
-                      "--activations", args.charm_activations, "--stats-json", decode_stats, prompt.split()[0]],
+                      *batch, "--activations", args.charm_activations, "--stats-json", decode_stats, prompt.split()[0]],
                      args.timeout, decode_prefix)
     ds = json.loads(decode_stats.read_text())
     if ds["completion_tokens"] != args.tg:
@@ -380,10 +380,11 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2, help="alternating llama.cpp/charm runs per precision")
     ap.add_argument("--pp", type=int, default=128, help="prompt tokens")
     ap.add_argument("--tg", type=int, default=64, help="generated tokens")
-    ap.add_argument("--ubatch", type=int, default=512,
-                    help="prompt tokens per forward pass, both engines: llama-bench -ub and charm --max-batch-tokens "
-                         "(512 is llama-bench's default; charm's serving default, 256, would split a 512-token "
-                         "prompt into two passes over every weight)")
+    ap.add_argument("--ubatch", type=int, default=0,
+                    help="prompt tokens per forward pass for both engines: llama-bench -ub U and charm "
+                         "--max-batch-tokens U. 0 (default): each engine's own default, llama-bench's 512 and "
+                         "charm's serving.max_batch_tokens, 256, which runs a 512-token prompt as two passes "
+                         "(faster for charm's exact path on this host, slower for its q8 path: docs/benchmarks.md)")
     ap.add_argument("--pairs", default="bf16,int8,int4",
                     help="of " + ",".join(PAIRS) + " (gguf-*: charm serves the same GGUF file llama.cpp runs)")
     ap.add_argument("--layers", type=int, default=16, help="layers of the synthetic checkpoint (OLMoE-1B-7B has 16)")
@@ -431,7 +432,8 @@ def main() -> int:
         log("prepared: " + ", ".join(str(g) for g in ggufs.values()))
         return 0
 
-    res = {"machine": machine(args.work), "threads": args.threads, "pp": args.pp, "tg": args.tg, "ubatch": args.ubatch,
+    res = {"machine": machine(args.work), "threads": args.threads, "pp": args.pp, "tg": args.tg,
+           "ubatch": args.ubatch or "each engine's default",
            "charm_activations": args.charm_activations,
            "llama": llama_version(llama_src), "commands": [], "pairs": {}}
     res["machine"]["lscpu"] = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
