@@ -490,7 +490,8 @@ def print_report(res: dict) -> None:
     lv = res["llama"]
     print(f"llama.cpp: from llama-cpp-python {lv.get('llama_cpp_python')} (vendored llama.cpp "
           f"{lv.get('llama_cpp_commit', '?')[:12]}); charm {res.get('charm_commit', '?')}")
-    print(f"threads {res['threads']}, prompt {res['pp']} tokens, decode {res['tg']} tokens; "
+    batch = res.get("ubatch", "each engine's default")  # results from before --ubatch: the defaults
+    print(f"threads {res['threads']}, prompt {res['pp']} tokens (batch: {batch}), decode {res['tg']} tokens; "
           f"memory bandwidth (charm bench memory, STREAM copy, best): "
           + ", ".join(f"{x['kernels']['copy']['best_gb_per_s']:.1f}" for x in res["memory"]) + f" GB/s -> {copy:.1f}")
     print()
