@@ -22,10 +22,9 @@ Steps (each skipped when its output exists):
   6. per precision pair (charm bf16 / BF16, int8 / Q8_0, int4 gs32 / Q4_0), --repeat
      times, alternating: `llama-bench -p PP -n TG -t T [-ub U] -r 1 -lm mmap+mlock -o json`,
      then `charm run [--max-batch-tokens U]` (single node, every expert resident in RAM,
-     --stats-json) twice, as
-     llama-bench's two tests: a PP-token prompt for one token (prompt tok/s), and TG tokens
-     after a one-word prompt (decode tok/s from an almost empty context). One engine at a
-     time; peak RSS from wait4's rusage.
+     --stats-json) twice, as llama-bench's two tests: a PP-token prompt for one token
+     (prompt tok/s), and TG tokens after a one-word prompt (decode tok/s from an almost
+     empty context). One engine at a time; peak RSS from wait4's rusage.
   7. the roofline: bytes a decode step must read (below) / copy GB/s = the tok/s a
      perfectly memory-bound decode would reach; each engine's decode as a fraction of it.
 
@@ -408,6 +407,8 @@ def main() -> int:
         print_report(json.loads(args.report.read_text()))
         return 0
     pairs = comma_choices(ap, args.pairs, PAIRS, "pair")
+    if args.ubatch < 0:
+        ap.error(f"--ubatch {args.ubatch}: give a token count, or 0 for each engine's default")
     if not args.charm.exists():
         ap.error(f"{args.charm}: no charm binary (cmake --build build --target charm)")
     args.work.mkdir(parents=True, exist_ok=True)
