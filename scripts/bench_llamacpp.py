@@ -434,7 +434,7 @@ def main() -> int:
         return 0
 
     res = {"machine": machine(args.work), "threads": args.threads, "pp": args.pp, "tg": args.tg,
-           "ubatch": args.ubatch or "each engine's default",
+           "ubatch": args.ubatch,
            "charm_activations": args.charm_activations,
            "llama": llama_version(llama_src), "commands": [], "pairs": {}}
     res["machine"]["lscpu"] = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
@@ -491,7 +491,7 @@ def print_report(res: dict) -> None:
     lv = res["llama"]
     print(f"llama.cpp: from llama-cpp-python {lv.get('llama_cpp_python')} (vendored llama.cpp "
           f"{lv.get('llama_cpp_commit', '?')[:12]}); charm {res.get('charm_commit', '?')}")
-    batch = res.get("ubatch", "each engine's default")  # results from before --ubatch: the defaults
+    batch = res.get("ubatch") or "each engine's default"  # 0, or absent in results from before --ubatch
     print(f"threads {res['threads']}, prompt {res['pp']} tokens (batch: {batch}), decode {res['tg']} tokens; "
           f"memory bandwidth (charm bench memory, STREAM copy, best): "
           + ", ".join(f"{x['kernels']['copy']['best_gb_per_s']:.1f}" for x in res["memory"]) + f" GB/s -> {copy:.1f}")
