@@ -72,6 +72,45 @@ TEST_CASE("a non-finite term makes the sum NaN whatever else is in it and in any
   CHECK(sat == 1);
 }
 
+TEST_CASE("add_weighted_term gives to_fixed's bits for every magnitude, on both sides of its fast path") {
+  // The fast path (every |t| < 2^19 in a call) rounds by adding 1.5 * 2^52; one term at
+  // or past 2^19, or non-finite, sends the call to to_fixed. Both must agree with
+  // to_fixed term by term: ties, tiny terms, the 2^19 edge, saturation.
+  std::mt19937 rng(77);
+  std::uniform_int_distribution<int> exponent(-60, 24);
+  std::vector<float> y;
+  for (int i = 0; i < 20000; ++i) {
+    const float mantissa = 1.0f + static_cast<float>(rng() % 8388608) / 8388608.0f;
+    y.push_back(std::ldexp((rng() & 1) ? -mantissa : mantissa, exponent(rng)));
+  }
+  for (float t : {std::ldexp(1.0f, -33), std::ldexp(3.0f, -33), std::ldexp(-5.0f, -33), std::ldexp(1.0f, 19),
+                  std::nextafter(std::ldexp(1.0f, 19), 0.0f), -std::ldexp(1.0f, 19), 0.0f, -0.0f}) {
+    y.push_back(t);
+  }
+  const float weights[] = {1.0f, 0.3f, -1.7f};
+  for (float w : weights) {
+    // One value per call (each takes the path its own magnitude picks), then runs of 64
+    // (a run with one large value takes to_fixed for all of it).
+    for (size_t n : {size_t{1}, size_t{64}}) {
+      for (size_t at = 0; at + n <= y.size(); at += n) {
+        std::vector<int64_t> got(n, 5), want(n, 5);
+        uint64_t sat_got = 0, sat_want = 0;
+        add_weighted_term(&y[at], w, n, got.data(), sat_got);
+        for (size_t d = 0; d < n; ++d) want[d] = fixed_add(want[d], to_fixed(w * y[at + d], sat_want));
+        REQUIRE(got == want);
+        REQUIRE(sat_got == sat_want);
+      }
+    }
+  }
+  // An accumulator already NaN stays NaN on the fast path.
+  std::vector<int64_t> acc = {kFixedNaN, 0};
+  uint64_t sat = 0;
+  const float small[] = {0.25f, 0.5f};
+  add_weighted_term(small, 1.0f, 2, acc.data(), sat);
+  CHECK(acc[0] == kFixedNaN);
+  CHECK(acc[1] == int64_t{1} << 31);
+}
+
 TEST_CASE("split invariance: any split of a row's terms over 1..4 workers, in any order, gives the same bits") {
   std::mt19937 rng(1234);
   std::uniform_real_distribution<float> value(-4.0f, 4.0f), weight(0.0f, 1.0f);
