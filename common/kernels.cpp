@@ -47,11 +47,25 @@ void softmax(float* x, size_t n) {
 }
 
 size_t argmax(const float* x, size_t n) {
-  size_t best = 0;
-  for (size_t i = 1; i < n; ++i) {
-    if (x[i] > x[best]) best = i;
+  if (n == 0 || std::isnan(x[0])) return 0;
+  const float max = max_value(x, n);
+  size_t i = 0;
+  while (!(x[i] == max)) ++i;  // the first index equal to it (either zero matches the other)
+  return i;
+}
+
+float max_value(const float* x, size_t n) {
+  constexpr size_t kLanes = 16;
+  float lane[kLanes];
+  for (float& m : lane) m = x[0];
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t l = 0; l < kLanes; ++l) lane[l] = x[i + l] > lane[l] ? x[i + l] : lane[l];
   }
-  return best;
+  float max = lane[0];
+  for (size_t l = 1; l < kLanes; ++l) max = lane[l] > max ? lane[l] : max;
+  for (; i < n; ++i) max = x[i] > max ? x[i] : max;
+  return max;
 }
 
 }  // namespace charm

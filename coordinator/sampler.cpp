@@ -40,13 +40,36 @@ size_t nucleus_size(std::vector<int32_t>& ids, const std::vector<double>& weight
 
 int32_t sample_token(float* logits, size_t vocab, const SamplingParams& params, std::mt19937_64& rng) {
   if (params.temperature <= 0.0) return static_cast<int32_t>(argmax(logits, vocab));
-  // Candidates: every token, or the top_k best.
-  std::vector<int32_t> ids(vocab);
-  std::iota(ids.begin(), ids.end(), 0);
-  if (params.top_k > 0 && static_cast<size_t>(params.top_k) < vocab) {
-    sort_front(ids, static_cast<size_t>(params.top_k), logits);
-    ids.resize(static_cast<size_t>(params.top_k));
+  // Candidates: every token in id order (no list: the loops below read the logits
+  // directly), or, under top_k or top_p, a list of ids the filters reorder. The buffers
+  // are this thread's, kept between calls: a vocabulary-sized allocation per token cost
+  // more than the draw.
+  const bool top_k = params.top_k > 0 && static_cast<size_t>(params.top_k) < vocab;
+  const bool listed = top_k || params.top_p < 1.0;
+  thread_local std::vector<int32_t> ids;
+  thread_local std::vector<double> weight;  // by id; read only for candidates
+  if (listed) {
+    ids.resize(vocab);
+    std::iota(ids.begin(), ids.end(), 0);
+    if (top_k) {
+      sort_front(ids, static_cast<size_t>(params.top_k), logits);
+      ids.resize(static_cast<size_t>(params.top_k));
+    }
   }
+  weight.resize(vocab);
+  // Calls f(id) on the candidates in order until it returns true; returns that id, or -1.
+  auto find_candidate = [&](auto&& f) -> int32_t {
+    if (listed) {
+      for (int32_t id : ids) {
+        if (f(id)) return id;
+      }
+    } else {
+      for (size_t i = 0; i < vocab; ++i) {
+        if (f(static_cast<int32_t>(i))) return static_cast<int32_t>(i);
+      }
+    }
+    return -1;
+  };
   // Unnormalised softmax(logits / temperature) over the candidates: exp in f32, as
   // token_logprob takes it, summed in double (the double exp made this function 1.3x
   // slower: 510 against 390 us per call over a 50k vocabulary, about 1 % of a q8 decode
@@ -54,11 +77,12 @@ int32_t sample_token(float* logits, size_t vocab, const SamplingParams& params, 
   // the best gets weight 0 (f32's exp underflows; its share was below 1e-45), so it is
   // never drawn.
   const auto inv_t = static_cast<float>(1.0 / params.temperature);
-  float max = logits[ids[0]];
-  for (int32_t id : ids) max = std::max(max, logits[id]);
-  std::vector<double> weight(vocab, 0.0);
+  const float max = top_k ? logits[ids[0]] : max_value(logits, vocab);  // top_k sorted the best first
   double total = 0;
-  for (int32_t id : ids) total += weight[id] = std::exp((logits[id] - max) * inv_t);
+  find_candidate([&](int32_t id) {
+    total += weight[id] = std::exp((logits[id] - max) * inv_t);
+    return false;
+  });
   if (params.top_p < 1.0) {
     ids.resize(nucleus_size(ids, weight, total, params.top_p, logits));
     total = 0;
@@ -67,16 +91,16 @@ int32_t sample_token(float* logits, size_t vocab, const SamplingParams& params, 
   // Inverse-CDF draw over the kept candidates in their current (fixed) order.
   const double u = std::uniform_real_distribution<double>(0.0, total)(rng);
   double cumulative = 0;
-  int32_t last_possible = ids.front();
-  for (int32_t id : ids) {
-    if (weight[id] == 0) continue;  // a masked (-inf) logit, or one that underflowed
+  int32_t last_possible = listed ? ids.front() : 0;
+  const int32_t picked = find_candidate([&](int32_t id) {
+    if (weight[id] == 0) return false;  // a masked (-inf) logit, or one that underflowed
     cumulative += weight[id];
     last_possible = id;
-    if (u < cumulative) return id;
-  }
+    return u < cumulative;
+  });
   // u == total after rounding: the last candidate that can be drawn (never a masked one,
-  // which ids.back() may be: the padding sits at the end of the vocabulary).
-  return last_possible;
+  // which the last id may be: the padding sits at the end of the vocabulary).
+  return picked >= 0 ? picked : last_possible;
 }
 
 std::vector<int32_t> unsampleable_ids(const Tokenizer& tokenizer, size_t model_vocab, std::span<const int32_t> keep) {

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/kernels.h"
 #include "coordinator/sampler.h"
 #include "coordinator/sampling_params.h"
 #include "coordinator/text/stop_strings.h"
@@ -94,6 +95,27 @@ TEST_CASE("temperature 0 is argmax, first index on ties") {
   p.temperature = 0;
   std::mt19937_64 rng(1);
   CHECK(sample_token(logits.data(), logits.size(), p, rng) == 1);
+}
+
+TEST_CASE("argmax and max_value match the one-at-a-time chain over NaN, zeros, infinities and ties") {
+  // The chain both replace: best moves only on a strictly greater value.
+  auto chain_argmax = [](const std::vector<float>& x) {
+    size_t best = 0;
+    for (size_t i = 1; i < x.size(); ++i) {
+      if (x[i] > x[best]) best = i;
+    }
+    return best;
+  };
+  std::mt19937 rng(11);
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::infinity(), 0.0f, -0.0f};
+  for (int trial = 0; trial < 20000; ++trial) {
+    std::vector<float> x(1 + rng() % 70);  // across the sixteen lanes and the tail
+    for (float& v : x) v = rng() % 3 == 0 ? specials[rng() % 5] : static_cast<float>(static_cast<int>(rng() % 7) - 3);
+    const size_t want = chain_argmax(x);
+    REQUIRE(argmax(x.data(), x.size()) == want);
+    if (!std::isnan(x[0])) REQUIRE(max_value(x.data(), x.size()) == x[want]);
+  }
 }
 
 TEST_CASE("top_k = 1 always picks the best token whatever the temperature") {
