@@ -115,10 +115,15 @@ void print_prefetch_stats(const Engine& engine) {
 struct ServingFlags {
   std::optional<int64_t> max_batch_tokens, max_num_seqs, max_waiting, micro_batches;
   std::optional<double> kv_cache_gb;
+  bool prefix_cache = true;
+  CLI::Option* prefix_cache_flag = nullptr;  // given or not: absent keeps the config's key
 
-  /// Adds --max-batch-tokens, --max-num-seqs, --max-waiting, --kv-cache-gb and
-  /// --micro-batches to `cmd`.
+  /// Adds --max-batch-tokens, --max-num-seqs, --max-waiting, --kv-cache-gb,
+  /// --micro-batches and --prefix-cache / --no-prefix-cache to `cmd`.
   void add_to(CLI::App& cmd) {
+    prefix_cache_flag = cmd.add_flag("--prefix-cache,!--no-prefix-cache", prefix_cache,
+                                     "Reuse earlier prompts' KV blocks (default: serving.prefix_cache, on); off, every "
+                                     "prompt is computed whole");
     cmd.add_option("--max-batch-tokens", max_batch_tokens,
                    "Tokens per engine step, decodes and prompt chunks together (default: serving.max_batch_tokens, 256)")
         ->check(CLI::Range(1, 1 << 20));
@@ -142,6 +147,7 @@ struct ServingFlags {
     if (max_num_seqs) serving.max_num_seqs = *max_num_seqs;
     if (max_waiting) serving.max_waiting = *max_waiting;
     if (micro_batches) serving.micro_batches = *micro_batches;
+    if (prefix_cache_flag && prefix_cache_flag->count() > 0) serving.prefix_cache = prefix_cache;
     if (kv_cache_gb) {
       if (!(*kv_cache_gb > 0 && *kv_cache_gb <= kMaxKvCacheGb)) {  // NaN fails too
         fail_invalid("--kv-cache-gb: must be a number of GiB in (0, " + std::to_string(int64_t(kMaxKvCacheGb)) +
@@ -277,6 +283,7 @@ struct RunArgs {
   std::string stats_json;
   std::string logits_out;  // first-step logits, raw little-endian f32 [vocab_size]
   std::string ids_out;     // {"prompt_ids": [...], "new_ids": [...]} as JSON
+  int64_t repeat = 1;      // runs of the request in this process; the last one's text and files
   ServingFlags serving;
   std::optional<int> threads;
   std::optional<std::string> activations;
@@ -313,15 +320,23 @@ std::map<uint32_t, TierCounters> worker_tier_layers(const Topology& topology, co
 }
 
 /// `charm run --stats-json`: the run's numbers for scripts (scripts/bench_tiers.py):
-/// tokens, timings, prefetch recall per layer and each worker's view and tier counters.
+/// tokens and timings of the last of `runs` (and of each, under "runs"), prefetch recall
+/// per layer and each worker's view and tier counters.
 void write_run_stats(const UserPath& path, const Topology& topology, const Engine& engine,
-                     const GenerationResult& result) {
+                     const std::vector<GenerationResult>& runs) {
+  const GenerationResult& result = runs.back();
   nlohmann::json j = {{"prompt_tokens", result.prompt_tokens},
                       {"completion_tokens", result.completion_tokens},
                       {"finish_reason", result.finish_reason},
                       {"ttft_ms", result.ttft_ms},
                       {"decode_tokens_per_s", result.decode_tokens_per_s},
-                      {"prefetch_enabled", topology.prefetch}};
+                      {"prefetch_enabled", topology.prefetch},
+                      {"prefix_cache", topology.serving.prefix_cache},
+                      {"runs", nlohmann::json::array()}};
+  for (const GenerationResult& r : runs) {
+    j["runs"].push_back({{"prompt_tokens", r.prompt_tokens}, {"completion_tokens", r.completion_tokens},
+                         {"ttft_ms", r.ttft_ms}, {"decode_tokens_per_s", r.decode_tokens_per_s}});
+  }
   PrefetchLayerStats total;
   nlohmann::json layers = nlohmann::json::object();
   for (const auto& [layer, s] : engine.prefetch_stats()) {
@@ -376,6 +391,16 @@ UserPath output_path(const std::string& given, const char* flag) {
   return path;
 }
 
+/// One run's numbers on stderr, after `label`.
+void print_run_line(const GenerationResult& result, const std::string& label) {
+  std::fprintf(stderr,
+               "%sprompt tokens: %lld, generated tokens: %lld, finish: %s, TTFT: %.1f ms, decode: %.2f tok/s, "
+               "KV cache: %lld bytes/token\n",
+               label.c_str(), static_cast<long long>(result.prompt_tokens),
+               static_cast<long long>(result.completion_tokens), result.finish_reason.c_str(), result.ttft_ms,
+               result.decode_tokens_per_s, static_cast<long long>(result.kv_bytes_per_token));
+}
+
 int run(const RunArgs& args) {
   const UserPath routing_trace = output_path(args.routing_trace, "--routing-trace");
   const UserPath stats_json = output_path(args.stats_json, "--stats-json");
@@ -397,11 +422,23 @@ int run(const RunArgs& args) {
   params.max_tokens = args.max_tokens;
   params.temperature = args.temperature;
   params.seed = args.seed;
-  GenerationResult result = engine->generate(prompt, params, [](std::string_view piece, std::span<const TokenLogprob>) {
+  if (args.repeat > 1 && topology.serving.prefix_cache) {
+    spdlog::warn("charm run: --repeat {} with the prefix cache on: the runs after the first reuse the prompt's KV "
+                 "blocks (--no-prefix-cache computes the whole prompt every time)",
+                 args.repeat);
+  }
+  // Earlier runs (--repeat) print their numbers only; the last one its text too.
+  std::vector<GenerationResult> runs;
+  for (int64_t i = 1; i < args.repeat; ++i) {
+    runs.push_back(engine->generate(prompt, params, [](std::string_view, std::span<const TokenLogprob>) { return true; }));
+    print_run_line(runs.back(), fmt::format("run {} of {}: ", i, args.repeat));
+  }
+  runs.push_back(engine->generate(prompt, params, [](std::string_view piece, std::span<const TokenLogprob>) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
     return true;
-  });
+  }));
+  const GenerationResult& result = runs.back();
   std::fputc('\n', stdout);
   std::fflush(stdout);  // the stats line goes to stderr after the text, not inside it
   // For comparisons with a reference implementation (scripts/check_demo.py).
@@ -413,14 +450,9 @@ int run(const RunArgs& args) {
     const std::string ids = nlohmann::json{{"prompt_ids", prompt}, {"new_ids", result.tokens}}.dump() + "\n";
     write_file(ids_out, ids.data(), ids.size());
   }
-  std::fprintf(stderr,
-               "prompt tokens: %lld, generated tokens: %lld, finish: %s, TTFT: %.1f ms, decode: %.2f tok/s, "
-               "KV cache: %lld bytes/token\n",
-               static_cast<long long>(result.prompt_tokens), static_cast<long long>(result.completion_tokens),
-               result.finish_reason.c_str(), result.ttft_ms, result.decode_tokens_per_s,
-               static_cast<long long>(result.kv_bytes_per_token));
+  print_run_line(result, "");
   print_prefetch_stats(*engine);
-  if (!stats_json.empty()) write_run_stats(stats_json, topology, *engine, result);
+  if (!stats_json.empty()) write_run_stats(stats_json, topology, *engine, runs);
   return 0;
 }
 
@@ -535,6 +567,11 @@ int run_cli(int argc, char** argv) {
   run_cmd->add_option("--logits-out", run_args.logits_out,
                       "Also write the logits after the prompt (raw little-endian f32, [vocab_size])");
   run_cmd->add_option("--ids-out", run_args.ids_out, "Also write the prompt and generated token ids (JSON)");
+  run_cmd->add_option("--repeat", run_args.repeat,
+                      "Run the request N times in this process, printing each run's numbers (the last run's text, "
+                      "files and --stats-json; every run's under its \"runs\"); with --no-prefix-cache each run "
+                      "computes the whole prompt, as llama-bench's runs after its warm-up")
+      ->check(CLI::Range(1, 1000));
   run_cmd->add_option("--threads", run_args.threads, threads_help)->check(CLI::Range(0, kMaxThreads));
   run_cmd->add_option("--activations", run_args.activations, activations_help)->check(CLI::IsMember({"f32", "q8"}));
   run_cmd->add_option("--quant-dense", run_args.quant_dense, quant_dense_help)

@@ -172,12 +172,14 @@ const std::vector<std::string> kStoreKeys = {"ram_gb", "vram_gb", "pin", "contai
 
 /// The `serving:` section.
 ServingSpec parse_serving(const Reader& r, const YAML::Node& node) {
-  r.check_keys(node, "serving", {"max_batch_tokens", "max_num_seqs", "max_waiting", "kv_cache_gb", "micro_batches"});
+  r.check_keys(node, "serving",
+               {"max_batch_tokens", "max_num_seqs", "max_waiting", "kv_cache_gb", "micro_batches", "prefix_cache"});
   ServingSpec s;
   if (node["max_batch_tokens"]) s.max_batch_tokens = r.int_value(node["max_batch_tokens"], "serving.max_batch_tokens", 1, 1 << 20);
   if (node["max_num_seqs"]) s.max_num_seqs = r.int_value(node["max_num_seqs"], "serving.max_num_seqs", 1, 4096);
   if (node["max_waiting"]) s.max_waiting = r.int_value(node["max_waiting"], "serving.max_waiting", 0, 1 << 16);
   if (node["micro_batches"]) s.micro_batches = r.int_value(node["micro_batches"], "serving.micro_batches", 0, 2);
+  if (node["prefix_cache"]) s.prefix_cache = r.bool_value(node["prefix_cache"], "serving.prefix_cache");
   if (node["kv_cache_gb"]) {
     s.kv_cache_gb = number_value(r, node["kv_cache_gb"], "serving.kv_cache_gb");
     if (!(*s.kv_cache_gb > 0 && *s.kv_cache_gb <= kMaxKvCacheGb)) {  // NaN fails too

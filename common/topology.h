@@ -45,6 +45,10 @@ struct ServingSpec {
   /// Ping-pong micro-batches per step: 1, 2, or 0 = automatic (1: two halves have not won
   /// where measured, docs/benchmarks.md). Never changes an output (Model::set_micro_batches).
   int64_t micro_batches = 0;
+  /// Reuse the KV blocks of earlier prompts' full blocks (vLLM's automatic prefix
+  /// caching). Off, every prompt is computed whole: for measuring prefill, as
+  /// `charm run --repeat` does. Never changes an output.
+  bool prefix_cache = true;
 };
 
 /// The largest serving.kv_cache_gb / --kv-cache-gb accepted (GiB): 1 PiB.

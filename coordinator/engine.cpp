@@ -192,8 +192,8 @@ class EngineImpl final : public Engine {
     const ServingSpec& serving = topology.serving;
     model_->set_micro_batches(static_cast<size_t>(serving.micro_batches));
     scheduler_ = std::make_unique<Scheduler>(
-        *pool_, SchedulerOptions{static_cast<size_t>(serving.max_batch_tokens),
-                                 static_cast<size_t>(serving.max_num_seqs), static_cast<size_t>(serving.max_waiting)});
+        *pool_, SchedulerOptions{static_cast<size_t>(serving.max_batch_tokens), static_cast<size_t>(serving.max_num_seqs),
+                                 static_cast<size_t>(serving.max_waiting), serving.prefix_cache});
     publish_load();
     loop_ = std::thread([this] { run_loop(); });
   }

@@ -127,7 +127,7 @@ void Scheduler::admit(StepPlan& plan, size_t& budget) {
     const size_t n = std::min(s->pending(), budget);
     s->cache.reserve(s->cache.length() + n);
     const size_t reusable = (s->tokens.size() - 1) / kBlock;
-    pool_.record_prefix_lookup(s->published_blocks, reusable - s->published_blocks);
+    if (prefix_cache_enabled()) pool_.record_prefix_lookup(s->published_blocks, reusable - s->published_blocks);
     waiting_.pop_front();
     running_.push_back(s);
     plan.parts.push_back({s, n});

@@ -25,6 +25,7 @@ struct SchedulerOptions {
   size_t max_batch_tokens = 256;  ///< tokens per step, decode and prompt chunks together
   size_t max_num_seqs = 32;       ///< sequences running at once
   size_t max_waiting = 128;       ///< requests queued beyond those; more are refused (429)
+  bool prefix_cache = true;       ///< reuse earlier prompts' full KV blocks (serving.prefix_cache)
 };
 
 /// One generation as the scheduler sees it. `tokens` is the prompt followed by every
@@ -98,9 +99,10 @@ class Scheduler {
   void release_unadmitted(Sequence* s);
   /// Offers the sequence's full blocks not yet published to the prefix cache.
   void publish_full_blocks(Sequence* sequence);
-  /// False for a model with per-sequence state (KvLayout::state_floats: linear attention),
-  /// whose state after a prefix is not in the blocks: every sequence computes its prompt.
-  bool prefix_cache_enabled() const { return pool_.layout().state_floats == 0; }
+  /// False when serving.prefix_cache is off, and for a model with per-sequence state
+  /// (KvLayout::state_floats: linear attention), whose state after a prefix is not in the
+  /// blocks: every sequence computes its prompt.
+  bool prefix_cache_enabled() const { return options_.prefix_cache && pool_.layout().state_floats == 0; }
 
   KvBlockPool& pool_;
   SchedulerOptions options_;

@@ -58,6 +58,17 @@ if [[ $(wc -l <"$tmp/t.jsonl") -ne $((3 * 3)) ]] || ! grep -q '"decode_tokens_pe
   echo "FAIL: routing trace should have 3 layers x 3 steps (prefill + 2 decodes) lines; stats JSON its fields"
   failures=$((failures + 1))
 fi
+# --repeat runs the request again in the same process; without the prefix cache every run
+# computes the whole prompt (its KV blocks are not reused), and --stats-json lists each run.
+expect 0 "run 1 of 2: prompt tokens: 1, generated tokens: 2" -- run --config "$tmp/olmoe.yaml" --repeat 2 --no-prefix-cache --max-tokens 2 \
+  --temperature 0 --stats-json "$tmp/r.json" hello
+if ! python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); r = d["runs"]
+sys.exit(0 if len(r) == 2 and d["prefix_cache"] is False and all(x["completion_tokens"] == 2 for x in r) else 1)' "$tmp/r.json"; then
+  echo "FAIL: --repeat 2 --stats-json should list two runs of 2 tokens with prefix_cache false"; cat "$tmp/r.json"
+  failures=$((failures + 1))
+fi
+expect 0 "runs after the first reuse the prompt's KV blocks" -- run --config "$tmp/olmoe.yaml" --repeat 2 --max-tokens 1 hello
+expect 2 "--repeat" -- run --config "$tmp/olmoe.yaml" --repeat 0 hello
 expect 2 "--out" -- convert --checkpoint "$tmp"
 expect 2 "quant" -- convert --checkpoint "$tmp" --out "$tmp/c" --quant fp8
 expect 2 "--worker needs --config" -- convert --checkpoint "$tmp" --out "$tmp/c" --worker w0

@@ -219,6 +219,23 @@ TEST_CASE("a prompt sharing full blocks with a finished one reuses them; the las
   CHECK(tokens_of(step, longer.get()) == 5);
 }
 
+TEST_CASE("serving.prefix_cache off: the same prompt again is computed whole, and nothing is cached or counted") {
+  KvBlockPool pool(kLayout, 16);
+  Scheduler scheduler(pool, SchedulerOptions{64, 4, 8, /*prefix_cache=*/false});
+  auto first = sequence(pool, 2 * kBlock + 3);
+  scheduler.add(first.get());
+  run_step(scheduler, scheduler.schedule());
+  scheduler.remove(first.get());
+  CHECK(pool.cached_blocks() == 0);
+  auto same = sequence(pool, 2 * kBlock + 3);
+  scheduler.add(same.get());
+  const StepPlan step = scheduler.schedule();
+  CHECK(same->cache.length() == 0);
+  CHECK(tokens_of(step, same.get()) == 2 * kBlock + 3);
+  CHECK(pool.prefix_hits() == 0);
+  CHECK(pool.prefix_misses() == 0);
+}
+
 TEST_CASE("two equal prompts arriving together are computed once: the second waits for the first's blocks") {
   KvBlockPool pool(kLayout, 32);
   Scheduler scheduler(pool, SchedulerOptions{24, 4, 8});

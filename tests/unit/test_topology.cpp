@@ -216,6 +216,15 @@ TEST_CASE("serving.micro_batches: automatic (0) unless given; only 0, 1 and 2") 
   expect_invalid(single + "serving: {micro_batches: -1}\n", "serving.micro_batches", "expected an integer 0-2");
 }
 
+TEST_CASE("serving.prefix_cache: on unless the key says false") {
+  TempDir dir("topo");
+  const std::string single = kModel + "mode: single-node\n";
+  CHECK(load_text(dir, single).serving.prefix_cache);
+  CHECK_FALSE(load_text(dir, single + "serving: {prefix_cache: false}\n").serving.prefix_cache);
+  CHECK(load_text(dir, single + "serving: {prefix_cache: true}\n").serving.prefix_cache);
+  expect_invalid(single + "serving: {prefix_cache: off}\n", "serving.prefix_cache", "expected true or false");
+}
+
 TEST_CASE("activations: f32 unless the key says q8; any other value is refused naming the key") {
   TempDir dir("topo");
   CHECK(load_text(dir, kModel + "mode: single-node\n").activations == ActivationMode::kF32);
