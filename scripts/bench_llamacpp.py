@@ -23,8 +23,10 @@ Steps (each skipped when its output exists):
      times, alternating: `llama-bench -p PP -n TG -t T [-ub U] -r 1 -lm mmap+mlock -o json`,
      then `charm run [--max-batch-tokens U]` (single node, every expert resident in RAM,
      --stats-json) twice, as llama-bench's two tests: a PP-token prompt for one token
-     (prompt tok/s), and TG tokens after a one-word prompt (decode tok/s from an almost
-     empty context). One engine at a time; peak RSS from wait4's rusage.
+     (prompt tok/s; `--repeat 2 --no-prefix-cache`, the second run timed, as llama-bench
+     times its runs after a warm-up run; --charm-cold times the first), and TG tokens after
+     a one-word prompt (decode tok/s from an almost empty context). One engine at a time;
+     peak RSS from wait4's rusage.
   7. the roofline: bytes a decode step must read (below) / copy GB/s = the tok/s a
      perfectly memory-bound decode would reach; each engine's decode as a fraction of it.
 
@@ -47,7 +49,9 @@ Differences between the pairs (also in docs/benchmarks.md):
     symmetric (-7..7). Q8_0: group 32, f16 scale; charm int8: group 32, f32 scale.
   * llama-bench measures prompt and generation as separate tests (the generation test
     starts from an empty context, after a warm-up run of each); so does charm here (two
-    runs, no warm-up), its prompt rate PP / time to first token.
+    processes), its prompt rate PP / time to first token of the prompt's second run in
+    its process (the first run's, which pays for the process's fresh pages, is kept as
+    ttft_cold_ms). The decode process has no warm-up run.
 
 Usage: scripts/bench_llamacpp.py [--work DIR] [--threads T] [--repeat 2] [--pp 128]
                                  [--tg 64] [--pairs bf16,int8,int4] [--out FILE]
@@ -270,8 +274,9 @@ def run_charm(charm: Path, cfg: Path, prompt: str, args, log_prefix: Path, vocab
     after the PP-token prompt every step would also read PP positions of K/V)."""
     stats, ids = log_prefix.with_suffix(".stats.json"), log_prefix.with_suffix(".ids.json")
     batch = ["--max-batch-tokens", args.ubatch] if args.ubatch else []
+    warm = [] if args.charm_cold else ["--repeat", 2, "--no-prefix-cache"]
     r = run_measured([charm, "run", "--config", cfg, "--max-tokens", 1, "--activations", args.charm_activations, *batch,
-                      "--stats-json", stats, "--ids-out", ids, prompt], args.timeout, log_prefix)
+                      *warm, "--stats-json", stats, "--ids-out", ids, prompt], args.timeout, log_prefix)
     s = json.loads(stats.read_text())
     prompt_ids = json.loads(ids.read_text())["prompt_ids"]
     if len(prompt_ids) != args.pp or max(prompt_ids) >= vocab:
@@ -288,7 +293,7 @@ def run_charm(charm: Path, cfg: Path, prompt: str, args, log_prefix: Path, vocab
         raise RuntimeError(f"charm generated {ds['completion_tokens']} tokens, not {args.tg} ({ds['finish_reason']})")
     return {"prompt_tok_s": s["prompt_tokens"] / (s["ttft_ms"] / 1e3), "decode_tok_s": ds["decode_tokens_per_s"],
             "peak_rss_gib": max(r["peak_rss_gib"], d["peak_rss_gib"]), "wall_s": r["wall_s"] + d["wall_s"],
-            "ttft_ms": s["ttft_ms"]}
+            "ttft_ms": s["ttft_ms"], "ttft_cold_ms": s["runs"][0]["ttft_ms"]}
 
 
 def memory_bandwidth(charm: Path, threads: int, folder: Path, tag: str) -> dict:
@@ -390,6 +395,9 @@ def main() -> int:
     ap.add_argument("--prepare-only", action="store_true", help="build and convert everything, measure nothing")
     ap.add_argument("--charm-activations", choices=["f32", "q8"], default="f32",
                     help="charm's activations (q8: int8 activations in GGML-block matmuls, lossy, as llama.cpp)")
+    ap.add_argument("--charm-cold", action="store_true",
+                    help="time charm's first prompt run in its process (default: the second, after a warm-up run "
+                         "as llama-bench's)")
     ap.add_argument("--jobs", type=int, default=2, help="parallel compile jobs for llama.cpp")
     ap.add_argument("--llama-cpp-python", dest="lcp_version", help="sdist version (default: the newest)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per engine run")
@@ -434,7 +442,7 @@ def main() -> int:
         return 0
 
     res = {"machine": machine(args.work), "threads": args.threads, "pp": args.pp, "tg": args.tg,
-           "ubatch": args.ubatch,
+           "ubatch": args.ubatch, "charm_prompt_run": "first" if args.charm_cold else "second (after a warm-up run)",
            "charm_activations": args.charm_activations,
            "llama": llama_version(llama_src), "commands": [], "pairs": {}}
     res["machine"]["lscpu"] = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
@@ -492,7 +500,9 @@ def print_report(res: dict) -> None:
     print(f"llama.cpp: from llama-cpp-python {lv.get('llama_cpp_python')} (vendored llama.cpp "
           f"{lv.get('llama_cpp_commit', '?')[:12]}); charm {res.get('charm_commit', '?')}")
     batch = res.get("ubatch") or "each engine's default"  # 0, or absent in results from before --ubatch
-    print(f"threads {res['threads']}, prompt {res['pp']} tokens (batch: {batch}), decode {res['tg']} tokens; "
+    timed = res.get("charm_prompt_run", "first")  # absent in results from before --repeat
+    print(f"threads {res['threads']}, prompt {res['pp']} tokens (batch: {batch}; charm's {timed} run in its process), "
+          f"decode {res['tg']} tokens; "
           f"memory bandwidth (charm bench memory, STREAM copy, best): "
           + ", ".join(f"{x['kernels']['copy']['best_gb_per_s']:.1f}" for x in res["memory"]) + f" GB/s -> {copy:.1f}")
     print()
@@ -511,6 +521,10 @@ def print_report(res: dict) -> None:
             print(f"| {p} | {label} | {fmt_spread([r['prompt_tok_s'] for r in runs])} | {fmt_spread(dec)} | "
                   f"{fmt_spread([r['peak_rss_gib'] for r in runs])} | {gb:.3f} | {roof:.2f} | {frac} | {len(runs)} |")
     print()
+    for p, e in res["pairs"].items():
+        cold = [res_pp / (r["ttft_cold_ms"] / 1e3) for r in e["charm"] if "ttft_cold_ms" in r for res_pp in [res["pp"]]]
+        if cold and timed != "first":
+            print(f"{p}: charm's first prompt run in its process (fresh pages): {fmt_spread(cold)} tok/s")
     for p, e in res["pairs"].items():
         print(f"{e['llama_type']} GGUF tensor types: {e['gguf_types']}")
         for err in e["errors"]:
