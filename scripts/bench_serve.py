@@ -10,7 +10,8 @@ one C by a hard --time-limit, after which the connections still open are closed.
 What one run of concurrency C does: C client threads (http.client, standard library only)
 each send their requests back to back, every request a streamed ("stream": true,
 stream_options.include_usage) POST to /v1/completions (or /v1/chat/completions with
---endpoint chat), temperature 0. The requests are a fixed seeded mix (--seed): a prompt of
+--endpoint chat), temperature 0 (--temperature T: sampled, each request with its own
+"seed", the same on every target). The requests are a fixed seeded mix (--seed): a prompt of
 --prompt-words words (uniform in the range) drawn from a built-in word list (each word
 about one token), and max_tokens uniform in --max-tokens. The same C gets the same mix
 on every target. A request may stop early (end of sequence): every count is of the tokens
@@ -108,8 +109,10 @@ def request_mix(n: int, prompt_words: tuple[int, int], max_tokens: tuple[int, in
 
 
 def request_body(req: dict, endpoint: str, model: str | None) -> tuple[str, bytes]:
-    body = {"max_tokens": req["max_tokens"], "temperature": 0, "stream": True,
+    body = {"max_tokens": req["max_tokens"], "temperature": req.get("temperature", 0), "stream": True,
             "stream_options": {"include_usage": True}}
+    if body["temperature"] > 0:
+        body["seed"] = req["seed"]
     if model:
         body["model"] = model
     if endpoint == "chat":
@@ -492,6 +495,7 @@ def main() -> int:
     ap.add_argument("--prompt-words", type=int_range, default=(32, 1024), help="LO,HI words per prompt")
     ap.add_argument("--max-tokens", type=int_range, default=(16, 256), help="LO,HI max_tokens per request")
     ap.add_argument("--seed", type=int, default=14)
+    ap.add_argument("--temperature", type=float, default=0.0, help="every request's temperature (0: greedy)")
     ap.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
     ap.add_argument("--time-limit", type=float, default=300, help="hard limit of one C's run, s")
     ap.add_argument("--request-timeout", type=float, default=600, help="socket timeout of one request, s")
@@ -540,6 +544,8 @@ def main() -> int:
     for clients in args.concurrency:
         requests = request_mix(clients * args.requests_per_client, args.prompt_words, args.max_tokens,
                                args.seed + clients)
+        for i, req in enumerate(requests):
+            req.update(temperature=args.temperature, seed=args.seed * 1000 + i)
         for target in targets:
             res["runs"].append(run_one(args, target, clients, requests, folder, bin_dir))
             if args.json:
