@@ -569,8 +569,9 @@ int run_cli(int argc, char** argv) {
   run_cmd->add_option("--ids-out", run_args.ids_out, "Also write the prompt and generated token ids (JSON)");
   run_cmd->add_option("--repeat", run_args.repeat,
                       "Run the request N times in this process, printing each run's numbers (the last run's text, "
-                      "files and --stats-json; every run's under its \"runs\"); with --no-prefix-cache each run "
-                      "computes the whole prompt, as llama-bench's runs after its warm-up")
+                      "files and --stats-json; every run's under its \"runs\"; --routing-trace records every run); "
+                      "with --no-prefix-cache each run computes the whole prompt, as llama-bench's runs after its "
+                      "warm-up")
       ->check(CLI::Range(1, 1000));
   run_cmd->add_option("--threads", run_args.threads, threads_help)->check(CLI::Range(0, kMaxThreads));
   run_cmd->add_option("--activations", run_args.activations, activations_help)->check(CLI::IsMember({"f32", "q8"}));
