@@ -430,7 +430,8 @@ int run(const RunArgs& args) {
   // Earlier runs (--repeat) print their numbers only; the last one its text too.
   std::vector<GenerationResult> runs;
   for (int64_t i = 1; i < args.repeat; ++i) {
-    runs.push_back(engine->generate(prompt, params, [](std::string_view, std::span<const TokenLogprob>) { return true; }));
+    runs.push_back(
+        engine->generate(prompt, params, [](std::string_view, std::span<const TokenLogprob>) { return true; }));
     print_run_line(runs.back(), fmt::format("run {} of {}: ", i, args.repeat));
   }
   runs.push_back(engine->generate(prompt, params, [](std::string_view piece, std::span<const TokenLogprob>) {

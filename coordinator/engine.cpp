@@ -193,8 +193,9 @@ class EngineImpl final : public Engine {
     const ServingSpec& serving = topology.serving;
     model_->set_micro_batches(static_cast<size_t>(serving.micro_batches));
     scheduler_ = std::make_unique<Scheduler>(
-        *pool_, SchedulerOptions{static_cast<size_t>(serving.max_batch_tokens), static_cast<size_t>(serving.max_num_seqs),
-                                 static_cast<size_t>(serving.max_waiting), serving.prefix_cache});
+        *pool_, SchedulerOptions{static_cast<size_t>(serving.max_batch_tokens),
+                                 static_cast<size_t>(serving.max_num_seqs), static_cast<size_t>(serving.max_waiting),
+                                 serving.prefix_cache});
     publish_load();
     loop_ = std::thread([this] { run_loop(); });
   }
@@ -457,7 +458,9 @@ class EngineImpl final : public Engine {
       const std::span<const int32_t> prompt(job.tokens.data(), job.prompt_tokens);
       apply_penalties(logits, vocab, job.params, prompt, job.result.tokens);
       d.token = sample_token(logits, vocab, job.params, job.rng);
-      if (job.params.logprobs) d.logprob = token_logprob(raw.data(), vocab, d.token, static_cast<size_t>(job.params.top_logprobs));
+      if (job.params.logprobs) {
+        d.logprob = token_logprob(raw.data(), vocab, d.token, static_cast<size_t>(job.params.top_logprobs));
+      }
     } catch (...) {
       d.token = -1;
       d.error = std::current_exception();
