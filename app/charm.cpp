@@ -331,7 +331,7 @@ void write_run_stats(const UserPath& path, const Topology& topology, const Engin
                       {"ttft_ms", result.ttft_ms},
                       {"decode_tokens_per_s", result.decode_tokens_per_s},
                       {"prefetch_enabled", topology.prefetch},
-                      {"prefix_cache", topology.serving.prefix_cache},
+                      {"prefix_cache", engine.prefix_cache()},
                       {"runs", nlohmann::json::array()}};
   for (const GenerationResult& r : runs) {
     j["runs"].push_back({{"prompt_tokens", r.prompt_tokens}, {"completion_tokens", r.completion_tokens},
@@ -422,9 +422,9 @@ int run(const RunArgs& args) {
   params.max_tokens = args.max_tokens;
   params.temperature = args.temperature;
   params.seed = args.seed;
-  if (args.repeat > 1 && topology.serving.prefix_cache) {
-    spdlog::warn("charm run: --repeat {} with the prefix cache on: the runs after the first reuse the prompt's KV "
-                 "blocks (--no-prefix-cache computes the whole prompt every time)",
+  if (args.repeat > 1 && engine->prefix_cache()) {
+    spdlog::warn("charm run: --repeat {} with the prefix cache on: the runs after the first reuse the prompt's full "
+                 "16-token KV blocks (--no-prefix-cache computes the whole prompt every time)",
                  args.repeat);
   }
   // Earlier runs (--repeat) print their numbers only; the last one its text too.
@@ -570,7 +570,8 @@ int run_cli(int argc, char** argv) {
   run_cmd->add_option("--ids-out", run_args.ids_out, "Also write the prompt and generated token ids (JSON)");
   run_cmd->add_option("--repeat", run_args.repeat,
                       "Run the request N times in this process, printing each run's numbers (the last run's text, "
-                      "files and --stats-json; every run's under its \"runs\"; --routing-trace records every run); "
+                      "files and --stats-json; every run's under its \"runs\"; the prefetch and worker counters and "
+                      "--routing-trace add up every run); "
                       "with --no-prefix-cache each run computes the whole prompt, as llama-bench's runs after its "
                       "warm-up")
       ->check(CLI::Range(1, 1000));

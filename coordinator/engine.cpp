@@ -237,6 +237,8 @@ class EngineImpl final : public Engine {
 
   std::vector<WorkerStatus> cluster_status() const override { return dispatcher_->status(); }
 
+  bool prefix_cache() const override { return scheduler_->prefix_cache_enabled(); }
+
   EngineLoad load() const override {
     std::lock_guard lock(load_mutex_);
     return load_;

@@ -138,6 +138,10 @@ class Engine {
   /// The scheduler's and the KV cache's state now (never waits for a step).
   virtual EngineLoad load() const { return {}; }
 
+  /// Whether prompts reuse earlier prompts' KV blocks: serving.prefix_cache, and never for
+  /// a model with per-sequence state (linear attention).
+  virtual bool prefix_cache() const { return false; }
+
   /// Per-worker status, as the coordinator sees it.
   virtual std::vector<WorkerStatus> cluster_status() const = 0;
 

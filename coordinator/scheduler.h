@@ -77,6 +77,10 @@ class Scheduler {
   size_t waiting() const { return waiting_.size(); }
   uint64_t preemptions() const { return preemptions_; }
   const SchedulerOptions& options() const { return options_; }
+  /// False when serving.prefix_cache is off, and for a model with per-sequence state
+  /// (KvLayout::state_floats: linear attention), whose state after a prefix is not in the
+  /// blocks: every sequence computes its prompt.
+  bool prefix_cache_enabled() const { return options_.prefix_cache && pool_.layout().state_floats == 0; }
 
  private:
   /// One planning pass into `plan` (empty parts): decodes, prompt chunks, admissions.
@@ -99,10 +103,6 @@ class Scheduler {
   void release_unadmitted(Sequence* s);
   /// Offers the sequence's full blocks not yet published to the prefix cache.
   void publish_full_blocks(Sequence* sequence);
-  /// False when serving.prefix_cache is off, and for a model with per-sequence state
-  /// (KvLayout::state_floats: linear attention), whose state after a prefix is not in the
-  /// blocks: every sequence computes its prompt.
-  bool prefix_cache_enabled() const { return options_.prefix_cache && pool_.layout().state_floats == 0; }
 
   KvBlockPool& pool_;
   SchedulerOptions options_;

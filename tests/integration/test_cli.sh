@@ -67,8 +67,16 @@ sys.exit(0 if len(r) == 2 and d["prefix_cache"] is False and all(x["completion_t
   echo "FAIL: --repeat 2 --stats-json should list two runs of 2 tokens with prefix_cache false"; cat "$tmp/r.json"
   failures=$((failures + 1))
 fi
-expect 0 "runs after the first reuse the prompt's KV blocks" -- run --config "$tmp/olmoe.yaml" --repeat 2 --max-tokens 1 hello
+expect 0 "runs after the first reuse the prompt's full 16-token KV blocks" -- run --config "$tmp/olmoe.yaml" --repeat 2 --max-tokens 1 hello
 expect 2 "--repeat" -- run --config "$tmp/olmoe.yaml" --repeat 0 hello
+# A model with linear attention never uses the prefix cache: no warning, and the stats say so.
+printf 'model: %s\nmode: single-node\n' "$(cd "$(dirname "$0")/../fixtures/models/qwen3-next-tiny" && pwd)" >"$tmp/next.yaml"
+timeout 60 "$charm" run --config "$tmp/next.yaml" --repeat 2 --max-tokens 1 --stats-json "$tmp/n.json" hello \
+  >/dev/null 2>"$tmp/err"
+if grep -q "reuse the prompt" "$tmp/err" || ! grep -q '"prefix_cache": false' "$tmp/n.json"; then
+  echo "FAIL: qwen3-next --repeat 2: no prefix-cache warning and \"prefix_cache\": false expected"; cat "$tmp/err"
+  failures=$((failures + 1))
+fi
 expect 2 "--out" -- convert --checkpoint "$tmp"
 expect 2 "quant" -- convert --checkpoint "$tmp" --out "$tmp/c" --quant fp8
 expect 2 "--worker needs --config" -- convert --checkpoint "$tmp" --out "$tmp/c" --worker w0
