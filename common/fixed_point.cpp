@@ -11,12 +11,16 @@ namespace charm {
 
 static_assert(kFixedFractionBits == 32, "to_fixed and from_fixed scale by 2^32");
 
+namespace {
+/// 2^32, the fixed-point unit: a multiply, not an ldexp call (same bits).
+constexpr double kFixedScale = 4294967296.0;
+}  // namespace
+
 int64_t to_fixed(float t, uint64_t& saturated) {
   if (!std::isfinite(t)) return kFixedNaN;
   // Scaling a float by 2^32 in double is exact (24 significant bits, no overflow), so the
   // one rounding is nearbyint's: to nearest, ties to even, in the default rounding mode.
-  constexpr double kScale = 4294967296.0;  // 2^32: a multiply, not an ldexp call (same bits)
-  const double scaled = static_cast<double>(t) * kScale;
+  const double scaled = static_cast<double>(t) * kFixedScale;
   constexpr double kMax = static_cast<double>(kFixedMaxTerm);  // 2^55 exactly after rounding up
   if (scaled >= kMax) {
     ++saturated;
@@ -44,17 +48,16 @@ void add_weighted_term(const float* y, float weight, size_t n, int64_t* acc, uin
   // bits without a branch per value, so the loops vectorise (2.7x faster over 8 x 2048
   // terms, a decode layer's combine; it had been 1-2 % of a q8 decode step). Any larger
   // or non-finite term takes to_fixed for the whole call.
-  constexpr double kScale = 4294967296.0;            // 2^32
   constexpr double kFastBound = 2251799813685248.0;  // 2^51
   constexpr double kRound = 6755399441055744.0;      // 1.5 * 2^52
   bool fast = true;
-  for (size_t d = 0; d < n; ++d) fast &= std::fabs(static_cast<double>(weight * y[d]) * kScale) < kFastBound;
+  for (size_t d = 0; d < n; ++d) fast &= std::fabs(static_cast<double>(weight * y[d]) * kFixedScale) < kFastBound;
   if (!fast) {
     for (size_t d = 0; d < n; ++d) acc[d] = fixed_add(acc[d], to_fixed(weight * y[d], saturated));
     return;
   }
   for (size_t d = 0; d < n; ++d) {
-    const double shifted = static_cast<double>(weight * y[d]) * kScale + kRound;
+    const double shifted = static_cast<double>(weight * y[d]) * kFixedScale + kRound;
     const int64_t t = std::bit_cast<int64_t>(shifted) - std::bit_cast<int64_t>(kRound);
     acc[d] = acc[d] == kFixedNaN ? kFixedNaN : acc[d] + t;
   }

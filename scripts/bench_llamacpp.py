@@ -522,7 +522,7 @@ def print_report(res: dict) -> None:
                   f"{fmt_spread([r['peak_rss_gib'] for r in runs])} | {gb:.3f} | {roof:.2f} | {frac} | {len(runs)} |")
     print()
     for p, e in res["pairs"].items():
-        cold = [res_pp / (r["ttft_cold_ms"] / 1e3) for r in e["charm"] if "ttft_cold_ms" in r for res_pp in [res["pp"]]]
+        cold = [res["pp"] / (r["ttft_cold_ms"] / 1e3) for r in e["charm"] if "ttft_cold_ms" in r]
         if cold and timed != "first":
             print(f"{p}: charm's first prompt run in its process (fresh pages): {fmt_spread(cold)} tok/s")
     for p, e in res["pairs"].items():
