@@ -114,6 +114,12 @@ struct ModelConfig {
   /// [num_hidden_layers] for a family with linear attention (CheckpointFamily::
   /// linear_attention): true for a "linear_attention" layer; empty otherwise.
   std::vector<bool> linear_attention_layers;
+  /// True when the checkpoint stores every Qwen3NextRMSNorm weight (the layer norms, q/k
+  /// norms and the final norm) as 1 + w already: a GGUF file, whose converter adds the 1
+  /// (convert_hf_to_gguf.py, Qwen3NextModel.modify_tensors). The family then takes the
+  /// weights as stored instead of adding 1. Config key norm_weights_include_unit_offset
+  /// (charm's; common/gguf_model.cpp writes it); default false (the hub's zero-centred form).
+  bool norm_weights_include_unit_offset = false;
 
   // ---- GLM-4.5 (Glm4MoeConfig; coordinator/models/glm4_moe.cpp). It also reads the
   // DeepSeek-V3 MoE fields above (n_shared_experts .. routed_scaling_factor) and

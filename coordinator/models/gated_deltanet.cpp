@@ -44,20 +44,29 @@ GatedDeltaNet GatedDeltaNet::load(const Checkpoint& ckpt, const std::string& pre
   d.state_offset_ = state_offset;
   d.norm_eps_ = static_cast<float>(config.rms_norm_eps);
   const size_t h = config.hidden_size;
-  if (ckpt.find(prefix + ".in_proj_qkvz.weight") != nullptr) {  // Qwen3-Next
+  // Qwen3-Next fuses q, k, v, z and b, a per key head; Qwen3.5-MoE has one projection
+  // each; a Qwen3-Next GGUF by today's converter has q, k, v and z apart but b, a fused.
+  if (ckpt.find(prefix + ".in_proj_qkvz.weight") != nullptr) {
     d.in_proj_qkvz_ = Linear::load(ckpt, prefix + ".in_proj_qkvz", 2 * d.key_dim_ + 2 * d.value_dim_, h);
-    d.in_proj_ba_ = Linear::load(ckpt, prefix + ".in_proj_ba", 2 * d.v_heads_, h);
-  } else {  // Qwen3.5-MoE
+  } else {
     d.in_proj_qkv_ = Linear::load(ckpt, prefix + ".in_proj_qkv", d.conv_dim_, h);
     d.in_proj_z_ = Linear::load(ckpt, prefix + ".in_proj_z", d.value_dim_, h);
+  }
+  if (ckpt.find(prefix + ".in_proj_ba.weight") != nullptr) {
+    d.in_proj_ba_ = Linear::load(ckpt, prefix + ".in_proj_ba", 2 * d.v_heads_, h);
+  } else {
     d.in_proj_b_ = Linear::load(ckpt, prefix + ".in_proj_b", d.v_heads_, h);
     d.in_proj_a_ = Linear::load(ckpt, prefix + ".in_proj_a", d.v_heads_, h);
   }
   d.out_proj_ = Linear::load(ckpt, prefix + ".out_proj", h, d.value_dim_);
   const auto n = [](size_t v) { return static_cast<int64_t>(v); };
   d.conv_weight_ = ckpt.load_f32(prefix + ".conv1d.weight", {n(d.conv_dim_), 1, n(d.kernel_)});
-  d.a_neg_exp_ = ckpt.load_f32(prefix + ".A_log", {n(d.v_heads_)});
-  for (float& a : d.a_neg_exp_) a = -std::exp(a);
+  if (ckpt.find(prefix + ".A") != nullptr) {  // a GGUF's ssm_a: -exp(A_log) as its converter computed it
+    d.a_neg_exp_ = ckpt.load_f32(prefix + ".A", {n(d.v_heads_)});
+  } else {
+    d.a_neg_exp_ = ckpt.load_f32(prefix + ".A_log", {n(d.v_heads_)});
+    for (float& a : d.a_neg_exp_) a = -std::exp(a);
+  }
   d.dt_bias_ = ckpt.load_f32(prefix + ".dt_bias", {n(d.v_heads_)});
   d.norm_weight_ = ckpt.load_f32(prefix + ".norm.weight", {n(d.dv_)});
   return d;
@@ -66,18 +75,21 @@ GatedDeltaNet GatedDeltaNet::load(const Checkpoint& ckpt, const std::string& pre
 GatedDeltaNet::Projections GatedDeltaNet::project(const float* x, size_t rows) const {
   Projections p{std::vector<float>(rows * conv_dim_), std::vector<float>(rows * value_dim_),
                 std::vector<float>(rows * v_heads_), std::vector<float>(rows * v_heads_)};
-  if (in_proj_qkvz_.out() == 0) {  // separate projections, already in this layout
+  project_qkvz(x, rows, p);
+  project_ba(x, rows, p);
+  return p;
+}
+
+// Per key head group g the fused projections hold [q | k | v (r heads) | z (r heads)] and
+// [b (r) | a (r)] (fix_query_key_value_ordering); the separate ones are in place already.
+void GatedDeltaNet::project_qkvz(const float* x, size_t rows, Projections& p) const {
+  if (in_proj_qkvz_.out() == 0) {
     in_proj_qkv_(x, rows, p.mixed.data());
     in_proj_z_(x, rows, p.z.data());
-    in_proj_b_(x, rows, p.b.data());
-    in_proj_a_(x, rows, p.a.data());
-    return p;
+    return;
   }
-  std::vector<float> qkvz(rows * in_proj_qkvz_.out()), ba(rows * in_proj_ba_.out());
+  std::vector<float> qkvz(rows * in_proj_qkvz_.out());
   in_proj_qkvz_(x, rows, qkvz.data());
-  in_proj_ba_(x, rows, ba.data());
-  // Per key head group g the fused projections hold [q | k | v (r heads) | z (r heads)]
-  // and [b (r) | a (r)] (fix_query_key_value_ordering).
   const size_t r = v_heads_ / k_heads_, group = 2 * dk_ + 2 * r * dv_;
   for (size_t row = 0; row < rows; ++row) {
     for (size_t g = 0; g < k_heads_; ++g) {
@@ -87,12 +99,26 @@ GatedDeltaNet::Projections GatedDeltaNet::project(const float* x, size_t rows) c
       std::copy(src + dk_, src + 2 * dk_, dst + key_dim_ + g * dk_);
       std::copy(src + 2 * dk_, src + 2 * dk_ + r * dv_, dst + 2 * key_dim_ + g * r * dv_);
       std::copy(src + 2 * dk_ + r * dv_, src + group, p.z.data() + row * value_dim_ + g * r * dv_);
-      const float* src_ba = ba.data() + row * in_proj_ba_.out() + g * 2 * r;
-      std::copy(src_ba, src_ba + r, p.b.data() + row * v_heads_ + g * r);
-      std::copy(src_ba + r, src_ba + 2 * r, p.a.data() + row * v_heads_ + g * r);
     }
   }
-  return p;
+}
+
+void GatedDeltaNet::project_ba(const float* x, size_t rows, Projections& p) const {
+  if (in_proj_ba_.out() == 0) {
+    in_proj_b_(x, rows, p.b.data());
+    in_proj_a_(x, rows, p.a.data());
+    return;
+  }
+  std::vector<float> ba(rows * in_proj_ba_.out());
+  in_proj_ba_(x, rows, ba.data());
+  const size_t r = v_heads_ / k_heads_;
+  for (size_t row = 0; row < rows; ++row) {
+    for (size_t g = 0; g < k_heads_; ++g) {
+      const float* src = ba.data() + row * in_proj_ba_.out() + g * 2 * r;
+      std::copy(src, src + r, p.b.data() + row * v_heads_ + g * r);
+      std::copy(src + r, src + 2 * r, p.a.data() + row * v_heads_ + g * r);
+    }
+  }
 }
 
 void GatedDeltaNet::operator()(const float* x, size_t rows, std::span<const SequenceRows> batch, float* out) const {

@@ -32,11 +32,13 @@ namespace charm {
 
 class GatedDeltaNet {
  public:
-  /// Loads "<prefix>.{in_proj_qkvz, in_proj_ba}.weight" (Qwen3NextGatedDeltaNet: q, k, v, z
-  /// and b, a grouped per key head) or, when the checkpoint has no in_proj_qkvz,
-  /// "<prefix>.{in_proj_qkv, in_proj_z, in_proj_b, in_proj_a}.weight" (Qwen3_5MoeGatedDeltaNet),
-  /// then "<prefix>.{conv1d, out_proj}.weight", "<prefix>.A_log",
-  /// "<prefix>.dt_bias" and "<prefix>.norm.weight" for config's linear_* fields; its state
+  /// Loads "<prefix>.in_proj_qkvz.weight" (Qwen3NextGatedDeltaNet: q, k, v, z grouped per
+  /// key head) or, when the checkpoint has none, "<prefix>.{in_proj_qkv, in_proj_z}.weight"
+  /// (Qwen3_5MoeGatedDeltaNet, and a Qwen3-Next GGUF's attn_qkv / attn_gate); likewise
+  /// "<prefix>.in_proj_ba.weight" or "<prefix>.{in_proj_b, in_proj_a}.weight"; then
+  /// "<prefix>.{conv1d, out_proj}.weight", "<prefix>.A_log" (or "<prefix>.A", a GGUF's
+  /// ssm_a: -exp(A_log) as stored, used as it is), "<prefix>.dt_bias" and
+  /// "<prefix>.norm.weight" for config's linear_* fields; its state
   /// is floats [state_offset, state_offset + state_floats(config)) of each sequence's
   /// KvCache::state(). Throws what Checkpoint::load_f32 throws.
   static GatedDeltaNet load(const Checkpoint& ckpt, const std::string& prefix, const ModelConfig& config,
@@ -57,6 +59,10 @@ class GatedDeltaNet {
     std::vector<float> mixed, z, b, a;
   };
   Projections project(const float* x, size_t rows) const;
+  /// project's two halves: mixed and z (from in_proj_qkvz, or in_proj_qkv and in_proj_z),
+  /// b and a (from in_proj_ba, or in_proj_b and in_proj_a).
+  void project_qkvz(const float* x, size_t rows, Projections& p) const;
+  void project_ba(const float* x, size_t rows, Projections& p) const;
   /// One sequence: mixed [rows, conv_dim] (q | k | v, before the conv), z [rows, value_dim],
   /// b and a [rows, num_v_heads]; writes core [rows, value_dim] (before the gated norm).
   void run_sequence(float* mixed, const float* b, const float* a, float* state, size_t rows, float* core) const;
@@ -72,7 +78,7 @@ class GatedDeltaNet {
   size_t state_offset_ = 0;
   float norm_eps_ = 1e-6f;
   Linear in_proj_qkvz_, in_proj_ba_;                     // Qwen3-Next: fused, grouped per key head
-  Linear in_proj_qkv_, in_proj_z_, in_proj_b_, in_proj_a_;  // Qwen3.5-MoE: one each
+  Linear in_proj_qkv_, in_proj_z_, in_proj_b_, in_proj_a_;  // or apart (Qwen3.5-MoE; GGUF's q, k, v, z)
   Linear out_proj_;
   std::vector<float> conv_weight_;  // [conv_dim, kernel]
   std::vector<float> a_neg_exp_;    // -exp(A_log) [num_v_heads], f32 as transformers computes it

@@ -40,15 +40,18 @@ class Qwen3Next final : public LayerStack<Qwen3NextLayer> {
       : LayerStack(ckpt, config, dispatcher) {
     const size_t h = config.hidden_size;
     const double eps = config.rms_norm_eps;
-    for (float& w : head_.norm.weight) w = 1.0f + w;  // model.norm is a Qwen3NextRMSNorm too
+    const bool offset = !config.norm_weights_include_unit_offset;  // a GGUF stores 1 + w
+    if (offset) {
+      for (float& w : head_.norm.weight) w = 1.0f + w;  // model.norm is a Qwen3NextRMSNorm too
+    }
     const GqaOptions attention{.qkv_bias = config.attention_bias, .o_bias = config.attention_bias,
-                               .qk_norm = QkNorm::kPerHead, .norm_eps = eps, .norm_unit_offset = true,
+                               .qk_norm = QkNorm::kPerHead, .norm_eps = eps, .norm_unit_offset = offset,
                                .output_gate = true};
     for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l);
       Qwen3NextLayer layer;
-      layer.input_layernorm = RmsNorm::load(ckpt, p + ".input_layernorm", h, eps, true);
-      layer.post_attention_layernorm = RmsNorm::load(ckpt, p + ".post_attention_layernorm", h, eps, true);
+      layer.input_layernorm = RmsNorm::load(ckpt, p + ".input_layernorm", h, eps, offset);
+      layer.post_attention_layernorm = RmsNorm::load(ckpt, p + ".post_attention_layernorm", h, eps, offset);
       if (config.linear_attention_layers[l]) {
         layer.linear_attn = GatedDeltaNet::load(ckpt, p + ".linear_attn", config, state_floats_);
         state_floats_ += GatedDeltaNet::state_floats(config);
@@ -132,6 +135,7 @@ void read_qwen3_next_config(const json& j, const std::string& source, ModelConfi
   read_linear_attention_fields(j, source, c);
   read_sparse_layers(j, source, c);
   c.norm_topk_prob = get_bool(j, source, "norm_topk_prob", true);  // Qwen3NextConfig's default
+  c.norm_weights_include_unit_offset = get_bool(j, source, "norm_weights_include_unit_offset", false);
 }
 
 /// Qwen3_5MoeTextConfig: the shared fields; its router always renormalises the top-k
