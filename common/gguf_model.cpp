@@ -65,6 +65,23 @@ const std::map<std::string, ArchSpec, std::less<>>& arch_specs() {
       {"glm4moe", {"Glm4MoeForCausalLM", "glm4_moe", "mlp.gate", "mlp.experts", "gate_proj", "up_proj", "down_proj",
                    "mlp.shared_experts", false, "mlp.gate.e_score_correction_bias",
                    {{"post_attention_norm", "post_attention_layernorm"}}}},
+      // Qwen3-Next: the DeltaNet layers' tensors by llama.cpp's names (ssm_*), q, k, v and z
+      // either fused as the hub's in_proj_qkvz (ssm_in, older files) or apart (attn_qkv [q
+      // of every key head | k | v], attn_gate = z: Qwen3NextModel.modify_tensors today),
+      // which the family reads as Qwen3.5-MoE's in_proj_qkv / in_proj_z. ssm_a is A =
+      // -exp(A_log) as the converter computed it, read as such (linear_attn.A).
+      {"qwen3next", {"Qwen3NextForCausalLM", "qwen3_next", "mlp.gate", "mlp.experts", "gate_proj", "up_proj",
+                     "down_proj", "mlp.shared_expert", true, "",
+                     {{"post_attention_norm", "post_attention_layernorm"},
+                      {"ssm_in", "linear_attn.in_proj_qkvz"},
+                      {"attn_qkv", "linear_attn.in_proj_qkv"},
+                      {"attn_gate", "linear_attn.in_proj_z"},
+                      {"ssm_ba", "linear_attn.in_proj_ba"},
+                      {"ssm_conv1d", "linear_attn.conv1d"},
+                      {"ssm_a", "linear_attn.A"},
+                      {"ssm_dt", "linear_attn.dt_bias", false},
+                      {"ssm_norm", "linear_attn.norm"},
+                      {"ssm_out", "linear_attn.out_proj"}}}},
       {"minimax-m2", {"MiniMaxM2ForCausalLM", "minimax_m2", "block_sparse_moe.gate", "block_sparse_moe.experts", "w1",
                       "w3", "w2", "", true, "block_sparse_moe.e_score_correction_bias"}},
   };
@@ -423,6 +440,56 @@ void read_minimax_m2_config(const Meta& m, json& c) {
   c["scoring_func"] = "sigmoid";
 }
 
+/// Qwen3-Next (Qwen3NextModel.set_gguf_parameters; llama.cpp's QWEN3NEXT): the DeltaNet's
+/// sizes from ssm.* (state_size = linear_key_head_dim, group_count = linear_num_key_heads,
+/// time_step_rank = linear_num_value_heads, inner_size = value heads x linear_value_head_dim),
+/// the layer kinds from attention.recurrent_layers (else full attention on every
+/// full_attention_interval-th layer, default 4, as llama.cpp), partial RoPE; the MoE
+/// layers are those with a router. The file's norms hold 1 + w (see ModelConfig::
+/// norm_weights_include_unit_offset). llama.cpp's graph always renormalises the top-k.
+void read_qwen3_next_config(const Meta& m, const GgufModelFiles& files, json& c) {
+  refuse_rope_scaling(m);
+  read_sparse_layout(files, c);
+  const GgufTensorInfo* shexp = files.find_tensor("blk.0.ffn_gate_shexp.weight");
+  if (const auto width = m.integer("expert_shared_feed_forward_length")) {
+    c["shared_expert_intermediate_size"] = *width;
+  } else if (shexp != nullptr) {
+    c["shared_expert_intermediate_size"] = shexp->shape().front();
+  }
+  c["linear_conv_kernel_dim"] = m.required("ssm.conv_kernel");
+  c["linear_key_head_dim"] = m.required("ssm.state_size");
+  c["linear_num_key_heads"] = m.required("ssm.group_count");
+  const int64_t v_heads = m.required("ssm.time_step_rank");
+  const int64_t inner = m.required("ssm.inner_size");
+  if (v_heads <= 0 || inner % v_heads != 0) {
+    fail_invalid(m.where() + ": " + m.arch() + ".ssm.inner_size (" + std::to_string(inner) +
+                 ") is not a multiple of " + m.arch() + ".ssm.time_step_rank (" + std::to_string(v_heads) + ")");
+  }
+  c["linear_num_value_heads"] = v_heads;
+  c["linear_value_head_dim"] = inner / v_heads;
+  const int64_t layers = c["num_hidden_layers"].get<int64_t>();
+  json types = json::array();
+  if (const GgufValue* v = m.arch_key("attention.recurrent_layers")) {
+    if (!v->is_array() || v->size() < static_cast<uint64_t>(layers)) {
+      fail_invalid(m.where() + ": " + v->name() + " must list every one of the " + std::to_string(layers) +
+                   " layers");
+    }
+    for (int64_t l = 0; l < layers; ++l) {
+      types.push_back(v->at(static_cast<uint64_t>(l)).as_bool() ? "linear_attention" : "full_attention");
+    }
+  } else {
+    const int64_t interval = m.integer("full_attention_interval").value_or(4);
+    if (interval <= 0) fail_invalid(m.where() + ": " + m.arch() + ".full_attention_interval must be positive");
+    for (int64_t l = 0; l < layers; ++l) types.push_back((l + 1) % interval != 0 ? "linear_attention" : "full_attention");
+  }
+  c["layer_types"] = types;
+  c["partial_rotary_factor"] = rotary_fraction(m, c);
+  c["norm_weights_include_unit_offset"] = true;
+  for (int64_t l = 0; l < layers && !c["attention_bias"].get<bool>(); ++l) {  // layer 0 is linear
+    c["attention_bias"] = files.find_tensor("blk." + std::to_string(l) + ".attn_q.bias") != nullptr;
+  }
+}
+
 json read_config(const Meta& m, const ArchSpec& spec, const GgufModelFiles& files) {
   json c = json::object();
   c["architectures"] = json::array({spec.hf_architecture});
@@ -464,6 +531,8 @@ json read_config(const Meta& m, const ArchSpec& spec, const GgufModelFiles& file
     read_glm4_moe_config(m, files, c);
   } else if (m.arch() == "minimax-m2") {
     read_minimax_m2_config(m, c);
+  } else if (m.arch() == "qwen3next") {
+    read_qwen3_next_config(m, files, c);
   }
   return c;
 }
@@ -479,6 +548,7 @@ GgufHfTensor mapped_tensor(const std::string& hf_name, const GgufTensorInfo& t, 
                  std::to_string(out.shape.size()) + "-D");
   }
   if (base == "ffn_gate_inp_shexp" && out.shape.size() == 1) out.shape = {1, out.shape[0]};  // HF's Linear(h, 1)
+  if (base == "ssm_conv1d" && out.shape.size() == 2) out.shape = {out.shape[0], 1, out.shape[1]};  // squeezed
   if (std::string(spec.model_type) == "mixtral" && (base == "attn_q" || base == "attn_k") && t.name.ends_with(".weight")) {
     out.unpermute_heads = c[base == "attn_q" ? "num_attention_heads" : "num_key_value_heads"].get<int64_t>();
     const int64_t rows = out.shape.front();

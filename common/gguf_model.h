@@ -8,6 +8,9 @@
 //   gpt-oss   -> GptOssForCausalLM (biased experts split into gate / up / down, any GGML type
 //                                   incl. MXFP4; attn_sinks; even layers sliding)
 //   glm4moe   -> Glm4MoeForCausalLM      minimax-m2 -> MiniMaxM2ForCausalLM
+//   qwen3next -> Qwen3NextForCausalLM (ssm_* as linear_attn.*; attn_qkv / attn_gate or the
+//                                      older fused ssm_in; ssm_a as linear_attn.A; the norms
+//                                      already 1 + w: norm_weights_include_unit_offset)
 // A file's trailing multi-token-prediction blocks (nextn_predict_layers; GLM-4.5's) are not
 // decoder layers: their tensors are left out (GgufHfModel::ignored). ffn_gate_up_exps (the
 // converter's --fuse-gate-up-exps) becomes the hub's fused <experts>.gate_up_proj.

@@ -24,6 +24,13 @@ the gguf package (numpy only):
   layers too (num_hidden_layers + num_nextn_predict_layers), whose tensors are written
   as blk.<n>.* and blk.<n>.nextn.*; MiniMax-M2 (arch "minimax-m2"): experts w1 / w3 / w2
   stacked as Mixtral's, rotary_dim as rope.dimension_count;
+- Qwen3-Next (arch "qwen3next", Qwen3NextModel.modify_tensors, on tensors already widened to
+  f32 as the converter widens bf16 before it): A_log written as -exp(A_log) (ssm_a; exp
+  here in f64, rounded once to f32: torch's f32 exp may differ by an ulp), dt_bias as
+  ssm_dt.bias, conv1d squeezed to [channels, kernel] and kept F32, every norm but the
+  DeltaNet's gated one written as 1 + w, in_proj_qkvz split into attn_qkv (q of every key
+  head, then k, then v) and attn_gate (z); --ssm-in keeps it whole as older converters
+  did (ssm_in, the hub's per-key-head grouping);
 - hyper-parameters under llama.cpp's metadata keys; a value llama.cpp hard-codes for the
   architecture is written only when the fixture differs from it, with the key llama.cpp
   defines for it (e.g. {arch}.expert_weights_norm);
@@ -34,7 +41,7 @@ The real converter's output is compared with this script's on the demo model (wh
 llama.cpp can convert) in docs/models.md ("GGUF").
 
 Usage: gen_gguf_fixtures.py --out DIR [--outtype bf16|f16|f32|q8_0|q4_0|q4_1|q5_0|q5_1|mxfp4] [--dense-only]
-       [--fuse-gate-up-exps] [NAME ...]
+       [--fuse-gate-up-exps] [--ssm-in] [NAME ...]
 (default: every fixture llama.cpp has an architecture for; needs numpy and gguf)
 """
 from __future__ import annotations
@@ -60,9 +67,10 @@ ARCH = {
     "GptOssForCausalLM": gguf.MODEL_ARCH.GPT_OSS,
     "Glm4MoeForCausalLM": gguf.MODEL_ARCH.GLM4_MOE,
     "MiniMaxM2ForCausalLM": gguf.MODEL_ARCH.MINIMAXM2,
+    "Qwen3NextForCausalLM": gguf.MODEL_ARCH.QWEN3NEXT,
 }
 DEFAULT_FIXTURES = ["qwen2-moe-tiny", "qwen3-moe-tiny", "olmoe-tiny", "mixtral-tiny", "deepseek-v3-tiny",
-                    "gpt-oss-tiny", "glm4-moe-tiny", "minimax-m2-tiny"]
+                    "gpt-oss-tiny", "glm4-moe-tiny", "minimax-m2-tiny", "qwen3-next-tiny"]
 
 # Whether llama.cpp's graph renormalises the top-k router weights for the architecture
 # when the file does not say (src/llama-model.cpp): only then is the key not needed.
@@ -75,6 +83,7 @@ DEFAULT_NORM_TOPK = {
     gguf.MODEL_ARCH.GPT_OSS: False,  # softmax over the chosen k (SOFTMAX_WEIGHT): no key
     gguf.MODEL_ARCH.GLM4_MOE: False,
     gguf.MODEL_ARCH.MINIMAXM2: False,
+    gguf.MODEL_ARCH.QWEN3NEXT: True,  # hard-coded in llama.cpp's graph: no key is ever written
 }
 
 # The clamp of gpt-oss's SwiGLU that llama.cpp's graph hard-codes (build_moe_ffn,
@@ -278,6 +287,8 @@ def write_hparams(writer: gguf.GGUFWriter, arch, c: dict) -> None:
         writer.add_expert_feed_forward_length(c["intermediate_size"])  # MiniMaxM2Model
         writer.add_rope_dimension_count(c["rotary_dim"])
         writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)  # TextModel, from scoring_func
+    elif arch == gguf.MODEL_ARCH.QWEN3NEXT:
+        write_qwen3_next_hparams(writer, c)
     if norm != DEFAULT_NORM_TOPK[arch] or arch in (gguf.MODEL_ARCH.DEEPSEEK2, gguf.MODEL_ARCH.GLM4_MOE) and norm:
         writer.add_bool(gguf.Keys.LLM.EXPERT_WEIGHTS_NORM.format(arch=a), bool(norm))
 
@@ -319,6 +330,50 @@ def write_glm4_moe_hparams(writer: gguf.GGUFWriter, c: dict) -> None:
     writer.add_nextn_predict_layers(c.get("num_nextn_predict_layers", 0))
 
 
+def write_qwen3_next_hparams(writer: gguf.GGUFWriter, c: dict) -> None:
+    """Qwen3NextModel.set_gguf_parameters. attention.recurrent_layers from layer_types, which
+    Qwen3NextConfig fills in from full_attention_interval when config.json has none (gguf
+    0.19 has no name for that key, hence the raw one)."""
+    a = writer.arch
+    writer.add_uint32(f"{a}.ssm.conv_kernel", c["linear_conv_kernel_dim"])
+    writer.add_uint32(f"{a}.ssm.state_size", c["linear_key_head_dim"])
+    writer.add_uint32(f"{a}.ssm.group_count", c["linear_num_key_heads"])
+    writer.add_uint32(f"{a}.ssm.time_step_rank", c["linear_num_value_heads"])
+    writer.add_uint32(f"{a}.ssm.inner_size", c["linear_value_head_dim"] * c["linear_num_value_heads"])
+    interval = c.get("full_attention_interval", 4)
+    linear = [t == "linear_attention" for t in c["layer_types"]] if c.get("layer_types") is not None else \
+        [(layer + 1) % interval != 0 for layer in range(c["num_hidden_layers"])]
+    writer.add_array(f"{a}.attention.recurrent_layers", linear)
+    writer.add_uint32(f"{a}.full_attention_interval", interval)
+    writer.add_rope_dimension_count(int(c["head_dim"] * c.get("partial_rotary_factor", 0.25)))
+
+
+def qwen3_next_pieces(hf_name: str, dtype: str, array: np.ndarray, c: dict, ssm_in: bool):
+    """Qwen3NextModel.modify_tensors on one tensor: [(name, dtype, array)], where a name
+    starting "blk." is the GGUF name itself (attn_qkv / attn_gate have no HF name)."""
+    if hf_name.endswith(".A_log"):
+        return [(hf_name, "F32", (-np.exp(to_f32(dtype, array).astype(np.float64))).astype(np.float32))]
+    if hf_name.endswith(".dt_bias"):
+        return [(hf_name.removesuffix(".dt_bias") + ".dt_proj.bias", dtype, array)]
+    if "conv1d" in hf_name:
+        return [(hf_name, "F32", to_f32(dtype, array).reshape(array.shape[0], -1))]
+    if hf_name.endswith("norm.weight") and not hf_name.endswith("linear_attn.norm.weight"):
+        return [(hf_name, "F32", to_f32(dtype, array) + np.float32(1))]
+    if hf_name.endswith("in_proj_qkvz.weight") and not ssm_in:
+        dk, dv = c["linear_key_head_dim"], c["linear_value_head_dim"]
+        kh, vh = c["linear_num_key_heads"], c["linear_num_value_heads"]
+        r = vh // kh
+        groups = array.reshape(kh, 2 * dk + 2 * r * dv, -1)  # rows grouped per key head: q | k | v | z
+        q, k = groups[:, :dk], groups[:, dk:2 * dk]
+        v, z = groups[:, 2 * dk:2 * dk + r * dv], groups[:, 2 * dk + r * dv:]
+        hidden = array.shape[-1]
+        qkv = np.concatenate([x.reshape(-1, hidden) for x in (q, k, v)])
+        layer = int(hf_name.split(".")[2])
+        return [(f"blk.{layer}.attn_qkv.weight", dtype, np.ascontiguousarray(qkv)),
+                (f"blk.{layer}.attn_gate.weight", dtype, np.ascontiguousarray(z.reshape(-1, hidden)))]
+    return [(hf_name, dtype, array)]
+
+
 def fuse_gate_up(written: list) -> list:
     """The converter's --fuse-gate-up-exps: each layer's ffn_gate_exps and ffn_up_exps
     joined into ffn_gate_up_exps, gate first (torch.cat along the rows: [E, 2I, H]), and
@@ -338,7 +393,8 @@ def fuse_gate_up(written: list) -> list:
     return out
 
 
-def convert(name: str, out_dir: Path, outtype: str, dense_only: bool = False, fuse: bool = False) -> Path:
+def convert(name: str, out_dir: Path, outtype: str, dense_only: bool = False, fuse: bool = False,
+            ssm_in: bool = False) -> Path:
     model_dir = FIXTURES / name
     config = json.loads((model_dir / "config.json").read_text())
     arch = ARCH[config["architectures"][0]]
@@ -362,7 +418,9 @@ def convert(name: str, out_dir: Path, outtype: str, dense_only: bool = False, fu
     for hf_name in sorted(tensors):
         dtype, array = tensors[hf_name]
         pieces = [(hf_name, array)]
-        if arch == gguf.MODEL_ARCH.LLAMA and hf_name.endswith("q_proj.weight"):
+        if arch == gguf.MODEL_ARCH.QWEN3NEXT:
+            pieces = qwen3_next_pieces(hf_name, dtype, array, config, ssm_in)  # with a dtype each
+        elif arch == gguf.MODEL_ARCH.LLAMA and hf_name.endswith("q_proj.weight"):
             pieces = [(hf_name, llama_permute(array, config["num_attention_heads"]))]
         elif arch == gguf.MODEL_ARCH.LLAMA and hf_name.endswith("k_proj.weight"):
             pieces = [(hf_name, llama_permute(array, config["num_key_value_heads"]))]
@@ -373,15 +431,18 @@ def convert(name: str, out_dir: Path, outtype: str, dense_only: bool = False, fu
             kv_b = array.reshape(heads, nope + v, array.shape[-1])
             pieces = [(hf_name.replace("kv_b_proj", "k_b_proj"), np.ascontiguousarray(kv_b[:, :nope].swapaxes(1, 2))),
                       (hf_name.replace("kv_b_proj", "v_b_proj"), np.ascontiguousarray(kv_b[:, nope:]))]
-        for piece_name, data in pieces:
+        for piece in pieces:
+            piece_name, dtype, data = piece if len(piece) == 3 else (piece[0], tensors[hf_name][0], piece[1])
             piece_name = piece_name.replace("e_score_correction_bias", "e_score_correction.bias")  # as the converter
-            gguf_name = (names.get_name(piece_name, try_suffixes=(".weight", ".bias")) or
-                         generic.get_name(piece_name, try_suffixes=(".weight", ".bias")))
+            gguf_name = piece_name if piece_name.startswith("blk.") else (
+                names.get_name(piece_name, try_suffixes=(".weight", ".bias")) or
+                generic.get_name(piece_name, try_suffixes=(".weight", ".bias")))
             if gguf_name is None:
                 sys.exit(f"{name}: no GGUF name for tensor {piece_name}")
             if gguf_name.endswith("ffn_gate_inp_shexp.weight"):
                 data = data.reshape(-1)  # [1, hidden] -> llama.cpp's [hidden]
-            keep_f32 = data.ndim <= 1 or gguf_name.endswith("_norm.weight") or ".ffn_gate_inp" in gguf_name
+            keep_f32 = (data.ndim <= 1 or gguf_name.endswith("_norm.weight") or ".ffn_gate_inp" in gguf_name or
+                        ".ssm_conv1d." in gguf_name)
             # --dense-only: what charm's quant_dense quantises (Linear::load's projections and
             # the embeddings); the routed experts and MLA's kv_b pieces (read as f32 values)
             # stay as stored, and so does a matrix of partial blocks.
@@ -415,6 +476,8 @@ def convert(name: str, out_dir: Path, outtype: str, dense_only: bool = False, fu
         return [write(out_dir / f"{name}.{outtype}-dense.gguf", written)]
     if fuse:
         return [write(out_dir / f"{name}.{outtype}-fused.gguf", fuse_gate_up(written))]
+    if ssm_in:
+        return [write(out_dir / f"{name}.{outtype}-ssm-in.gguf", written)]
     out = [write(out_dir / f"{name}.{outtype}.gguf", written)]
     if outtype in QUANT_TYPES:
         # The oracle of the quantised file: every tensor as gguf-py dequantises it, in F32.
@@ -466,6 +529,9 @@ def main() -> None:
     parser.add_argument("--fuse-gate-up-exps", action="store_true",
                         help="join gate and up experts as convert_hf_to_gguf.py --fuse-gate-up-exps does: "
                              "<name>.<type>-fused.gguf")
+    parser.add_argument("--ssm-in", action="store_true",
+                        help="Qwen3-Next: keep q, k, v, z fused as ssm_in, as older converters did: "
+                             "<name>.<type>-ssm-in.gguf")
     parser.add_argument("--dequantise", type=Path, nargs="+", metavar="GGUF",
                         help="instead: write each GGUF's dequantised F32 twin into --out")
     parser.add_argument("names", nargs="*", default=DEFAULT_FIXTURES)
@@ -478,7 +544,7 @@ def main() -> None:
     for name in args.names:
         if args.dense_only and args.outtype not in QUANT_TYPES:
             sys.exit("--dense-only needs a quantised --outtype")
-        for path in convert(name, args.out, args.outtype, args.dense_only, args.fuse_gate_up_exps):
+        for path in convert(name, args.out, args.outtype, args.dense_only, args.fuse_gate_up_exps, args.ssm_in):
             print(path)
 
 

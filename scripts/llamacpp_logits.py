@@ -36,7 +36,8 @@ FIXTURES = REPO / "tests" / "fixtures" / "models"
 KQUANT = REPO / "tests" / "fixtures" / "gguf_models"
 # (fixture, outtype): the families llama.cpp runs, at the precisions the tests read.
 TINY = [(name, outtype) for name in ["qwen2-moe-tiny", "qwen3-moe-tiny", "olmoe-tiny", "mixtral-tiny",
-                                     "deepseek-v3-tiny", "gpt-oss-tiny", "glm4-moe-tiny", "minimax-m2-tiny"]
+                                     "deepseek-v3-tiny", "gpt-oss-tiny", "glm4-moe-tiny", "minimax-m2-tiny",
+                                     "qwen3-next-tiny"]
         for outtype in ["f32"]]  # f32: llama.cpp multiplies BF16 weights by bf16-rounded activations
 TINY += [("qwen3-moe-tiny", "q8_0"), ("qwen3-moe-tiny", "q4_0"), ("deepseek-v3-tiny", "q8_0")]
 KQUANT_PROMPT = [1, 5, 17, 300, 42, 7, 511, 0, 256]  # test_gguf_model's K-quant prompt

@@ -1,7 +1,8 @@
 // A GGUF model served across `charm worker` processes: workers read their experts
 // straight out of the GGUF (GGML blocks as stored), and greedy decoding through two
 // workers gives the single-node tokens and first-step logits bit for bit; a BF16 GGUF
-// decodes the safetensors fixture's tokens. The GGUFs are the ctest fixture
+// (Qwen3-MoE's, and Qwen3-Next's with its DeltaNet layers) decodes the safetensors
+// fixture's tokens. The GGUFs are the ctest fixture
 // gguf_fixtures' (scripts/gen_gguf_fixtures.py).
 #include <doctest/doctest.h>
 
@@ -75,9 +76,10 @@ std::vector<Decoded> decode_ids_with_store(const std::string& model, const std::
   return out;
 }
 
-/// decode_prompts over qwen3-moe-tiny's reference prompts, as many tokens as the reference.
-std::vector<Decoded> decode(const std::string& model, const std::vector<std::string>& split) {
-  std::ifstream in(fs::path(CHARM_SOURCE_DIR) / "tests/fixtures/models/qwen3-moe-tiny/reference.json");
+/// decode_prompts over fixture `reference`'s reference prompts, as many tokens as the reference.
+std::vector<Decoded> decode(const std::string& model, const std::vector<std::string>& split,
+                            const std::string& reference_fixture = "qwen3-moe-tiny") {
+  std::ifstream in(fs::path(CHARM_SOURCE_DIR) / "tests/fixtures/models" / reference_fixture / "reference.json");
   const auto reference = nlohmann::json::parse(in);
   std::vector<std::pair<std::vector<int32_t>, int>> prompts;
   for (const auto& p : reference["prompts"]) {
@@ -109,6 +111,13 @@ TEST_CASE("a BF16 GGUF decodes the safetensors tokens, single node and through t
   const auto safetensors = decode("qwen3-moe-tiny", {});
   check_same(safetensors, decode(gguf, {}));
   check_same(safetensors, decode(gguf, {"\"0-7\"", "\"8-15\""}));
+}
+
+TEST_CASE("a Qwen3-Next BF16 GGUF (DeltaNet layers) decodes the safetensors tokens through two workers") {
+  const std::string gguf = (kGguf / "qwen3-next-tiny.bf16.gguf").string();
+  REQUIRE_MESSAGE(fs::exists(gguf), "run the ctest fixture gguf_fixtures");
+  const auto safetensors = decode("qwen3-next-tiny", {}, "qwen3-next-tiny");
+  check_same(safetensors, decode(gguf, {"\"0-7\"", "\"8-15\""}, "qwen3-next-tiny"));
 }
 
 TEST_CASE("a Q8_0 GGUF through two workers gives its single-node tokens and logits bit for bit") {

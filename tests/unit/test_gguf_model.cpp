@@ -91,12 +91,16 @@ void check_same_logits(const std::string& name, const std::string& outtype) {
     // and eot, all in generation_config: GLM's config.json lists both, Qwen3's one).
     from_gguf.dtype = from_st.dtype;
     from_gguf.eos_token_ids = from_st.eos_token_ids;
+    // And for Qwen3-Next, that the file's norms hold 1 + w (the hub's do not).
+    CHECK(from_gguf.norm_weights_include_unit_offset == (from_gguf.linear_num_key_heads > 0));
+    from_gguf.norm_weights_include_unit_offset = from_st.norm_weights_include_unit_offset;
     CHECK(from_gguf == from_st);
   }
 }
 
-const char* const kFixtures[] = {"qwen2-moe-tiny", "qwen3-moe-tiny",  "olmoe-tiny",     "mixtral-tiny",
-                                 "deepseek-v3-tiny", "gpt-oss-tiny", "glm4-moe-tiny", "minimax-m2-tiny"};
+const char* const kFixtures[] = {"qwen2-moe-tiny",   "qwen3-moe-tiny", "olmoe-tiny",      "mixtral-tiny",
+                                 "deepseek-v3-tiny", "gpt-oss-tiny",   "glm4-moe-tiny",   "minimax-m2-tiny",
+                                 "qwen3-next-tiny"};
 
 TEST_CASE("a BF16 GGUF of every fixture gives the safetensors logits bit for bit") {
   for (const char* name : kFixtures) check_same_logits(name, "bf16");
@@ -113,8 +117,29 @@ TEST_CASE("a GGUF converted with --fuse-gate-up-exps (ffn_gate_up_exps) gives th
   }
 }
 
+TEST_CASE("a Qwen3-Next GGUF reads the converter's forms: q, k, v, z fused (ssm_in) or apart, A as -exp(A_log)") {
+  // The bf16 file of the test above has attn_qkv / attn_gate (today's converter); older
+  // files have the hub's fused in_proj_qkvz as ssm_in. Both give the safetensors' logits.
+  check_same_logits("qwen3-next-tiny", "bf16-ssm-in");
+  const auto split = Checkpoint::open(kGguf / "qwen3-next-tiny.bf16.gguf");
+  const auto fused = Checkpoint::open(kGguf / "qwen3-next-tiny.bf16-ssm-in.gguf");
+  const auto hub = Checkpoint::open(kModels / "qwen3-next-tiny");
+  const std::string p = "model.layers.0.linear_attn.";
+  CHECK(split->find(p + "in_proj_qkv.weight") != nullptr);
+  CHECK(split->find(p + "in_proj_z.weight") != nullptr);
+  CHECK(split->find(p + "in_proj_qkvz.weight") == nullptr);
+  CHECK(fused->find(p + "in_proj_qkvz.weight") != nullptr);
+  // ssm_a holds -exp(A_log), read as stored; the norms 1 + w (in f32, as the converter).
+  const auto a = split->load_f32(p + "A", {4});
+  const auto a_log = hub->load_f32(p + "A_log", {4});
+  for (size_t h = 0; h < a.size(); ++h) CHECK(a[h] == -std::exp(a_log[h]));
+  const auto norm = split->load_f32("model.norm.weight", {32});
+  const auto w = hub->load_f32("model.norm.weight", {32});
+  for (size_t i = 0; i < norm.size(); ++i) CHECK(norm[i] == 1.0f + w[i]);
+}
+
 TEST_CASE("an F32 GGUF (weights widened) gives the same logits too") {
-  for (const char* name : {"qwen3-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny"}) check_same_logits(name, "f32");
+  for (const char* name : {"qwen3-moe-tiny", "mixtral-tiny", "deepseek-v3-tiny", "qwen3-next-tiny"}) check_same_logits(name, "f32");
 }
 
 /// A quantised GGUF against gguf-py's dequantisation of it (the same tensors in F32): the
@@ -374,6 +399,16 @@ Keys minimax_m2_keys() {
   return k;
 }
 
+Keys qwen3_next_keys() {
+  Keys k = with(common_keys(), "block_count", gg::u32(4));
+  for (auto& kv : Keys{{"ssm.conv_kernel", gg::u32(4)}, {"ssm.state_size", gg::u32(8)},
+                       {"ssm.group_count", gg::u32(2)}, {"ssm.time_step_rank", gg::u32(4)},
+                       {"ssm.inner_size", gg::u32(24)}, {"rope.dimension_count", gg::u32(4)},
+                       {"full_attention_interval", gg::u32(2)}}) {
+    k.push_back(kv);
+  }
+  return k;
+}
 ModelConfig parsed(const nlohmann::json& config) { return ModelConfig::parse(config, "m.gguf", checkpoint_families()); }
 
 TEST_CASE("gpt-oss GGUF metadata: what llama.cpp hard-codes becomes GptOssConfig's fields") {
@@ -481,6 +516,43 @@ TEST_CASE("MiniMax-M2 GGUF metadata maps to MiniMaxM2Config; a malformed or fore
                ErrorCategory::kInvalidInput, {"minimax-m2.expert_feed_forward_length", "missing"});
   expect_error([&] { config_of("minimax-m2", with(minimax_m2_keys(), "expert_gating_func", gg::u32(1))); },
                ErrorCategory::kUnsupported, {"minimax-m2.expert_gating_func"});
+}
+
+TEST_CASE("Qwen3-Next GGUF metadata maps to Qwen3NextConfig; a malformed one is refused naming the key") {
+  const ModelConfig c = parsed(config_of("qwen3next", qwen3_next_keys()));
+  CHECK(c.architecture == "Qwen3NextForCausalLM");
+  CHECK(c.linear_conv_kernel_dim == 4);
+  CHECK(c.linear_key_head_dim == 8);
+  CHECK(c.linear_num_key_heads == 2);
+  CHECK(c.linear_num_value_heads == 4);
+  CHECK(c.linear_value_head_dim == 6);  // inner_size 24 over 4 value heads
+  CHECK(c.linear_attention_layers == std::vector<bool>{true, false, true, false});  // interval 2
+  CHECK(c.partial_rotary_factor == 0.25);  // rope.dimension_count 4 of head_dim 16
+  CHECK(c.norm_topk_prob);                  // llama.cpp's graph always renormalises
+  CHECK(c.norm_weights_include_unit_offset);
+  // attention.recurrent_layers (today's converter) wins over the interval; without either,
+  // llama.cpp's default interval 4.
+  const auto recurrent = gg::array(7, {gg::boolean(false), gg::boolean(true), gg::boolean(true), gg::boolean(true)});
+  CHECK(parsed(config_of("qwen3next", with(qwen3_next_keys(), "attention.recurrent_layers", recurrent)))
+            .linear_attention_layers == std::vector<bool>{false, true, true, true});
+  CHECK(parsed(config_of("qwen3next", without(qwen3_next_keys(), "full_attention_interval")))
+            .linear_attention_layers == std::vector<bool>{true, true, true, false});
+
+  for (const char* key : {"ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.time_step_rank",
+                          "ssm.inner_size"}) {
+    CAPTURE(key);
+    expect_error([&] { config_of("qwen3next", without(qwen3_next_keys(), key)); }, ErrorCategory::kInvalidInput,
+                 {std::string("qwen3next.") + key, "missing"});
+  }
+  expect_error([&] { config_of("qwen3next", with(qwen3_next_keys(), "ssm.inner_size", gg::u32(25))); },
+               ErrorCategory::kInvalidInput, {"qwen3next.ssm.inner_size (25)", "qwen3next.ssm.time_step_rank (4)"});
+  const auto short_list = gg::array(7, {gg::boolean(true), gg::boolean(false)});
+  expect_error([&] { config_of("qwen3next", with(qwen3_next_keys(), "attention.recurrent_layers", short_list)); },
+               ErrorCategory::kInvalidInput, {"qwen3next.attention.recurrent_layers", "every one of the 4 layers"});
+  expect_error([&] { config_of("qwen3next", with(qwen3_next_keys(), "full_attention_interval", gg::u32(0))); },
+               ErrorCategory::kInvalidInput, {"qwen3next.full_attention_interval", "positive"});
+  expect_error([&] { config_of("qwen3next", with(qwen3_next_keys(), "rope.scaling.type", gg::str("yarn"))); },
+               ErrorCategory::kUnsupported, {"qwen3next.rope.scaling.type", "yarn"});
 }
 
 TEST_CASE("f32 metadata reads back as the decimal it was written from") {
