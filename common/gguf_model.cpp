@@ -43,6 +43,30 @@ struct ArchSpec {
   std::vector<LayerNameRule> layer_names = {};  ///< checked before shared_layer_names()
 };
 
+/// The lightning indexer of DeepSeek Sparse Attention (GLM-5, DeepSeek-V3.2) under
+/// llama.cpp's names: blk.N.indexer.{k_norm, proj, attn_k, attn_q_b}.
+const std::vector<LayerNameRule>& dsa_indexer_names() {
+  static const std::vector<LayerNameRule> names = {{"indexer.k_norm", "self_attn.indexer.k_norm"},
+                                                   {"indexer.proj", "self_attn.indexer.weights_proj"},
+                                                   {"indexer.attn_k", "self_attn.indexer.wk"},
+                                                   {"indexer.attn_q_b", "self_attn.indexer.wq_b"}};
+  return names;
+}
+
+/// Qwen3-Next's and Qwen3.5-MoE's gated DeltaNet layers under llama.cpp's names (ssm_*),
+/// and `projections`, their input projections (the one place the two files differ).
+std::vector<LayerNameRule> deltanet_names(std::vector<LayerNameRule> projections) {
+  for (LayerNameRule rule : std::initializer_list<LayerNameRule>{{"post_attention_norm", "post_attention_layernorm"},
+                                                                 {"ssm_conv1d", "linear_attn.conv1d"},
+                                                                 {"ssm_a", "linear_attn.A"},
+                                                                 {"ssm_dt", "linear_attn.dt_bias", false},
+                                                                 {"ssm_norm", "linear_attn.norm"},
+                                                                 {"ssm_out", "linear_attn.out_proj"}}) {
+    projections.push_back(rule);
+  }
+  return projections;
+}
+
 const std::map<std::string, ArchSpec, std::less<>>& arch_specs() {
   static const std::map<std::string, ArchSpec, std::less<>> specs = {
       {"qwen2moe", {"Qwen2MoeForCausalLM", "qwen2_moe", "mlp.gate", "mlp.experts", "gate_proj", "up_proj",
@@ -55,6 +79,12 @@ const std::map<std::string, ArchSpec, std::less<>>& arch_specs() {
                  "w2", "", true}},
       {"deepseek2", {"DeepseekV3ForCausalLM", "deepseek_v3", "mlp.gate", "mlp.experts", "gate_proj", "up_proj",
                      "down_proj", "mlp.shared_experts", false}},
+      // DeepSeek-V3's tensors and keys, and the indexer's (attention.indexer.*).
+      {"glm-dsa", {"GlmMoeDsaForCausalLM", "glm_moe_dsa", "mlp.gate", "mlp.experts", "gate_proj", "up_proj",
+                   "down_proj", "mlp.shared_experts", false, "mlp.gate.e_score_correction_bias", dsa_indexer_names()}},
+      {"deepseek32", {"DeepseekV32ForCausalLM", "deepseek_v32", "mlp.gate", "mlp.experts", "gate_proj", "up_proj",
+                      "down_proj", "mlp.shared_experts", false, "mlp.gate.e_score_correction_bias",
+                      dsa_indexer_names()}},
       // gpt-oss's experts keep the converter's names, gate_proj / up_proj / down_proj
       // .weight and .bias ([E, I, H], [E, I, H], [E, H, I]; gate_up_proj.weight / .bias
       // [E, 2I, H] / [E, 2I] when fused), which the expert reader tells apart from the
@@ -72,16 +102,19 @@ const std::map<std::string, ArchSpec, std::less<>>& arch_specs() {
       // -exp(A_log) as the converter computed it, read as such (linear_attn.A).
       {"qwen3next", {"Qwen3NextForCausalLM", "qwen3_next", "mlp.gate", "mlp.experts", "gate_proj", "up_proj",
                      "down_proj", "mlp.shared_expert", true, "",
-                     {{"post_attention_norm", "post_attention_layernorm"},
-                      {"ssm_in", "linear_attn.in_proj_qkvz"},
-                      {"attn_qkv", "linear_attn.in_proj_qkv"},
-                      {"attn_gate", "linear_attn.in_proj_z"},
-                      {"ssm_ba", "linear_attn.in_proj_ba"},
-                      {"ssm_conv1d", "linear_attn.conv1d"},
-                      {"ssm_a", "linear_attn.A"},
-                      {"ssm_dt", "linear_attn.dt_bias", false},
-                      {"ssm_norm", "linear_attn.norm"},
-                      {"ssm_out", "linear_attn.out_proj"}}}},
+                     deltanet_names({{"ssm_in", "linear_attn.in_proj_qkvz"},
+                                     {"attn_qkv", "linear_attn.in_proj_qkv"},
+                                     {"attn_gate", "linear_attn.in_proj_z"},
+                                     {"ssm_ba", "linear_attn.in_proj_ba"}})}},
+      // Qwen3.5-MoE's text model: Qwen3-Next's layers with q, k, v, z, b and a apart
+      // (attn_qkv, attn_gate, ssm_beta, ssm_alpha) and the value heads tiled (see
+      // read_linear_attention_config).
+      {"qwen35moe", {"Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", "mlp.gate", "mlp.experts", "gate_proj", "up_proj",
+                     "down_proj", "mlp.shared_expert", true, "",
+                     deltanet_names({{"attn_qkv", "linear_attn.in_proj_qkv"},
+                                     {"attn_gate", "linear_attn.in_proj_z"},
+                                     {"ssm_beta", "linear_attn.in_proj_b"},
+                                     {"ssm_alpha", "linear_attn.in_proj_a"}})}},
       {"minimax-m2", {"MiniMaxM2ForCausalLM", "minimax_m2", "block_sparse_moe.gate", "block_sparse_moe.experts", "w1",
                       "w3", "w2", "", true, "block_sparse_moe.e_score_correction_bias"}},
   };
@@ -134,6 +167,19 @@ class Meta {
   std::optional<bool> boolean(const std::string& key) const {
     const GgufValue* v = arch_key(key);
     return v ? std::optional<bool>(v->as_bool()) : std::nullopt;
+  }
+  /// A boolean per layer (the first `layers` of the array: llama.cpp's per-layer flags
+  /// may go on over the multi-token-prediction blocks); nullopt when the key is absent.
+  /// Throws Error(kInvalidInput) naming the key when it is not an array of that many.
+  std::optional<std::vector<bool>> per_layer_flags(const std::string& key, int64_t layers) const {
+    const GgufValue* v = arch_key(key);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_array() || v->size() < static_cast<uint64_t>(layers)) {
+      fail_invalid(where() + ": " + v->name() + " must list every one of the " + std::to_string(layers) + " layers");
+    }
+    std::vector<bool> flags;
+    for (int64_t l = 0; l < layers; ++l) flags.push_back(v->at(static_cast<uint64_t>(l)).as_bool());
+    return flags;
   }
   std::optional<std::string> string(const std::string& key) const {
     const GgufValue* v = arch_key(key);
@@ -341,10 +387,12 @@ void read_deepseek2_config(const Meta& m, json& c) {
   c["routed_scaling_factor"] = m.number("expert_weights_scale").value_or(1.0);
   c["n_group"] = m.integer("expert_group_count").value_or(1);
   c["topk_group"] = m.integer("expert_group_used_count").value_or(1);
-  const int64_t gating = m.integer("expert_gating_func").value_or(1);  // LLAMA_EXPERT_GATING_FUNC_TYPE
+  // LLAMA_EXPERT_GATING_FUNC_TYPE. Without the key llama.cpp takes deepseek2 as softmax and
+  // glm-dsa as sigmoid (and refuses deepseek32); both DSA families only route by sigmoid.
+  const int64_t gating = m.integer("expert_gating_func").value_or(m.arch() == "deepseek2" ? 1 : 2);
   if (gating != 2) {
-    fail_unsupported(m.where() + ": deepseek2 with softmax routing (DeepSeek-V2) is not supported; charm serves "
-                     "the sigmoid-routed DeepSeek-V3 form (deepseek2.expert_gating_func 2)");
+    fail_unsupported(m.where() + ": " + m.arch() + " with softmax routing (DeepSeek-V2's) is not supported; charm "
+                     "serves the sigmoid-routed DeepSeek-V3 form (" + m.arch() + ".expert_gating_func 2)");
   }
   c["scoring_func"] = "sigmoid";
   c["topk_method"] = "noaux_tc";
@@ -359,6 +407,28 @@ void read_deepseek2_config(const Meta& m, json& c) {
     rs["mscale_all_dim"] = mscale_all_dim;
     c["rope_scaling"] = rs;
   }
+}
+
+/// DeepSeek Sparse Attention's indexer (GlmMoeDsaModel / DeepseekV32Model.
+/// set_gguf_parameters): attention.indexer.{head_count, key_length, top_k} and, for GLM-5,
+/// attention.indexer.types (true = a layer with its own indexer, false = one that shares the
+/// previous layer's selection). A GLM-5 file without types gets llama.cpp's: every layer
+/// full below a 1 Mi-token context (GLM-5, 5.1), else GLM-5.2's pattern (layers 0 and 1,
+/// then every 4th from layer 2, full). DeepSeek-V3.2 has an indexer on every layer.
+void read_dsa_indexer_config(const Meta& m, json& c) {
+  c["index_n_heads"] = m.required("attention.indexer.head_count");
+  c["index_head_dim"] = m.required("attention.indexer.key_length");
+  c["index_topk"] = m.required("attention.indexer.top_k");
+  if (m.arch() != "glm-dsa") return;
+  const int64_t layers = c["num_hidden_layers"].get<int64_t>();
+  json types = json::array();
+  if (const auto full = m.per_layer_flags("attention.indexer.types", layers)) {
+    for (bool f : *full) types.push_back(f ? "full" : "shared");
+  } else {
+    const bool glm_5_2 = m.integer("context_length").value_or(0) >= 1048576;
+    for (int64_t l = 0; l < layers; ++l) types.push_back(!glm_5_2 || l < 2 || (l - 2) % 4 == 0 ? "full" : "shared");
+  }
+  c["indexer_types"] = types;
 }
 
 /// gpt-oss (GptOssModel.set_gguf_parameters; llama.cpp's LLM_ARCH_OPENAI_MOE graph). The
@@ -440,14 +510,17 @@ void read_minimax_m2_config(const Meta& m, json& c) {
   c["scoring_func"] = "sigmoid";
 }
 
-/// Qwen3-Next (Qwen3NextModel.set_gguf_parameters; llama.cpp's QWEN3NEXT): the DeltaNet's
-/// sizes from ssm.* (state_size = linear_key_head_dim, group_count = linear_num_key_heads,
-/// time_step_rank = linear_num_value_heads, inner_size = value heads x linear_value_head_dim),
-/// the layer kinds from attention.recurrent_layers (else full attention on every
-/// full_attention_interval-th layer, default 4, as llama.cpp), partial RoPE; the MoE
-/// layers are those with a router. The file's norms hold 1 + w (see ModelConfig::
-/// norm_weights_include_unit_offset). llama.cpp's graph always renormalises the top-k.
-void read_qwen3_next_config(const Meta& m, const GgufModelFiles& files, json& c) {
+/// Qwen3-Next and Qwen3.5-MoE (Qwen3NextModel.set_gguf_parameters; llama.cpp's QWEN3NEXT,
+/// QWEN35MOE): the DeltaNet's sizes from ssm.* (state_size = linear_key_head_dim,
+/// group_count = linear_num_key_heads, time_step_rank = linear_num_value_heads, inner_size
+/// = value heads x linear_value_head_dim), the layer kinds from attention.recurrent_layers
+/// (else full attention on every full_attention_interval-th layer, default 4, as
+/// llama.cpp), partial RoPE (Qwen3.5's multimodal sections turn a text token as plain
+/// RoPE does); the MoE layers are those with a router. The file's norms hold 1 + w (see
+/// ModelConfig::norm_weights_include_unit_offset); Qwen3.5's converter tiles the value
+/// heads where there are more of them than key heads (linear_value_heads_tiled).
+/// llama.cpp's graphs always renormalise the top-k.
+void read_linear_attention_config(const Meta& m, const GgufModelFiles& files, json& c) {
   refuse_rope_scaling(m);
   read_sparse_layout(files, c);
   const GgufTensorInfo* shexp = files.find_tensor("blk.0.ffn_gate_shexp.weight");
@@ -469,14 +542,8 @@ void read_qwen3_next_config(const Meta& m, const GgufModelFiles& files, json& c)
   c["linear_value_head_dim"] = inner / v_heads;
   const int64_t layers = c["num_hidden_layers"].get<int64_t>();
   json types = json::array();
-  if (const GgufValue* v = m.arch_key("attention.recurrent_layers")) {
-    if (!v->is_array() || v->size() < static_cast<uint64_t>(layers)) {
-      fail_invalid(m.where() + ": " + v->name() + " must list every one of the " + std::to_string(layers) +
-                   " layers");
-    }
-    for (int64_t l = 0; l < layers; ++l) {
-      types.push_back(v->at(static_cast<uint64_t>(l)).as_bool() ? "linear_attention" : "full_attention");
-    }
+  if (const auto recurrent = m.per_layer_flags("attention.recurrent_layers", layers)) {
+    for (bool r : *recurrent) types.push_back(r ? "linear_attention" : "full_attention");
   } else {
     const int64_t interval = m.integer("full_attention_interval").value_or(4);
     if (interval <= 0) fail_invalid(m.where() + ": " + m.arch() + ".full_attention_interval must be positive");
@@ -485,6 +552,7 @@ void read_qwen3_next_config(const Meta& m, const GgufModelFiles& files, json& c)
   c["layer_types"] = types;
   c["partial_rotary_factor"] = rotary_fraction(m, c);
   c["norm_weights_include_unit_offset"] = true;
+  c["linear_value_heads_tiled"] = m.arch() == "qwen35moe" && v_heads != c["linear_num_key_heads"].get<int64_t>();
   for (int64_t l = 0; l < layers && !c["attention_bias"].get<bool>(); ++l) {  // layer 0 is linear
     c["attention_bias"] = files.find_tensor("blk." + std::to_string(l) + ".attn_q.bias") != nullptr;
   }
@@ -503,7 +571,8 @@ json read_config(const Meta& m, const ArchSpec& spec, const GgufModelFiles& file
   read_common_config(m, files, c);
   c["num_experts"] = experts;
   c["norm_topk_prob"] = m.boolean("expert_weights_norm").value_or(spec.default_norm_topk);
-  if (const auto head_dim = m.integer("attention.key_length"); head_dim && m.arch() != "deepseek2") {
+  const bool mla = m.arch() == "deepseek2" || m.arch() == "glm-dsa" || m.arch() == "deepseek32";
+  if (const auto head_dim = m.integer("attention.key_length"); head_dim && !mla) {
     c["head_dim"] = *head_dim;
   }
   if (m.arch() == "qwen2moe") {
@@ -525,14 +594,17 @@ json read_config(const Meta& m, const ArchSpec& spec, const GgufModelFiles& file
     c["sliding_window"] = nullptr;
   } else if (m.arch() == "deepseek2") {
     read_deepseek2_config(m, c);
+  } else if (m.arch() == "glm-dsa" || m.arch() == "deepseek32") {
+    read_deepseek2_config(m, c);
+    read_dsa_indexer_config(m, c);
   } else if (m.arch() == "gpt-oss") {
     read_gpt_oss_config(m, c);
   } else if (m.arch() == "glm4moe") {
     read_glm4_moe_config(m, files, c);
   } else if (m.arch() == "minimax-m2") {
     read_minimax_m2_config(m, c);
-  } else if (m.arch() == "qwen3next") {
-    read_qwen3_next_config(m, files, c);
+  } else if (m.arch() == "qwen3next" || m.arch() == "qwen35moe") {
+    read_linear_attention_config(m, files, c);
   }
   return c;
 }

@@ -11,6 +11,10 @@
 //   qwen3next -> Qwen3NextForCausalLM (ssm_* as linear_attn.*; attn_qkv / attn_gate or the
 //                                      older fused ssm_in; ssm_a as linear_attn.A; the norms
 //                                      already 1 + w: norm_weights_include_unit_offset)
+//   glm-dsa   -> GlmMoeDsaForCausalLM, deepseek32 -> DeepseekV32ForCausalLM (deepseek2's
+//                tensors and keys, and the lightning indexer's: indexer.*, attention.indexer.*)
+//   qwen35moe -> Qwen3_5MoeForCausalLM (the same, q/k/v/z/b/a apart, value heads tiled:
+//                                       linear_value_heads_tiled)
 // A file's trailing multi-token-prediction blocks (nextn_predict_layers; GLM-4.5's) are not
 // decoder layers: their tensors are left out (GgufHfModel::ignored). ffn_gate_up_exps (the
 // converter's --fuse-gate-up-exps) becomes the hub's fused <experts>.gate_up_proj.

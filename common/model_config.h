@@ -120,6 +120,12 @@ struct ModelConfig {
   /// weights as stored instead of adding 1. Config key norm_weights_include_unit_offset
   /// (charm's; common/gguf_model.cpp writes it); default false (the hub's zero-centred form).
   bool norm_weights_include_unit_offset = false;
+  /// True when the value heads are in tiled order, value head h belonging to key head
+  /// h % linear_num_key_heads, instead of the hub's grouped order (h / (value heads per
+  /// key head)): a Qwen3.5 GGUF, whose converter reorders every value-head-indexed row,
+  /// channel and column so (_LinearAttentionVReorderBase). Config key
+  /// linear_value_heads_tiled (charm's; common/gguf_model.cpp writes it); default false.
+  bool linear_value_heads_tiled = false;
 
   // ---- GLM-4.5 (Glm4MoeConfig; coordinator/models/glm4_moe.cpp). It also reads the
   // DeepSeek-V3 MoE fields above (n_shared_experts .. routed_scaling_factor) and

@@ -31,6 +31,16 @@ the gguf package (numpy only):
   DeltaNet's gated one written as 1 + w, in_proj_qkvz split into attn_qkv (q of every key
   head, then k, then v) and attn_gate (z); --ssm-in keeps it whole as older converters
   did (ssm_in, the hub's per-key-head grouping);
+- GLM-5 (arch "glm-dsa", GlmMoeDsaModel) and DeepSeek-V3.2 (arch "deepseek32",
+  DeepseekV32Model): DeepSeek-V3's rules, the indexer's tensors (indexer.proj kept F32) and
+  attention.indexer.* keys, GLM-5's indexer_types as booleans (true = full); the gating
+  function only where the config names one (the fixtures do not: llama.cpp's glm-dsa then
+  takes sigmoid). gguf 0.19 has no deepseek32: GLM-5's tensor names (the same) are used;
+- Qwen3.5-MoE (arch "qwen35moe", _LinearAttentionVReorderBase): Qwen3-Next's rules on its
+  separate projections, after the value heads are reordered from the hub's grouped order
+  (key head g's heads together) to tiled order (head j of every key head together) in
+  every value-head-indexed place: the v rows of in_proj_qkv, the rows of in_proj_z,
+  in_proj_b and in_proj_a, A_log, dt_bias, conv1d's v channels and out_proj's columns;
 - hyper-parameters under llama.cpp's metadata keys; a value llama.cpp hard-codes for the
   architecture is written only when the fixture differs from it, with the key llama.cpp
   defines for it (e.g. {arch}.expert_weights_norm);
@@ -68,9 +78,16 @@ ARCH = {
     "Glm4MoeForCausalLM": gguf.MODEL_ARCH.GLM4_MOE,
     "MiniMaxM2ForCausalLM": gguf.MODEL_ARCH.MINIMAXM2,
     "Qwen3NextForCausalLM": gguf.MODEL_ARCH.QWEN3NEXT,
+    "Qwen3_5MoeForCausalLM": gguf.MODEL_ARCH.QWEN35MOE,
+    "GlmMoeDsaForCausalLM": gguf.MODEL_ARCH.GLM_DSA,
+    "DeepseekV32ForCausalLM": gguf.MODEL_ARCH.GLM_DSA,  # written as deepseek32 (ARCH_NAME)
 }
+# The architecture name where gguf 0.19 has no MODEL_ARCH of its own.
+ARCH_NAME = {"DeepseekV32ForCausalLM": "deepseek32"}
+MLA = (gguf.MODEL_ARCH.DEEPSEEK2, gguf.MODEL_ARCH.GLM_DSA)
 DEFAULT_FIXTURES = ["qwen2-moe-tiny", "qwen3-moe-tiny", "olmoe-tiny", "mixtral-tiny", "deepseek-v3-tiny",
-                    "gpt-oss-tiny", "glm4-moe-tiny", "minimax-m2-tiny", "qwen3-next-tiny"]
+                    "gpt-oss-tiny", "glm4-moe-tiny", "minimax-m2-tiny", "qwen3-next-tiny", "qwen3.5-moe-tiny",
+                    "glm-moe-dsa-tiny", "deepseek-v32-tiny"]
 
 # Whether llama.cpp's graph renormalises the top-k router weights for the architecture
 # when the file does not say (src/llama-model.cpp): only then is the key not needed.
@@ -84,6 +101,8 @@ DEFAULT_NORM_TOPK = {
     gguf.MODEL_ARCH.GLM4_MOE: False,
     gguf.MODEL_ARCH.MINIMAXM2: False,
     gguf.MODEL_ARCH.QWEN3NEXT: True,  # hard-coded in llama.cpp's graph: no key is ever written
+    gguf.MODEL_ARCH.QWEN35MOE: True,
+    gguf.MODEL_ARCH.GLM_DSA: False,
 }
 
 # The clamp of gpt-oss's SwiGLU that llama.cpp's graph hard-codes (build_moe_ffn,
@@ -230,13 +249,14 @@ def write_tokenizer(writer: gguf.GGUFWriter, model_dir: Path, vocab_size: int, c
 
 
 def write_hparams(writer: gguf.GGUFWriter, arch, c: dict) -> None:
-    a = gguf.MODEL_ARCH_NAMES[arch]
+    a = writer.arch
     writer.add_block_count(block_count(arch, c))
     writer.add_context_length(c["max_position_embeddings"])
     writer.add_embedding_length(c["hidden_size"])
-    writer.add_feed_forward_length(c["intermediate_size"])
+    if "intermediate_size" in c:  # Qwen3.5-MoE has no dense MLP
+        writer.add_feed_forward_length(c["intermediate_size"])
     writer.add_head_count(c["num_attention_heads"])
-    writer.add_head_count_kv(1 if arch == gguf.MODEL_ARCH.DEEPSEEK2 else c["num_key_value_heads"])
+    writer.add_head_count_kv(1 if arch in MLA else c["num_key_value_heads"])
     writer.add_rope_freq_base(c.get("rope_theta", 10000.0))
     writer.add_layer_norm_rms_eps(c["rms_norm_eps"])
     writer.add_vocab_size(c["vocab_size"])
@@ -253,7 +273,7 @@ def write_hparams(writer: gguf.GGUFWriter, arch, c: dict) -> None:
     if c.get("clip_qkv") is not None:
         writer.add_clamp_kqv(c["clip_qkv"])
     norm = c.get("norm_topk_prob", DEFAULT_NORM_TOPK[arch])
-    if arch == gguf.MODEL_ARCH.DEEPSEEK2:
+    if arch in MLA:
         writer.add_leading_dense_block_count(c.get("first_k_dense_replace", 0))
         if c.get("q_lora_rank") is not None:
             writer.add_q_lora_rank(c["q_lora_rank"])
@@ -267,9 +287,10 @@ def write_hparams(writer: gguf.GGUFWriter, arch, c: dict) -> None:
         writer.add_rope_dimension_count(c["qk_rope_head_dim"])
         writer.add_expert_group_count(c.get("n_group", 1))
         writer.add_expert_group_used_count(c.get("topk_group", 1))
-        func = c.get("scoring_func", "softmax")
-        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if func == "sigmoid"
-                                      else gguf.ExpertGatingFuncType.SOFTMAX)
+        func = c.get("scoring_func", "softmax" if arch == gguf.MODEL_ARCH.DEEPSEEK2 else None)
+        if func is not None:
+            writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if func == "sigmoid"
+                                          else gguf.ExpertGatingFuncType.SOFTMAX)
         rs = c.get("rope_scaling") or {}
         if rs.get("type", rs.get("rope_type")) == "yarn":
             writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
@@ -279,6 +300,12 @@ def write_hparams(writer: gguf.GGUFWriter, arch, c: dict) -> None:
             writer.add_rope_scaling_yarn_beta_slow(rs.get("beta_slow", 1))
             if rs.get("mscale_all_dim") is not None:
                 writer.add_rope_scaling_yarn_log_mul(0.1 * rs["mscale_all_dim"])
+    if arch == gguf.MODEL_ARCH.GLM_DSA:
+        writer.add_indexer_head_count(c["index_n_heads"])
+        writer.add_indexer_key_length(c["index_head_dim"])
+        writer.add_indexer_top_k(c["index_topk"])
+        if c.get("indexer_types") is not None and writer.arch == "glm-dsa":
+            writer.add_array(f"{writer.arch}.attention.indexer.types", [t == "full" for t in c["indexer_types"]])
     if arch == gguf.MODEL_ARCH.GPT_OSS:
         write_gpt_oss_hparams(writer, c)
     elif arch == gguf.MODEL_ARCH.GLM4_MOE:
@@ -287,9 +314,19 @@ def write_hparams(writer: gguf.GGUFWriter, arch, c: dict) -> None:
         writer.add_expert_feed_forward_length(c["intermediate_size"])  # MiniMaxM2Model
         writer.add_rope_dimension_count(c["rotary_dim"])
         writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)  # TextModel, from scoring_func
-    elif arch == gguf.MODEL_ARCH.QWEN3NEXT:
+    elif arch in (gguf.MODEL_ARCH.QWEN3NEXT, gguf.MODEL_ARCH.QWEN35MOE):
         write_qwen3_next_hparams(writer, c)
-    if norm != DEFAULT_NORM_TOPK[arch] or arch in (gguf.MODEL_ARCH.DEEPSEEK2, gguf.MODEL_ARCH.GLM4_MOE) and norm:
+        if arch == gguf.MODEL_ARCH.QWEN35MOE:
+            # _Qwen35MRopeMixin's default sections [11, 11, 10] are for 32 rotary pairs; llama.cpp
+            # aborts when they outgrow the head (the fixture turns 2 pairs). Interleaved MRoPE
+            # gives pair i section i % 3 while i < 3 * sections[i % 3] (else the 4th, whose text
+            # position is 0), so each section is sized to reach the last pair it owns: [11, 11,
+            # 10] for 32 pairs, [1, 1, 0] for 2. A text token's three positions are equal, so
+            # every pair then turns as plain RoPE, as charm and transformers turn it.
+            half = int(c["head_dim"] * c.get("partial_rotary_factor", 0.25)) // 2
+            sections = [max((i // 3 + 1 for i in range(half) if i % 3 == k), default=0) for k in range(3)]
+            writer.add_rope_dimension_sections([*sections, 0])
+    if norm != DEFAULT_NORM_TOPK[arch] or arch in (*MLA, gguf.MODEL_ARCH.GLM4_MOE) and norm:
         writer.add_bool(gguf.Keys.LLM.EXPERT_WEIGHTS_NORM.format(arch=a), bool(norm))
 
 
@@ -346,6 +383,35 @@ def write_qwen3_next_hparams(writer: gguf.GGUFWriter, c: dict) -> None:
     writer.add_array(f"{a}.attention.recurrent_layers", linear)
     writer.add_uint32(f"{a}.full_attention_interval", interval)
     writer.add_rope_dimension_count(int(c["head_dim"] * c.get("partial_rotary_factor", 0.25)))
+
+
+def tile_v_heads(array: np.ndarray, axis: int, c: dict, head_dim: int) -> np.ndarray:
+    """_LinearAttentionVReorderBase._reorder_v_heads: `axis` (value heads x head_dim) from
+    grouped order [key head, head within it] to tiled [head within, key head]."""
+    kh = c["linear_num_key_heads"]
+    r = c["linear_num_value_heads"] // kh
+    shape = array.shape
+    a = np.moveaxis(array, axis, 0).reshape(kh, r, head_dim, -1).swapaxes(0, 1)
+    moved = np.moveaxis(array, axis, 0).shape
+    return np.ascontiguousarray(np.moveaxis(a.reshape(moved), 0, axis).reshape(shape))
+
+
+def qwen35_tiled(hf_name: str, array: np.ndarray, c: dict) -> np.ndarray:
+    """_LinearAttentionVReorderBase.modify_tensors: the value heads of `array` tiled
+    (nothing to do when there are as many value heads as key heads)."""
+    if c["linear_num_key_heads"] == c["linear_num_value_heads"] or "linear_attn." not in hf_name:
+        return array
+    dv = c["linear_value_head_dim"]
+    qk = 2 * c["linear_key_head_dim"] * c["linear_num_key_heads"]
+    if ".in_proj_qkv." in hf_name or ".conv1d." in hf_name:  # only the v rows / channels
+        return np.concatenate([array[:qk], tile_v_heads(array[qk:], 0, c, dv)])
+    if ".in_proj_z." in hf_name:
+        return tile_v_heads(array, 0, c, dv)
+    if ".in_proj_b." in hf_name or ".in_proj_a." in hf_name or hf_name.endswith((".A_log", ".dt_bias")):
+        return tile_v_heads(array, 0, c, 1)
+    if ".out_proj." in hf_name:
+        return tile_v_heads(array, 1, c, dv)
+    return array
 
 
 def qwen3_next_pieces(hf_name: str, dtype: str, array: np.ndarray, c: dict, ssm_in: bool):
@@ -420,6 +486,8 @@ def convert(name: str, out_dir: Path, outtype: str, dense_only: bool = False, fu
         pieces = [(hf_name, array)]
         if arch == gguf.MODEL_ARCH.QWEN3NEXT:
             pieces = qwen3_next_pieces(hf_name, dtype, array, config, ssm_in)  # with a dtype each
+        elif arch == gguf.MODEL_ARCH.QWEN35MOE:
+            pieces = qwen3_next_pieces(hf_name, dtype, qwen35_tiled(hf_name, array, config), config, ssm_in)
         elif arch == gguf.MODEL_ARCH.LLAMA and hf_name.endswith("q_proj.weight"):
             pieces = [(hf_name, llama_permute(array, config["num_attention_heads"]))]
         elif arch == gguf.MODEL_ARCH.LLAMA and hf_name.endswith("k_proj.weight"):
@@ -442,7 +510,7 @@ def convert(name: str, out_dir: Path, outtype: str, dense_only: bool = False, fu
             if gguf_name.endswith("ffn_gate_inp_shexp.weight"):
                 data = data.reshape(-1)  # [1, hidden] -> llama.cpp's [hidden]
             keep_f32 = (data.ndim <= 1 or gguf_name.endswith("_norm.weight") or ".ffn_gate_inp" in gguf_name or
-                        ".ssm_conv1d." in gguf_name)
+                        ".ssm_conv1d." in gguf_name or ".indexer.proj." in gguf_name)
             # --dense-only: what charm's quant_dense quantises (Linear::load's projections and
             # the embeddings); the routed experts and MLA's kv_b pieces (read as f32 values)
             # stay as stored, and so does a matrix of partial blocks.
@@ -460,7 +528,7 @@ def convert(name: str, out_dir: Path, outtype: str, dense_only: bool = False, fu
             written.append((gguf_name, np.ascontiguousarray(values), qtype))
 
     def write(path: Path, tensors) -> Path:
-        writer = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
+        writer = gguf.GGUFWriter(str(path), ARCH_NAME.get(config["architectures"][0], gguf.MODEL_ARCH_NAMES[arch]))
         writer.add_name(name)
         write_hparams(writer, arch, config)
         write_tokenizer(writer, model_dir, config["vocab_size"], config)

@@ -37,7 +37,7 @@ KQUANT = REPO / "tests" / "fixtures" / "gguf_models"
 # (fixture, outtype): the families llama.cpp runs, at the precisions the tests read.
 TINY = [(name, outtype) for name in ["qwen2-moe-tiny", "qwen3-moe-tiny", "olmoe-tiny", "mixtral-tiny",
                                      "deepseek-v3-tiny", "gpt-oss-tiny", "glm4-moe-tiny", "minimax-m2-tiny",
-                                     "qwen3-next-tiny"]
+                                     "qwen3-next-tiny", "qwen3.5-moe-tiny", "glm-moe-dsa-tiny", "deepseek-v32-tiny"]
         for outtype in ["f32"]]  # f32: llama.cpp multiplies BF16 weights by bf16-rounded activations
 TINY += [("qwen3-moe-tiny", "q8_0"), ("qwen3-moe-tiny", "q4_0"), ("deepseek-v3-tiny", "q8_0")]
 KQUANT_PROMPT = [1, 5, 17, 300, 42, 7, 511, 0, 256]  # test_gguf_model's K-quant prompt
@@ -106,7 +106,8 @@ def run_case(exe: Path, gguf: Path, prompt: list[int], tmp: Path) -> dict:
     r = subprocess.run([str(exe), str(gguf), ",".join(map(str, prompt)), str(out)], capture_output=True, text=True,
                        timeout=600)
     if r.returncode != 0:
-        errors = [line for line in r.stderr.splitlines() if "error" in line] or r.stderr.strip().splitlines()
+        errors = ([line for line in r.stderr.splitlines() if "error" in line or "GGML_ASSERT" in line] or
+                  r.stderr.strip().splitlines())
         return {"refused": (errors or ["exit " + str(r.returncode)])[0].strip()}
     logits = np.fromfile(out, dtype="<f4")
     ids = kept_ids(logits)

@@ -38,6 +38,7 @@ GatedDeltaNet GatedDeltaNet::load(const Checkpoint& ckpt, const std::string& pre
   d.dk_ = static_cast<size_t>(config.linear_key_head_dim);
   d.dv_ = static_cast<size_t>(config.linear_value_head_dim);
   d.kernel_ = static_cast<size_t>(config.linear_conv_kernel_dim);
+  d.v_heads_tiled_ = config.linear_value_heads_tiled;
   d.key_dim_ = d.k_heads_ * d.dk_;
   d.value_dim_ = d.v_heads_ * d.dv_;
   d.conv_dim_ = 2 * d.key_dim_ + d.value_dim_;
@@ -183,8 +184,9 @@ void GatedDeltaNet::step(const float* q, const float* k, const float* v, const f
     l2_normalise(k + kh * dk_, dk_, 1.0f, kn.data() + kh * dk_);
   }
   for (size_t h = 0; h < v_heads_; ++h) {
-    const float* qh = qn.data() + (h / r) * dk_;
-    const float* kh = kn.data() + (h / r) * dk_;
+    const size_t key_head = v_heads_tiled_ ? h % k_heads_ : h / r;
+    const float* qh = qn.data() + key_head * dk_;
+    const float* kh = kn.data() + key_head * dk_;
     const float* vh = v + h * dv_;
     float* sh = s + h * dk_ * dv_;  // [dk, dv]
     const float decay = std::exp(g[h]);

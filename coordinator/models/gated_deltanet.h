@@ -7,7 +7,8 @@
 // Per token: in_proj_qkvz and in_proj_ba give, per key head group, q and k [head_k_dim],
 // v and the output gate z [r, head_v_dim] (r = value heads per key head), b and a [r]; q, k
 // and v go through a depthwise causal conv1d (kernel linear_conv_kernel_dim) and SiLU.
-// Each value head h (key head h / r) keeps a state S [head_k_dim, head_v_dim]:
+// Each value head h (key head h / r; h % num_k_heads when the heads are tiled,
+// ModelConfig::linear_value_heads_tiled) keeps a state S [head_k_dim, head_v_dim]:
 //   S *= exp(g),  g = -exp(A_log) * softplus(a + dt_bias)
 //   S += k (beta (v - S^T k))^T,  beta = sigmoid(b)        (the delta rule)
 //   o = S^T q
@@ -77,6 +78,7 @@ class GatedDeltaNet {
   size_t key_dim_ = 0, value_dim_ = 0, conv_dim_ = 0;
   size_t state_offset_ = 0;
   float norm_eps_ = 1e-6f;
+  bool v_heads_tiled_ = false;  // value head h reads key head h % k_heads_, not h / r (ModelConfig)
   Linear in_proj_qkvz_, in_proj_ba_;                     // Qwen3-Next: fused, grouped per key head
   Linear in_proj_qkv_, in_proj_z_, in_proj_b_, in_proj_a_;  // or apart (Qwen3.5-MoE; GGUF's q, k, v, z)
   Linear out_proj_;

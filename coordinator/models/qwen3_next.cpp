@@ -104,6 +104,8 @@ void read_linear_attention_fields(const json& j, const std::string& source, Mode
   c.linear_key_head_dim = get_int(j, source, "linear_key_head_dim", 128);
   c.linear_value_head_dim = get_int(j, source, "linear_value_head_dim", 128);
   c.linear_conv_kernel_dim = get_int(j, source, "linear_conv_kernel_dim", 4);
+  c.linear_value_heads_tiled = get_bool(j, source, "linear_value_heads_tiled", false);
+  c.norm_weights_include_unit_offset = get_bool(j, source, "norm_weights_include_unit_offset", false);
   for (auto [key, value] : {std::pair{"shared_expert_intermediate_size", c.shared_expert_intermediate_size},
                             {"linear_num_key_heads", c.linear_num_key_heads},
                             {"linear_num_value_heads", c.linear_num_value_heads},
@@ -135,7 +137,6 @@ void read_qwen3_next_config(const json& j, const std::string& source, ModelConfi
   read_linear_attention_fields(j, source, c);
   read_sparse_layers(j, source, c);
   c.norm_topk_prob = get_bool(j, source, "norm_topk_prob", true);  // Qwen3NextConfig's default
-  c.norm_weights_include_unit_offset = get_bool(j, source, "norm_weights_include_unit_offset", false);
 }
 
 /// Qwen3_5MoeTextConfig: the shared fields; its router always renormalises the top-k

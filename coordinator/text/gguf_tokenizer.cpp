@@ -28,6 +28,11 @@ struct PreTokenizer {
 // Qwen2/2.5/3 tokenizer.json (tests/fixtures/tokenizer/tokenizer.json): single digits.
 constexpr std::string_view kQwen2Regex =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// Qwen3.5's tokenizer.json as llama.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN35 quotes it: Qwen2's,
+// with combining marks (\p{M}) inside words. Its normalizer is taken to be Qwen2's NFC,
+// which could not be checked: no package here carries Qwen3.5's tokenizer.json.
+constexpr std::string_view kQwen35Regex =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 // Llama 3 tokenizer.json; GLM-4.5 uses the same (llama.cpp's CHATGLM4 = LLAMA3 regex).
 constexpr std::string_view kLlama3Regex =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
@@ -48,6 +53,7 @@ constexpr std::string_view kDeepseekCjk = R"([一-龥ࠀ-一가-퟿]+)";
 const std::vector<PreTokenizer>& pre_tokenizers() {
   static const std::vector<PreTokenizer> table = {
       {{"qwen2"}, {kQwen2Regex}, false, true},
+      {{"qwen35"}, {kQwen35Regex}, false, true},
       {{"llama-bpe"}, {kLlama3Regex}, false, false, true},
       {{"glm4"}, {kLlama3Regex}, false, false, true},
       // GPT-4o's tokenizer.json; MiniMax-M2 per llama.cpp, which gives it the same regex.

@@ -113,11 +113,15 @@ TEST_CASE("a BF16 GGUF decodes the safetensors tokens, single node and through t
   check_same(safetensors, decode(gguf, {"\"0-7\"", "\"8-15\""}));
 }
 
-TEST_CASE("a Qwen3-Next BF16 GGUF (DeltaNet layers) decodes the safetensors tokens through two workers") {
+TEST_CASE("Qwen3-Next and Qwen3.5-MoE BF16 GGUFs (DeltaNet layers) through two workers") {
   const std::string gguf = (kGguf / "qwen3-next-tiny.bf16.gguf").string();
   REQUIRE_MESSAGE(fs::exists(gguf), "run the ctest fixture gguf_fixtures");
   const auto safetensors = decode("qwen3-next-tiny", {}, "qwen3-next-tiny");
   check_same(safetensors, decode(gguf, {"\"0-7\"", "\"8-15\""}, "qwen3-next-tiny"));
+  // Qwen3.5-MoE's file stores its value heads tiled, so out_proj sums in another order than
+  // the safetensors' (test_gguf_model): the two workers are held to the file's single node.
+  const std::string q35 = (kGguf / "qwen3.5-moe-tiny.bf16.gguf").string();
+  check_same(decode(q35, {}, "qwen3.5-moe-tiny"), decode(q35, {"\"0-7\"", "\"8-15\""}, "qwen3.5-moe-tiny"));
 }
 
 TEST_CASE("a Q8_0 GGUF through two workers gives its single-node tokens and logits bit for bit") {

@@ -100,7 +100,7 @@ void check_same_logits(const std::string& name, const std::string& outtype) {
 
 const char* const kFixtures[] = {"qwen2-moe-tiny",   "qwen3-moe-tiny", "olmoe-tiny",      "mixtral-tiny",
                                  "deepseek-v3-tiny", "gpt-oss-tiny",   "glm4-moe-tiny",   "minimax-m2-tiny",
-                                 "qwen3-next-tiny"};
+                                 "qwen3-next-tiny",  "glm-moe-dsa-tiny", "deepseek-v32-tiny"};
 
 TEST_CASE("a BF16 GGUF of every fixture gives the safetensors logits bit for bit") {
   for (const char* name : kFixtures) check_same_logits(name, "bf16");
@@ -136,6 +136,36 @@ TEST_CASE("a Qwen3-Next GGUF reads the converter's forms: q, k, v, z fused (ssm_
   const auto norm = split->load_f32("model.norm.weight", {32});
   const auto w = hub->load_f32("model.norm.weight", {32});
   for (size_t i = 0; i < norm.size(); ++i) CHECK(norm[i] == 1.0f + w[i]);
+}
+
+TEST_CASE("a Qwen3.5-MoE GGUF (value heads tiled by its converter) gives the safetensors logits to rounding") {
+  // Every value-head-indexed row, channel and column is stored tiled; charm reads them so
+  // (linear_value_heads_tiled), and only out_proj's sum runs over its columns in the
+  // file's order: 8.4e-7 relative on "The capital of France is", greedy tokens the same.
+  const std::string name = "qwen3.5-moe-tiny";
+  const auto gguf = kGguf / (name + ".bf16.gguf");
+  REQUIRE_MESSAGE(std::filesystem::exists(gguf), "run the ctest fixture gguf_fixtures");
+  for (const auto& prompt : prompts_of(name)) {
+    ModelConfig from_gguf, from_st;
+    const auto a = first_logits(gguf, prompt, &from_gguf);
+    const auto b = first_logits(kModels / name, prompt, &from_st);
+    REQUIRE(a.size() == b.size());
+    float diff = 0, scale = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      diff = std::max(diff, std::fabs(a[i] - b[i]));
+      scale = std::max(scale, std::fabs(b[i]));
+    }
+    MESSAGE(name << " " << prompt.size() << " tokens: max |gguf - safetensors| / max |safetensors| = " << diff / scale);
+    CHECK(diff / scale < 1e-5);
+    CHECK(std::max_element(a.begin(), a.end()) - a.begin() == std::max_element(b.begin(), b.end()) - b.begin());
+    CHECK(from_gguf.linear_value_heads_tiled);
+    CHECK(from_gguf.norm_weights_include_unit_offset);
+    from_gguf.linear_value_heads_tiled = from_st.linear_value_heads_tiled;
+    from_gguf.norm_weights_include_unit_offset = from_st.norm_weights_include_unit_offset;
+    from_gguf.dtype = from_st.dtype;
+    from_gguf.eos_token_ids = from_st.eos_token_ids;
+    CHECK(from_gguf == from_st);
+  }
 }
 
 TEST_CASE("an F32 GGUF (weights widened) gives the same logits too") {
@@ -409,6 +439,22 @@ Keys qwen3_next_keys() {
   }
   return k;
 }
+/// A GLM-5 (glm-dsa) file's keys as GlmMoeDsaModel writes them: DeepSeek-V3's MLA and MoE
+/// keys and the indexer's; no gating function (llama.cpp then takes sigmoid).
+Keys glm_dsa_keys() {
+  Keys k = with(common_keys(), "block_count", gg::u32(4));
+  for (auto& kv : Keys{{"attention.head_count_kv", gg::u32(1)}, {"attention.key_length", gg::u32(40)},
+                       {"attention.value_length", gg::u32(32)}, {"attention.key_length_mla", gg::u32(24)},
+                       {"attention.value_length_mla", gg::u32(16)}, {"attention.q_lora_rank", gg::u32(24)},
+                       {"attention.kv_lora_rank", gg::u32(32)}, {"rope.dimension_count", gg::u32(8)},
+                       {"leading_dense_block_count", gg::u32(1)}, {"expert_shared_count", gg::u32(1)},
+                       {"expert_weights_norm", gg::boolean(true)}, {"context_length", gg::u32(2048)},
+                       {"attention.indexer.head_count", gg::u32(8)}, {"attention.indexer.key_length", gg::u32(16)},
+                       {"attention.indexer.top_k", gg::u32(5)}}) {
+    k = with(k, kv.first, kv.second);
+  }
+  return k;
+}
 ModelConfig parsed(const nlohmann::json& config) { return ModelConfig::parse(config, "m.gguf", checkpoint_families()); }
 
 TEST_CASE("gpt-oss GGUF metadata: what llama.cpp hard-codes becomes GptOssConfig's fields") {
@@ -553,6 +599,52 @@ TEST_CASE("Qwen3-Next GGUF metadata maps to Qwen3NextConfig; a malformed one is 
                ErrorCategory::kInvalidInput, {"qwen3next.full_attention_interval", "positive"});
   expect_error([&] { config_of("qwen3next", with(qwen3_next_keys(), "rope.scaling.type", gg::str("yarn"))); },
                ErrorCategory::kUnsupported, {"qwen3next.rope.scaling.type", "yarn"});
+  CHECK_FALSE(c.linear_value_heads_tiled);  // Qwen3-Next's converter keeps the hub's order
+
+  // Qwen3.5-MoE: the same keys; its converter tiles the value heads when there are more of
+  // them than key heads.
+  const ModelConfig q35 = parsed(config_of("qwen35moe", qwen3_next_keys()));
+  CHECK(q35.architecture == "Qwen3_5MoeForCausalLM");
+  CHECK(q35.linear_value_heads_tiled);
+  CHECK(q35.linear_num_value_heads == 4);
+  CHECK_FALSE(parsed(config_of("qwen35moe", with(qwen3_next_keys(), "ssm.group_count", gg::u32(4))))
+                  .linear_value_heads_tiled);
+}
+
+TEST_CASE("GLM-5 and DeepSeek-V3.2 GGUF metadata: the indexer's keys and types; a malformed one is refused") {
+  const ModelConfig c = parsed(config_of("glm-dsa", glm_dsa_keys()));
+  CHECK(c.architecture == "GlmMoeDsaForCausalLM");
+  CHECK(c.index_n_heads == 8);
+  CHECK(c.index_head_dim == 16);
+  CHECK(c.index_topk == 5);
+  CHECK(c.index_rope_interleave);
+  CHECK(c.indexer_shared == std::vector<bool>(4, false));  // no types, context below 1 Mi: all full
+  CHECK(c.qk_nope_head_dim == 16);
+  CHECK(c.first_k_dense_replace == 1);
+  // The file's types (true = full); without them past a 1 Mi context, GLM-5.2's pattern
+  // as llama.cpp assumes it: layers 0 and 1, then every 4th from 2.
+  const auto types = gg::array(7, {gg::boolean(true), gg::boolean(false), gg::boolean(true), gg::boolean(false)});
+  CHECK(parsed(config_of("glm-dsa", with(glm_dsa_keys(), "attention.indexer.types", types))).indexer_shared ==
+        std::vector<bool>{false, true, false, true});
+  Keys long_context = with(with(glm_dsa_keys(), "context_length", gg::u32(1048576)), "block_count", gg::u32(8));
+  CHECK(parsed(config_of("glm-dsa", long_context)).indexer_shared ==
+        std::vector<bool>{false, false, false, true, true, true, false, true});
+  // DeepSeek-V3.2: an indexer on every layer, whose RoPE turns halves.
+  const ModelConfig v32 = parsed(config_of("deepseek32", with(glm_dsa_keys(), "expert_gating_func", gg::u32(2))));
+  CHECK(v32.architecture == "DeepseekV32ForCausalLM");
+  CHECK(v32.indexer_shared == std::vector<bool>(4, false));
+  CHECK_FALSE(v32.index_rope_interleave);
+
+  for (const char* key : {"attention.indexer.head_count", "attention.indexer.key_length", "attention.indexer.top_k"}) {
+    CAPTURE(key);
+    expect_error([&] { config_of("glm-dsa", without(glm_dsa_keys(), key)); }, ErrorCategory::kInvalidInput,
+                 {std::string("glm-dsa.") + key, "missing"});
+  }
+  const auto short_types = gg::array(7, {gg::boolean(true), gg::boolean(true)});
+  expect_error([&] { config_of("glm-dsa", with(glm_dsa_keys(), "attention.indexer.types", short_types)); },
+               ErrorCategory::kInvalidInput, {"glm-dsa.attention.indexer.types", "every one of the 4 layers"});
+  expect_error([&] { config_of("deepseek32", with(glm_dsa_keys(), "expert_gating_func", gg::u32(1))); },
+               ErrorCategory::kUnsupported, {"deepseek32 with softmax routing", "deepseek32.expert_gating_func 2"});
 }
 
 TEST_CASE("f32 metadata reads back as the decimal it was written from") {

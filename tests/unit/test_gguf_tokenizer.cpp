@@ -327,6 +327,20 @@ TEST_CASE("every known pre-tokenizer builds a tokenizer whose regexes PCRE2 acce
   }
 }
 
+TEST_CASE("Qwen3.5's pre-tokenizer keeps a combining mark inside its word; Qwen2's splits it off") {
+  GgufTokenizerMetadata m;
+  m.model = "gpt2";
+  // q, then U+0301 as bytes CC 81 in byte-level form (Ì, ģ), and their merges.
+  m.tokens = {"q", "\u00cc", "\u0123", "q\u00cc", "q\u00cc\u0123"};
+  m.token_type = {1, 1, 1, 1, 1};
+  m.merges = {"q \u00cc", "q\u00cc \u0123"};
+  const std::string text = "q\u0301";  // no precomposed form: NFC leaves it
+  m.pre = "qwen35";
+  CHECK(build(m, "qwen35")->encode(text) == std::vector<int32_t>{4});
+  m.pre = "qwen2";
+  CHECK(build(m, "qwen2")->encode(text) == std::vector<int32_t>{0, 1, 2});
+}
+
 // --- malformed metadata ---------------------------------------------------------------
 
 namespace {

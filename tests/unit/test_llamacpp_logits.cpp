@@ -5,7 +5,7 @@
 // difference over the stored logits (llama.cpp's 128 largest and 128 evenly spaced ids),
 // relative to their largest magnitude, and both engines must pick the same token.
 // Where the two compute the same arithmetic they agree to rounding, and are held to 1e-5:
-//  - F32 files (Mixtral, DeepSeek-V3, GLM-4.5, MiniMax-M2, Qwen3-Next): 2.6e-7 .. 2.3e-6 (llama.cpp
+//  - F32 files (Mixtral, DeepSeek-V3, GLM-4.5, MiniMax-M2, Qwen3-Next, Qwen3.5-MoE): 2.6e-7 .. 3.2e-6 (llama.cpp
 //    fuses multiply-adds and sums in its own order; charm does not quantise F32 weights'
 //    activations under q8, and neither does llama.cpp). F32, not BF16: llama.cpp multiplies
 //    BF16 weights by activations rounded to bf16, which moved these tiny random models'
@@ -105,6 +105,6 @@ TEST_CASE("charm's logits on the GGUF test files are llama.cpp's, within the mea
       CHECK(d_q8 < 0.15);
     }
   }
-  CHECK(f32_files == 10);
+  CHECK(f32_files == 12);
   CHECK(kquant_files == 2);
 }
