@@ -202,6 +202,7 @@ TEST_CASE("quantised GGUFs compute exactly what their dequantised weights do") {
     check_quantised("qwen3-moe-tiny", type);
   }
   check_quantised("deepseek-v3-tiny", "q8_0");
+  check_quantised("qwen3-next-tiny", "q8_0");  // the DeltaNet's projections as Q8_0 blocks too
 }
 
 TEST_CASE("gpt-oss's MXFP4 GGUF keeps its experts as MXFP4 blocks and computes what their dequantised weights do") {
