@@ -298,6 +298,12 @@ std::string Checkpoint::config_origin() const {
   return (dir_ / "config.json").string();
 }
 
+void Checkpoint::fail_missing_tensor(const std::string& name) const {
+  if (gguf_ == nullptr) fail_invalid(dir_.string() + ": tensor '" + name + "' not found");
+  fail_invalid(gguf_->files().front()->path().string() + ": no tensor of this GGUF maps to '" + name +
+               "' (the Hugging Face name charm reads; common/gguf_model.h maps llama.cpp's names to those)");
+}
+
 const TensorInfo* Checkpoint::find(const std::string& name) const {
   const auto it = index_.find(name);
   return it == index_.end() ? nullptr : it->second;
@@ -360,7 +366,7 @@ std::vector<float> Checkpoint::load_f32(const std::string& name, const std::vect
     return assemble_kv_b(kv);
   }
   const TensorInfo* info = find(name);
-  if (info == nullptr) fail_invalid(dir_.string() + ": tensor '" + name + "' not found");
+  if (info == nullptr) fail_missing_tensor(name);
   if (info->shape != shape) {  // info->name: the file's own name (a GGUF's blk.N...)
     fail_invalid(info->file.string() + ": tensor '" + info->name + "' has shape " + shape_text(info->shape) +
                  ", expected " + shape_text(shape));
@@ -525,7 +531,7 @@ ExpertSlices split_gpt_oss_slices(const Checkpoint& ckpt, const std::string& pre
                                   int expert, int64_t H, int64_t I) {
   auto tensor = [&](const std::string& name, std::vector<int64_t> shape, const std::string& what) -> const TensorInfo& {
     const TensorInfo* t = ckpt.find(prefix + "." + name);
-    if (t == nullptr) fail_invalid(ckpt.dir().string() + ": tensor '" + prefix + "." + name + "' not found");
+    if (t == nullptr) ckpt.fail_missing_tensor(prefix + "." + name);
     shape[0] = t->shape.empty() ? 0 : t->shape[0];
     expect_shape(*t, shape, what);
     if (expert >= shape[0]) {
@@ -599,7 +605,7 @@ ExpertSlices Checkpoint::locate_gpt_oss_expert(const std::string& prefix, const 
   // as x @ W, with biases [E, 2I] and [E, H]; every expert's block is contiguous.
   auto tensor = [&](const std::string& name, std::vector<int64_t> shape, const std::string& what) -> const TensorInfo& {
     const TensorInfo* t = find(prefix + "." + name);
-    if (t == nullptr) fail_invalid(dir_.string() + ": tensor '" + prefix + "." + name + "' not found");
+    if (t == nullptr) fail_missing_tensor(prefix + "." + name);
     if (t->block_type || t->dtype == DType::kF8E4M3) {
       fail_unsupported(t->file.string() + ": tensor '" + t->name + "' is quantised; gpt-oss experts are read in " +
                        "f32, f16 or bf16, or as MXFP4 *_blocks / *_scales");
@@ -629,7 +635,7 @@ ExpertSlices Checkpoint::locate_gpt_oss_expert(const std::string& prefix, const 
       std::vector<int64_t> shape{0, rows, in / 32};
       if (blocks) shape.push_back(16);
       const TensorInfo* t = find(prefix + "." + name);
-      if (t == nullptr) fail_invalid(dir_.string() + ": tensor '" + prefix + "." + name + "' not found");
+      if (t == nullptr) fail_missing_tensor(prefix + "." + name);
       if (t->dtype != DType::kU8) {
         fail_invalid(t->file.string() + ": tensor '" + t->name + "' is " + dtype_name(t->dtype) +
                      "; MXFP4 blocks and scales are U8");
@@ -704,8 +710,8 @@ ExpertSlices Checkpoint::locate_expert(const ExpertTensorNames& names, int layer
   if (const TensorInfo* gate = find(per + names.gate + ".weight")) {
     const TensorInfo* up = find(per + names.up + ".weight");
     const TensorInfo* down = find(per + names.down + ".weight");
-    if (up == nullptr) fail_invalid(dir_.string() + ": tensor '" + per + names.up + ".weight' not found");
-    if (down == nullptr) fail_invalid(dir_.string() + ": tensor '" + per + names.down + ".weight' not found");
+    if (up == nullptr) fail_missing_tensor(per + names.up + ".weight");
+    if (down == nullptr) fail_missing_tensor(per + names.down + ".weight");
     expect_shape(*gate, {I, H}, "moe_intermediate_size, hidden_size");
     expect_shape(*up, {I, H}, "moe_intermediate_size, hidden_size");
     expect_shape(*down, {H, I}, "hidden_size, moe_intermediate_size");
@@ -724,15 +730,15 @@ ExpertSlices Checkpoint::locate_expert(const ExpertTensorNames& names, int layer
   const TensorInfo* down = find_3d(prefix + "." + names.down);
   // Layout 2: fused gate_up [E, 2I, H]; gate is the first I rows of the expert's slice.
   if (const TensorInfo* gate_up = find_3d(prefix + "." + names.gate_up)) {
-    if (down == nullptr) fail_invalid(dir_.string() + ": tensor '" + prefix + "." + names.down + "' not found");
+    if (down == nullptr) fail_missing_tensor(prefix + "." + names.down);
     const uint64_t first = expert_slice(*gate_up, 2 * I, H, "experts, 2 * moe_intermediate_size, hidden_size");
     out.gate = slice_of(*gate_up, first, I, H);
     out.up = slice_of(*gate_up, first + slice, I, H);
   } else if (const TensorInfo* gate = find_3d(prefix + "." + names.gate)) {
     // Layout 3: separate 3-D gate and up [E, I, H].
     const TensorInfo* up = find_3d(prefix + "." + names.up);
-    if (up == nullptr) fail_invalid(dir_.string() + ": tensor '" + prefix + "." + names.up + "' not found");
-    if (down == nullptr) fail_invalid(dir_.string() + ": tensor '" + prefix + "." + names.down + "' not found");
+    if (up == nullptr) fail_missing_tensor(prefix + "." + names.up);
+    if (down == nullptr) fail_missing_tensor(prefix + "." + names.down);
     out.gate = slice_of(*gate, expert_slice(*gate, I, H, "experts, moe_intermediate_size, hidden_size"), I, H);
     out.up = slice_of(*up, expert_slice(*up, I, H, "experts, moe_intermediate_size, hidden_size"), I, H);
   } else {

@@ -100,6 +100,10 @@ class Checkpoint {
   /// Where config_json() came from, for messages: "<dir>/config.json", or for GGUF
   /// "<file>.gguf (GGUF metadata)".
   std::string config_origin() const;
+  /// Throws Error(kInvalidInput): "<dir>: tensor '<name>' not found"; for a GGUF model,
+  /// naming the file and saying that `name` is the Hugging Face name no GGUF tensor mapped
+  /// to (common/gguf_model.h), since the file's own names are llama.cpp's.
+  [[noreturn]] void fail_missing_tensor(const std::string& name) const;
   /// config.json as parsed JSON.
   const nlohmann::json& config_json() const { return config_; }
   /// generation_config.json, or an empty object when the file is absent.

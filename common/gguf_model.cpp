@@ -391,8 +391,9 @@ void read_deepseek2_config(const Meta& m, json& c) {
   // glm-dsa as sigmoid (and refuses deepseek32); both DSA families only route by sigmoid.
   const int64_t gating = m.integer("expert_gating_func").value_or(m.arch() == "deepseek2" ? 1 : 2);
   if (gating != 2) {
-    fail_unsupported(m.where() + ": " + m.arch() + " with softmax routing (DeepSeek-V2's) is not supported; charm "
-                     "serves the sigmoid-routed DeepSeek-V3 form (" + m.arch() + ".expert_gating_func 2)");
+    fail_unsupported(m.where() + ": " + m.arch() + ".expert_gating_func " + std::to_string(gating) +
+                     " is not supported (1 is softmax routing, DeepSeek-V2's); charm serves the sigmoid-routed "
+                     "DeepSeek-V3 form (" + m.arch() + ".expert_gating_func 2)");
   }
   c["scoring_func"] = "sigmoid";
   c["topk_method"] = "noaux_tc";
@@ -661,8 +662,13 @@ GgufHfModel map_gguf_to_hf(const GgufModelFiles& files) {
 
   std::map<int64_t, GgufKvB> kv_b;
   const int64_t layers = model.config["num_hidden_layers"].get<int64_t>();
+  const int64_t blocks = meta.required("block_count");
   for (const GgufTensorInfo* t : files.tensors()) {
     const auto parts = split_layer_name(t->name);
+    if (parts && parts->layer >= blocks) {  // a shorter model than the file holds: refuse, never truncate
+      fail_invalid(where + ": tensor '" + t->name + "' is of block " + std::to_string(parts->layer) + ", but " +
+                   arch + ".block_count is " + std::to_string(blocks));
+    }
     if (parts && parts->layer >= layers) {  // a multi-token-prediction block
       model.ignored.push_back(t->name);
       continue;

@@ -316,7 +316,8 @@ TEST_CASE("a truncated GGUF and a missing tensor are refused naming the file") {
   expect_error([&] { ckpt->load_matrix("model.layers.0.self_attn.q_proj.weight", 64, 63); },
                ErrorCategory::kInvalidInput, {"blk.0.attn_q.weight", "[64, 64]", "[64, 63]"});
   expect_error([&] { ckpt->load_f32("model.layers.9.self_attn.q_proj.weight", {64, 64}); },
-               ErrorCategory::kInvalidInput, {"model.layers.9.self_attn.q_proj.weight", "not found"});
+               ErrorCategory::kInvalidInput,
+               {src.string(), "no tensor of this GGUF maps to 'model.layers.9.self_attn.q_proj.weight'"});
 }
 
 TEST_CASE("a dense llama GGUF is refused as dense; a GGUF is known by its magic whatever its name") {
@@ -512,7 +513,7 @@ TEST_CASE("a gpt-oss GGUF missing an expert tensor is refused naming it") {
   const ModelConfig c = ModelConfig::parse(ckpt->config_json(), ckpt->config_origin(), checkpoint_families());
   CHECK_NOTHROW(ckpt->locate_expert(c.expert_tensors, 0, 3, c.hidden_size, c.moe_intermediate_size));
   expect_error([&] { ckpt->locate_expert(c.expert_tensors, 1, 3, c.hidden_size, c.moe_intermediate_size); },
-               ErrorCategory::kInvalidInput, {"model.layers.1.mlp.experts.up_proj.bias", "not found"});
+               ErrorCategory::kInvalidInput, {"no tensor of this GGUF maps to", "model.layers.1.mlp.experts.up_proj.bias"});
   // An expert the tensors do not hold is named with the tensor as the file calls it.
   expect_error([&] { ckpt->locate_expert(c.expert_tensors, 0, 8, c.hidden_size, c.moe_intermediate_size); },
                ErrorCategory::kInvalidInput, {"blk.0.ffn_gate_exps.weight", "holds 8 experts, expert 8"});
@@ -645,7 +646,19 @@ TEST_CASE("GLM-5 and DeepSeek-V3.2 GGUF metadata: the indexer's keys and types; 
   expect_error([&] { config_of("glm-dsa", with(glm_dsa_keys(), "attention.indexer.types", short_types)); },
                ErrorCategory::kInvalidInput, {"glm-dsa.attention.indexer.types", "every one of the 4 layers"});
   expect_error([&] { config_of("deepseek32", with(glm_dsa_keys(), "expert_gating_func", gg::u32(1))); },
-               ErrorCategory::kUnsupported, {"deepseek32 with softmax routing", "deepseek32.expert_gating_func 2"});
+               ErrorCategory::kUnsupported, {"deepseek32.expert_gating_func 1", "softmax", "expert_gating_func 2"});
+}
+
+TEST_CASE("a GGUF with tensors past block_count is refused, not served as a shorter model") {
+  TempDir tmp;
+  charm::testing::GgufBuilder b;
+  b.kv("general.architecture", gg::str("qwen3moe"));
+  for (const auto& [key, value] : common_keys()) b.kv("qwen3moe." + key, value);  // block_count 2
+  b.tensor("token_embd.weight", 0, {32, 8}, charm::testing::f32_bytes(std::vector<float>(256, 0.0f)));
+  b.tensor("blk.2.attn_norm.weight", 0, {32}, charm::testing::f32_bytes(std::vector<float>(32, 1.0f)));
+  b.write(tmp.path() / "m.gguf");
+  expect_error([&] { map_gguf_to_hf(*GgufModelFiles::open(tmp.path() / "m.gguf")); }, ErrorCategory::kInvalidInput,
+               {"m.gguf", "tensor 'blk.2.attn_norm.weight' is of block 2", "qwen3moe.block_count is 2"});
 }
 
 TEST_CASE("f32 metadata reads back as the decimal it was written from") {
