@@ -50,7 +50,8 @@ the gguf package (numpy only):
 The real converter's output is compared with this script's on the demo model (which
 llama.cpp can convert) in docs/models.md ("GGUF"), and on the Qwen3-Next, Qwen3.5-MoE, GLM-5
 and DeepSeek-V3.2 fixtures (convert_hf_to_gguf.py --no-mtp, the GLM and DeepSeek vocabularies
-set as gpt2: the same tensors and model keys, byte for byte).
+set as gpt2: the same tensors byte for byte, and the same model keys but {arch}.vocab_size,
+which this script adds to the Qwen files).
 
 Usage: gen_gguf_fixtures.py --out DIR [--outtype bf16|f16|f32|q8_0|q4_0|q4_1|q5_0|q5_1|mxfp4] [--dense-only]
        [--fuse-gate-up-exps] [--ssm-in] [NAME ...]
