@@ -149,6 +149,12 @@ class Meta {
     if (!v) fail_invalid(where() + ": metadata key '" + arch_ + "." + key + "' is missing");
     return *v;
   }
+  /// required(), and above zero (a size or count), else Error(kInvalidInput) naming the key.
+  int64_t positive(const std::string& key) const {
+    const int64_t v = required(key);
+    if (v <= 0) fail_invalid(where() + ": " + arch_ + "." + key + " must be positive, got " + std::to_string(v));
+    return v;
+  }
   /// A scalar number, f32 read as the decimal it was written from (gguf_f32_as_decimal);
   /// a per-layer array is accepted when all its values are equal.
   std::optional<double> number(const std::string& key, int exponent10 = 0) const {
@@ -417,9 +423,9 @@ void read_deepseek2_config(const Meta& m, json& c) {
 /// full below a 1 Mi-token context (GLM-5, 5.1), else GLM-5.2's pattern (layers 0 and 1,
 /// then every 4th from layer 2, full). DeepSeek-V3.2 has an indexer on every layer.
 void read_dsa_indexer_config(const Meta& m, json& c) {
-  c["index_n_heads"] = m.required("attention.indexer.head_count");
-  c["index_head_dim"] = m.required("attention.indexer.key_length");
-  c["index_topk"] = m.required("attention.indexer.top_k");
+  c["index_n_heads"] = m.positive("attention.indexer.head_count");
+  c["index_head_dim"] = m.positive("attention.indexer.key_length");
+  c["index_topk"] = m.positive("attention.indexer.top_k");
   if (m.arch() != "glm-dsa") return;
   const int64_t layers = c["num_hidden_layers"].get<int64_t>();
   json types = json::array();
@@ -530,12 +536,12 @@ void read_linear_attention_config(const Meta& m, const GgufModelFiles& files, js
   } else if (shexp != nullptr) {
     c["shared_expert_intermediate_size"] = shexp->shape().front();
   }
-  c["linear_conv_kernel_dim"] = m.required("ssm.conv_kernel");
-  c["linear_key_head_dim"] = m.required("ssm.state_size");
-  c["linear_num_key_heads"] = m.required("ssm.group_count");
-  const int64_t v_heads = m.required("ssm.time_step_rank");
-  const int64_t inner = m.required("ssm.inner_size");
-  if (v_heads <= 0 || inner % v_heads != 0) {
+  c["linear_conv_kernel_dim"] = m.positive("ssm.conv_kernel");
+  c["linear_key_head_dim"] = m.positive("ssm.state_size");
+  c["linear_num_key_heads"] = m.positive("ssm.group_count");
+  const int64_t v_heads = m.positive("ssm.time_step_rank");
+  const int64_t inner = m.positive("ssm.inner_size");
+  if (inner % v_heads != 0) {
     fail_invalid(m.where() + ": " + m.arch() + ".ssm.inner_size (" + std::to_string(inner) +
                  ") is not a multiple of " + m.arch() + ".ssm.time_step_rank (" + std::to_string(v_heads) + ")");
   }

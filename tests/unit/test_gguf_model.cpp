@@ -592,6 +592,8 @@ TEST_CASE("Qwen3-Next GGUF metadata maps to Qwen3NextConfig; a malformed one is 
     expect_error([&] { config_of("qwen3next", without(qwen3_next_keys(), key)); }, ErrorCategory::kInvalidInput,
                  {std::string("qwen3next.") + key, "missing"});
   }
+  expect_error([&] { config_of("qwen3next", with(qwen3_next_keys(), "ssm.inner_size", gg::u32(0))); },
+               ErrorCategory::kInvalidInput, {"qwen3next.ssm.inner_size must be positive, got 0"});
   expect_error([&] { config_of("qwen3next", with(qwen3_next_keys(), "ssm.inner_size", gg::u32(25))); },
                ErrorCategory::kInvalidInput, {"qwen3next.ssm.inner_size (25)", "qwen3next.ssm.time_step_rank (4)"});
   const auto short_list = gg::array(7, {gg::boolean(true), gg::boolean(false)});
@@ -642,6 +644,8 @@ TEST_CASE("GLM-5 and DeepSeek-V3.2 GGUF metadata: the indexer's keys and types; 
     expect_error([&] { config_of("glm-dsa", without(glm_dsa_keys(), key)); }, ErrorCategory::kInvalidInput,
                  {std::string("glm-dsa.") + key, "missing"});
   }
+  expect_error([&] { config_of("glm-dsa", with(glm_dsa_keys(), "attention.indexer.top_k", gg::u32(0))); },
+               ErrorCategory::kInvalidInput, {"glm-dsa.attention.indexer.top_k must be positive, got 0"});
   const auto short_types = gg::array(7, {gg::boolean(true), gg::boolean(true)});
   expect_error([&] { config_of("glm-dsa", with(glm_dsa_keys(), "attention.indexer.types", short_types)); },
                ErrorCategory::kInvalidInput, {"glm-dsa.attention.indexer.types", "every one of the 4 layers"});
