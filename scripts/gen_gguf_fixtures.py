@@ -393,10 +393,9 @@ def tile_v_heads(array: np.ndarray, axis: int, c: dict, head_dim: int) -> np.nda
     grouped order [key head, head within it] to tiled [head within, key head]."""
     kh = c["linear_num_key_heads"]
     r = c["linear_num_value_heads"] // kh
-    shape = array.shape
-    a = np.moveaxis(array, axis, 0).reshape(kh, r, head_dim, -1).swapaxes(0, 1)
-    moved = np.moveaxis(array, axis, 0).shape
-    return np.ascontiguousarray(np.moveaxis(a.reshape(moved), 0, axis).reshape(shape))
+    moved = np.moveaxis(array, axis, 0)
+    tiled = moved.reshape(kh, r, head_dim, -1).swapaxes(0, 1).reshape(moved.shape)
+    return np.ascontiguousarray(np.moveaxis(tiled, 0, axis))
 
 
 def qwen35_tiled(hf_name: str, array: np.ndarray, c: dict) -> np.ndarray:
