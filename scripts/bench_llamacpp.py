@@ -25,7 +25,8 @@ Steps (each skipped when its output exists):
      --stats-json) twice, as llama-bench's two tests: a PP-token prompt for one token
      (prompt tok/s; `--repeat 2 --no-prefix-cache`, the second run timed, as llama-bench
      times its runs after a warm-up run; --charm-cold times the first), and TG tokens after
-     a one-word prompt (decode tok/s from an almost empty context). One engine at a time;
+     a one-word prompt (decode tok/s from an almost empty context; `--repeat 2`, the second
+     run timed, as llama-bench's generation test follows its warm-up). One engine at a time;
      peak RSS from wait4's rusage.
   7. the roofline: bytes a decode step must read (below) / copy GB/s = the tok/s a
      perfectly memory-bound decode would reach; each engine's decode as a fraction of it.
@@ -51,7 +52,8 @@ Differences between the pairs (also in docs/benchmarks.md):
     starts from an empty context, after a warm-up run of each); so does charm here (two
     processes), its prompt rate PP / time to first token of the prompt's second run in
     its process (the first run's, which pays for the process's fresh pages, is kept as
-    ttft_cold_ms). The decode process has no warm-up run.
+    ttft_cold_ms). The decode process times its second run too (the first is kept as
+    decode_cold_tok_s): llama-bench's generation test follows its warm-up and prompt runs.
 
 Usage: scripts/bench_llamacpp.py [--work DIR] [--threads T] [--repeat 2] [--pp 128]
                                  [--tg 64] [--pairs bf16,int8,int4] [--out FILE]
@@ -285,15 +287,19 @@ def run_charm(charm: Path, cfg: Path, prompt: str, args, log_prefix: Path, vocab
     decode_prefix = log_prefix.with_name(log_prefix.name + "-decode")
     decode_stats = decode_prefix.with_suffix(".stats.json")
     # Sampled with a fixed seed: greedy decoding of a random model repeats one token (one routing).
+    # Warm as llama-bench's generation test, which runs after its warm-up and its prompt
+    # tests in the same process: every weight page it reads has been touched before.
+    warm = [] if args.charm_cold else ["--repeat", 2]
     d = run_measured([charm, "run", "--config", cfg, "--max-tokens", args.tg, "--temperature", "1", "--seed", "7",
-                      *batch, "--activations", args.charm_activations, "--stats-json", decode_stats, prompt.split()[0]],
-                     args.timeout, decode_prefix)
+                      *batch, *warm, "--activations", args.charm_activations, "--stats-json", decode_stats,
+                      prompt.split()[0]], args.timeout, decode_prefix)
     ds = json.loads(decode_stats.read_text())
     if ds["completion_tokens"] != args.tg:
         raise RuntimeError(f"charm generated {ds['completion_tokens']} tokens, not {args.tg} ({ds['finish_reason']})")
     return {"prompt_tok_s": s["prompt_tokens"] / (s["ttft_ms"] / 1e3), "decode_tok_s": ds["decode_tokens_per_s"],
             "peak_rss_gib": max(r["peak_rss_gib"], d["peak_rss_gib"]), "wall_s": r["wall_s"] + d["wall_s"],
-            "ttft_ms": s["ttft_ms"], "ttft_cold_ms": s["runs"][0]["ttft_ms"]}
+            "ttft_ms": s["ttft_ms"], "ttft_cold_ms": s["runs"][0]["ttft_ms"],
+            "decode_cold_tok_s": ds["runs"][0]["decode_tokens_per_s"]}
 
 
 def memory_bandwidth(charm: Path, threads: int, folder: Path, tag: str) -> dict:
@@ -396,8 +402,8 @@ def main() -> int:
     ap.add_argument("--charm-activations", choices=["f32", "q8"], default="f32",
                     help="charm's activations (q8: int8 activations in GGML-block matmuls, lossy, as llama.cpp)")
     ap.add_argument("--charm-cold", action="store_true",
-                    help="time charm's first prompt run in its process (default: the second, after a warm-up run "
-                         "as llama-bench's)")
+                    help="time charm's first prompt and decode runs in their processes (default: the second, "
+                         "after a warm-up run as llama-bench's)")
     ap.add_argument("--jobs", type=int, default=2, help="parallel compile jobs for llama.cpp")
     ap.add_argument("--llama-cpp-python", dest="lcp_version", help="sdist version (default: the newest)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per engine run")
@@ -443,6 +449,7 @@ def main() -> int:
 
     res = {"machine": machine(args.work), "threads": args.threads, "pp": args.pp, "tg": args.tg,
            "ubatch": args.ubatch, "charm_prompt_run": "first" if args.charm_cold else "second (after a warm-up run)",
+           "charm_decode_run": "first" if args.charm_cold else "second (after a warm-up run)",
            "charm_activations": args.charm_activations,
            "llama": llama_version(llama_src), "commands": [], "pairs": {}}
     res["machine"]["lscpu"] = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
@@ -525,6 +532,9 @@ def print_report(res: dict) -> None:
         cold = [res["pp"] / (r["ttft_cold_ms"] / 1e3) for r in e["charm"] if "ttft_cold_ms" in r]
         if cold and timed != "first":
             print(f"{p}: charm's first prompt run in its process (fresh pages): {fmt_spread(cold)} tok/s")
+        cold = [r["decode_cold_tok_s"] for r in e["charm"] if "decode_cold_tok_s" in r]
+        if cold and res.get("charm_decode_run", "first") != "first":
+            print(f"{p}: charm's first decode run in its process: {fmt_spread(cold)} tok/s")
     for p, e in res["pairs"].items():
         print(f"{e['llama_type']} GGUF tensor types: {e['gguf_types']}")
         for err in e["errors"]:
