@@ -174,14 +174,22 @@ class Meta {
     const GgufValue* v = arch_key(key);
     return v ? std::optional<bool>(v->as_bool()) : std::nullopt;
   }
-  /// A boolean per layer (the first `layers` of the array: llama.cpp's per-layer flags
-  /// may go on over the multi-token-prediction blocks); nullopt when the key is absent.
-  /// Throws Error(kInvalidInput) naming the key when it is not an array of that many.
+  /// A boolean per served layer, read as llama.cpp's get_key_or_arr reads it: an array of
+  /// `layers` entries, or of block_count entries when the file ends with
+  /// multi-token-prediction blocks (their entries are not served), or one boolean for every
+  /// layer; nullopt when the key is absent. Throws Error(kInvalidInput) naming the key for
+  /// an array of any other length.
   std::optional<std::vector<bool>> per_layer_flags(const std::string& key, int64_t layers) const {
     const GgufValue* v = arch_key(key);
     if (v == nullptr) return std::nullopt;
-    if (!v->is_array() || v->size() < static_cast<uint64_t>(layers)) {
-      fail_invalid(where() + ": " + v->name() + " must list every one of the " + std::to_string(layers) + " layers");
+    if (!v->is_array()) return std::vector<bool>(static_cast<size_t>(layers), v->as_bool());
+    const int64_t blocks = required("block_count");
+    if (v->size() != static_cast<uint64_t>(layers) && v->size() != static_cast<uint64_t>(blocks)) {
+      const std::string counts = blocks == layers ? std::to_string(layers) + " layers"
+                                                  : std::to_string(layers) + " layers (or all " +
+                                                        std::to_string(blocks) + " blocks)";
+      fail_invalid(where() + ": " + v->name() + " must list every one of the " + counts + ", it lists " +
+                   std::to_string(v->size()));
     }
     std::vector<bool> flags;
     for (int64_t l = 0; l < layers; ++l) flags.push_back(v->at(static_cast<uint64_t>(l)).as_bool());

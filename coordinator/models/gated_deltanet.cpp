@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 
+#include "common/error.h"
 #include "common/kernels.h"
 
 namespace charm {
@@ -18,6 +20,23 @@ void l2_normalise(const float* x, size_t n, float scale, float* y) {
   for (size_t i = 0; i < n; ++i) sum += x[i] * x[i];
   const float inv = 1.0f / std::sqrt(sum + 1e-6f);
   for (size_t i = 0; i < n; ++i) y[i] = x[i] * inv / scale;
+}
+
+/// Whether the checkpoint holds "<prefix>.<form>" (true) or the `others` (false), which
+/// store the same weights another way (fused or apart, A or A_log). Throws
+/// Error(kInvalidInput) naming both tensors and files when it holds both: which of the two
+/// to serve is not charm's to guess.
+bool holds_form(const Checkpoint& ckpt, const std::string& prefix, const std::string& form,
+                std::initializer_list<const char*> others) {
+  const TensorInfo* one = ckpt.find(prefix + "." + form);
+  if (one == nullptr) return false;
+  for (const char* name : others) {
+    if (const TensorInfo* other = ckpt.find(prefix + "." + name)) {
+      fail_invalid(one->file.string() + ": tensor '" + one->name + "' and " + other->file.string() + ": tensor '" +
+                   other->name + "' are two forms of the same weights; a checkpoint holds one form");
+    }
+  }
+  return true;
 }
 
 }  // namespace
@@ -47,13 +66,13 @@ GatedDeltaNet GatedDeltaNet::load(const Checkpoint& ckpt, const std::string& pre
   const size_t h = config.hidden_size;
   // Qwen3-Next fuses q, k, v, z and b, a per key head; Qwen3.5-MoE has one projection
   // each; a Qwen3-Next GGUF by today's converter has q, k, v and z apart but b, a fused.
-  if (ckpt.find(prefix + ".in_proj_qkvz.weight") != nullptr) {
+  if (holds_form(ckpt, prefix, "in_proj_qkvz.weight", {"in_proj_qkv.weight", "in_proj_z.weight"})) {
     d.in_proj_qkvz_ = Linear::load(ckpt, prefix + ".in_proj_qkvz", 2 * d.key_dim_ + 2 * d.value_dim_, h);
   } else {
     d.in_proj_qkv_ = Linear::load(ckpt, prefix + ".in_proj_qkv", d.conv_dim_, h);
     d.in_proj_z_ = Linear::load(ckpt, prefix + ".in_proj_z", d.value_dim_, h);
   }
-  if (ckpt.find(prefix + ".in_proj_ba.weight") != nullptr) {
+  if (holds_form(ckpt, prefix, "in_proj_ba.weight", {"in_proj_b.weight", "in_proj_a.weight"})) {
     d.in_proj_ba_ = Linear::load(ckpt, prefix + ".in_proj_ba", 2 * d.v_heads_, h);
   } else {
     d.in_proj_b_ = Linear::load(ckpt, prefix + ".in_proj_b", d.v_heads_, h);
@@ -62,8 +81,17 @@ GatedDeltaNet GatedDeltaNet::load(const Checkpoint& ckpt, const std::string& pre
   d.out_proj_ = Linear::load(ckpt, prefix + ".out_proj", h, d.value_dim_);
   const auto n = [](size_t v) { return static_cast<int64_t>(v); };
   d.conv_weight_ = ckpt.load_f32(prefix + ".conv1d.weight", {n(d.conv_dim_), 1, n(d.kernel_)});
-  if (ckpt.find(prefix + ".A") != nullptr) {  // a GGUF's ssm_a: -exp(A_log) as its converter computed it
+  if (holds_form(ckpt, prefix, "A", {"A_log"})) {  // a GGUF's ssm_a: -exp(A_log) as its converter computed it
     d.a_neg_exp_ = ckpt.load_f32(prefix + ".A", {n(d.v_heads_)});
+    // -exp(x) is below zero for every finite x (-0 where it underflows); above zero the
+    // state would grow without bound instead of decaying.
+    for (size_t h = 0; h < d.a_neg_exp_.size(); ++h) {
+      if (d.a_neg_exp_[h] > 0.0f) {
+        fail_invalid(ckpt.find(prefix + ".A")->file.string() + ": tensor '" + prefix + ".A' holds " +
+                     std::to_string(d.a_neg_exp_[h]) + " at value head " + std::to_string(h) +
+                     "; it must be -exp(A_log), never above zero");
+      }
+    }
   } else {
     d.a_neg_exp_ = ckpt.load_f32(prefix + ".A_log", {n(d.v_heads_)});
     for (float& a : d.a_neg_exp_) a = -std::exp(a);

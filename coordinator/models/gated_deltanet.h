@@ -41,7 +41,9 @@ class GatedDeltaNet {
   /// ssm_a: -exp(A_log) as stored, used as it is), "<prefix>.dt_bias" and
   /// "<prefix>.norm.weight" for config's linear_* fields; its state
   /// is floats [state_offset, state_offset + state_floats(config)) of each sequence's
-  /// KvCache::state(). Throws what Checkpoint::load_f32 throws.
+  /// KvCache::state(). Throws what Checkpoint::load_f32 throws, and Error(kInvalidInput)
+  /// naming the tensors when a projection is there both fused and apart (or both A and
+  /// A_log), or when A holds a value above zero.
   static GatedDeltaNet load(const Checkpoint& ckpt, const std::string& prefix, const ModelConfig& config,
                             size_t state_offset);
 

@@ -27,6 +27,7 @@
 #include "coordinator/text/model_text.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/gguf_writer.h"
+#include "tests/support/safetensors_writer.h"
 #include "tests/support/single_node_logits.h"
 #include "tests/support/temp_dir.h"
 
@@ -136,6 +137,62 @@ TEST_CASE("a Qwen3-Next GGUF reads the converter's forms: q, k, v, z fused (ssm_
   const auto norm = split->load_f32("model.norm.weight", {32});
   const auto w = hub->load_f32("model.norm.weight", {32});
   for (size_t i = 0; i < norm.size(); ++i) CHECK(norm[i] == 1.0f + w[i]);
+}
+
+/// A directory with fixture `name`'s files linked and `extra` written beside them as one
+/// more shard.
+std::filesystem::path fixture_with(const std::string& name, const std::vector<testing::TensorSpec>& extra,
+                                   TempDir& tmp) {
+  const auto dir = tmp.path() / "with-extra";
+  std::filesystem::create_directories(dir);
+  for (const auto& entry : std::filesystem::directory_iterator(kModels / name)) {
+    std::filesystem::create_symlink(entry.path(), dir / entry.path().filename());
+  }
+  testing::write_safetensors(dir / "extra.safetensors", extra);
+  return dir;
+}
+
+TEST_CASE("a Qwen3-Next checkpoint with a projection fused and apart, or an ssm_a above zero, is refused") {
+  const auto hub = Checkpoint::open(kModels / "qwen3-next-tiny");
+  const std::string p = "model.layers.0.linear_attn.";
+  const auto tensor = [&](const std::string& name, const std::string& like) {
+    const TensorInfo* info = hub->find(p + like);
+    REQUIRE(info != nullptr);
+    return testing::TensorSpec{p + name, DType::kF32, info->shape, std::vector<float>(info->numel(), 0.5f)};
+  };
+  // The hub's checkpoint fuses q, k, v, z and b, a and stores A_log; the other form of
+  // each beside it is the same projection twice.
+  const std::pair<const char*, const char*> twice[] = {
+      {"in_proj_qkv.weight", "in_proj_qkvz.weight"}, {"in_proj_z.weight", "in_proj_qkvz.weight"},
+      {"in_proj_a.weight", "in_proj_ba.weight"}, {"A", "A_log"}};
+  for (const auto& [apart, fused] : twice) {
+    CAPTURE(apart);
+    TempDir tmp;
+    const auto dir = fixture_with("qwen3-next-tiny", {tensor(apart, fused)}, tmp);
+    const auto both = apart == std::string("A") ? std::pair{p + "A", p + "A_log"} : std::pair{p + fused, p + apart};
+    expect_error([&] { first_logits(dir, prompts_of("qwen3-next-tiny").front()); }, ErrorCategory::kInvalidInput,
+                 {both.first, both.second, (dir / "extra.safetensors").string(), "two forms of the same weights"});
+  }
+
+  // ssm_a is -exp(A_log): a value above zero cannot come from a converter.
+  TempDir tmp;
+  const auto bad = tmp.path() / "qwen3-next-tiny.gguf";
+  std::filesystem::copy_file(kGguf / "qwen3-next-tiny.bf16.gguf", bad);
+  uint64_t at = 0;
+  {
+    const auto gguf = GgufFile::open(bad);
+    const GgufTensorInfo* a = gguf->find_tensor("blk.0.ssm_a");
+    REQUIRE(a != nullptr);
+    REQUIRE(a->type == GgmlType::kF32);
+    at = a->data_begin + 4;  // value head 1
+  }
+  std::fstream f(bad, std::ios::in | std::ios::out | std::ios::binary);
+  const float above = 0.25f;
+  f.seekp(static_cast<std::streamoff>(at));
+  f.write(reinterpret_cast<const char*>(&above), 4);
+  f.close();
+  expect_error([&] { first_logits(bad, prompts_of("qwen3-next-tiny").front()); }, ErrorCategory::kInvalidInput,
+               {bad.string(), "model.layers.0.linear_attn.A' holds 0.250000 at value head 1", "never above zero"});
 }
 
 TEST_CASE("a Qwen3.5-MoE GGUF (value heads tiled by its converter) gives the safetensors logits to rounding") {
@@ -598,7 +655,29 @@ TEST_CASE("Qwen3-Next GGUF metadata maps to Qwen3NextConfig; a malformed one is 
                ErrorCategory::kInvalidInput, {"qwen3next.ssm.inner_size (25)", "qwen3next.ssm.time_step_rank (4)"});
   const auto short_list = gg::array(7, {gg::boolean(true), gg::boolean(false)});
   expect_error([&] { config_of("qwen3next", with(qwen3_next_keys(), "attention.recurrent_layers", short_list)); },
-               ErrorCategory::kInvalidInput, {"qwen3next.attention.recurrent_layers", "every one of the 4 layers"});
+               ErrorCategory::kInvalidInput,
+               {"qwen3next.attention.recurrent_layers", "every one of the 4 layers, it lists 2"});
+  const auto long_list = gg::array(7, std::vector<gg::Value>(5, gg::boolean(true)));
+  expect_error([&] { config_of("qwen3next", with(qwen3_next_keys(), "attention.recurrent_layers", long_list)); },
+               ErrorCategory::kInvalidInput,
+               {"qwen3next.attention.recurrent_layers", "every one of the 4 layers, it lists 5"});
+  // A file ending with a multi-token-prediction block lists it too (llama.cpp reads
+  // block_count entries); one boolean stands for every layer, as in llama.cpp.
+  const auto with_mtp = gg::array(7, {gg::boolean(true), gg::boolean(false), gg::boolean(true), gg::boolean(true),
+                                      gg::boolean(false)});
+  CHECK(parsed(config_of("qwen3next", with(with(with(qwen3_next_keys(), "block_count", gg::u32(5)),
+                                                "nextn_predict_layers", gg::u32(1)),
+                                           "attention.recurrent_layers", with_mtp)))
+            .linear_attention_layers == std::vector<bool>{true, false, true, true});
+  expect_error([&] {
+    config_of("qwen3next", with(with(with(qwen3_next_keys(), "block_count", gg::u32(6)), "nextn_predict_layers",
+                                     gg::u32(2)),
+                                "attention.recurrent_layers", with_mtp));
+  },
+               ErrorCategory::kInvalidInput,
+               {"qwen3next.attention.recurrent_layers", "every one of the 4 layers (or all 6 blocks), it lists 5"});
+  expect_error([&] { config_of("qwen3next", with(qwen3_next_keys(), "attention.recurrent_layers", gg::u32(1))); },
+               ErrorCategory::kInvalidInput, {"qwen3next.attention.recurrent_layers", "a bool"});
   expect_error([&] { config_of("qwen3next", with(qwen3_next_keys(), "full_attention_interval", gg::u32(0))); },
                ErrorCategory::kInvalidInput, {"qwen3next.full_attention_interval", "positive"});
   expect_error([&] { config_of("qwen3next", with(qwen3_next_keys(), "rope.scaling.type", gg::str("yarn"))); },
@@ -649,6 +728,8 @@ TEST_CASE("GLM-5 and DeepSeek-V3.2 GGUF metadata: the indexer's keys and types; 
   const auto short_types = gg::array(7, {gg::boolean(true), gg::boolean(true)});
   expect_error([&] { config_of("glm-dsa", with(glm_dsa_keys(), "attention.indexer.types", short_types)); },
                ErrorCategory::kInvalidInput, {"glm-dsa.attention.indexer.types", "every one of the 4 layers"});
+  CHECK(parsed(config_of("glm-dsa", with(glm_dsa_keys(), "attention.indexer.types", gg::boolean(true))))
+            .indexer_shared == std::vector<bool>(4, false));
   expect_error([&] { config_of("deepseek32", with(glm_dsa_keys(), "expert_gating_func", gg::u32(1))); },
                ErrorCategory::kUnsupported, {"deepseek32.expert_gating_func 1", "softmax", "expert_gating_func 2"});
 }
