@@ -14,6 +14,7 @@
 #include "common/cluster_auth.h"
 #include "common/error.h"
 #include "common/fingerprint.h"
+#include "common/ggml_type.h"
 #include "common/model_config.h"
 #include "common/wire.h"
 #include "coordinator/models/checkpoint_families.h"
@@ -142,6 +143,16 @@ std::filesystem::path largest_file(const Checkpoint& checkpoint) {
   return best;
 }
 
+/// Bytes the coordinator holds of dense tensor `t`: as stored, or under quant_dense the
+/// blocks quantize_dense makes of a matrix of whole blocks not in GGML blocks already
+/// (common/ggml_quantize.h). The routers, which stay exact, are counted quantised too:
+/// [num_experts, hidden_size] per layer, a small share of the dense bytes.
+uint64_t held_bytes(const TensorInfo& t, std::optional<GgmlType> quant_dense) {
+  if (!quant_dense || t.shape.size() != 2 || t.block_type) return t.nbytes;
+  const std::optional<uint64_t> row = ggml_row_bytes(*quant_dense, t.shape[1]);
+  return row ? *row * static_cast<uint64_t>(t.shape[0]) : t.nbytes;
+}
+
 /// What build_plan reads from the checkpoint once.
 struct ModelFacts {
   std::unique_ptr<Checkpoint> checkpoint;
@@ -158,23 +169,19 @@ ModelFacts read_model(const Topology& topology) {
   f.config = ModelConfig::parse(f.checkpoint->config_json(), f.checkpoint->config_origin(), checkpoint_families());
   f.fingerprint = model_fingerprint(*f.checkpoint);
   f.moe_layers = f.config.moe_layer_ids();
-  uint64_t total = 0, experts = 0;
-  for (const std::string& name : f.checkpoint->tensor_names()) total += f.checkpoint->find(name)->nbytes;
   for (int64_t l : f.moe_layers) {
     for (int64_t e = 0; e < f.config.num_experts; ++e) {
       const ExpertSlices s = f.checkpoint->locate_expert(f.config.expert_tensors, static_cast<int>(l), static_cast<int>(e),
                                                          f.config.hidden_size, f.config.moe_intermediate_size);
-      experts += s.gate.bytes + s.up.bytes + s.down.bytes;
       f.blob_bytes[{static_cast<uint32_t>(l), static_cast<uint32_t>(e)}] = layout_of(s).bytes;
     }
   }
   // A decode token reads one row of the input embedding (unless it is also the tied
-  // lm_head) and every other dense tensor whole.
-  uint64_t embedding = 0;
-  if (!f.config.tie_word_embeddings) {
-    if (const TensorInfo* t = f.checkpoint->find("model.embed_tokens.weight")) embedding = t->nbytes;
+  // lm_head) and every other dense tensor whole, as the coordinator holds it.
+  for (const TensorInfo* t : f.checkpoint->non_expert_tensors(f.config.expert_tensors)) {
+    if (t->name == "model.embed_tokens.weight" && !f.config.tie_word_embeddings) continue;
+    f.dense_bytes += held_bytes(*t, topology.quant_dense);
   }
-  f.dense_bytes = total > experts + embedding ? total - experts - embedding : 0;
   return f;
 }
 

@@ -316,7 +316,7 @@ std::vector<std::string> Checkpoint::tensor_names() const {
   return names;  // std::map keeps them sorted
 }
 
-uint64_t Checkpoint::non_expert_bytes(const ExpertTensorNames& names) const {
+std::vector<const TensorInfo*> Checkpoint::non_expert_tensors(const ExpertTensorNames& names) const {
   const size_t hole = names.prefix.find("{}");
   const std::string head = names.prefix.substr(0, hole);
   const std::string tail = hole == std::string::npos ? "" : names.prefix.substr(hole + 2) + ".";
@@ -327,10 +327,16 @@ uint64_t Checkpoint::non_expert_bytes(const ExpertTensorNames& names) const {
     while (i < name.size() && name[i] >= '0' && name[i] <= '9') ++i;
     return i > digits && name.compare(i, tail.size(), tail) == 0;
   };
-  uint64_t bytes = 0;
+  std::vector<const TensorInfo*> out;
   for (const auto& [name, info] : index_) {
-    if (!is_expert(name)) bytes += info->nbytes;
+    if (!is_expert(name)) out.push_back(info);
   }
+  return out;
+}
+
+uint64_t Checkpoint::non_expert_bytes(const ExpertTensorNames& names) const {
+  uint64_t bytes = 0;
+  for (const TensorInfo* info : non_expert_tensors(names)) bytes += info->nbytes;
   return bytes;
 }
 

@@ -113,9 +113,11 @@ class Checkpoint {
   const TensorInfo* find(const std::string& name) const;
   /// All tensor names, sorted.
   std::vector<std::string> tensor_names() const;
-  /// Bytes (as stored) of every tensor that is not a routed expert's under `names` (a name
-  /// "<prefix with a layer number>.<anything>"): what the coordinator's load_matrix and
-  /// load_f32 calls read, for LoadProgress's total.
+  /// Every tensor that is not a routed expert's under `names` (a name "<prefix with a
+  /// layer number>.<anything>"), sorted by name: what the coordinator loads.
+  std::vector<const TensorInfo*> non_expert_tensors(const ExpertTensorNames& names) const;
+  /// Their bytes as stored: what the coordinator's load_matrix and load_f32 calls read, for
+  /// LoadProgress's total.
   uint64_t non_expert_bytes(const ExpertTensorNames& names) const;
   /// While set, every load_f32 / load_matrix adds its tensor's stored bytes to `progress`
   /// (not owned; it must outlive the loads; nullptr stops it). Not thread-safe with loads.

@@ -229,6 +229,34 @@ TEST_CASE("the probe cache round-trips, and a malformed or oversized file is ign
   }
 }
 
+TEST_CASE("build_plan: under quant_dense the dense part is the blocks the coordinator quantises it to") {
+  TempDir dir("plan");
+  FakeProbes fake;
+  Topology topology = tiny_cluster(dir, "");
+  const auto dense_bytes = [&](std::optional<GgmlType> quant) {
+    topology.quant_dense = quant;
+    return build_plan(topology, fixed_host(), fake.probes(), dir / "probes.json").dense_bytes;
+  };
+  // The fixture (bf16, embeddings tied to the lm_head, so read whole) has hidden_size 64:
+  // every dense matrix is whole 32-value blocks; norms stay as stored.
+  const auto ckpt = Checkpoint::open(kTiny);
+  uint64_t matrix_values = 0, other_bytes = 0;
+  for (const std::string& name : ckpt->tensor_names()) {
+    const TensorInfo* t = ckpt->find(name);
+    if (name.find(".mlp.experts.") != std::string::npos) continue;
+    if (t->shape.size() == 2) {
+      REQUIRE(t->shape[1] % 32 == 0);
+      REQUIRE(t->dtype == DType::kBF16);
+      matrix_values += t->numel();
+    } else {
+      other_bytes += t->nbytes;
+    }
+  }
+  CHECK(dense_bytes(std::nullopt) == matrix_values * 2 + other_bytes);
+  CHECK(dense_bytes(GgmlType::kQ8_0) == matrix_values / 32 * 34 + other_bytes);
+  CHECK(dense_bytes(GgmlType::kQ4_0) == matrix_values / 32 * 18 + other_bytes);
+}
+
 TEST_CASE("build_plan on the fixture: placement, bytes, uniform hit rate under a budget, cache reuse") {
   TempDir dir("plan");
   FakeProbes fake;
