@@ -143,10 +143,11 @@ std::filesystem::path largest_file(const Checkpoint& checkpoint) {
   return best;
 }
 
-/// Bytes the coordinator holds of dense tensor `t`: as stored, or under quant_dense the
+/// Bytes a decode token reads of dense tensor `t`: as stored, or under quant_dense the
 /// blocks quantize_dense makes of a matrix of whole blocks not in GGML blocks already
-/// (common/ggml_quantize.h). The routers, which stay exact, are counted quantised too:
-/// [num_experts, hidden_size] per layer, a small share of the dense bytes.
+/// (common/ggml_quantize.h). Approximate: the few matrices kept exact (routers, the
+/// shared expert's gate, the DSA indexer's weights_proj) count as quantised, and those
+/// the coordinator widens to f32 (MLA's kv_b_proj, fp8 blocks) at their stored size.
 uint64_t held_bytes(const TensorInfo& t, std::optional<GgmlType> quant_dense) {
   if (!quant_dense || t.shape.size() != 2 || t.block_type) return t.nbytes;
   const std::optional<uint64_t> row = ggml_row_bytes(*quant_dense, t.shape[1]);
@@ -177,7 +178,7 @@ ModelFacts read_model(const Topology& topology) {
     }
   }
   // A decode token reads one row of the input embedding (unless it is also the tied
-  // lm_head) and every other dense tensor whole, as the coordinator holds it.
+  // lm_head) and every other dense tensor whole (held_bytes).
   for (const TensorInfo* t : f.checkpoint->non_expert_tensors(f.config.expert_tensors)) {
     if (t->name == "model.embed_tokens.weight" && !f.config.tie_word_embeddings) continue;
     f.dense_bytes += held_bytes(*t, topology.quant_dense);

@@ -114,7 +114,7 @@ class Checkpoint {
   /// All tensor names, sorted.
   std::vector<std::string> tensor_names() const;
   /// Every tensor that is not a routed expert's under `names` (a name "<prefix with a
-  /// layer number>.<anything>"), sorted by name: what the coordinator loads.
+  /// layer number>.<anything>"), sorted by name.
   std::vector<const TensorInfo*> non_expert_tensors(const ExpertTensorNames& names) const;
   /// Their bytes as stored: what the coordinator's load_matrix and load_f32 calls read, for
   /// LoadProgress's total.

@@ -174,11 +174,11 @@ class Meta {
     const GgufValue* v = arch_key(key);
     return v ? std::optional<bool>(v->as_bool()) : std::nullopt;
   }
-  /// A boolean per served layer, read as llama.cpp's get_key_or_arr reads it: an array of
-  /// `layers` entries, or of block_count entries when the file ends with
-  /// multi-token-prediction blocks (their entries are not served), or one boolean for every
-  /// layer; nullopt when the key is absent. Throws Error(kInvalidInput) naming the key for
-  /// an array of any other length.
+  /// A boolean per served layer: an array of block_count entries (llama.cpp's
+  /// get_key_or_arr wants that many; a file's trailing multi-token-prediction blocks are
+  /// not served), of the `layers` served ones, or one boolean for every layer (as
+  /// get_key_or_arr too); nullopt when the key is absent. Throws Error(kInvalidInput)
+  /// naming the key for an array of any other length.
   std::optional<std::vector<bool>> per_layer_flags(const std::string& key, int64_t layers) const {
     const GgufValue* v = arch_key(key);
     if (v == nullptr) return std::nullopt;

@@ -270,10 +270,11 @@ def write_topology(folder: Path, ck: Path, container: Path | None, threads: int,
 
 
 def run_charm(charm: Path, cfg: Path, prompt: str, args, log_prefix: Path, vocab: int) -> dict:
-    """Two runs, as llama-bench's two tests: the PP-token prompt for one token (prompt tok/s
-    = PP / time to first token), then TG tokens after a one-word prompt (decode tok/s from
-    an almost empty context, as llama-bench's generation test starts from an empty one;
-    after the PP-token prompt every step would also read PP positions of K/V)."""
+    """Two processes, as llama-bench's two tests, each timing its second run (the first
+    unless --charm-cold): the PP-token prompt for one token (prompt tok/s = PP / time to
+    first token), then TG tokens after a one-word prompt (decode tok/s from an almost empty
+    context, as llama-bench's generation test starts from an empty one; after the PP-token
+    prompt every step would also read PP positions of K/V)."""
     stats, ids = log_prefix.with_suffix(".stats.json"), log_prefix.with_suffix(".ids.json")
     batch = ["--max-batch-tokens", args.ubatch] if args.ubatch else []
     warm = [] if args.charm_cold else ["--repeat", 2, "--no-prefix-cache"]
@@ -289,7 +290,7 @@ def run_charm(charm: Path, cfg: Path, prompt: str, args, log_prefix: Path, vocab
     # Sampled with a fixed seed: greedy decoding of a random model repeats one token (one routing).
     # Warm as llama-bench's generation test, which runs after its warm-up and its prompt
     # tests in the same process: every weight page it reads has been touched before.
-    warm = [] if args.charm_cold else ["--repeat", 2]
+    warm = [] if args.charm_cold else ["--repeat", 2, "--no-prefix-cache"]
     d = run_measured([charm, "run", "--config", cfg, "--max-tokens", args.tg, "--temperature", "1", "--seed", "7",
                       *batch, *warm, "--activations", args.charm_activations, "--stats-json", decode_stats,
                       prompt.split()[0]], args.timeout, decode_prefix)

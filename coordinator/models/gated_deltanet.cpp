@@ -4,6 +4,8 @@
 #include <cmath>
 #include <initializer_list>
 
+#include <fmt/format.h>
+
 #include "common/error.h"
 #include "common/kernels.h"
 
@@ -85,11 +87,11 @@ GatedDeltaNet GatedDeltaNet::load(const Checkpoint& ckpt, const std::string& pre
     d.a_neg_exp_ = ckpt.load_f32(prefix + ".A", {n(d.v_heads_)});
     // -exp(x) is below zero for every finite x (-0 where it underflows); above zero the
     // state would grow without bound instead of decaying.
-    for (size_t h = 0; h < d.a_neg_exp_.size(); ++h) {
-      if (d.a_neg_exp_[h] > 0.0f) {
-        fail_invalid(ckpt.find(prefix + ".A")->file.string() + ": tensor '" + prefix + ".A' holds " +
-                     std::to_string(d.a_neg_exp_[h]) + " at value head " + std::to_string(h) +
-                     "; it must be -exp(A_log), never above zero");
+    for (size_t head = 0; head < d.a_neg_exp_.size(); ++head) {
+      if (d.a_neg_exp_[head] > 0.0f) {
+        const TensorInfo* a = ckpt.find(prefix + ".A");
+        fail_invalid(fmt::format("{}: tensor '{}' holds {} at value head {}; it must be -exp(A_log), never above zero",
+                                 a->file.string(), a->name, d.a_neg_exp_[head], head));
       }
     }
   } else {

@@ -192,7 +192,7 @@ TEST_CASE("a Qwen3-Next checkpoint with a projection fused and apart, or an ssm_
   f.write(reinterpret_cast<const char*>(&above), 4);
   f.close();
   expect_error([&] { first_logits(bad, prompts_of("qwen3-next-tiny").front()); }, ErrorCategory::kInvalidInput,
-               {bad.string(), "model.layers.0.linear_attn.A' holds 0.250000 at value head 1", "never above zero"});
+               {bad.string(), "tensor 'blk.0.ssm_a' holds 0.25 at value head 1", "never above zero"});
 }
 
 TEST_CASE("a Qwen3.5-MoE GGUF (value heads tiled by its converter) gives the safetensors logits to rounding") {
@@ -676,6 +676,9 @@ TEST_CASE("Qwen3-Next GGUF metadata maps to Qwen3NextConfig; a malformed one is 
   },
                ErrorCategory::kInvalidInput,
                {"qwen3next.attention.recurrent_layers", "every one of the 4 layers (or all 6 blocks), it lists 5"});
+  // One bool for every layer (the interval would make layers 0 and 2 linear).
+  CHECK(parsed(config_of("qwen3next", with(qwen3_next_keys(), "attention.recurrent_layers", gg::boolean(false))))
+            .linear_attention_layers == std::vector<bool>(4, false));
   expect_error([&] { config_of("qwen3next", with(qwen3_next_keys(), "attention.recurrent_layers", gg::u32(1))); },
                ErrorCategory::kInvalidInput, {"qwen3next.attention.recurrent_layers", "a bool"});
   expect_error([&] { config_of("qwen3next", with(qwen3_next_keys(), "full_attention_interval", gg::u32(0))); },
@@ -728,8 +731,6 @@ TEST_CASE("GLM-5 and DeepSeek-V3.2 GGUF metadata: the indexer's keys and types; 
   const auto short_types = gg::array(7, {gg::boolean(true), gg::boolean(true)});
   expect_error([&] { config_of("glm-dsa", with(glm_dsa_keys(), "attention.indexer.types", short_types)); },
                ErrorCategory::kInvalidInput, {"glm-dsa.attention.indexer.types", "every one of the 4 layers"});
-  CHECK(parsed(config_of("glm-dsa", with(glm_dsa_keys(), "attention.indexer.types", gg::boolean(true))))
-            .indexer_shared == std::vector<bool>(4, false));
   expect_error([&] { config_of("deepseek32", with(glm_dsa_keys(), "expert_gating_func", gg::u32(1))); },
                ErrorCategory::kUnsupported, {"deepseek32.expert_gating_func 1", "softmax", "expert_gating_func 2"});
 }
