@@ -7,8 +7,10 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <numeric>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -186,10 +188,18 @@ TEST_CASE("/dashboard/state over a real engine: every MoE layer, counts that gro
   auto res = client.Post("/v1/completions", body.dump(), "application/json");
   REQUIRE(res);
   REQUIRE(res->status == 200);
-  const json after = get_state(client);
+  const int64_t replied = json::parse(res->body)["usage"]["completion_tokens"].get<int64_t>();
+  // The engine counts a step's sampled tokens after it hands them on (EngineLoad: "as each
+  // step ends"), so the reply can overtake the last count: read until it is there (bounded;
+  // a lost count fails below).
+  json after = get_state(client);
+  for (int tries = 0; tries < 500 && after["load"]["tokens_sampled"].get<int64_t>() < replied; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    after = get_state(client);
+  }
   const uint64_t layers = after["heat"]["layers"].size();
   const int64_t completion = after["totals"]["completion_tokens"].get<int64_t>();
-  CHECK(completion == json::parse(res->body)["usage"]["completion_tokens"].get<int64_t>());
+  CHECK(completion == replied);
   CHECK(completion > 0);
   // Every sampled token counts, an end-of-sequence one that the completion does not hold too.
   const int64_t sampled = after["load"]["tokens_sampled"].get<int64_t>();
