@@ -14,7 +14,7 @@
 #include "common/cluster_auth.h"
 #include "common/error.h"
 #include "common/fingerprint.h"
-#include "common/ggml_type.h"
+#include "common/ggml_quantize.h"
 #include "common/model_config.h"
 #include "common/wire.h"
 #include "coordinator/models/checkpoint_families.h"
@@ -149,8 +149,8 @@ std::filesystem::path largest_file(const Checkpoint& checkpoint) {
 /// shared expert's gate, the DSA indexer's weights_proj) count as quantised, and those
 /// the coordinator widens to f32 (MLA's kv_b_proj, fp8 blocks) at their stored size.
 uint64_t held_bytes(const TensorInfo& t, std::optional<GgmlType> quant_dense) {
-  if (!quant_dense || t.shape.size() != 2 || t.block_type) return t.nbytes;
-  const std::optional<uint64_t> row = ggml_row_bytes(*quant_dense, t.shape[1]);
+  if (!quant_dense || t.shape.size() != 2) return t.nbytes;
+  const std::optional<uint64_t> row = dense_quant_row_bytes(*quant_dense, t.block_type.has_value(), t.shape[1]);
   return row ? *row * static_cast<uint64_t>(t.shape[0]) : t.nbytes;
 }
 

@@ -91,9 +91,14 @@ std::string dense_quant_name(std::optional<GgmlType> type) {
   return *type == GgmlType::kQ8_0 ? "q8_0" : "q4_0";
 }
 
+std::optional<uint64_t> dense_quant_row_bytes(GgmlType type, bool ggml_blocks, int64_t cols) {
+  return ggml_blocks ? std::nullopt : ggml_row_bytes(type, cols);
+}
+
 StoredMatrix quantize_dense(StoredMatrix m, GgmlType type, const std::string& name) {
-  const std::optional<uint64_t> row_bytes = ggml_row_bytes(type, m.shape.cols);
-  if (m.shape.format == WeightFormat::kGgml || !row_bytes) return m;
+  const std::optional<uint64_t> row_bytes =
+      dense_quant_row_bytes(type, m.shape.format == WeightFormat::kGgml, m.shape.cols);
+  if (!row_bytes) return m;
   StoredMatrix q;
   q.shape.format = WeightFormat::kGgml;
   q.shape.ggml_type = type;

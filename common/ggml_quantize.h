@@ -39,6 +39,11 @@ std::optional<GgmlType> parse_dense_quant(std::string_view value, std::string_vi
 /// "q8_0", "q4_0" (lower case, as parse_dense_quant spells them), or "none".
 std::string dense_quant_name(std::optional<GgmlType> type);
 
+/// The bytes per row quantize_dense makes of a matrix of `cols` columns, or nullopt when
+/// it keeps the matrix as stored: already GGML blocks (`ggml_blocks`), or rows that are
+/// not whole blocks of `type`.
+std::optional<uint64_t> dense_quant_row_bytes(GgmlType type, bool ggml_blocks, int64_t cols);
+
 /// `m` with every row quantised to `type` (can_quantize_ggml), as quantize_ggml does;
 /// `m` itself when it is already GGML blocks (a GGUF file's own quantisation stays) or its
 /// rows are not whole blocks of 32 (kept at their precision, as llama.cpp's converter
